@@ -1,0 +1,558 @@
+"""Benchmark DALI dynamic mode (eager), DALI capture mode, ndd_trace and a hand-written pipeline.
+
+Each workload runs in four modes, each in a fresh subprocess (this script re-invoked with
+``--worker MODE WORKLOAD``):
+
+- ``eager``: plain dynamic mode (``import nvidia.dali.experimental.dynamic as ndd``), one call of
+  the workload function per batch.
+- ``capture``: DALI 2.4's capture mode, the same loop driven by
+  ``ndd.ExternalSource(...).captured(batch_size=N)`` or
+  ``ndd.readers.File(...).next_epoch(batch_size=N, capture=True)``.
+- ``ndd_trace``: the workload function decorated with ``ndd.compile`` (after ``import ndd_trace``),
+  called once per batch with the same inputs as ``eager``.
+- ``pipeline``: a hand-written ``@pipeline_def`` with the same operators, fed the same data
+  (``fn.external_source`` over the same in-memory batches, or ``fn.readers.file``).
+
+Workloads:
+
+- ``small_ops``: 13 cheap operator calls (geometry, color, cast, arithmetic, normalize, transpose,
+  ``.slice``) on batches of 64x64x3 uint8 images cut from real photos (default batch size 8).
+- ``decode_rrc_cmn``: ``decoders.image`` + ``random_resized_crop`` + ``crop_mirror_normalize`` on
+  real JPEGs read with the File reader (default batch size 16).
+
+Every mode reports its time to first batch (process-local: from the start of the mode's setup, i.e.
+reader, pipeline or decorator creation, to the first consumed result), then runs ``--warmup`` more
+steps that are not timed, then ``--steps`` timed steps. The parent prints a table with ratios
+against ``eager`` and ``pipeline``.
+
+Example::
+
+    .venv/bin/python benchmarks/bench_ops.py --steps 200 --warmup 20
+    .venv/bin/python benchmarks/bench_ops.py --workloads decode_rrc_cmn --modes eager,pipeline \\
+        --device gpu --batch-size 64 --json /tmp/bench_ops.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+from nvidia.dali import fn, pipeline_def, types
+
+BENCHMARK_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCHMARK_DIR.parent
+if str(BENCHMARK_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCHMARK_DIR))
+
+from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
+
+MODES = ("eager", "capture", "ndd_trace", "pipeline")
+WORKLOADS = ("small_ops", "decode_rrc_cmn")
+DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
+SMALL_IMAGE_SIDE = 64
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+@dataclass
+class Result:
+    """One (workload, mode) measurement, as sent from a worker to the parent."""
+
+    workload: str
+    mode: str
+    status: str  # "ok", "unavailable" or "failed"
+    batch_size: int
+    device: str
+    steps: int = 0
+    warmup: int = 0
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    first_batch_s: float | None = None
+    warmup_s: float | None = None
+    notes: str = ""
+    error: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Workload functions (dynamic mode). Arguments are literals on purpose: DALI capture mode only
+# captures calls whose arguments it can prove constant from the source code, and module-level
+# constants are never captured.
+# --------------------------------------------------------------------------------------------
+
+
+def small_ops(images):
+    """Run 13 cheap operator calls on a batch of HWC uint8 images."""
+    angle = ndd.random.uniform(range=[-15.0, 15.0], batch_size=images.batch_size)
+    images = ndd.flip(images, horizontal=1)
+    images = ndd.crop(images, crop=[56, 56])
+    images = ndd.resize(images, size=[48, 48])
+    images = ndd.rotate(images, angle=angle, keep_size=True, fill_value=0)
+    images = ndd.hsv(images, hue=10.0, saturation=1.2)
+    images = ndd.brightness_contrast(images, brightness=1.1, contrast=0.9)
+    images = ndd.cast(images, dtype=ndd.float32)
+    images = images * (1 / 255)
+    images = images - 0.5
+    images = ndd.normalize(images, mean=0.0, stddev=0.25)
+    images = ndd.transpose(images, perm=[2, 0, 1])
+    return images.slice[:, 4:44, 4:44]
+
+
+def _random_resized_crop_mirror_normalize(images):
+    """Random-resized-crop, randomly mirror and normalize a batch of decoded images."""
+    images = ndd.random_resized_crop(images, size=[224, 224])
+    mirror = ndd.random.coin_flip(probability=0.5, batch_size=images.batch_size)
+    return ndd.crop_mirror_normalize(
+        images,
+        mirror=mirror,
+        dtype=ndd.float32,
+        output_layout="CHW",
+        mean=[123.675, 116.28, 103.53],
+        std=[58.395, 57.12, 57.375],
+    )
+
+
+def decode_rrc_cmn_cpu(jpegs):
+    """Decode JPEGs on the CPU, then random-resized-crop, mirror and normalize them."""
+    images = ndd.decoders.image(jpegs, device="cpu")
+    return _random_resized_crop_mirror_normalize(images)
+
+
+def decode_rrc_cmn_gpu(jpegs):
+    """Decode JPEGs on the GPU, then random-resized-crop, mirror and normalize them."""
+    images = ndd.decoders.image(jpegs, device="gpu")
+    return _random_resized_crop_mirror_normalize(images)
+
+
+def workload_function(workload: str, device: str) -> Callable:
+    """Return the dynamic-mode function that processes one batch of `workload`."""
+    if workload == "small_ops":
+        return small_ops
+    return decode_rrc_cmn_gpu if device == "gpu" else decode_rrc_cmn_cpu
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-written pipelines doing the same work.
+# --------------------------------------------------------------------------------------------
+
+
+def build_pipeline(workload: str, options: argparse.Namespace, inputs):
+    """Build the hand-written pipeline of `workload` (`inputs`: batches or a JPEG directory)."""
+    @pipeline_def
+    def small_ops_pipeline():
+        images = fn.external_source(
+            source=inputs, cycle="quiet", batch=True, layout="HWC", device=options.device
+        )
+        angle = fn.random.uniform(range=[-15.0, 15.0])
+        images = fn.flip(images, horizontal=1)
+        images = fn.crop(images, crop=[56, 56])
+        images = fn.resize(images, size=[48, 48])
+        images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0)
+        images = fn.hsv(images, hue=10.0, saturation=1.2)
+        images = fn.brightness_contrast(images, brightness=1.1, contrast=0.9)
+        images = fn.cast(images, dtype=types.FLOAT)
+        images = images * (1 / 255)
+        images = images - 0.5
+        images = fn.normalize(images, mean=0.0, stddev=0.25)
+        images = fn.transpose(images, perm=[2, 0, 1])
+        return images[:, 4:44, 4:44]
+
+    @pipeline_def
+    def decode_rrc_cmn_pipeline():
+        jpegs, _labels = fn.readers.file(
+            file_root=str(inputs),
+            random_shuffle=True,
+            seed=options.seed,
+            pad_last_batch=True,
+            name="Reader",
+        )
+        images = fn.decoders.image(jpegs, device="mixed" if options.device == "gpu" else "cpu")
+        images = fn.random_resized_crop(images, size=[224, 224])
+        return fn.crop_mirror_normalize(
+            images,
+            mirror=fn.random.coin_flip(probability=0.5),
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[123.675, 116.28, 103.53],
+            std=[58.395, 57.12, 57.375],
+        )
+
+    definition = small_ops_pipeline if workload == "small_ops" else decode_rrc_cmn_pipeline
+    pipe = definition(
+        batch_size=options.batch_size,
+        num_threads=options.threads,
+        device_id=0 if options.device == "gpu" else None,
+        seed=options.seed,
+        prefetch_queue_depth=2,
+    )
+    pipe.build()
+    return pipe
+
+
+# --------------------------------------------------------------------------------------------
+# Input data.
+# --------------------------------------------------------------------------------------------
+
+
+def load_small_image_batches(root: Path, batch_size: int) -> list[list[np.ndarray]]:
+    """Decode every JPEG once with Pillow, resize it to 64x64x3 and group the images in batches."""
+    from PIL import Image
+
+    images = []
+    for path in jpeg_paths(root):
+        with Image.open(path) as image:
+            small = image.convert("RGB").resize((SMALL_IMAGE_SIDE, SMALL_IMAGE_SIDE))
+            images.append(np.asarray(small, dtype=np.uint8))
+    batch_count = max(1, len(images) // batch_size)
+    images = list(itertools.islice(itertools.cycle(images), batch_count * batch_size))
+    return [images[start : start + batch_size] for start in range(0, len(images), batch_size)]
+
+
+def dynamic_inputs(workload: str, options: argparse.Namespace, capture: bool, data) -> tuple:
+    """Return (an endless iterator of input batches, the ndd source object behind it)."""
+    batch_size = options.batch_size
+    if workload == "small_ops":
+        batches = [ndd.as_batch(batch, layout="HWC") for batch in data]
+        source = ndd.ExternalSource(batches, cycle="quiet", device=options.device)
+        if capture:
+            return source.captured(batch_size=batch_size), source
+        return (source() for _ in itertools.count()), source
+
+    reader = ndd.readers.File(
+        file_root=str(data), random_shuffle=True, seed=options.seed, pad_last_batch=True
+    )
+
+    def jpeg_batches() -> Iterator:
+        """Yield the encoded-JPEG batches of epoch after epoch."""
+        while True:
+            for jpegs, _labels in reader.next_epoch(batch_size=batch_size, capture=capture):
+                yield jpegs
+
+    return jpeg_batches(), reader
+
+
+# --------------------------------------------------------------------------------------------
+# Worker: one mode of one workload, in this process.
+# --------------------------------------------------------------------------------------------
+
+
+def cuda_device_count() -> int:
+    """Return how many CUDA devices DALI can see (0 on a CPU-only machine)."""
+    try:
+        from nvidia.dali import backend
+
+        return backend.GetCUDADeviceCount()
+    except Exception:
+        return 0
+
+
+def require_gpu() -> None:
+    """Exit with a clear message when `--device gpu` is asked for on a machine without a GPU."""
+    if cuda_device_count() == 0:
+        sys.exit(
+            "bench_ops: --device gpu needs an NVIDIA GPU visible to DALI, but none was found "
+            "(nvidia.dali.backend.GetCUDADeviceCount() == 0). Use --device cpu on this machine."
+        )
+
+
+def captured_operator_names(source) -> list[str] | None:
+    """Return the operators DALI capture mode put in its pipeline (private API, best effort)."""
+    try:
+        return [node.op_class.__name__ for node in source._captured_iter._capture_ctx.nodes]
+    except AttributeError:
+        return None
+
+
+def dynamic_mode_steps(workload, options, data, mode, notes: dict) -> Iterator:
+    """Yield once per consumed batch in the `eager`, `capture` or `ndd_trace` mode."""
+    function = workload_function(workload, options.device)
+    if mode == "ndd_trace":
+        function = ndd.compile(function)
+    inputs, source = dynamic_inputs(workload, options, mode == "capture", data)
+    synchronize = options.device == "gpu"
+    try:
+        for step_index, batch in enumerate(inputs):
+            outputs = function(batch)
+            outputs.evaluate()
+            if synchronize:
+                ndd.get_current_stream().synchronize()
+            if mode == "capture" and step_index == 2:  # tracing done, pipeline built
+                names = captured_operator_names(source)
+                if names is not None:
+                    notes["captured_ops"] = names
+            yield
+    finally:
+        close = getattr(inputs, "close", None)
+        if close is not None:
+            close()
+
+
+def pipeline_mode_steps(workload, options, data) -> Iterator:
+    """Yield once per batch produced by the hand-written pipeline."""
+    pipe = build_pipeline(workload, options, data)
+    while True:
+        pipe.run()  # outputs are synchronized with the host
+        yield
+
+
+def measure(steps: Iterator, step_count: int, warmup_count: int) -> dict:
+    """Time the first step, skip `warmup_count` more, then time `step_count` steps."""
+    start = time.perf_counter()
+    next(steps)
+    first_batch_s = time.perf_counter() - start
+    for _ in range(warmup_count):
+        next(steps)
+    warmup_s = time.perf_counter() - start
+    timed_start = time.perf_counter()
+    for _ in range(step_count):
+        next(steps)
+    elapsed = time.perf_counter() - timed_start
+    steps.close()
+    return {
+        "steps_per_s": step_count / elapsed,
+        "first_batch_s": first_batch_s,
+        "warmup_s": warmup_s,
+    }
+
+
+def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
+    """Run one mode of one workload in this process and return its measurement."""
+    result = Result(workload, mode, "ok", options.batch_size, options.device)
+    if options.device == "gpu":
+        require_gpu()
+
+    if mode == "ndd_trace":
+        if str(REPO_ROOT) not in sys.path:
+            sys.path.append(str(REPO_ROOT))  # a checkout without `pip install -e .`
+        try:
+            import ndd_trace  # noqa: F401
+
+            ndd.compile  # noqa: B018 (raises AttributeError when ndd_trace does not install it)
+        except Exception as error:
+            result.status = "unavailable"
+            result.error = f"{type(error).__name__}: {error}"
+            return result
+
+    root = Path(options.data_dir)
+    data = load_small_image_batches(root, options.batch_size) if workload == "small_ops" else root
+    ndd.set_num_threads(options.threads)
+    ndd.random.set_seed(options.seed)
+
+    notes: dict = {}
+    if mode == "pipeline":
+        steps = pipeline_mode_steps(workload, options, data)
+    else:
+        steps = dynamic_mode_steps(workload, options, data, mode, notes)
+    timing = measure(steps, options.steps, options.warmup)
+
+    result.steps, result.warmup = options.steps, options.warmup
+    result.steps_per_s = timing["steps_per_s"]
+    result.samples_per_s = timing["steps_per_s"] * options.batch_size
+    result.first_batch_s = timing["first_batch_s"]
+    result.warmup_s = timing["warmup_s"]
+    if "captured_ops" in notes:
+        names = notes["captured_ops"]
+        result.notes = f"captured {len(names)} ops: {', '.join(names)}"
+        result.extra["captured_ops"] = names
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Parent: run every (workload, mode) in its own subprocess and print a table.
+# --------------------------------------------------------------------------------------------
+
+
+def worker_command(mode: str, workload: str, options: argparse.Namespace) -> list[str]:
+    """Return the command line that re-invokes this script as a worker."""
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        mode,
+        workload,
+        "--device",
+        options.device,
+        "--steps",
+        str(options.steps),
+        "--warmup",
+        str(options.warmup),
+        "--batch-size",
+        str(options.batch_size),
+        "--threads",
+        str(options.threads),
+        "--seed",
+        str(options.seed),
+        "--data-dir",
+        str(options.data_dir),
+    ]
+
+
+def run_in_subprocess(mode: str, workload: str, options: argparse.Namespace) -> Result:
+    """Run one worker subprocess and parse its result line."""
+    command = worker_command(mode, workload, options)
+    try:
+        completed = subprocess.run(
+            command, capture_output=True, text=True, timeout=options.timeout, cwd=REPO_ROOT
+        )
+    except subprocess.TimeoutExpired:
+        return Result(
+            workload,
+            mode,
+            "failed",
+            options.batch_size,
+            options.device,
+            error=f"timed out after {options.timeout} s",
+        )
+    for line in reversed(completed.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return Result(**json.loads(line[len(RESULT_PREFIX) :]))
+    output_lines = (completed.stderr or completed.stdout).strip().splitlines()
+    last_line = output_lines[-1] if output_lines else f"exit code {completed.returncode}"
+    if options.verbose:
+        print(completed.stderr, file=sys.stderr)
+    return Result(
+        workload, mode, "failed", options.batch_size, options.device, error=last_line.strip()
+    )
+
+
+def ratio(value: float | None, base: float | None) -> str:
+    """Format value / base as '1.23x', or '-' when either is missing."""
+    if value is None or not base:
+        return "-"
+    return f"{value / base:.2f}x"
+
+
+def print_table(results: list[Result]) -> None:
+    """Print one block per workload: steps/s, samples/s, ratios and time to first batch."""
+    header = (
+        f"{'mode':<10} {'steps/s':>9} {'samples/s':>10} {'vs eager':>9} {'vs pipeline':>12} "
+        f"{'first batch':>12} {'warm-up':>9}  notes"
+    )
+    for workload in dict.fromkeys(result.workload for result in results):
+        rows = [result for result in results if result.workload == workload]
+        by_mode = {result.mode: result.steps_per_s for result in rows if result.status == "ok"}
+        first = rows[0]
+        print(f"\n{workload} (batch {first.batch_size}, device {first.device}, "
+              f"{first.steps or '?'} timed steps)")
+        print(header)
+        print("-" * len(header))
+        for result in rows:
+            if result.status != "ok":
+                print(f"{result.mode}: {result.status} ({result.error})")
+                continue
+            print(
+                f"{result.mode:<10} {result.steps_per_s:>9.1f} {result.samples_per_s:>10.1f} "
+                f"{ratio(result.steps_per_s, by_mode.get('eager')):>9} "
+                f"{ratio(result.steps_per_s, by_mode.get('pipeline')):>12} "
+                f"{result.first_batch_s * 1000:>10.1f}ms {result.warmup_s:>8.2f}s  {result.notes}"
+            )
+
+
+def parse_list(text: str, choices: tuple[str, ...], what: str) -> list[str]:
+    """Parse a comma-separated list, checking every item against `choices`."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [item for item in items if item not in choices]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {what}: {', '.join(unknown)} (choose from "
+                                         f"{', '.join(choices)})")
+    return items
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line of both the parent and the worker."""
+    parser = argparse.ArgumentParser(
+        description="Compare eager dynamic mode, capture mode, ndd_trace and pipeline mode.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        type=lambda text: parse_list(text, WORKLOADS, "workload"))
+    parser.add_argument("--modes", default=",".join(MODES),
+                        type=lambda text: parse_list(text, MODES, "mode"))
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per mode")
+    parser.add_argument("--warmup", type=int, default=20,
+                        help="untimed steps after the first batch (which is timed separately)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="batch size (default: 8 for small_ops, 16 for decode_rrc_cmn)")
+    parser.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
+                        help="DALI CPU worker threads")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--images", type=int, default=256, help="JPEG files in the data set")
+    parser.add_argument("--data-dir", default=None,
+                        help="JPEG directory (default: a cached directory under the temp dir)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per worker")
+    parser.add_argument("--json", dest="json_path", default=None, help="write raw results here")
+    parser.add_argument("--verbose", action="store_true", help="show the stderr of failed workers")
+    parser.add_argument("--worker", nargs=2, metavar=("MODE", "WORKLOAD"), help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.steps < 1 or options.warmup < 0:
+        parser.error("--steps must be at least 1 and --warmup at least 0")
+    if options.worker:
+        mode, workload = options.worker
+        if mode not in MODES or workload not in WORKLOADS:
+            parser.error(f"bad worker mode/workload: {mode} {workload}")
+    return options
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the parent (all workloads and modes) or, with --worker, one measurement."""
+    options = parse_arguments(argv)
+    if options.worker:
+        mode, workload = options.worker
+        if options.batch_size is None:
+            options.batch_size = DEFAULT_BATCH_SIZES[workload]
+        result = run_worker(mode, workload, options)
+        print(RESULT_PREFIX + json.dumps(asdict(result)), flush=True)
+        return 0
+
+    if options.device == "gpu":
+        require_gpu()
+    if options.data_dir is None:
+        options.data_dir = str(
+            Path(tempfile.gettempdir()) / f"ndd_trace_bench_jpegs_{options.images}_{options.seed}"
+        )
+    make_jpeg_dir(options.data_dir, n=options.images, seed=options.seed)
+
+    requested_batch_size = options.batch_size
+    results = []
+    for workload in options.workloads:
+        options.batch_size = requested_batch_size or DEFAULT_BATCH_SIZES[workload]
+        for mode in options.modes:
+            print(f"running {workload} / {mode} ...", file=sys.stderr, flush=True)
+            results.append(run_in_subprocess(mode, workload, options))
+    options.batch_size = requested_batch_size
+
+    print_table(results)
+    if options.json_path:
+        from nvidia.dali import __version__ as dali_version
+
+        report = {
+            "config": {
+                key: value for key, value in vars(options).items() if key not in ("worker",)
+            },
+            "machine": {
+                "cpu_count": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "dali": dali_version,
+            },
+            "results": [asdict(result) for result in results],
+        }
+        Path(options.json_path).write_text(json.dumps(report, indent=2))
+        print(f"\nraw results written to {options.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""ndd_trace: compile imperative DALI dynamic-mode (ndd) code into cached DALI pipelines.
+
+    import nvidia.dali.experimental.dynamic as ndd
+    import ndd_trace                       # makes ndd.compile available
+
+    @ndd.compile
+    def preprocess(jpegs, size=224):
+        images = ndd.decoders.image(jpegs)
+        images = ndd.random_resized_crop(images, size=[size, size])
+        return images * 0.5
+
+    for jpegs, labels in reader.next_epoch(batch_size=64):
+        images = preprocess(jpegs)         # traced and built once, then one pipeline run a call
+        train_step(images.torch(), labels.torch())
+
+Same results as eager, bit for bit (random ops included); what cannot be compiled runs eagerly
+with a warning at the user's line. `ndd_trace.explain(fn, *args)` shows what happens and why.
+"""
+
+from __future__ import annotations
+
+from . import _dali
+from .api import CacheInfo, CompiledFunction, Explanation, NddTraceWarning, compile, explain
+from .errors import GraphBreakError, NddTraceError, PipelineError, TraceError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheInfo",
+    "CompiledFunction",
+    "Explanation",
+    "GraphBreakError",
+    "NddTraceError",
+    "NddTraceWarning",
+    "PipelineError",
+    "TraceError",
+    "compile",
+    "explain",
+]
+
+# The one documented addition to DALI's namespace: `ndd.compile` is `ndd_trace.compile`.
+_dali.ndd.compile = compile

@@ -1,0 +1,372 @@
+"""The one module that touches DALI internals. A DALI upgrade should be this file's work alone.
+
+    for function in op_functions():            # every ndd operator function (ndd.resize, ...)
+        ...
+    with intercept(handler):                   # ndd calls go to handler(op, args, kwargs)
+        ...
+    meta = infer_metadata(op_class, "cpu", static, input_metas, arg_metas)
+
+Tested with nvidia-dali-cuda120 2.4.x. What it relies on (private, may change between releases):
+makefun-generated operator functions that call `_func_impl_` from their own globals;
+`Operator._legacy_op`, `_schema`, `_has_random_state_arg`, `_is_stateful`,
+`_argument_conversion_map`, `_input_device`; `_op_builder._resolve_backend` and
+`_scalar_decay`; `random._draw_state`; `Batch._storage`.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+import nvidia.dali as dali
+import nvidia.dali.backend as backend
+import nvidia.dali.experimental.dynamic as ndd
+import nvidia.dali.types as types
+from nvidia.dali import fn
+from nvidia.dali.data_node import DataNode
+from nvidia.dali.experimental.dynamic import _op_builder, _ops
+from nvidia.dali.experimental.dynamic import random as ndd_random
+from nvidia.dali.pipeline import Pipeline
+
+from .ir import TensorMeta
+
+DALI_VERSION = dali.__version__
+Batch = ndd.Batch
+Tensor = ndd.Tensor
+RNG = ndd_random.RNG
+DType = ndd.DType
+Device = ndd.Device
+EvalMode = ndd.EvalMode
+STATE_WORDS = ndd_random._STATE_WORDS
+TENSOR_LIST_TYPES = (backend.TensorListCPU, backend.TensorListGPU)
+
+__all__ = ["Batch", "Tensor", "RNG", "Pipeline", "fn", "types", "ndd"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator discovery and interception
+
+_NAMESPACES = ("", "decoders", "random", "math", "reductions", "transforms", "noise",
+               "segmentation", "experimental", "experimental.decoders", "experimental.inputs",
+               "io", "plugin", "numba", "pytorch", "optical_flow", "audio", "image")
+
+
+def _namespace_modules() -> Iterator[Any]:
+    seen = set()
+    for path in _NAMESPACES:
+        module = ndd
+        for part in filter(None, path.split(".")):
+            module = getattr(module, part, None)
+            if module is None:
+                break
+        if module is not None and id(module) not in seen:
+            seen.add(id(module))
+            yield module
+
+
+def op_functions() -> list[Callable]:
+    """Every ndd operator function (ndd.resize, ndd.decoders.image, ...), each once."""
+    found: dict[int, Callable] = {}
+    for module in _namespace_modules():
+        for value in vars(module).values():
+            if (callable(value) and getattr(value, "_generated", False)
+                    and hasattr(value, "_op_class")
+                    and "_func_impl_" in getattr(value, "__globals__", {})):
+                found[id(value)] = value
+    return list(found.values())
+
+
+def op_class_of(function: Callable) -> type:
+    return function._op_class
+
+
+def op_path(op_class: type) -> str:
+    """The pipeline-mode path of an op (`decoders.image`), usable as `fn.<path>`."""
+    return op_class._fn_path
+
+
+def is_random(op_class: type) -> bool:
+    return bool(op_class._has_random_state_arg)
+
+
+def is_stateful(op_class: type) -> bool:
+    return bool(op_class._is_stateful) and not op_class._has_random_state_arg
+
+
+class _Interceptor:
+    """Swaps each operator function's implementation for a hook, reference-counted per process.
+
+    The hook consults a thread-local handler, so threads that are not tracing run eagerly as if
+    nothing were installed.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._originals: dict[int, tuple[Callable, Callable]] = {}
+        self._local = threading.local()
+
+    def handler(self) -> Callable | None:
+        return getattr(self._local, "handler", None)
+
+    def _make_hook(self, original: Callable, op_class: type) -> Callable:
+        local = self._local
+
+        def hook(*inputs: Any, **kwargs: Any) -> Any:
+            handler = getattr(local, "handler", None)
+            if handler is None:
+                return original(*inputs, **kwargs)
+            return handler(op_class, original, inputs, kwargs)
+
+        hook._ndd_trace_original = original  # type: ignore[attr-defined]
+        return hook
+
+    def _install(self) -> None:
+        for function in op_functions():
+            namespace = function.__globals__
+            original = namespace["_func_impl_"]
+            if hasattr(original, "_ndd_trace_original"):
+                continue
+            namespace["_func_impl_"] = self._make_hook(original, function._op_class)
+            self._originals[id(function)] = (function, original)
+
+    def _uninstall(self) -> None:
+        for function, original in self._originals.values():
+            function.__globals__["_func_impl_"] = original
+        self._originals.clear()
+
+    @contextmanager
+    def active(self, handler: Callable) -> Iterator[None]:
+        with self._lock:
+            if self._count == 0:
+                self._install()
+            self._count += 1
+        previous = getattr(self._local, "handler", None)
+        self._local.handler = handler
+        try:
+            yield
+        finally:
+            self._local.handler = previous
+            with self._lock:
+                self._count -= 1
+                if self._count == 0:
+                    self._uninstall()
+
+    @contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Run eagerly inside a trace (used to evaluate constants the user computes)."""
+        previous = getattr(self._local, "handler", None)
+        self._local.handler = None
+        try:
+            yield
+        finally:
+            self._local.handler = previous
+
+
+_interceptor = _Interceptor()
+
+
+def intercept(handler: Callable) -> Any:
+    """Context manager: while active, this thread's ndd operator calls go to `handler`."""
+    return _interceptor.active(handler)
+
+
+def eager_inside_trace() -> Any:
+    return _interceptor.suspended()
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator facts
+
+def resolve_backend(op_class: type, device: Any, inputs: tuple) -> tuple[str, str]:
+    """(device type, backend) exactly as ndd resolves them: "gpu" decoders become "mixed"."""
+    resolved, backend_name = _op_builder._resolve_backend(op_class, device, inputs)
+    return resolved.device_type, backend_name
+
+
+def input_device(op_class: type, backend_name: str, index: int, actual: str) -> str:
+    """Where input `index` must be for this op (ndd copies it there implicitly)."""
+    device = Device("gpu", 0) if backend_name != "cpu" else Device.CPU
+    actual_device = Device(actual) if actual else None
+    resolved = op_class._input_device(backend_name, index, actual_device, device)
+    return resolved.device_type if resolved is not None else actual
+
+
+def argument_dtype(op_class: type, name: str) -> str | None:
+    dtype = op_class._argument_conversion_map.get(name)
+    return dtype.type_id.name if dtype is not None else None
+
+
+def is_tensor_argument(op_class: type, name: str) -> bool:
+    schema = op_class._schema
+    try:
+        return name in schema.GetArgumentNames(include_hidden=True) and \
+            schema.IsTensorArgument(name)
+    except RuntimeError:
+        return False
+
+
+def decay_static(value: Any) -> Any:
+    """ndd's conversion of Python-side arguments (DType -> DALIDataType, Device -> "gpu")."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(decay_static(v) for v in value)
+    return _op_builder._scalar_decay(value)
+
+
+def dtype_name(dtype: Any) -> str | None:
+    if dtype is None:
+        return None
+    if isinstance(dtype, DType):
+        return dtype.type_id.name
+    if isinstance(dtype, types.DALIDataType):
+        return dtype.name
+    return ndd.dtype(dtype).type_id.name
+
+
+def meta_of(value: Any) -> TensorMeta:
+    """Static metadata of a concrete Batch or Tensor (evaluates nothing new for DALI data)."""
+    return TensorMeta(value.device.device_type, dtype_name(value.dtype), value.ndim,
+                      value.layout or None)
+
+
+def _fake_node(name: str, meta: TensorMeta, device: str) -> DataNode:
+    return DataNode(name=name, device=device, source=None,
+                    ndim=meta.ndim if meta.ndim is not None else None,
+                    dtype=getattr(types.DALIDataType, meta.dtype) if meta.dtype else None,
+                    layout=meta.layout or "")
+
+
+def infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
+                   input_metas: list[TensorMeta], arg_metas: dict[str, TensorMeta],
+                   ) -> tuple[int, tuple[str, ...] | None, list[TensorMeta]]:
+    """Validate the arguments and infer outputs, as ndd's `_init_spec` does, without running.
+
+    Raises DALI's own error when an argument is invalid.
+    """
+    inputs = [_fake_node(f"input_{i}", meta, meta.device) for i, meta in enumerate(input_metas)]
+    args = {name: _fake_node(f"arg_{name}", meta, "cpu") for name, meta in arg_metas.items()}
+    device_id = 0 if backend_name != "cpu" else None
+    with Device("gpu", device_id) if device_id is not None else Device.CPU:
+        op = op_class._legacy_op(device=backend_name, **static)
+        out = op(*inputs, **args)
+    names = None
+    if isinstance(out, dict):
+        names = tuple(out.keys())
+        nodes = list(out.values())
+    elif isinstance(out, (list, tuple)):
+        nodes = list(out)
+    else:
+        nodes = [out]
+    spec = nodes[0].source.spec
+    metas = []
+    try:
+        spec.InferOutputMetadata()
+        descs = [spec.OutputDesc(i) for i in range(len(nodes))]
+    except Exception:  # metadata inference is optional in DALI: unknown then
+        descs = [None] * len(nodes)
+    for node, desc in zip(nodes, descs):
+        if desc:
+            layout = str(desc[4]) if desc[4] is not None else ""
+            dtype = desc[3]
+            metas.append(TensorMeta(node.device, dtype.name if dtype is not None else None,
+                                    desc[2], layout or None))
+        else:
+            metas.append(TensorMeta(node.device))
+    return len(nodes), names, metas
+
+
+# ---------------------------------------------------------------------------------------------
+# Random state
+
+def default_rng() -> RNG:
+    return ndd_random.get_default_rng()
+
+
+def resolve_rng(rng: Any) -> RNG:
+    return ndd_random._resolve_rng(rng)
+
+
+def draw_state(rng: RNG) -> np.ndarray:
+    """Draw one op call's Philox state exactly as an eager ndd random op does."""
+    return np.array(ndd_random._draw_state(rng), dtype=np.uint32)
+
+
+def rng_snapshot(rng: RNG) -> Any:
+    return str(rng.get_state()), rng._draws, rng._version
+
+
+def rng_restore(rng: RNG, snapshot: Any) -> None:
+    state, draws, version = snapshot
+    rng.set_state(state)
+    rng._draws = draws
+    rng._version = version
+
+
+def rng_draws(rng: RNG) -> int:
+    return rng._draws
+
+
+# ---------------------------------------------------------------------------------------------
+# Data in and out of pipelines
+
+def storage_of(value: Any) -> Any:
+    """The DALI TensorList behind a Batch (evaluating it), or a 1-sample list for a Tensor."""
+    if isinstance(value, Batch):
+        return value.evaluate()._storage
+    storage = value.evaluate()._storage
+    if isinstance(storage, backend.TensorGPU):
+        return backend.TensorListGPU([storage])
+    return backend.TensorListCPU([storage])
+
+
+def to_batch(value: Any, batch_size: int | None) -> Any:
+    """Convert any tensor-like (numpy, list, Tensor) as ndd would for a batch input."""
+    return _ops._to_batch(value, batch_size)
+
+
+def to_tensor(value: Any) -> Any:
+    return _ops._to_tensor(value)
+
+
+def broadcast_state(words: np.ndarray, batch_size: int) -> Any:
+    return backend.TensorListCPU.broadcast(backend.TensorCPU(words), batch_size)
+
+
+def wrap_batch(tensor_list: Any) -> Batch:
+    return Batch(tensor_list)
+
+
+def wrap_tensor(tensor_list: Any) -> Tensor:
+    return Tensor(tensor_list[0])
+
+
+def infer_batch_size(*values: Any) -> int | None:
+    return _ops._infer_batch_size(*values)
+
+
+def current_num_threads() -> int:
+    return ndd.EvalContext.current().num_threads
+
+
+def current_device_id() -> int | None:
+    return ndd.EvalContext.current().device_id
+
+
+def make_pipeline(batch_size: int, num_threads: int, device_id: int | None,
+                  prefetch_queue_depth: int) -> Pipeline:
+    return Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
+                    prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)
+
+
+def static_literal(value: Any) -> tuple[str, Any] | None:
+    """How generated code should spell a static value: ("enum", "types.X.Y") or None."""
+    if isinstance(value, enum.Enum) and type(value).__module__.startswith(("nvidia.dali", "nvidia")):
+        owner = type(value).__name__
+        if hasattr(types, owner):
+            return ("types", f"{owner}.{value.name}")
+    return None

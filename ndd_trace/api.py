@@ -1,0 +1,469 @@
+"""The public API: `compile`, `explain`, and the compiled-function object with its cache.
+
+    @ndd.compile                                  # or @ndd.compile(fullgraph=True, ...)
+    def preprocess(jpegs, size=224):
+        images = ndd.decoders.image(jpegs)
+        return ndd.resize(images, size=[size, size])
+
+    images = preprocess(jpegs)                    # 1st call traces and builds; then cache hits
+    preprocess.cache_info()                       # CacheInfo(hits=..., misses=..., traces=...)
+    print(ndd_trace.explain(preprocess, jpegs))   # graph, generated code, guards, breaks
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from . import _dali, guards, passes
+from .errors import GraphBreakError, _GraphBreak
+from .ir import Graph, NodeKind, Ref
+from .lower import Lowered, lower
+from .runtime import Executable, LazyOutput, Options
+from .source import SourceLoc, raise_at, user_location
+from .trace import GraphBreakRecord, Tracer
+
+DEFAULT_CACHE_LIMIT = 8
+
+
+class NddTraceWarning(UserWarning):
+    """ndd_trace ran something eagerly, or keeps re-tracing; the message says where and why."""
+
+
+class CacheInfo(NamedTuple):
+    hits: int
+    misses: int
+    traces: int
+    fallbacks: int
+    entries: int
+
+
+@dataclasses.dataclass
+class Entry:
+    """One cache entry: a compiled graph, or the decision to run eagerly (with the reason)."""
+
+    key: tuple
+    graph: Graph | None = None
+    graph_text: str = ""
+    lowered: Lowered | None = None
+    executable: Executable | None = None
+    output_tree: Any = None
+    static_batch_size: int | None = None
+    breaks: list[GraphBreakRecord] = dataclasses.field(default_factory=list)
+    eager_reason: str | None = None
+    num_ops: int = 0
+
+    @property
+    def eager(self) -> bool:
+        return self.eager_reason is not None
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.hits = self.misses = self.traces = self.fallbacks = 0
+
+
+def _walk_data(value: Any, path: tuple, visit: Callable[[tuple, Any], Any]) -> Any:
+    """Rebuild `value`, replacing Batches, Tensors and RNGs found in lists/tuples/dicts."""
+    if isinstance(value, (_dali.Batch, _dali.Tensor, _dali.RNG)):
+        return visit(path, value)
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_walk_data(v, path + (i,), visit) for i, v in enumerate(value))
+    if isinstance(value, dict):
+        return {k: _walk_data(v, path + (k,), visit) for k, v in value.items()}
+    return value
+
+
+class CompiledFunction:
+    """A function whose ndd calls run as one cached DALI pipeline per guard set."""
+
+    def __init__(self, function: Callable, *, fullgraph: bool = False,
+                 num_threads: int | None = None, device_id: Any = "current",
+                 prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT):
+        if not callable(function):
+            raise TypeError(f"ndd.compile expects a function, got {type(function).__name__}")
+        functools.update_wrapper(self, function)
+        self._function = function
+        self.fullgraph = fullgraph
+        self._num_threads = num_threads
+        self._device_id = device_id
+        self.prefetch_queue_depth = prefetch_queue_depth
+        self.cache_limit = cache_limit
+        self._plan = guards.plan_for(function)
+        self._signature = inspect.signature(function)
+        self._entries: OrderedDict[tuple, Entry] = OrderedDict()
+        self._counters = _Counters()
+        self._lock = threading.RLock()
+        self._specialize_batch_size = False
+        self._warned: set[tuple] = set()
+        self._storm_warned = False
+        self._last_key: tuple | None = None
+        self.last_miss_reason: str | None = None
+
+    # -- public --------------------------------------------------------------------------------
+
+    def cache_info(self) -> CacheInfo:
+        c = self._counters
+        return CacheInfo(c.hits, c.misses, c.traces, c.fallbacks, len(self._entries))
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            for entry in self._entries.values():
+                if entry.executable is not None:
+                    entry.executable.close()
+            self._entries.clear()
+            self._counters = _Counters()
+
+    @property
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def __get__(self, instance: Any, owner: Any) -> Any:
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
+    def __repr__(self) -> str:
+        return f"<ndd_trace compiled function {self.__qualname__}>"
+
+    def _options(self) -> Options:
+        num_threads = self._num_threads or _dali.current_num_threads()
+        device_id = _dali.current_device_id() if self._device_id == "current" else self._device_id
+        # A per-call pipeline is fed once per call, so it can only run one iteration ahead.
+        return Options(num_threads, device_id, 1)
+
+    # -- calling -------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _dali._interceptor.handler() is not None:
+            # Called from inside another trace: inline, so its ops join the outer graph.
+            return self._function(*args, **kwargs)
+        key = self._key(args, kwargs)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._counters.misses += 1
+                self.last_miss_reason = guards.explain_miss(key, self._last_key)
+                if len(self._entries) >= self.cache_limit:
+                    return self._storm(key, args, kwargs)
+                entry = self._trace(key, args, kwargs)
+                if entry is None:  # tracing raised: run eagerly, which raises the same way
+                    self._counters.fallbacks += 1
+                    return self._function(*args, **kwargs)
+                self._entries[entry.key] = entry
+            else:
+                self._counters.hits += 1
+            self._last_key = key
+        if entry.eager:
+            self._counters.fallbacks += 1
+            return self._function(*args, **kwargs)
+        return self._run(entry, args, kwargs)
+
+    def _batch_size_of(self, args: tuple, kwargs: dict) -> tuple[int | None, bool]:
+        """The batch size of the Batch arguments, and whether they all agree."""
+        sizes = set()
+
+        def visit(path: tuple, value: Any) -> Any:
+            if isinstance(value, _dali.Batch):
+                sizes.add(value.batch_size)
+            return value
+
+        _walk_data(args, ("args",), visit)
+        _walk_data(kwargs, ("kwargs",), visit)
+        if not sizes:
+            return None, True
+        return max(sizes), len(sizes) == 1
+
+    def _key(self, args: tuple, kwargs: dict) -> tuple:
+        sizes = None
+        if self._specialize_batch_size:
+            sizes = self._batch_size_of(args, kwargs)[0]
+        return guards.build_key(args, kwargs, self._plan, (sizes,) if sizes else None)
+
+    def _storm(self, key: tuple, args: tuple, kwargs: dict) -> Any:
+        if not self._storm_warned:
+            self._storm_warned = True
+            loc = user_location()
+            self._warn(
+                f"`{self.__qualname__}` was traced {self.cache_limit} times (cache_limit); "
+                f"last change: {self.last_miss_reason}. New variants now run eagerly. Make "
+                "the changing value an ndd Batch/Tensor argument, or raise cache_limit.", loc)
+        self._counters.fallbacks += 1
+        return self._function(*args, **kwargs)
+
+    def _warn(self, message: str, loc: SourceLoc | None) -> None:
+        if loc is None:
+            warnings.warn(message, NddTraceWarning, stacklevel=3)
+        else:
+            warnings.warn_explicit(message, NddTraceWarning, loc.filename, loc.lineno,
+                                   module=None, registry={})
+
+    # -- tracing -------------------------------------------------------------------------------
+
+    def _rng_objects(self) -> list[Any]:
+        found = []
+        for name in self._plan.global_names:
+            value = self._plan.globals_dict.get(name)
+            if isinstance(value, _dali.RNG):
+                found.append(value)
+        for _, cell in self._plan.closure:
+            try:
+                if isinstance(cell.cell_contents, _dali.RNG):
+                    found.append(cell.cell_contents)
+            except ValueError:
+                pass
+        return found
+
+    def trace(self, args: tuple, kwargs: dict, key: tuple | None = None,
+              raise_errors: bool = False) -> Entry | None:
+        """Trace one call into a cache entry (not stored). Draws nothing from any RNG."""
+        key = key if key is not None else self._key(args, kwargs)
+        device_id = self._options().device_id
+        tracer = Tracer(self.__name__, device_id)
+        batch_size, consistent = self._batch_size_of(args, kwargs)
+        tracer.batch_size = batch_size or 1
+        rngs: list[Any] = [_dali.default_rng()]
+
+        def visit(path: tuple, value: Any) -> Any:
+            if isinstance(value, _dali.RNG):
+                tracer.register_rng(value, ("arg", path))
+                rngs.append(value)
+                return value
+            name = self._argument_name(path)
+            return tracer.placeholder(name, path, value)
+
+        traced_args = _walk_data(args, ("args",), visit)
+        traced_kwargs = _walk_data(kwargs, ("kwargs",), visit)
+        for rng in self._rng_objects():
+            tracer.allow_rng_object(rng)
+            rngs.append(rng)
+        before = [(rng, _dali.rng_snapshot(rng)) for rng in rngs]
+        entry = Entry(key=key)
+        self._counters.traces += 1
+        try:
+            with tracer.active():
+                result = self._function(*traced_args, **traced_kwargs)
+            tracer.set_outputs(result)
+        except _GraphBreak as graph_break:
+            self._restore(before)
+            record = GraphBreakRecord(graph_break.reason, graph_break.loc)
+            return self._break_entry(entry, record)
+        except BaseException:
+            self._restore(before)
+            if raise_errors:
+                raise
+            return None
+        if any(_dali.rng_snapshot(rng) != snapshot for rng, snapshot in before):
+            self._restore(before)
+            record = GraphBreakRecord(
+                "draws from or reseeds an RNG in Python (RNG(), set_seed, .state=); do that "
+                "outside the compiled function", None)
+            return self._break_entry(entry, record)
+        sizes = set(tracer.static_batch_sizes)
+        if batch_size is not None:
+            sizes.add(batch_size)
+        if not consistent or len(sizes) > 1:
+            entry.eager_reason = (f"batches of different sizes meet in one call ({sorted(sizes)}); "
+                                  "a pipeline runs one batch size per iteration")
+            return entry
+        if tracer.specialized_on_batch_size is not None and not self._specialize_batch_size:
+            self._specialize_batch_size = True
+            entry.key = self._key(args, kwargs)
+        entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
+        return self._finish(entry, tracer)
+
+    def _argument_name(self, path: tuple) -> str:
+        if path[0] == "kwargs":
+            return "_".join(str(p) for p in path[1:])
+        params = list(self._signature.parameters)
+        index = path[1]
+        base = params[index] if index < len(params) and \
+            self._signature.parameters[params[index]].kind != inspect.Parameter.VAR_POSITIONAL \
+            else f"arg{index}"
+        return "_".join([base, *(str(p) for p in path[2:])])
+
+    @staticmethod
+    def _restore(before: list) -> None:
+        for rng, snapshot in before:
+            if _dali.rng_snapshot(rng) != snapshot:
+                _dali.rng_restore(rng, snapshot)
+
+    def _break_entry(self, entry: Entry, record: GraphBreakRecord) -> Entry:
+        entry.breaks.append(record)
+        entry.eager_reason = f"graph break: {record}"
+        if self.fullgraph:
+            error = GraphBreakError(record.reason, record.loc, self.__qualname__)
+            error.filename, error.lineno = record.filename, record.lineno
+            raise_at(error, record.loc)
+        site = (record.filename, record.lineno, record.reason)
+        if site not in self._warned:
+            self._warned.add(site)
+            self._warn(f"ndd_trace: `{self.__qualname__}` runs eagerly: {record.reason}. "
+                       "See ndd_trace.explain() for details.", record.loc)
+        return entry
+
+    def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
+        graph = tracer.graph
+        entry.graph_text = graph.format()
+        entry.num_ops = tracer.num_ops
+        draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
+        passes.eliminate_common_subexpressions(graph)
+        passes.eliminate_dead_code(graph)
+        entry.graph = graph
+        entry.output_tree = tracer.output_tree
+        entry.lowered = lower(graph)
+        entry.executable = Executable(graph, entry.lowered, draws, self._options(),
+                                      tracer.rng_objects)
+        return entry
+
+    def _trace(self, key: tuple, args: tuple, kwargs: dict) -> Entry | None:
+        return self.trace(args, kwargs, key)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
+        bound: dict[tuple, Any] = {}
+
+        def visit(path: tuple, value: Any) -> Any:
+            bound[path] = value
+            return value
+
+        _walk_data(args, ("args",), visit)
+        _walk_data(kwargs, ("kwargs",), visit)
+        batch_size, consistent = self._batch_size_of(args, kwargs)
+        if batch_size is None:
+            batch_size = entry.static_batch_size or 1
+        elif entry.static_batch_size is not None and entry.static_batch_size != batch_size:
+            consistent = False
+        if not consistent:
+            self._counters.fallbacks += 1
+            return self._function(*args, **kwargs)
+        executable = entry.executable
+        try:
+            run = executable.run(bound, batch_size)
+        except Exception as error:
+            if executable.builds == 0:
+                # The pipeline could not be built: this variant runs eagerly from now on.
+                entry.eager_reason = f"pipeline build failed: {error}"
+                loc = getattr(error, "loc", None)
+                self._warn(f"ndd_trace: `{self.__qualname__}` runs eagerly: the pipeline could "
+                           f"not be built ({error}).", loc)
+                self._counters.fallbacks += 1
+                return self._function(*args, **kwargs)
+            raise
+        return self._unflatten(entry.output_tree, run, entry, bound, batch_size)
+
+    def _unflatten(self, tree: Any, run: Any, entry: Entry, bound: dict, batch_size: int) -> Any:
+        tag = tree[0]
+        if tag == "out":
+            ref: Ref = entry.graph.outputs[tree[1]]
+            if ref.node.kind is NodeKind.INPUT:
+                return bound[ref.node.payload]
+            node_meta = ref.node.meta[ref.index]
+            is_batch = tree[2]
+            device = _dali.Device(node_meta.device,
+                                  entry.executable.options.device_id
+                                  if node_meta.device == "gpu" else None)
+            lazy = LazyOutput(run, tree[1], is_batch, device)
+            if is_batch:
+                return _dali.Batch(invocation_result=lazy)
+            return _dali.Tensor(invocation_result=lazy)
+        if tag == "static":
+            return tree[1]
+        if tag == "batch_size":
+            return batch_size
+        if tag == "dict":
+            return {k: self._unflatten(v, run, entry, bound, batch_size) for k, v in tree[1]}
+        if tag == "namedtuple":
+            return tree[1](*(self._unflatten(v, run, entry, bound, batch_size) for v in tree[2]))
+        items = [self._unflatten(v, run, entry, bound, batch_size) for v in tree[1]]
+        return tuple(items) if tag == "tuple" else items
+
+
+def compile(function: Callable | None = None, *, fullgraph: bool = False,
+            num_threads: int | None = None, device_id: Any = "current",
+            prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT) -> Any:
+    """Compile a function that calls ndd operators into cached DALI pipelines.
+
+    Use as `@ndd.compile` or `@ndd.compile(fullgraph=True, num_threads=4, ...)`. Defaults come
+    from ndd's current settings (`ndd.set_num_threads`, the current device).
+    """
+    options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
+                   prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit)
+    if function is None:
+        return lambda f: CompiledFunction(f, **options)
+    if isinstance(function, CompiledFunction):
+        return function
+    return CompiledFunction(function, **options)
+
+
+@dataclasses.dataclass
+class Explanation:
+    """What ndd_trace does with one call: graph, generated code, guards, breaks, cache state."""
+
+    function_name: str
+    graph: str
+    code: str
+    guards: list[str]
+    breaks: list[GraphBreakRecord]
+    eager_reason: str | None
+    cache: CacheInfo
+    num_ops: int
+    miss_reason: str | None
+
+    def __str__(self) -> str:
+        lines = [f"ndd_trace.explain: `{self.function_name}`"]
+        status = f"runs eagerly ({self.eager_reason})" if self.eager_reason else \
+            f"compiled: {self.num_ops} ndd calls -> one DALI pipeline"
+        lines.append(f"  status: {status}")
+        lines.append(f"  cache: {self.cache}")
+        if self.miss_reason:
+            lines.append(f"  last cache miss: {self.miss_reason}")
+        lines.append(f"  graph breaks: {len(self.breaks)}")
+        lines += [f"    - {record}" for record in self.breaks]
+        lines.append("  guards (a change in any of these re-traces):")
+        lines += [f"    - {guard}" for guard in self.guards]
+        if self.graph:
+            lines.append("")
+            lines.append(self.graph)
+        if self.code:
+            lines.append("")
+            lines.append("generated pipeline:")
+            lines.append(self.code)
+        return "\n".join(lines)
+
+
+def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
+    """Trace `function` for these arguments (running nothing) and report what would happen."""
+    compiled = function if isinstance(function, CompiledFunction) else compile(function)
+    counters = compiled._counters
+    saved = (counters.hits, counters.misses, counters.traces, counters.fallbacks)
+    try:
+        entry = compiled.trace(args, kwargs)
+    except GraphBreakError:
+        raise
+    finally:
+        counters.hits, counters.misses, counters.traces, counters.fallbacks = saved
+    key = compiled._key(args, kwargs)
+    guard_lines = [f"{label} == {guards._short(value)}" for label, value in key]
+    if entry is None:
+        return Explanation(compiled.__qualname__, "", "", guard_lines, [],
+                           "tracing raised an exception (the eager call raises it too)",
+                           compiled.cache_info(), 0, compiled.last_miss_reason)
+    return Explanation(
+        function_name=compiled.__qualname__,
+        graph=entry.graph_text,
+        code=entry.lowered.source if entry.lowered else "",
+        guards=guard_lines,
+        breaks=list(entry.breaks),
+        eager_reason=entry.eager_reason,
+        cache=compiled.cache_info(),
+        num_ops=entry.num_ops,
+        miss_reason=compiled.last_miss_reason,
+    )

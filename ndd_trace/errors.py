@@ -1,0 +1,62 @@
+"""Exceptions raised by ndd_trace, each carrying the user's source location.
+
+    try:
+        preprocess(jpegs)
+    except ndd_trace.GraphBreakError as error:   # only with @ndd.compile(fullgraph=True)
+        print(error.reason, error.loc)           # "reads .shape of a traced batch", file.py:12
+
+Every error names what failed, where (the user's ``file:line``), why, and what to do instead.
+"""
+
+from __future__ import annotations
+
+from .source import SourceLoc
+
+
+class NddTraceError(Exception):
+    """Base class of every error ndd_trace raises on its own account."""
+
+
+class GraphBreakError(NddTraceError):
+    """The function does something that cannot be recorded, and ``fullgraph=True`` forbids a break."""
+
+    def __init__(self, reason: str, loc: SourceLoc | None, function_name: str = "?"):
+        self.reason = reason
+        self.loc = loc
+        self.filename = loc.filename if loc else None
+        self.lineno = loc.lineno if loc else None
+        where = f" at {loc}" if loc else ""
+        super().__init__(
+            f"graph break in compiled function `{function_name}`{where}: {reason}. "
+            "Move this code out of the compiled function, or drop fullgraph=True to let "
+            "ndd_trace run the function eagerly."
+        )
+
+
+class TraceError(NddTraceError):
+    """An ndd call could not be recorded (invalid arguments, unsupported value)."""
+
+    def __init__(self, message: str, loc: SourceLoc | None):
+        self.loc = loc
+        where = f"{loc}: " if loc else ""
+        super().__init__(where + message)
+
+
+class PipelineError(NddTraceError, RuntimeError):
+    """The compiled pipeline failed while being built or run; points at the op's user line."""
+
+    def __init__(self, message: str, loc: SourceLoc | None, op_name: str | None = None):
+        self.loc = loc
+        self.op_name = op_name
+        where = f" created at {loc}" if loc else ""
+        what = f"operator `{op_name}`{where}" if op_name else "the compiled pipeline"
+        super().__init__(f"{what} failed: {message}")
+
+
+class _GraphBreak(BaseException):
+    """Internal signal: abort the trace. A BaseException so user `except Exception` misses it."""
+
+    def __init__(self, reason: str, loc: SourceLoc | None):
+        super().__init__(reason)
+        self.reason = reason
+        self.loc = loc

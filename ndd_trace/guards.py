@@ -1,0 +1,160 @@
+"""Guards: the frozen cache key of a call, and an explanation of what changed on a miss.
+
+    key = build_key(args, kwargs, plan)        # a tuple of (label, frozen value) pairs
+    explain_miss(new_key, old_key)             # "argument `size`: 224 -> 256"
+
+Batches and tensors contribute their kind, device, dtype, ndim and layout (not their data or batch
+size); other arguments, module globals and closure values the function reads contribute their
+value, frozen recursively (objects by their attributes), so a change re-traces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _dali
+
+_MAX_DEPTH = 4
+
+
+def freeze(value: Any, depth: int = 0) -> Any:
+    """A hashable summary of `value` that changes whenever the value does."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, complex)):
+        return (type(value).__name__, value)
+    if isinstance(value, (_dali.Batch, _dali.Tensor)):
+        return ("data", id(value))
+    if isinstance(value, _dali.RNG):
+        return ("rng", id(value))
+    if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                          type, types.MethodType)):
+        return ("id", id(value))
+    if isinstance(value, enum.Enum) or isinstance(value, (_dali.DType, _dali.Device)):
+        return ("enum", type(value).__name__, str(value))
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, hash(value.tobytes()))
+    if isinstance(value, np.generic):
+        return ("npscalar", value.dtype.str, value.item())
+    if depth >= _MAX_DEPTH:
+        return ("id", id(value))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(freeze(v, depth + 1) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((freeze(k, depth + 1), freeze(v, depth + 1))
+                              for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(freeze(v, depth + 1) for v in value))
+    if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
+        try:
+            return freeze(value.detach().cpu().numpy(), depth + 1)
+        except Exception:
+            return ("id", id(value))
+    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        try:
+            attributes = vars(value)
+        except TypeError:
+            return ("id", id(value))
+        return ("object", id(type(value)),
+                tuple((k, freeze(v, depth + 1)) for k, v in attributes.items()))
+    try:
+        hash(value)
+        return ("hashable", type(value).__name__, value)
+    except TypeError:
+        return ("id", id(value))
+
+
+def describe_data(value: Any) -> tuple:
+    """The part of a Batch/Tensor argument that a trace depends on."""
+    kind = "Batch" if isinstance(value, _dali.Batch) else "Tensor"
+    meta = _dali.meta_of(value)
+    return (kind, meta.device, meta.dtype, meta.ndim, meta.layout)
+
+
+def _argument_key(value: Any) -> Any:
+    if isinstance(value, (_dali.Batch, _dali.Tensor)):
+        return describe_data(value)
+    if isinstance(value, _dali.RNG):
+        return ("RNG",)  # which generator does not matter: it is read at every call
+    if isinstance(value, (list, tuple)) and any(
+            isinstance(v, (_dali.Batch, _dali.Tensor, _dali.RNG, list, tuple, dict))
+            for v in value):
+        return (type(value).__name__, tuple(_argument_key(v) for v in value))
+    if isinstance(value, dict) and any(
+            isinstance(v, (_dali.Batch, _dali.Tensor, _dali.RNG)) for v in value.values()):
+        return ("dict", tuple((k, _argument_key(v)) for k, v in value.items()))
+    return ("static", freeze(value))
+
+
+@dataclasses.dataclass
+class GuardPlan:
+    """What a function reads besides its arguments: global names and closure cells."""
+
+    global_names: tuple[str, ...]
+    globals_dict: dict[str, Any]
+    closure: tuple[tuple[str, Any], ...]  # (name, cell)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def plan_for(function: Callable) -> GuardPlan:
+    code = function.__code__
+    globals_dict = function.__globals__
+    names = tuple(sorted(name for name in _code_names(code) if name in globals_dict))
+    cells = function.__closure__ or ()
+    closure = tuple(zip(code.co_freevars, cells))
+    return GuardPlan(names, globals_dict, closure)
+
+
+def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
+              batch_sizes: tuple | None = None) -> tuple:
+    key: list[tuple[str, Any]] = []
+    for index, value in enumerate(args):
+        key.append((f"argument #{index}", _argument_key(value)))
+    for name in sorted(kwargs):
+        key.append((f"argument `{name}`", _argument_key(kwargs[name])))
+    for name in plan.global_names:
+        value = plan.globals_dict.get(name)
+        key.append((f"global `{name}`", freeze(value)))
+    for name, cell in plan.closure:
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            value = None
+        key.append((f"closure variable `{name}`", freeze(value)))
+    if batch_sizes is not None:
+        key.append(("batch size", batch_sizes))
+    return tuple(key)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
+    """Name the guard fields that differ between two keys."""
+    if old_key is None:
+        return "first call"
+    old = dict(old_key)
+    new = dict(new_key)
+    changes = []
+    for label in new:
+        if label not in old:
+            changes.append(f"{label} is new")
+        elif old[label] != new[label]:
+            changes.append(f"{label}: {_short(old[label])} -> {_short(new[label])}")
+    for label in old:
+        if label not in new:
+            changes.append(f"{label} is gone")
+    return "; ".join(changes) or "no guard differs"

@@ -1,0 +1,96 @@
+"""Graph-to-graph rewrites run before lowering: common subexpressions, then dead code.
+
+    draws = random_draw_order(graph)          # the RNG slots to draw from, in eager order
+    graph = eliminate_common_subexpressions(graph)
+    graph = eliminate_dead_code(graph)
+
+Random-state nodes are never merged, and their draws are kept even when the op's result is
+unused: an eager call draws from the generator either way, so the RNG must advance the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .ir import Graph, Node, NodeKind, Ref
+
+
+def random_draw_order(graph: Graph) -> list[Any]:
+    """The RNG slot of every random op, in call order (the order eager draws in)."""
+    return [node.payload for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze(v) for v in value))
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return (type(value).__name__, value)
+
+
+def _replace_refs(graph: Graph, replacement: dict[int, Node]) -> None:
+    def fix(ref: Ref) -> Ref:
+        target = replacement.get(id(ref.node))
+        return Ref(target, ref.index) if target is not None else ref
+
+    for node in graph.nodes:
+        node.inputs = [fix(ref) for ref in node.inputs]
+        node.arg_inputs = {key: fix(ref) for key, ref in node.arg_inputs.items()}
+    graph.outputs = [fix(ref) for ref in graph.outputs]
+
+
+def eliminate_common_subexpressions(graph: Graph) -> Graph:
+    """Merge operator calls with the same inputs and arguments (tinygrad-style structural key)."""
+    seen: dict[Any, Node] = {}
+    replacement: dict[int, Node] = {}
+    kept: list[Node] = []
+    for node in graph.nodes:
+        if node.kind is NodeKind.OP and "_random_state" not in node.arg_inputs:
+            node.inputs = [Ref(replacement.get(id(r.node), r.node), r.index) for r in node.inputs]
+            node.arg_inputs = {
+                k: Ref(replacement.get(id(r.node), r.node), r.index)
+                for k, r in node.arg_inputs.items()
+            }
+            key = (
+                node.name, node.backend, node.is_batch,
+                tuple((id(r.node), r.index) for r in node.inputs),
+                tuple(node.input_devices),
+                tuple(sorted((k, id(r.node), r.index) for k, r in node.arg_inputs.items())),
+                tuple(sorted(node.arg_casts.items())),
+                _freeze(node.static),
+            )
+            existing = seen.get(key)
+            if existing is not None:
+                replacement[id(node)] = existing
+                continue
+            seen[key] = node
+        kept.append(node)
+    graph.nodes = kept
+    _replace_refs(graph, replacement)
+    return graph
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    """Drop nodes that no output depends on."""
+    live: set[int] = set()
+    stack = [ref.node for ref in graph.outputs]
+    while stack:
+        node = stack.pop()
+        if id(node) in live:
+            continue
+        live.add(id(node))
+        stack.extend(ref.node for ref in node.inputs)
+        stack.extend(ref.node for ref in node.arg_inputs.values())
+    graph.nodes = [node for node in graph.nodes if id(node) in live]
+    return graph
+
+
+def renumber(graph: Graph) -> Graph:
+    """Give nodes consecutive indices again, so printed graphs and code read v0, v1, ..."""
+    for index, node in enumerate(graph.nodes):
+        node.index = index
+    return graph

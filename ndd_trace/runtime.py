@@ -1,0 +1,262 @@
+"""Runtime: builds a lowered graph into a DALI Pipeline, feeds it per call, wraps outputs lazily.
+
+    executable = Executable(graph, lowered, draws, options)
+    run = executable.run(bound_values, batch_size=64)     # feeds inputs, schedules, returns
+    batch = run.batch(0)                                  # an ndd.Batch, evaluated when consumed
+
+Outputs are real ndd.Batch / ndd.Tensor objects backed by a lazy result (the same protocol as
+ndd's own `InvocationResult`), so `.torch()`, `np.asarray`, `.shape` or iteration fetch the
+pipeline's outputs at the first use, with no copy. Errors met while building or running are
+reported at the user's line that created the failing op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from typing import Any
+
+from . import _dali
+from .errors import PipelineError
+from .ir import Graph, Node, NodeKind
+from .lower import Lowered
+from .source import SourceLoc, raise_at
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Pipeline settings of a compiled function."""
+
+    num_threads: int
+    device_id: int | None
+    prefetch_queue_depth: int
+
+
+_GENERATED_LINE = re.compile(r'File "(<ndd_trace:[^>]*>)", line (\d+)')
+
+
+class _PendingRun:
+    """One scheduled pipeline iteration whose outputs are fetched on first use."""
+
+    def __init__(self, executable: Executable, batch_size: int):
+        self._executable = executable
+        self.batch_size = batch_size
+        self.outputs: tuple | None = None
+        self.error: BaseException | None = None
+
+    def result(self) -> tuple:
+        if self.outputs is None and self.error is None:
+            self._executable.fetch(self)
+        if self.error is not None:
+            raise self.error
+        return self.outputs  # type: ignore[return-value]
+
+
+class LazyOutput:
+    """One pipeline output, shaped like ndd's InvocationResult so Batch/Tensor can wrap it."""
+
+    def __init__(self, run: _PendingRun, index: int, is_batch: bool, device: Any):
+        self._run = run
+        self._index = index
+        self._is_batch = is_batch
+        self._device = device
+
+    def _value(self) -> Any:
+        tensor_list = self._run.result()[self._index]
+        return tensor_list if self._is_batch else tensor_list[0]
+
+    def value(self, ctx: Any = None) -> Any:
+        return self._value()
+
+    @property
+    def device(self) -> Any:
+        return self._device
+
+    @property
+    def is_batch(self) -> bool:
+        return self._is_batch
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._run.batch_size if self._is_batch else None
+
+    @property
+    def shape(self) -> Any:
+        value = self._value()
+        return value.shape() if self._is_batch else tuple(value.shape())
+
+    @property
+    def ndim(self) -> int:
+        value = self._value()
+        return value.ndim() if self._is_batch else len(value.shape())
+
+    @property
+    def dtype(self) -> Any:
+        return _dali.DType.from_type_id(self._value().dtype)
+
+    @property
+    def layout(self) -> str | None:
+        return self._value().layout() or None
+
+    @property
+    def invocation(self) -> Any:
+        return self._run
+
+    @property
+    def index(self) -> int:
+        return self._index
+
+
+class Executable:
+    """One cache entry's pipeline: built lazily, rebuilt for a larger batch or after a failure."""
+
+    def __init__(self, graph: Graph, lowered: Lowered, draws: list, options: Options,
+                 rng_objects: dict[int, Any]):
+        self.graph = graph
+        self.lowered = lowered
+        self.draws = draws
+        self.options = options
+        self.rng_objects = rng_objects
+        self.pipeline: Any = None
+        self.max_batch_size = 0
+        self.builds = 0
+        self._pending: list[_PendingRun] = []
+        self._lock = threading.RLock()
+        self._constants: dict[tuple[int, int], Any] = {}
+        self._random_state_nodes = [n for n in lowered.external_sources
+                                    if n.kind is NodeKind.RANDOM_STATE]
+
+    # -- errors --------------------------------------------------------------------------------
+
+    def _node_for_error(self, error: BaseException) -> Node | None:
+        match = None
+        for match in _GENERATED_LINE.finditer(str(error)):
+            if match.group(1) == self.lowered.filename:
+                node = self.lowered.line_map.get(int(match.group(2)))
+                if node is not None:
+                    return node
+        return None
+
+    def _pipeline_error(self, error: BaseException, stage: str) -> PipelineError:
+        node = self._node_for_error(error)
+        loc: SourceLoc | None = node.loc if node is not None else None
+        name = f"ndd.{node.name}" if node is not None else None
+        message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        wrapped = PipelineError(f"{message} (while {stage} the compiled pipeline)", loc, name)
+        wrapped.__cause__ = error
+        return wrapped
+
+    # -- building ------------------------------------------------------------------------------
+
+    def _build(self, batch_size: int) -> None:
+        self.pipeline = None
+        options = self.options
+        pipe = _dali.make_pipeline(batch_size, options.num_threads, options.device_id,
+                                   options.prefetch_queue_depth)
+        with pipe:
+            outputs = self.lowered.function(_dali.fn, _dali.types, self.lowered.consts)
+            pipe.set_outputs(*outputs)
+        pipe.build()
+        self.pipeline = pipe
+        self.max_batch_size = batch_size
+        self.builds += 1
+
+    def ensure_built(self, batch_size: int) -> None:
+        """Build for `batch_size` (a smaller batch later reuses it; a larger one rebuilds)."""
+        if self.pipeline is None or batch_size > self.max_batch_size:
+            self._drain()
+            self._build(max(batch_size, self.max_batch_size))
+
+    # -- feeding -------------------------------------------------------------------------------
+
+    def _resolve_rng(self, slot: tuple, bound: dict) -> Any:
+        kind = slot[0]
+        if kind == "default":
+            return _dali.default_rng()
+        if kind == "arg":
+            return bound[slot[1]]
+        return self.rng_objects[slot[1]]
+
+    def _data_for(self, node: Node, bound: dict, states: dict[int, Any], batch_size: int) -> Any:
+        if node.kind is NodeKind.RANDOM_STATE:
+            return _dali.broadcast_state(states[id(node)], batch_size)
+        if node.kind is NodeKind.INPUT:
+            value = bound[node.payload]
+        else:
+            value = node.payload
+        if isinstance(value, _dali.Batch):
+            return _dali.storage_of(value)
+        key = (id(node), batch_size)
+        cached = self._constants.get(key) if node.kind is NodeKind.CONSTANT else None
+        if cached is not None:
+            return cached
+        data = _dali.storage_of(_dali.to_batch(value, batch_size))
+        if node.kind is NodeKind.CONSTANT:
+            self._constants[key] = data
+        return data
+
+    def draw_states(self, bound: dict) -> dict[int, Any]:
+        """Draw every random op's state, in eager call order, from the caller's generators."""
+        states: dict[int, Any] = {}
+        for slot, node in self.draws:
+            states[id(node)] = _dali.draw_state(self._resolve_rng(slot, bound))
+        return states
+
+    def run(self, bound: dict, batch_size: int) -> _PendingRun | None:
+        """Draw, feed and schedule one iteration; outputs are fetched when first used."""
+        with self._lock:
+            if not self.graph.outputs:
+                self.draw_states(bound)  # nothing to run, but the generators advance as eagerly
+                return None
+            try:
+                # Built before drawing: a failed build leaves every generator untouched.
+                self.ensure_built(batch_size)
+            except Exception as error:
+                self.pipeline = None
+                raise self._pipeline_error(error, "building") from error
+            states = self.draw_states(bound)
+            self._drain()
+            run = _PendingRun(self, batch_size)
+            try:
+                for node in self.lowered.external_sources:
+                    self.pipeline.feed_input(node.var, self._data_for(node, bound, states,
+                                                                      batch_size))
+                self.pipeline.schedule_run()
+            except Exception as error:
+                self.pipeline = None
+                wrapped = self._pipeline_error(error, "feeding")
+                raise_at(wrapped, wrapped.loc)
+            self._pending.append(run)
+            return run
+
+    def fetch(self, run: _PendingRun) -> None:
+        with self._lock:
+            while run.outputs is None and run.error is None and self._pending:
+                self._fetch_oldest()
+            if run.outputs is None and run.error is None:
+                run.error = RuntimeError("ndd_trace: this result's pipeline run was discarded")
+
+    def _fetch_oldest(self) -> None:
+        oldest = self._pending.pop(0)
+        try:
+            oldest.outputs = tuple(self.pipeline.outputs())
+        except Exception as error:
+            self.pipeline = None  # a failed pipeline is rebuilt on the next call
+            wrapped = self._pipeline_error(error, "running")
+            try:
+                raise_at(wrapped, wrapped.loc)
+            except PipelineError as raised:
+                oldest.error = raised
+            for other in self._pending:
+                other.error = oldest.error
+            self._pending.clear()
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._fetch_oldest()
+
+    def close(self) -> None:
+        with self._lock:
+            self._pending.clear()
+            self.pipeline = None

@@ -1,0 +1,95 @@
+"""Source locations: finding the user's frame, registering generated code, raising at user lines.
+
+    loc = user_location()                 # first frame outside DALI and ndd_trace
+    str(loc)                              # "train.py:42"
+    register_source("<ndd_trace:f#1>", code_text)   # tracebacks show generated lines
+    raise_at(error, loc)                  # the traceback ends at the user's line
+
+Kept free of DALI imports: everything above it in the layering may use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import os
+import sys
+import types
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    dirs = [_PACKAGE_DIR]
+    for name in ("nvidia.dali", "makefun"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(os.path.dirname(os.path.abspath(module.__file__)))
+    return tuple(dirs)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceLoc:
+    """Where the user called something: file, line and function name."""
+
+    filename: str
+    lineno: int
+    function: str = "?"
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}"
+
+    @property
+    def short(self) -> str:
+        return f"{os.path.basename(self.filename)}:{self.lineno}"
+
+    def line_text(self) -> str:
+        return linecache.getline(self.filename, self.lineno).strip()
+
+
+_internal_cache: tuple[str, ...] | None = None
+
+
+def is_internal_file(filename: str) -> bool:
+    """True for files of ndd_trace, DALI and makefun, and for generated code."""
+    global _internal_cache
+    if _internal_cache is None or len(_internal_cache) < 3:
+        _internal_cache = _internal_dirs()
+    if filename.startswith("<makefun") or filename.startswith("<ndd_trace"):
+        return True
+    return filename.startswith(_internal_cache)
+
+
+def user_frame(start: types.FrameType | None = None) -> types.FrameType | None:
+    """The innermost frame that belongs to user code."""
+    frame = start if start is not None else sys._getframe(1)
+    while frame is not None and is_internal_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def user_location(start: types.FrameType | None = None) -> SourceLoc | None:
+    """The user's call site, skipping frames of DALI, makefun and ndd_trace."""
+    frame = user_frame(start if start is not None else sys._getframe(1))
+    if frame is None:
+        return None
+    return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def register_source(filename: str, text: str) -> None:
+    """Make generated code visible to tracebacks and `inspect` (as torch.fx does)."""
+    lines = text.splitlines(keepends=True)
+    linecache.cache[filename] = (len(text), None, lines, filename)
+
+
+def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
+    """Raise `error` from a frame that claims the user's `file:line`, so tracebacks end there.
+
+    The same trick Jinja2 uses for template tracebacks: compile a `raise` statement under the
+    user's file name, padded so that it lands on the user's line.
+    """
+    if loc is None:
+        raise error
+    code = compile("\n" * (loc.lineno - 1) + "raise __ndd_trace_error__", loc.filename, "exec")
+    code = code.replace(co_name=loc.function)
+    exec(code, {"__ndd_trace_error__": error})

@@ -1,0 +1,442 @@
+"""Tracing: run the user's function on symbolic batches and record every ndd call into a Graph.
+
+    tracer = Tracer("preprocess", device_id=None)
+    jpegs = tracer.placeholder("jpegs", ("args", 0), concrete_batch)   # a TracedBatch
+    with tracer.active():
+        result = preprocess(jpegs)             # ndd calls are recorded, nothing runs
+    tracer.set_outputs(result)
+    print(tracer.graph)
+
+Proxies subclass ndd.Batch / ndd.Tensor, so ndd's own Python code (arithmetic, `.slice[...]`,
+`.gpu()`) runs on them unchanged and ends in operator calls, which the interceptor in `_dali`
+routes here. Anything that needs concrete data (`.shape`, `np.asarray`, `.torch()`, iteration,
+`bool()`) raises `_GraphBreak`, which the compiler turns into an eager run with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from . import _dali
+from .errors import _GraphBreak
+from .ir import Graph, NodeKind, Ref, TensorMeta
+from .source import SourceLoc, raise_at, user_location
+
+
+@dataclasses.dataclass
+class GraphBreakRecord:
+    """Why a trace could not be completed, and where."""
+
+    reason: str
+    loc: SourceLoc | None
+
+    @property
+    def filename(self) -> str | None:
+        return self.loc.filename if self.loc else None
+
+    @property
+    def lineno(self) -> int | None:
+        return self.loc.lineno if self.loc else None
+
+    def __str__(self) -> str:
+        return f"{self.loc or '<unknown>'}: {self.reason}"
+
+
+def _break(reason: str) -> _GraphBreak:
+    return _GraphBreak(reason, user_location())
+
+
+def _specializing(name: str):
+    def method(self, *args):
+        self._tracer.specialize_batch_size(f"uses the batch size in Python (`{name}`)")
+        return getattr(int(self), name)(*args)
+
+    method.__name__ = name
+    return method
+
+
+class SymbolicBatchSize(int):
+    """The batch size of a traced batch: an int that notices when Python code depends on it.
+
+    Passed on as an operator's `batch_size=`, it stays symbolic (the pipeline takes any batch size
+    up to its maximum). Used in arithmetic, comparisons or `range()`, it specializes the trace
+    to this exact batch size (a guard), as torch.compile does with dynamic shapes.
+    """
+
+    def __new__(cls, value: int, tracer: Tracer) -> SymbolicBatchSize:
+        self = super().__new__(cls, value)
+        self._tracer = tracer
+        return self
+
+    for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__",
+                  "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__",
+                  "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__", "__rmod__",
+                  "__pow__", "__rpow__", "__index__", "__int__", "__float__", "__bool__",
+                  "__str__", "__repr__", "__format__", "__neg__", "__abs__", "__and__",
+                  "__or__", "__xor__", "__lshift__", "__rshift__"):
+        locals()[_name] = _specializing(_name)
+    del _name
+
+    def __hash__(self) -> int:
+        self._tracer.specialize_batch_size("uses the batch size as a dictionary key")
+        return int.__hash__(self)
+
+
+class _TracedMixin:
+    """Behaviour shared by TracedBatch and TracedTensor."""
+
+    _tracer: Tracer
+    _ref: Ref
+    _meta: TensorMeta
+
+    def _init_traced(self, tracer: Tracer, ref: Ref, meta: TensorMeta) -> None:
+        self._tracer = tracer
+        self._ref = ref
+        self._meta = meta
+        self._storage = None
+        self._tensors = None
+        self._invocation_result = None
+        self._wraps_external_data = False
+        self._slice = None
+        self._device = _dali.Device(meta.device, tracer.device_id if meta.device == "gpu" else None)
+
+    def _known(self, what: str, value: Any) -> Any:
+        if value is None:
+            raise _break(f"reads `.{what}` of a traced value whose {what} DALI cannot infer "
+                         "without running")
+        return value
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def dtype(self):
+        name = self._known("dtype", self._meta.dtype)
+        return _dali.DType.from_type_id(getattr(_dali.types.DALIDataType, name))
+
+    @property
+    def ndim(self) -> int:
+        return self._known("ndim", self._meta.ndim)
+
+    @property
+    def layout(self) -> str | None:
+        if self._meta.ndim is None and self._meta.layout is None:
+            raise _break("reads `.layout` of a traced value whose layout DALI cannot infer")
+        return self._meta.layout or None
+
+    @property
+    def shape(self):
+        raise _break("reads `.shape` of a traced value (shapes are known only when it runs)")
+
+    def evaluate(self):
+        raise _break("evaluates a traced value (`.evaluate()`)")
+
+    def torch(self, *args: Any, **kwargs: Any):
+        raise _break("converts a traced value to PyTorch (`.torch()`) inside the function")
+
+    def __array__(self, *args: Any, **kwargs: Any):
+        raise _break("converts a traced value to numpy inside the function")
+
+    def __dlpack__(self, *args: Any, **kwargs: Any):
+        raise _break("exports a traced value through DLPack inside the function")
+
+    def __dlpack_device__(self):
+        raise _break("exports a traced value through DLPack inside the function")
+
+    @property
+    def __cuda_array_interface__(self):
+        raise _break("exports a traced value through __cuda_array_interface__")
+
+    def __bool__(self) -> bool:
+        raise _break("uses a traced value as a Python bool (`if`, `and`, `or`, `not`)")
+
+    def __len__(self) -> int:
+        raise _break("takes `len()` of a traced value")
+
+    def __iter__(self) -> Iterator:
+        raise _break("iterates over a traced value")
+
+    def __repr__(self) -> str:
+        kind = "Batch" if isinstance(self, _dali.Batch) else "Tensor"
+        return f"<Traced{kind} {self._ref} {self._meta}>"
+
+    def item(self):
+        raise _break("reads a traced value with `.item()`")
+
+    def tolist(self):
+        raise _break("reads a traced value with `.tolist()`")
+
+    def cpu(self):
+        return self.to_device(_dali.Device.CPU)
+
+    def gpu(self, index: int | None = None):
+        return self.to_device(_dali.Device("gpu", index))
+
+
+class TracedBatch(_TracedMixin, _dali.Batch):
+    """A symbolic ndd.Batch recorded by the tracer."""
+
+    def __init__(self, tracer: Tracer, ref: Ref, meta: TensorMeta):
+        self._init_traced(tracer, ref, meta)
+
+    @property
+    def batch_size(self) -> int:
+        return SymbolicBatchSize(self._tracer.batch_size, self._tracer)
+
+    def select(self, sample_range: Any):
+        raise _break("selects samples with `.select()` (the batch size varies between calls)")
+
+    @property
+    def tensors(self):
+        raise _break("accesses `.tensors` of a traced batch")
+
+
+class TracedTensor(_TracedMixin, _dali.Tensor):
+    """A symbolic ndd.Tensor (one sample) recorded by the tracer."""
+
+    def __init__(self, tracer: Tracer, ref: Ref, meta: TensorMeta):
+        self._init_traced(tracer, ref, meta)
+
+    def __getitem__(self, ranges: Any):
+        if not isinstance(ranges, tuple):
+            ranges = (ranges,)
+        args: dict[str, Any] = {}
+        dim = 0
+        for i, item in enumerate(ranges):
+            if item is Ellipsis:
+                dim = self.ndim - len(ranges) + i + 1
+            elif isinstance(item, slice):
+                for key, value in (("lo", item.start), ("hi", item.stop), ("step", item.step)):
+                    if value is not None:
+                        args[f"{key}_{dim}"] = value
+                dim += 1
+            else:
+                args[f"at_{dim}"] = item
+                dim += 1
+        if not args:
+            return self
+        return _dali.ndd._tensor_subscript(self, **args)
+
+    @property
+    def size(self):
+        raise _break("reads `.size` of a traced tensor")
+
+
+def _is_traced(value: Any) -> bool:
+    return isinstance(value, _TracedMixin)
+
+
+def _is_concrete_data(value: Any) -> bool:
+    return isinstance(value, (_dali.Batch, _dali.Tensor)) and not _is_traced(value)
+
+
+def _is_array_like(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or type(value).__module__.startswith("torch")
+
+
+class Tracer:
+    """Records ndd operator calls of one function call into a Graph."""
+
+    def __init__(self, name: str, device_id: int | None):
+        self.graph = Graph(name)
+        self.device_id = device_id
+        self.batch_size: int = 1
+        self.static_batch_sizes: set[int] = set()
+        self.specialized_on_batch_size: str | None = None
+        self.rng_slots: dict[int, tuple] = {}  # id(rng) -> slot, for RNGs the caller passes
+        self.rng_objects: dict[int, Any] = {}  # RNGs reached from globals and closures
+        self.output_tree: Any = None
+        self.num_ops = 0
+
+    # -- inputs --------------------------------------------------------------------------------
+
+    def placeholder(self, name: str, path: tuple, value: Any) -> TracedBatch | TracedTensor:
+        meta = _dali.meta_of(value)
+        is_batch = isinstance(value, _dali.Batch)
+        node = self.graph.add_input(name, path, meta, is_batch)
+        cls = TracedBatch if is_batch else TracedTensor
+        return cls(self, Ref(node, 0), meta)
+
+    def register_rng(self, rng: Any, slot: tuple) -> None:
+        self.rng_slots[id(rng)] = slot
+
+    def allow_rng_object(self, rng: Any) -> None:
+        self.rng_objects[id(rng)] = rng
+
+    def specialize_batch_size(self, reason: str) -> None:
+        if self.specialized_on_batch_size is None:
+            self.specialized_on_batch_size = f"{reason} at {user_location()}"
+
+    @contextmanager
+    def active(self) -> Iterator[Tracer]:
+        with _dali.intercept(self.handle):
+            yield self
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def _constant_ref(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+        """Concrete data met while tracing becomes a constant fed to the pipeline every call."""
+        with _dali.eager_inside_trace():
+            if not _is_concrete_data(value):
+                value = _dali.to_tensor(value)
+            value = value.evaluate()
+            meta = _dali.meta_of(value)
+        if isinstance(value, _dali.Batch):
+            self._note_static_batch_size(value.batch_size, loc)
+        node = self.graph.add_constant(value, meta, isinstance(value, _dali.Batch), loc)
+        return Ref(node, 0)
+
+    def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+        if _is_traced(value):
+            if value._tracer is not self:
+                raise_at(ValueError(
+                    "a traced value from another compiled call is used here; traced values "
+                    "cannot escape their function (return them instead)"), loc)
+            return value._ref
+        return self._constant_ref(value, is_batch, loc)
+
+    def _note_static_batch_size(self, batch_size: int, loc: SourceLoc | None) -> None:
+        self.static_batch_sizes.add(int(batch_size))
+
+    def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
+        if rng is None:
+            return ("default",)
+        _dali.resolve_rng(rng)  # validates the type, with ndd's own message
+        slot = self.rng_slots.get(id(rng))
+        if slot is not None:
+            return slot
+        if id(rng) in self.rng_objects:
+            return ("object", id(rng))
+        raise _GraphBreak(
+            "a random op uses an RNG that is neither an argument of the function, a module "
+            "global or closure value, nor the default generator (an RNG created inside the "
+            "function restarts every call); pass it as an argument", loc)
+
+    def _metas(self, refs: list[Ref]) -> list[TensorMeta]:
+        return [ref.node.meta[ref.index] for ref in refs]
+
+    def handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
+        """Record one ndd operator call; return proxies shaped like ndd's own result."""
+        loc = user_location()
+        name = _dali.op_path(op_class)
+        if _dali.is_stateful(op_class):
+            raise _GraphBreak(f"calls stateful operator `{name}` (readers and other stateful "
+                              "ops keep their own state; create them outside)", loc)
+        batch_size = kwargs.pop("batch_size", None)
+        device = kwargs.pop("device", None)
+        kwargs.pop("_backend", None)
+        kwargs.pop("_caller_frame", None)
+        rng = kwargs.pop("rng", None) if _dali.is_random(op_class) else None
+        kwargs = {key: value for key, value in kwargs.items() if value is not None}
+        inputs = tuple(value for value in inputs if value is not None)
+
+        # Batch or sample mode, exactly as ndd decides it.
+        if batch_size is None:
+            for value in (*inputs, *kwargs.values()):
+                if isinstance(value, _dali.Batch):
+                    batch_size = value.batch_size
+                    break
+        is_batch = batch_size is not None
+        if is_batch and not isinstance(batch_size, SymbolicBatchSize):
+            self._note_static_batch_size(int(batch_size), loc)
+
+        try:
+            device_type, backend = _dali.resolve_backend(op_class, device, inputs)
+        except Exception as error:  # an invalid device: report at the user's line
+            error.add_note(f"in ndd.{name}(...) called at {loc}")
+            raise_at(error, loc)
+
+        refs = [self._ref_of(value, is_batch, loc) for value in inputs]
+        input_devices = []
+        for index, ref in enumerate(refs):
+            actual = ref.node.meta[ref.index].device
+            input_devices.append(_dali.input_device(op_class, backend, index, actual))
+
+        arg_inputs: dict[str, Ref] = {}
+        arg_casts: dict[str, str] = {}
+        static: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            if isinstance(value, SymbolicBatchSize):
+                value = int.__int__(value)
+            if _is_traced(value) or _is_concrete_data(value) or (
+                    _is_array_like(value) and _dali.is_tensor_argument(op_class, key)):
+                ref = self._ref_of(value, is_batch, loc)
+                arg_inputs[key] = ref
+                expected = _dali.argument_dtype(op_class, key)
+                if expected is not None and ref.node.meta[ref.index].dtype != expected:
+                    arg_casts[key] = expected
+            elif _is_array_like(value):
+                static[key] = np.asarray(value).tolist()
+            else:
+                static[key] = _dali.decay_static(value)
+
+        random_state = None
+        if _dali.is_random(op_class):
+            random_state = self.graph.add_random_state(self._rng_slot(rng, loc), loc)
+
+        input_metas = [
+            dataclasses.replace(meta, device=dev)
+            for meta, dev in zip(self._metas(refs), input_devices)
+        ]
+        arg_metas = {
+            key: dataclasses.replace(ref.node.meta[ref.index], device="cpu",
+                                     dtype=arg_casts.get(key, ref.node.meta[ref.index].dtype))
+            for key, ref in arg_inputs.items()
+        }
+        if random_state is not None:
+            arg_metas["_random_state"] = random_state.meta[0]
+        try:
+            num_outputs, output_names, metas = _dali.infer_metadata(
+                op_class, backend, static, input_metas, arg_metas)
+        except Exception as error:
+            error.add_note(f"ndd_trace: while recording ndd.{name}(...) called at {loc}")
+            raise_at(error, loc)
+
+        if random_state is not None:
+            arg_inputs["_random_state"] = Ref(random_state, 0)
+        node = self.graph.add_op(
+            name, op_class._schema_name, backend=backend, inputs=refs,
+            input_devices=input_devices, arg_inputs=arg_inputs, arg_casts=arg_casts,
+            static=static, num_outputs=num_outputs, output_names=output_names, meta=metas,
+            is_batch=is_batch, loc=loc)
+        self.num_ops += 1
+        cls = TracedBatch if is_batch else TracedTensor
+        results = [cls(self, Ref(node, i), metas[i]) for i in range(num_outputs)]
+        if num_outputs == 1:
+            return results[0]
+        if output_names is None:
+            return tuple(results)
+        return dict(zip(output_names, results))
+
+    # -- outputs -------------------------------------------------------------------------------
+
+    def set_outputs(self, result: Any) -> None:
+        """Flatten the returned structure; traced leaves become graph outputs."""
+        outputs: list[Ref] = []
+        self.output_tree = self._flatten(result, outputs)
+        self.graph.outputs = outputs
+
+    def _flatten(self, value: Any, outputs: list[Ref]) -> Any:
+        if _is_traced(value):
+            if value._tracer is not self:
+                raise _break("returns a traced value of another compiled call")
+            outputs.append(value._ref)
+            return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
+        if isinstance(value, tuple) and type(value) is not tuple:  # namedtuple
+            return ("namedtuple", type(value), [self._flatten(v, outputs) for v in value])
+        if isinstance(value, (tuple, list)):
+            return (type(value).__name__, [self._flatten(v, outputs) for v in value])
+        if isinstance(value, dict):
+            return ("dict", [(k, self._flatten(v, outputs)) for k, v in value.items()])
+        if isinstance(value, SymbolicBatchSize):
+            return ("batch_size",)
+        return ("static", value)  # concrete data and Python values come back as they are
+
+    def input_refs(self) -> list[Ref]:
+        return [Ref(node, 0) for node in self.graph.nodes_of(NodeKind.INPUT)]
