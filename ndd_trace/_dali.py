@@ -126,7 +126,23 @@ class _Interceptor:
         hook._ndd_trace_original = original  # type: ignore[attr-defined]
         return hook
 
+    def _make_reader_hook(self, original: Callable) -> Callable:
+        local = self._local
+
+        def next_epoch(reader: Any, *args: Any, **kwargs: Any) -> Any:
+            on_reader = getattr(local, "on_reader", None)
+            if on_reader is not None:
+                on_reader(reader)
+            return original(reader, *args, **kwargs)
+
+        next_epoch._ndd_trace_original = original  # type: ignore[attr-defined]
+        return next_epoch
+
     def _install(self) -> None:
+        original = _ops.Reader.next_epoch
+        if not hasattr(original, "_ndd_trace_original"):
+            _ops.Reader.next_epoch = self._make_reader_hook(original)
+            self._reader_original = original
         for function in op_functions():
             namespace = function.__globals__
             original = namespace["_func_impl_"]
@@ -136,22 +152,25 @@ class _Interceptor:
             self._originals[id(function)] = (function, original)
 
     def _uninstall(self) -> None:
+        if getattr(self, "_reader_original", None) is not None:
+            _ops.Reader.next_epoch = self._reader_original
+            self._reader_original = None
         for function, original in self._originals.values():
             function.__globals__["_func_impl_"] = original
         self._originals.clear()
 
     @contextmanager
-    def active(self, handler: Callable) -> Iterator[None]:
+    def active(self, handler: Callable, on_reader: Callable | None = None) -> Iterator[None]:
         with self._lock:
             if self._count == 0:
                 self._install()
             self._count += 1
-        previous = getattr(self._local, "handler", None)
-        self._local.handler = handler
+        previous = getattr(self._local, "handler", None), getattr(self._local, "on_reader", None)
+        self._local.handler, self._local.on_reader = handler, on_reader
         try:
             yield
         finally:
-            self._local.handler = previous
+            self._local.handler, self._local.on_reader = previous
             with self._lock:
                 self._count -= 1
                 if self._count == 0:
@@ -160,20 +179,21 @@ class _Interceptor:
     @contextmanager
     def suspended(self) -> Iterator[None]:
         """Run eagerly inside a trace (used to evaluate constants the user computes)."""
-        previous = getattr(self._local, "handler", None)
-        self._local.handler = None
+        previous = getattr(self._local, "handler", None), getattr(self._local, "on_reader", None)
+        self._local.handler, self._local.on_reader = None, None
         try:
             yield
         finally:
-            self._local.handler = previous
+            self._local.handler, self._local.on_reader = previous
 
 
 _interceptor = _Interceptor()
 
 
-def intercept(handler: Callable) -> Any:
-    """Context manager: while active, this thread's ndd operator calls go to `handler`."""
-    return _interceptor.active(handler)
+def intercept(handler: Callable, on_reader: Callable | None = None) -> Any:
+    """Context manager: while active, this thread's ndd operator calls go to `handler`, and
+    `reader.next_epoch()` calls to `on_reader(reader)`."""
+    return _interceptor.active(handler, on_reader)
 
 
 def eager_inside_trace() -> Any:

@@ -26,7 +26,7 @@ from .errors import GraphBreakError, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .lower import Lowered, lower
 from .runtime import Executable, LazyOutput, Options
-from .source import SourceLoc, raise_at, user_location
+from .source import SourceLoc, is_internal_file, raise_at, user_location
 from .trace import GraphBreakRecord, Tracer
 
 DEFAULT_CACHE_LIMIT = 8
@@ -80,6 +80,18 @@ def _walk_data(value: Any, path: tuple, visit: Callable[[tuple, Any], Any]) -> A
     return value
 
 
+def _user_loc_of(error: BaseException | None) -> SourceLoc | None:
+    """The innermost user frame of an exception's traceback."""
+    loc = None
+    tb = error.__traceback__ if error is not None else None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not is_internal_file(code.co_filename):
+            loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return loc
+
+
 class CompiledFunction:
     """A function whose ndd calls run as one cached DALI pipeline per guard set."""
 
@@ -105,6 +117,8 @@ class CompiledFunction:
         self._storm_warned = False
         self._last_key: tuple | None = None
         self.last_miss_reason: str | None = None
+        self._failure_note: str | None = None
+        self._trace_exception: BaseException | None = None
 
     # -- public --------------------------------------------------------------------------------
 
@@ -155,7 +169,7 @@ class CompiledFunction:
                 entry = self._trace(key, args, kwargs)
                 if entry is None:  # tracing raised: run eagerly, which raises the same way
                     self._counters.fallbacks += 1
-                    return self._function(*args, **kwargs)
+                    return self._eager_after_failed_trace(key, args, kwargs)
                 self._entries[entry.key] = entry
             else:
                 self._counters.hits += 1
@@ -164,6 +178,21 @@ class CompiledFunction:
             self._counters.fallbacks += 1
             return self._function(*args, **kwargs)
         return self._run(entry, args, kwargs)
+
+    def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
+        note, self._failure_note = self._failure_note, None
+        error, self._trace_exception = self._trace_exception, None
+        try:
+            result = self._function(*args, **kwargs)
+        except Exception as eager_error:
+            if note:
+                eager_error.add_note(note)
+            raise
+        # Eager succeeded where tracing failed: this variant runs eagerly from now on, and says so.
+        loc = _user_loc_of(error)
+        record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})", loc)
+        self._entries[key] = self._break_entry(Entry(key=key), record)
+        return result
 
     def _batch_size_of(self, args: tuple, kwargs: dict) -> tuple[int | None, bool]:
         """The batch size of the Batch arguments, and whether they all agree."""
@@ -201,8 +230,7 @@ class CompiledFunction:
         if loc is None:
             warnings.warn(message, NddTraceWarning, stacklevel=3)
         else:
-            warnings.warn_explicit(message, NddTraceWarning, loc.filename, loc.lineno,
-                                   module=None, registry={})
+            warnings.warn_explicit(message, NddTraceWarning, loc.filename, loc.lineno)
 
     # -- tracing -------------------------------------------------------------------------------
 
@@ -254,8 +282,10 @@ class CompiledFunction:
             self._restore(before)
             record = GraphBreakRecord(graph_break.reason, graph_break.loc)
             return self._break_entry(entry, record)
-        except BaseException:
+        except BaseException as error:
             self._restore(before)
+            self._failure_note = tracer.failure_note
+            self._trace_exception = error
             if raise_errors:
                 raise
             return None

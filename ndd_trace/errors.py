@@ -20,7 +20,7 @@ class NddTraceError(Exception):
 class GraphBreakError(NddTraceError):
     """The function does something that cannot be recorded, and ``fullgraph=True`` forbids a break."""
 
-    def __init__(self, reason: str, loc: SourceLoc | None, function_name: str = "?"):
+    def __init__(self, reason: str, loc: SourceLoc | None = None, function_name: str = "?"):
         self.reason = reason
         self.loc = loc
         self.filename = loc.filename if loc else None
@@ -36,7 +36,7 @@ class GraphBreakError(NddTraceError):
 class TraceError(NddTraceError):
     """An ndd call could not be recorded (invalid arguments, unsupported value)."""
 
-    def __init__(self, message: str, loc: SourceLoc | None):
+    def __init__(self, message: str, loc: SourceLoc | None = None):
         self.loc = loc
         where = f"{loc}: " if loc else ""
         super().__init__(where + message)
@@ -45,7 +45,7 @@ class TraceError(NddTraceError):
 class PipelineError(NddTraceError, RuntimeError):
     """The compiled pipeline failed while being built or run; points at the op's user line."""
 
-    def __init__(self, message: str, loc: SourceLoc | None, op_name: str | None = None):
+    def __init__(self, message: str, loc: SourceLoc | None = None, op_name: str | None = None):
         self.loc = loc
         self.op_name = op_name
         where = f" created at {loc}" if loc else ""

@@ -36,6 +36,17 @@ class Options:
 _GENERATED_LINE = re.compile(r'File "(<ndd_trace:[^>]*>)", line (\d+)')
 
 
+def _dali_message(error: BaseException) -> str:
+    """The part of a DALI pipeline error that says what went wrong (not where: we say that)."""
+    text = str(error).strip()
+    if "encountered:" in text:
+        text = text.split("encountered:", 1)[1]
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and "pipeline object is no longer valid" not in line
+             and not line.startswith("Critical error in pipeline")]
+    return " ".join(lines[:3]) or repr(error)
+
+
 class _PendingRun:
     """One scheduled pipeline iteration whose outputs are fetched on first use."""
 
@@ -142,7 +153,7 @@ class Executable:
         node = self._node_for_error(error)
         loc: SourceLoc | None = node.loc if node is not None else None
         name = f"ndd.{node.name}" if node is not None else None
-        message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        message = _dali_message(error)
         wrapped = PipelineError(f"{message} (while {stage} the compiled pipeline)", loc, name)
         wrapped.__cause__ = error
         return wrapped

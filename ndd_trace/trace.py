@@ -54,7 +54,7 @@ def _break(reason: str) -> _GraphBreak:
 def _specializing(name: str):
     def method(self, *args):
         self._tracer.specialize_batch_size(f"uses the batch size in Python (`{name}`)")
-        return getattr(int(self), name)(*args)
+        return getattr(int.__int__(self), name)(*args)
 
     method.__name__ = name
     return method
@@ -253,6 +253,7 @@ class Tracer:
         self.rng_objects: dict[int, Any] = {}  # RNGs reached from globals and closures
         self.output_tree: Any = None
         self.num_ops = 0
+        self.failure_note: str | None = None  # why recording an op failed, for the eager error
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -275,8 +276,13 @@ class Tracer:
 
     @contextmanager
     def active(self) -> Iterator[Tracer]:
-        with _dali.intercept(self.handle):
+        with _dali.intercept(self.handle, self.reader_used):
             yield self
+
+    def reader_used(self, reader: Any) -> None:
+        raise _GraphBreak(
+            f"reads from reader `{type(reader).__name__}` (a reader keeps its position; it runs "
+            "eagerly, compiled loops over readers are not supported yet)", user_location())
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -395,8 +401,11 @@ class Tracer:
             num_outputs, output_names, metas = _dali.infer_metadata(
                 op_class, backend, static, input_metas, arg_metas)
         except Exception as error:
-            error.add_note(f"ndd_trace: while recording ndd.{name}(...) called at {loc}")
-            raise_at(error, loc)
+            culprit = self._find_culprit(op_class, backend, static, input_metas, arg_metas)
+            named = f"argument `{culprit}`={static[culprit]!r} of " if culprit else ""
+            self.failure_note = (f"ndd_trace: DALI rejects {named}ndd.{name}(...) "
+                                 f"called at {loc} ({type(error).__name__}: {error})")
+            raise
 
         if random_state is not None:
             arg_inputs["_random_state"] = Ref(random_state, 0)
@@ -413,6 +422,19 @@ class Tracer:
         if output_names is None:
             return tuple(results)
         return dict(zip(output_names, results))
+
+    @staticmethod
+    def _find_culprit(op_class: type, backend: str, static: dict, input_metas: list,
+                      arg_metas: dict) -> str | None:
+        """The static argument whose removal makes DALI accept the call, if there is one."""
+        for key in static:
+            reduced = {k: v for k, v in static.items() if k != key}
+            try:
+                _dali.infer_metadata(op_class, backend, reduced, input_metas, arg_metas)
+            except Exception:
+                continue
+            return key
+        return None
 
     # -- outputs -------------------------------------------------------------------------------
 

@@ -1,0 +1,387 @@
+"""Cache and guards, graph breaks, errors at the user's line, explain, golden text."""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+
+import numpy as np
+import pytest
+from conftest import assert_same, run_both
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+
+SIZE = 12
+
+
+def test_compile_is_exposed_on_ndd():
+    assert ndd.compile is ndd_trace.compile
+
+
+def test_decorator_forms(batch):
+    @ndd.compile
+    def plain(x):
+        return ndd.flip(x)
+
+    @ndd.compile(fullgraph=True, num_threads=1)
+    def configured(x):
+        return ndd.flip(x)
+
+    assert_same(plain(batch), configured(batch))
+    assert plain.__name__ == "plain"
+
+
+def test_cache_hits_without_retrace(batch):
+    @ndd.compile
+    def resize(x):
+        return ndd.resize(x, size=[SIZE, SIZE])
+
+    for _ in range(4):
+        resize(batch)
+    info = resize.cache_info()
+    assert (info.hits, info.misses, info.traces, info.entries) == (3, 1, 1, 1)
+
+
+def test_smaller_last_batch_reuses_pipeline(images):
+    @ndd.compile
+    def flip(x):
+        return ndd.flip(x, vertical=1)
+
+    full = ndd.as_batch(images, layout="HWC")
+    last = ndd.as_batch(images[:3], layout="HWC")
+    flip(full)
+    result = flip(last)
+    assert result.batch_size == 3
+    assert_same(ndd.flip(last, vertical=1), result)
+    entry = flip.entries[0]
+    assert flip.cache_info().traces == 1 and entry.executable.builds == 1
+
+
+def test_larger_batch_rebuilds_without_retrace(images):
+    @ndd.compile
+    def flip(x):
+        return ndd.flip(x)
+
+    flip(ndd.as_batch(images[:2], layout="HWC"))
+    result = flip(ndd.as_batch(images, layout="HWC"))
+    assert result.batch_size == 4
+    assert flip.cache_info().traces == 1
+
+
+@pytest.mark.parametrize("change", ["dtype", "layout", "ndim", "kind", "static"])
+def test_guards_retrace_on_change(change, images):
+    @ndd.compile
+    def double(x, factor=2):
+        return x * factor
+
+    base = ndd.as_batch(images, layout="HWC")
+    double(base)
+    variants = {
+        "dtype": (ndd.as_batch([i.astype(np.float32) for i in images], layout="HWC"),),
+        "layout": (ndd.as_batch(images, layout="WHC"),),
+        "ndim": (ndd.as_batch([np.ascontiguousarray(i[..., 0]) for i in images]),),
+        "kind": (ndd.as_tensor(images[0]),),
+        "static": (base, 3),
+    }
+    args = variants[change]
+    assert_same(double.__wrapped__(*args), double(*args))
+    assert double.cache_info().traces == 2
+    assert double.last_miss_reason and "argument #" in double.last_miss_reason
+
+
+GLOBAL_SIZE = [10, 10]
+
+
+def test_global_and_closure_guards(batch):
+    global GLOBAL_SIZE
+    angle = 10.0
+
+    @ndd.compile
+    def transform(x):
+        return ndd.rotate(ndd.resize(x, size=GLOBAL_SIZE), angle=angle)
+
+    first = transform(batch)
+    assert first.shape[0][:2] != (14, 14)
+    GLOBAL_SIZE = [14, 14]
+    try:
+        second = transform(batch)
+        assert_same(transform.__wrapped__(batch), second)
+        assert "global `GLOBAL_SIZE`" in transform.last_miss_reason
+    finally:
+        GLOBAL_SIZE = [10, 10]
+    angle = 20.0
+    assert_same(transform.__wrapped__(batch), transform(batch))
+    assert "closure variable `angle`" in transform.last_miss_reason
+
+
+class Config:
+    def __init__(self):
+        self.size = 8
+
+
+CONFIG = Config()
+
+
+def test_object_attribute_guard(batch):
+    @ndd.compile
+    def resize(x):
+        return ndd.resize(x, size=[CONFIG.size, CONFIG.size])
+
+    resize(batch)
+    CONFIG.size = 9
+    try:
+        assert resize(batch).shape[0][:2] == (9, 9)
+    finally:
+        CONFIG.size = 8
+
+
+def test_batch_size_used_in_python_specializes(images):
+    @ndd.compile
+    def weighted(x):
+        return x * (x.batch_size + 1)
+
+    for n in (4, 3, 4):
+        data = ndd.as_batch(images[:n], layout="HWC")
+        assert_same(weighted.__wrapped__(data), weighted(data))
+    assert weighted.cache_info().traces == 3  # first trace + one per batch size once specialized
+
+
+def test_recompilation_storm_warns_once_and_runs_eagerly(batch):
+    @ndd.compile(cache_limit=3)
+    def scaled(x, k):
+        return x * k
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(6):
+            assert_same(scaled.__wrapped__(batch, k), scaled(batch, k))
+    storm = [w for w in caught if "cache_limit" in str(w.message)]
+    assert len(storm) == 1 and "argument #1" in str(storm[0].message)
+    assert scaled.cache_info().entries == 3 and scaled.cache_info().fallbacks == 3
+
+
+def test_graph_break_runs_eagerly_and_warns_at_user_line(batch):
+    def data_dependent(x):
+        y = ndd.flip(x)
+        if y.shape[0][0] > 10:  # BREAK-LINE
+            y = y * 2
+        return y
+
+    compiled = ndd.compile(data_dependent)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = compiled(batch)
+        compiled(batch)
+    assert_same(data_dependent(batch), result)
+    ours = [w for w in caught if issubclass(w.category, ndd_trace.NddTraceWarning)]
+    assert len(ours) == 1
+    assert ours[0].filename == __file__
+    assert "BREAK-LINE" in open(__file__).read().splitlines()[ours[0].lineno - 1]
+    explanation = ndd_trace.explain(compiled, batch)
+    assert explanation.breaks and ".shape" in explanation.breaks[0].reason
+    assert explanation.breaks[0].filename == __file__
+
+
+def test_fullgraph_raises_graph_break_error(batch):
+    @ndd.compile(fullgraph=True)
+    def to_numpy(x):
+        return np.asarray(ndd.flip(x))
+
+    with pytest.raises(ndd_trace.GraphBreakError) as info:
+        to_numpy(batch)
+    assert info.value.filename == __file__
+    assert "numpy" in info.value.reason
+    assert traceback.extract_tb(info.tb)[-1].filename == __file__
+
+
+def test_random_graph_break_keeps_rng_state_exact(batch):
+    def breaks_after_random(x):
+        noise = ndd.random.uniform(batch_size=x.batch_size, range=[0, 1])
+        np.asarray(ndd.as_tensor(noise))  # forces data: graph break
+        return noise
+
+    compiled = ndd.compile(breaks_after_random)
+    ndd.random.set_seed(3)
+    eager = breaks_after_random(batch)
+    state = str(ndd.random.get_default_rng().state)
+    ndd.random.set_seed(3)
+    with pytest.warns(ndd_trace.NddTraceWarning):
+        result = compiled(batch)
+    assert_same(eager, result)
+    assert str(ndd.random.get_default_rng().state) == state
+
+
+def test_reader_inside_function_runs_eagerly(jpeg_dir):
+    reader = ndd.readers.File(file_root=str(jpeg_dir))
+
+    def read_one():
+        for jpegs, labels in reader.next_epoch(batch_size=4):
+            return labels
+
+    compiled = ndd.compile(read_one)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="reader"):
+        labels = compiled()
+    assert labels.batch_size == 4
+
+
+def test_user_exception_propagates_unchanged(batch):
+    def failing(x):
+        ndd.flip(x)
+        raise KeyError("user problem")
+
+    compiled = ndd.compile(failing)
+    with pytest.raises(KeyError, match="user problem"):
+        compiled(batch)
+    assert compiled.cache_info().entries == 0
+    with pytest.raises(KeyError):
+        compiled(batch)
+
+
+def test_invalid_argument_error_names_argument(batch):
+    @ndd.compile
+    def bad(x):
+        return ndd.resize(x, size=[8, 8], interp_type="not-an-interp")
+
+    with pytest.raises(Exception) as info:
+        bad(batch)
+    assert "interp_type" in str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert "test_compile.py" in "".join(info.value.__notes__)
+    # still usable afterwards, eagerly and compiled
+    assert_same(ndd.flip(batch), ndd.compile(lambda x: ndd.flip(x))(batch))
+
+
+def test_runtime_error_points_at_user_line():
+    corrupt = ndd.as_batch([np.frombuffer(b"\xff\xd8\xff\xe0not a jpeg", dtype=np.uint8)] * 2)
+
+    @ndd.compile
+    def decode(data):
+        return ndd.decoders.image(data)  # DECODE-LINE
+
+    with pytest.raises(ndd_trace.PipelineError) as info:
+        decode(corrupt).evaluate()
+    frame = traceback.extract_tb(info.tb)[-1]
+    assert frame.filename == __file__ and "DECODE-LINE" in frame.line
+    assert info.value.op_name == "ndd.decoders.image"
+
+
+def test_explain_report_and_code(batch):
+    @ndd.compile
+    def preprocess(x):
+        return ndd.flip(ndd.resize(x, size=[8, 8]))
+
+    explanation = ndd_trace.explain(preprocess, batch)
+    text = str(explanation)
+    assert "fn.resize(" in explanation.code and "fn.flip(" in explanation.code
+    assert "test_compile.py:" in explanation.code
+    assert "graph preprocess" in text and "guards" in text
+    assert explanation.breaks == []
+    assert preprocess.cache_info().traces == 0  # explaining does not fill the cache
+
+
+GOLDEN_GRAPH = """\
+graph golden:
+  in0 = input x: batch<cpu, UINT8, ndim=3, layout='HWC'>
+  v1 = resize[cpu](in0, size=[8, 8])
+  rng2 = random_state(('default',))
+  v3 = random.coin_flip[cpu](_random_state=rng2)
+  v4 = crop_mirror_normalize[cpu](v1, mirror=v3, mean=[0.0], std=[255.0])
+  return v4"""
+
+GOLDEN_CODE = """\
+def golden_pipeline(fn, types, consts):
+    in0 = fn.external_source(name='in0', device='cpu', dtype=types.DALIDataType.UINT8, ndim=3, layout='HWC')
+    v1 = fn.resize(in0, device='cpu', size=[8, 8])  # LOC
+    rng2 = fn.external_source(name='rng2', device='cpu', dtype=types.DALIDataType.UINT32, ndim=1)  # LOC
+    v3 = fn.random.coin_flip(device='cpu', _random_state=rng2)  # LOC
+    v4 = fn.crop_mirror_normalize(v1, device='cpu', mean=[0.0], std=[255.0], mirror=v3)  # LOC
+    return (v4,)
+"""
+
+
+def test_golden_graph_and_code(batch):
+    def golden(x):
+        small = ndd.resize(x, size=[8, 8])
+        flip = ndd.random.coin_flip(batch_size=x.batch_size)
+        return ndd.crop_mirror_normalize(small, mirror=flip, mean=[0.0], std=[255.0])
+
+    entry = ndd_trace.compile(golden).trace((batch,), {})
+    assert entry.graph.format(with_locations=False) == GOLDEN_GRAPH
+    import re
+
+    code = re.sub(r"  # \S+:\d+", "  # LOC", entry.lowered.source)
+    assert code == GOLDEN_CODE
+
+
+def test_torch_handoff(batch):
+    torch = pytest.importorskip("torch")
+
+    @ndd.compile
+    def normalize(x):
+        return ndd.crop_mirror_normalize(ndd.resize(x, size=[8, 8]), mean=[0.0], std=[1.0])
+
+    tensor = normalize(batch).torch()
+    assert isinstance(tensor, torch.Tensor) and tensor.shape == (4, 3, 8, 8)
+    expected = ndd.crop_mirror_normalize(ndd.resize(batch, size=[8, 8]), mean=[0.0], std=[1.0])
+    assert torch.equal(tensor, expected.torch())
+
+
+def test_results_are_lazy_and_ordered(batch):
+    @ndd.compile
+    def add(x, k):
+        return x + k
+
+    first, second = add(batch, 1), add(batch, 2)
+    assert_same(batch + 2, second)
+    assert_same(batch + 1, first)
+
+
+def test_nested_compiled_functions_inline(batch):
+    @ndd.compile
+    def inner(x):
+        return ndd.flip(x)
+
+    def outer(x):
+        return inner(x) * 2
+
+    run_both(outer, batch)
+
+
+def test_method_compilation(batch):
+    class Augment:
+        def __init__(self, size):
+            self.size = size
+
+        @ndd.compile
+        def __call__(self, x):
+            return ndd.resize(x, size=[self.size, self.size])
+
+    aug = Augment(6)
+    assert aug(batch).shape[0][:2] == (6, 6)
+    aug.size = 7
+    assert aug(batch).shape[0][:2] == (7, 7)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_and_torch_stays_on_gpu(jpegs):
+    torch = pytest.importorskip("torch")
+
+    def preprocess(data):
+        images = ndd.decoders.image(data, device="gpu")
+        images = ndd.resize(images, size=[32, 32])
+        return ndd.crop_mirror_normalize(images, mean=[0.0], std=[255.0],
+                                         mirror=ndd.random.coin_flip(batch_size=8))
+
+    compiled = run_both(preprocess, jpegs, calls=2)
+    result = compiled(jpegs).torch()
+    assert result.is_cuda and isinstance(result, torch.Tensor)
+
+
+@pytest.mark.gpu
+def test_gpu_ops_and_transfers(batch):
+    def mixed(x):
+        y = ndd.flip(x.gpu())
+        z = ndd.gaussian_blur(y, window_size=3) * 2
+        return z, z.cpu(), ndd.random.uniform(batch_size=x.batch_size, device="gpu")
+
+    run_both(mixed, batch, calls=2)
