@@ -1,0 +1,180 @@
+"""Random ndd programs for differential fuzzing: each runs eagerly and compiled, bits compared.
+
+    program = Program.draw(data)         # inside a hypothesis test using st.data()
+    outcome = check_program(program)     # "equal", "both-raise"; raises AssertionError otherwise
+
+Values keep three channels and three dimensions: DALI 2.4's eager `hsv` crashes the process
+(segfault) on a 1-channel image, so the generator never makes one.
+
+A program is a DAG of steps over an input batch (random dtype, ragged HWC shapes, batch size
+1..5): unary operators with random valid arguments, arithmetic with constants, with per-sample
+random scalars and with earlier values, random ops with seeds, and a random set of returned
+values. Used by tests/test_fuzz.py (small fixed budget) and benchmarks/fuzz.py (long runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+
+DTYPES = {"uint8": np.uint8, "float32": np.float32, "int16": np.int16}
+
+
+def _unary_ops(draw: Callable) -> list[tuple[str, Callable]]:
+    """One randomly parameterized instance of each unary op, as (description, function)."""
+    size = [draw(st.integers(4, 24)), draw(st.integers(4, 24))]
+    angle = draw(st.floats(-90, 90, allow_nan=False, width=32))
+    crop = [draw(st.integers(1, 8)), draw(st.integers(1, 8))]
+    horizontal = draw(st.integers(0, 1))
+    vertical = draw(st.integers(0, 1))
+    factor = draw(st.floats(0.125, 3.0, width=32))
+    k = draw(st.integers(1, 9))
+    lo = draw(st.integers(0, 3))
+    return [
+        (f"flip(h={horizontal}, v={vertical})",
+         lambda x: ndd.flip(x, horizontal=horizontal, vertical=vertical)),
+        (f"resize({size})", lambda x: ndd.resize(x, size=size)),
+        (f"rotate({angle:.2f})", lambda x: ndd.rotate(x, angle=angle, fill_value=0)),
+        (f"crop({crop})", lambda x: ndd.crop(x, crop=crop)),
+        ("cast(float32)", lambda x: ndd.cast(x, dtype=ndd.float32)),
+        ("cast(uint8)", lambda x: ndd.cast(x, dtype=ndd.uint8)),
+        (f"* {factor:.3f}", lambda x: x * factor),
+        (f"+ {k}", lambda x: x + k),
+        (f"// {k}", lambda x: x // k),
+        (f"{k} - x", lambda x: k - x),
+        ("abs(-x)", lambda x: abs(-x)),
+        (f".slice[{lo}:]", lambda x: x.slice[lo:]),
+        ("transpose(1,0,2)", lambda x: ndd.transpose(x, perm=[1, 0, 2])),
+        ("coord/hsv", lambda x: ndd.hsv(ndd.cast(x, dtype=ndd.uint8), hue=float(k))),
+        (f"brightness({factor:.2f})", lambda x: ndd.brightness(x, brightness=factor)),
+        ("gaussian_blur(3)", lambda x: ndd.gaussian_blur(x, window_size=3)),
+        ("x > k", lambda x: ndd.cast(x > k, dtype=ndd.uint8)),
+        ("noise.gaussian", lambda x: ndd.noise.gaussian(ndd.cast(x, dtype=ndd.float32),
+                                                        stddev=factor)),
+        ("random_angle_rotate", lambda x: ndd.rotate(
+            x, angle=ndd.random.uniform(batch_size=x.batch_size, range=[-20, 20]),
+            fill_value=0)),
+        ("x * coin_flip", lambda x: x * ndd.cast(
+            ndd.random.coin_flip(batch_size=x.batch_size), dtype=x.dtype)),
+        ("x + uniform", lambda x: x + ndd.random.uniform(batch_size=x.batch_size, range=[0, 2])),
+        ("reductions.sum(keep_dims)", lambda x: ndd.reductions.sum(x, axes=[0], keep_dims=True)),
+        ("sqrt", lambda x: ndd.math.sqrt(ndd.cast(x, dtype=ndd.float32))),
+    ]
+
+
+BINARY = [
+    ("add", lambda a, b: a + b),
+    ("mul", lambda a, b: a * b),
+    ("max", lambda a, b: ndd.math.max(a, b)),
+    ("sub", lambda a, b: a - b),
+]
+
+
+@dataclasses.dataclass
+class Program:
+    """A drawn program: input data, steps, outputs and a seed."""
+
+    inputs: list[np.ndarray]
+    steps: list[tuple[str, Any, tuple[int, ...]]]  # (description, function, argument indices)
+    outputs: tuple[int, ...]
+    seed: int
+
+    @staticmethod
+    def draw(data: Any, max_steps: int = 6) -> Program:
+        draw = data.draw
+        dtype = DTYPES[draw(st.sampled_from(sorted(DTYPES)))]
+        batch_size = draw(st.integers(1, 5))
+        rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+        inputs = []
+        for _ in range(batch_size):
+            shape = (int(rng.integers(2, 20)), int(rng.integers(2, 20)), 3)
+            inputs.append((rng.random(shape) * 255).astype(dtype))
+        steps = []
+        count = 1
+        for _ in range(draw(st.integers(1, max_steps))):
+            if count > 1 and draw(st.booleans()) and draw(st.booleans()):
+                name, function = draw(st.sampled_from(BINARY))
+                a = draw(st.integers(0, count - 1))
+                steps.append((name, function, (a, a)))  # same value twice: shapes always agree
+            else:
+                ops = _unary_ops(draw)
+                index = draw(st.integers(0, len(ops) - 1))
+                name, function = ops[index]
+                steps.append((name, function, (draw(st.integers(0, count - 1)),)))
+            count += 1
+        outputs = tuple(sorted(set(draw(st.lists(st.integers(1, count - 1), min_size=1,
+                                                  max_size=3)))))
+        return Program(inputs, steps, outputs, draw(st.integers(0, 2**31)))
+
+    def function(self) -> Callable:
+        steps, outputs = self.steps, self.outputs
+
+        def program(x):
+            values = [x]
+            for _, function, arguments in steps:
+                values.append(function(*(values[i] for i in arguments)))
+            return tuple(values[i] for i in outputs)
+
+        return program
+
+    def __str__(self) -> str:
+        lines = [f"input: {len(self.inputs)} x {self.inputs[0].dtype} "
+                 f"{[a.shape for a in self.inputs]}"]
+        for i, (name, _, arguments) in enumerate(self.steps, 1):
+            lines.append(f"  v{i} = {name}({', '.join(f'v{a}' for a in arguments)})")
+        lines.append(f"  return {', '.join(f'v{i}' for i in self.outputs)}; seed {self.seed}")
+        return "\n".join(lines)
+
+
+def _materialize(result: Any) -> Any:
+    return [[np.asarray(sample.cpu()) for sample in value] for value in result]
+
+
+def check_program(program: Program, calls: int = 2) -> str:
+    """Run eagerly and compiled; return the outcome or raise AssertionError on a mismatch."""
+    function = program.function()
+    import os, sys
+    if os.environ.get("NDD_TRACE_FUZZ_VERBOSE"):
+        print(program, file=sys.stderr, flush=True)
+    batch = ndd.as_batch(program.inputs, layout="HWC")
+    ndd.random.set_seed(program.seed)
+    eager_error = None
+    eager = []
+    try:
+        for _ in range(calls):
+            eager.append(_materialize(function(batch)))
+    except Exception as error:
+        eager_error = error
+    eager_state = str(ndd.random.get_default_rng().state)
+
+    compiled = ndd_trace.compile(function)
+    ndd.random.set_seed(program.seed)
+    compiled_error = None
+    results = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            for _ in range(calls):
+                results.append(_materialize(compiled(batch)))
+        except Exception as error:
+            compiled_error = error
+    if eager_error is not None or compiled_error is not None:
+        assert eager_error is not None and compiled_error is not None, (
+            f"only one side raised:\n{program}\neager: {eager_error!r}\n"
+            f"compiled: {compiled_error!r}")
+        return "both-raise"
+    assert str(ndd.random.get_default_rng().state) == eager_state, f"RNG state differs\n{program}"
+    for e, c in zip(eager, results):
+        for ev, cv in zip(e, c):
+            for a, b in zip(ev, cv):
+                assert a.dtype == b.dtype and a.shape == b.shape, f"meta differs\n{program}"
+                assert np.array_equal(a, b, equal_nan=True), f"values differ\n{program}"
+    return "equal" if compiled.cache_info().fallbacks == 0 else "equal-eager"
