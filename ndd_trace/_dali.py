@@ -132,7 +132,9 @@ class _Interceptor:
         def next_epoch(reader: Any, *args: Any, **kwargs: Any) -> Any:
             on_reader = getattr(local, "on_reader", None)
             if on_reader is not None:
-                on_reader(reader)
+                replacement = on_reader(reader, *args, **kwargs)
+                if replacement is not None:
+                    return replacement
             return original(reader, *args, **kwargs)
 
         next_epoch._ndd_trace_original = original  # type: ignore[attr-defined]
@@ -303,6 +305,74 @@ def infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
 # ---------------------------------------------------------------------------------------------
 # Random state
 
+# ---------------------------------------------------------------------------------------------
+# Readers owned by compiled loops
+
+Reader = _ops.Reader
+
+
+def reader_fn_path(reader: Any) -> str:
+    """`readers.file` for an ndd.readers.File instance."""
+    op_class = type(reader)
+    return ".".join([*op_class._schema.ModulePath(), fn._to_snake_case(op_class._op_name)])
+
+
+def reader_static_args(reader: Any) -> dict[str, Any]:
+    """The pipeline-mode arguments of a reader, its instance name included (for the transfer)."""
+    args = {k: v for k, v in reader._init_args.items() if v is not None and k != "num_inputs"}
+    args["name"] = reader._name
+    return args
+
+
+def reader_has_tensor_args(reader: Any) -> bool:
+    return bool(reader._raw_tensor_args)
+
+
+def reader_metadata(reader: Any) -> tuple[int, tuple[str, ...] | None, list[TensorMeta]]:
+    static = {k: v for k, v in reader_static_args(reader).items() if k != "name"}
+    return infer_metadata(type(reader), "cpu", static, [], {})
+
+
+def claim_reader(reader: Any, batch_size: int) -> Any:
+    """Create the reader's operator as eager ndd would (same seed and state), and return it to
+    be moved into a pipeline with `transfer_reader`."""
+    reader._check_not_disabled()
+    if reader._capture_mode is True:
+        raise RuntimeError(f"reader {reader._name} is used by DALI's capture mode")
+    if reader._op_backend is None:
+        reader._require_api_type("batches")
+        if reader._max_batch_size and reader._max_batch_size < batch_size:
+            raise ValueError(f"batch_size {batch_size} is larger than the reader's "
+                             f"max_batch_size {reader._max_batch_size}")
+        reader._max_batch_size = batch_size
+        reader._init_backend(ndd.EvalContext.current(), (),
+                             reader._process_tensor_args(batch_size))
+    elif reader._max_batch_size and reader._max_batch_size != batch_size:
+        raise ValueError(f"batch_size {batch_size} differs from the {reader._max_batch_size} "
+                         "this reader was used with")
+    return reader._op_backend
+
+
+def transfer_reader(pipe: Pipeline, reader: Any, backend_op: Any) -> None:
+    pipe._transfer_operator(reader._name, backend_op)
+    reader._transferred = True
+
+
+def shard_steps(reader: Any, epoch_size_padded: int, batch_size: int) -> int:
+    """Batches in this reader's next epoch, exactly as ndd's `next_epoch` counts them."""
+    shard = _ops._shard_size(epoch_size_padded, reader._shard_id, reader._num_shards)
+    return -(-shard // batch_size)
+
+
+def advance_shard(reader: Any) -> None:
+    reader._advance_shard()
+
+
+def schedule_one(pipe: Pipeline) -> None:
+    """Schedule exactly one iteration (Pipeline.schedule_run prefetches a whole queue at first)."""
+    pipe._run_once()
+
+
 def default_rng() -> RNG:
     return ndd_random.get_default_rng()
 
@@ -329,6 +399,18 @@ def rng_restore(rng: RNG, snapshot: Any) -> None:
 
 def rng_draws(rng: RNG) -> int:
     return rng._draws
+
+
+def rng_position(rng: RNG) -> tuple[int, int]:
+    return rng._draws, rng._version
+
+
+def rng_clone(rng: RNG) -> RNG:
+    return rng.clone()
+
+
+def rng_advance(rng: RNG, words: int) -> None:
+    rng.advance(words)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,12 +18,13 @@ import inspect
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from . import _dali, guards, passes
 from .errors import GraphBreakError, _GraphBreak
 from .ir import Graph, NodeKind, Ref
+from .loop import LoopExecutable
 from .lower import Lowered, lower
 from .runtime import Executable, LazyOutput, Options
 from .source import SourceLoc, is_internal_file, raise_at, user_location
@@ -109,6 +110,7 @@ class CompiledFunction:
         self.cache_limit = cache_limit
         self._plan = guards.plan_for(function)
         self._signature = inspect.signature(function)
+        self.is_generator = inspect.isgeneratorfunction(function)
         self._entries: OrderedDict[tuple, Entry] = OrderedDict()
         self._counters = _Counters()
         self._lock = threading.RLock()
@@ -158,6 +160,8 @@ class CompiledFunction:
         if _dali._interceptor.handler() is not None:
             # Called from inside another trace: inline, so its ops join the outer graph.
             return self._function(*args, **kwargs)
+        if self.is_generator:
+            return self._epoch(args, kwargs)
         key = self._key(args, kwargs)
         with self._lock:
             entry = self._entries.get(key)
@@ -193,6 +197,47 @@ class CompiledFunction:
         record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})", loc)
         self._entries[key] = self._break_entry(Entry(key=key), record)
         return result
+
+    def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
+        """A compiled generator call: one epoch of its reader loop, prefetched."""
+        key = self._key(args, kwargs)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._counters.misses += 1
+                self.last_miss_reason = guards.explain_miss(key, self._last_key)
+                if len(self._entries) >= self.cache_limit:
+                    entry = Entry(key=key, eager_reason="cache_limit reached")
+                else:
+                    entry = self._trace(key, args, kwargs)
+                if entry is None:
+                    self._counters.fallbacks += 1
+                    self._failure_note = self._trace_exception = None
+                    yield from self._function(*args, **kwargs)
+                    return
+                self._entries[entry.key] = entry
+            else:
+                self._counters.hits += 1
+            self._last_key = key
+        if entry.eager:
+            self._counters.fallbacks += 1
+            yield from self._function(*args, **kwargs)
+            return
+        bound = self._bind(args, kwargs)
+        for run in entry.executable.epoch(bound):
+            yield self._unflatten(entry.output_tree, run, entry, bound, run.batch_size)
+
+    @staticmethod
+    def _bind(args: tuple, kwargs: dict) -> dict[tuple, Any]:
+        bound: dict[tuple, Any] = {}
+
+        def visit(path: tuple, value: Any) -> Any:
+            bound[path] = value
+            return value
+
+        _walk_data(args, ("args",), visit)
+        _walk_data(kwargs, ("kwargs",), visit)
+        return bound
 
     def _batch_size_of(self, args: tuple, kwargs: dict) -> tuple[int | None, bool]:
         """The batch size of the Batch arguments, and whether they all agree."""
@@ -274,9 +319,13 @@ class CompiledFunction:
         before = [(rng, _dali.rng_snapshot(rng)) for rng in rngs]
         entry = Entry(key=key)
         self._counters.traces += 1
+        tracer.loop_mode = self.is_generator
         try:
             with tracer.active():
-                result = self._function(*traced_args, **traced_kwargs)
+                if self.is_generator:
+                    result = self._trace_loop_step(tracer, traced_args, traced_kwargs)
+                else:
+                    result = self._function(*traced_args, **traced_kwargs)
             tracer.set_outputs(result)
         except _GraphBreak as graph_break:
             self._restore(before)
@@ -295,7 +344,7 @@ class CompiledFunction:
                 "draws from or reseeds an RNG in Python (RNG(), set_seed, .state=); do that "
                 "outside the compiled function", None)
             return self._break_entry(entry, record)
-        sizes = set(tracer.static_batch_sizes)
+        sizes = set(tracer.static_batch_sizes) | tracer.reader_batch_sizes
         if batch_size is not None:
             sizes.add(batch_size)
         if not consistent or len(sizes) > 1:
@@ -307,6 +356,25 @@ class CompiledFunction:
             entry.key = self._key(args, kwargs)
         entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
         return self._finish(entry, tracer)
+
+    def _trace_loop_step(self, tracer: Tracer, args: tuple, kwargs: dict) -> Any:
+        """Run the generator for one reader step on placeholders; return what it yields."""
+        generator = self._function(*args, **kwargs)
+        try:
+            step = next(generator)
+        except StopIteration:
+            raise _GraphBreak("the generator yields nothing from a reader loop", None) from None
+        if not tracer.graph.nodes_of(NodeKind.READER):
+            generator.close()
+            raise _GraphBreak("the generator yields outside a loop over "
+                              "reader.next_epoch(batch_size=...)", user_location())
+        try:
+            next(generator)
+        except StopIteration:
+            return step
+        generator.close()
+        raise _GraphBreak("the generator yields more than once per reader step, or after "
+                          "its reader loop", None)
 
     def _argument_name(self, path: tuple) -> str:
         if path[0] == "kwargs":
@@ -348,8 +416,15 @@ class CompiledFunction:
         entry.graph = graph
         entry.output_tree = tracer.output_tree
         entry.lowered = lower(graph)
-        entry.executable = Executable(graph, entry.lowered, draws, self._options(),
-                                      tracer.rng_objects)
+        if tracer.loop_mode:
+            options = dataclasses.replace(self._options(),
+                                          prefetch_queue_depth=self.prefetch_queue_depth)
+            entry.executable = LoopExecutable(graph, entry.lowered, draws, options,
+                                              tracer.rng_objects, tracer.batch_size,
+                                              self.__qualname__)
+        else:
+            entry.executable = Executable(graph, entry.lowered, draws, self._options(),
+                                          tracer.rng_objects)
         return entry
 
     def _trace(self, key: tuple, args: tuple, kwargs: dict) -> Entry | None:
@@ -358,14 +433,7 @@ class CompiledFunction:
     # -- running -------------------------------------------------------------------------------
 
     def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
-        bound: dict[tuple, Any] = {}
-
-        def visit(path: tuple, value: Any) -> Any:
-            bound[path] = value
-            return value
-
-        _walk_data(args, ("args",), visit)
-        _walk_data(kwargs, ("kwargs",), visit)
+        bound = self._bind(args, kwargs)
         batch_size, consistent = self._batch_size_of(args, kwargs)
         if batch_size is None:
             batch_size = entry.static_batch_size or 1
@@ -483,8 +551,10 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     key = compiled._key(args, kwargs)
     guard_lines = [f"{label} == {guards._short(value)}" for label, value in key]
     if entry is None:
+        error = compiled._trace_exception
+        compiled._trace_exception = compiled._failure_note = None
         return Explanation(compiled.__qualname__, "", "", guard_lines, [],
-                           "tracing raised an exception (the eager call raises it too)",
+                           f"tracing raised {error!r}; the eager call runs instead",
                            compiled.cache_info(), 0, compiled.last_miss_reason)
     return Explanation(
         function_name=compiled.__qualname__,

@@ -31,6 +31,8 @@ def freeze(value: Any, depth: int = 0) -> Any:
         return ("data", id(value))
     if isinstance(value, _dali.RNG):
         return ("rng", id(value))
+    if isinstance(value, _dali.Reader):
+        return ("reader", id(value))  # a reader is stateful: its identity is what matters
     if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
                           type, types.MethodType)):
         return ("id", id(value))

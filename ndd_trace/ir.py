@@ -25,6 +25,7 @@ class NodeKind(enum.Enum):
     INPUT = "input"  # a Batch/Tensor argument of the compiled function, fed per call
     CONSTANT = "constant"  # concrete data met while tracing, fed per call from the stored value
     RANDOM_STATE = "random_state"  # the 7-word Philox state drawn per call for one random op
+    READER = "reader"  # a reader owned by a compiled loop: one batch per pipeline iteration
     OP = "op"  # a DALI operator call
 
 
@@ -61,7 +62,8 @@ class Node:
 
     @property
     def var(self) -> str:
-        prefix = {NodeKind.INPUT: "in", NodeKind.CONSTANT: "const", NodeKind.RANDOM_STATE: "rng"}
+        prefix = {NodeKind.INPUT: "in", NodeKind.CONSTANT: "const", NodeKind.RANDOM_STATE: "rng",
+                  NodeKind.READER: "reader"}
         return f"{prefix.get(self.kind, 'v')}{self.index}"
 
     def __repr__(self) -> str:
@@ -119,6 +121,12 @@ class Graph:
         return self._add(NodeKind.RANDOM_STATE, "random_state", payload=rng_slot, meta=[meta],
                          loc=loc)
 
+    def add_reader(self, name: str, schema: str, reader: Any, static: dict[str, Any],
+                   num_outputs: int, output_names: tuple[str, ...] | None,
+                   meta: list[TensorMeta], loc: SourceLoc | None) -> Node:
+        return self._add(NodeKind.READER, name, schema=schema, payload=reader, static=static,
+                         num_outputs=num_outputs, output_names=output_names, meta=meta, loc=loc)
+
     def add_op(self, name: str, schema: str, **fields: Any) -> Node:
         return self._add(NodeKind.OP, name, schema=schema, **fields)
 
@@ -156,6 +164,9 @@ class Graph:
                 kind = "batch" if node.is_batch else "tensor"
                 text = (f"{targets} = input {node.name}: {kind}<{meta.device}, {meta.dtype}, "
                         f"ndim={meta.ndim}, layout={meta.layout!r}>")
+            elif node.kind is NodeKind.READER:
+                args = [f"{key}={_format_static(v)}" for key, v in sorted(node.static.items())]
+                text = f"{targets} = {node.name}[reader]({', '.join(args)})"
             elif node.kind is NodeKind.CONSTANT:
                 text = f"{targets} = constant {_format_static(node.payload)}"
             else:

@@ -137,6 +137,13 @@ def _op_call(node: Node, emitter: _Emitter) -> ast.Call:
     return _call(node.name, args, keywords)
 
 
+def _reader_call(node: Node, emitter: _Emitter) -> ast.Call:
+    keywords: dict[str, ast.expr] = {"device": ast.Constant("cpu")}
+    for key, value in sorted(node.static.items()):
+        keywords[key] = emitter.static(value)
+    return _call(node.name, [], keywords)
+
+
 def _unparse(statement: ast.stmt) -> str:
     module = ast.Module(body=[statement], type_ignores=[])
     return astunparse.unparse(ast.fix_missing_locations(module)).strip()
@@ -154,6 +161,8 @@ def lower(graph: Graph) -> Lowered:
     for node in graph.nodes:
         if node.kind is NodeKind.OP:
             value = _op_call(node, emitter)
+        elif node.kind is NodeKind.READER:
+            value = _reader_call(node, emitter)
         else:
             value = _external_source(node, emitter)
             external.append(node)

@@ -254,6 +254,8 @@ class Tracer:
         self.output_tree: Any = None
         self.num_ops = 0
         self.failure_note: str | None = None  # why recording an op failed, for the eager error
+        self.loop_mode = False  # tracing a generator: readers become pipeline sources
+        self.reader_batch_sizes: set[int] = set()
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -279,10 +281,42 @@ class Tracer:
         with _dali.intercept(self.handle, self.reader_used):
             yield self
 
-    def reader_used(self, reader: Any) -> None:
-        raise _GraphBreak(
-            f"reads from reader `{type(reader).__name__}` (a reader keeps its position; it runs "
-            "eagerly, compiled loops over readers are not supported yet)", user_location())
+    def reader_used(self, reader: Any, batch_size: Any = None, *args: Any,
+                    **kwargs: Any) -> Iterator:
+        """`reader.next_epoch(...)` while tracing: in a compiled generator, a one-step iterator
+        of placeholders for the reader's outputs; anywhere else a graph break."""
+        loc = user_location()
+        batch_size = kwargs.get("batch_size", batch_size)
+        if not self.loop_mode:
+            raise _GraphBreak(
+                f"reads from reader `{type(reader).__name__}` in a plain function (a reader keeps "
+                "its position); write the loop in a generator function decorated with "
+                "@ndd.compile to compile it", loc)
+        if kwargs.get("capture"):
+            raise _GraphBreak("uses DALI's capture=True inside a compiled loop", loc)
+        if batch_size is None:
+            raise _GraphBreak("iterates a reader sample by sample (next_epoch() without "
+                              "batch_size); compiled loops need batches", loc)
+        if self.num_ops:
+            raise _GraphBreak("calls ndd operators before the reader loop starts (they would "
+                              "run once per step in the pipeline)", loc)
+        if any(node.payload is reader for node in self.graph.nodes_of(NodeKind.READER)):
+            raise _GraphBreak(f"iterates reader `{type(reader).__name__}` twice", loc)
+        if _dali.reader_has_tensor_args(reader):
+            raise _GraphBreak("uses a reader constructed with tensor arguments", loc)
+        try:
+            num_outputs, names, metas = _dali.reader_metadata(reader)
+        except Exception as error:
+            raise _GraphBreak(f"cannot describe reader `{type(reader).__name__}` to a pipeline "
+                              f"({error})", loc) from error
+        node = self.graph.add_reader(_dali.reader_fn_path(reader), type(reader)._schema_name,
+                                     reader, _dali.reader_static_args(reader), num_outputs,
+                                     names, metas, loc)
+        self.reader_batch_sizes.add(int(batch_size))
+        self.batch_size = int(batch_size)
+        outputs = [TracedBatch(self, Ref(node, i), metas[i]) for i in range(num_outputs)]
+        step = dict(zip(names, outputs)) if names else tuple(outputs)
+        return iter([step])  # one traced step; the loop then ends
 
     # -- recording -----------------------------------------------------------------------------
 

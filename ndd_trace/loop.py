@@ -1,0 +1,185 @@
+"""Compiled loops: a pipeline that owns the loop's readers and runs ahead of the consumer.
+
+    @ndd.compile
+    def train_batches(reader, batch_size=64):
+        for jpegs, labels in reader.next_epoch(batch_size=batch_size):
+            yield ndd.random_resized_crop(ndd.decoders.image(jpegs), size=[224, 224]), labels
+
+    for images, labels in train_batches(reader):      # one epoch per call, prefetched
+        ...
+
+The loop body is traced once (one step on placeholders); the readers' operators move into the
+pipeline (the same operator instances eager ndd would run, so the same samples in the same
+order), and up to `prefetch_queue_depth` iterations are scheduled ahead, never past the end of
+the epoch. Random ops draw their states from a clone of each generator as iterations are
+scheduled; the caller's generator is advanced by the same number of words as each step is
+consumed, so values and final RNG state are those of the eager loop. Batches read ahead when the
+consumer leaves an epoch early are kept for the next epoch (while the RNG is untouched).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from . import _dali
+from .errors import NddTraceError
+from .ir import Graph, NodeKind
+from .lower import Lowered
+from .runtime import Executable, Options, _PendingRun
+
+
+class LoopError(NddTraceError):
+    """A compiled loop cannot continue (its generator was used elsewhere, or it failed)."""
+
+
+class LoopExecutable(Executable):
+    """The pipeline of one compiled generator: readers inside, prefetching within an epoch."""
+
+    def __init__(self, graph: Graph, lowered: Lowered, draws: list, options: Options,
+                 rng_objects: dict[int, Any], batch_size: int, owner_name: str):
+        super().__init__(graph, lowered, draws, options, rng_objects)
+        self.batch_size = batch_size
+        self.owner_name = owner_name
+        self.readers = [node.payload for node in graph.nodes_of(NodeKind.READER)]
+        self._carry: list[_PendingRun] = []  # iterations read ahead, not yet consumed
+        self._clones: dict[int, tuple[Any, Any]] = {}  # id(rng) -> (rng, clone)
+        self._expected: dict[int, tuple[int, int]] = {}  # id(rng) -> (draws, version)
+        self._epoch_lock = threading.Lock()
+
+    # -- building ------------------------------------------------------------------------------
+
+    def _build(self, batch_size: int) -> None:
+        options = self.options
+        pipe = _dali.make_pipeline(batch_size, options.num_threads, options.device_id,
+                                   options.prefetch_queue_depth)
+        with pipe:
+            outputs = self.lowered.function(_dali.fn, _dali.types, self.lowered.consts)
+            pipe.set_outputs(*outputs)
+        for reader in self.readers:
+            backend_op = _dali.claim_reader(reader, batch_size)
+            _dali.transfer_reader(pipe, reader, backend_op)
+            _mark_owned(reader, self.owner_name)
+        pipe.build()
+        self.pipeline = pipe
+        self.max_batch_size = batch_size
+        self.builds += 1
+
+    # -- random states ---------------------------------------------------------------------------
+
+    def _rngs(self, bound: dict) -> list[Any]:
+        seen: dict[int, Any] = {}
+        for slot, _ in self.draws:
+            rng = self._resolve_rng(slot, bound)
+            seen[id(rng)] = rng
+        return list(seen.values())
+
+    def _sync_clones(self, bound: dict) -> bool:
+        """Start drawing ahead from the callers' generators; False if they moved meanwhile."""
+        consistent = True
+        for rng in self._rngs(bound):
+            expected = self._expected.get(id(rng))
+            if expected is not None and expected != _dali.rng_position(rng):
+                consistent = False
+            if expected is None or expected != _dali.rng_position(rng):
+                self._clones[id(rng)] = (rng, _dali.rng_clone(rng))
+                self._expected[id(rng)] = _dali.rng_position(rng)
+        return consistent
+
+    def draw_states(self, bound: dict) -> dict[int, Any]:
+        states: dict[int, Any] = {}
+        for slot, node in self.draws:
+            rng = self._resolve_rng(slot, bound)
+            states[id(node)] = _dali.draw_state(self._clones[id(rng)][1])
+        return states
+
+    def _consume_rng(self, bound: dict) -> None:
+        """The consumer takes one step: advance the callers' generators as eager would."""
+        words: dict[int, int] = {}
+        for slot, _ in self.draws:
+            rng = self._resolve_rng(slot, bound)
+            words[id(rng)] = words.get(id(rng), 0) + _dali.STATE_WORDS
+        for rng in self._rngs(bound):
+            if _dali.rng_position(rng) != self._expected[id(rng)]:
+                raise LoopError(
+                    f"the random generator used by compiled loop `{self.owner_name}` was drawn "
+                    "from or reseeded while the loop ran; the loop's random ops would no longer "
+                    "match eager ones. Reseed between epochs, not inside one.")
+            _dali.rng_advance(rng, words[id(rng)])
+            self._expected[id(rng)] = _dali.rng_position(rng)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def _schedule(self, bound: dict) -> _PendingRun:
+        states = self.draw_states(bound)
+        run = _PendingRun(self, self.batch_size)
+        for node in self.lowered.external_sources:
+            self.pipeline.feed_input(node.var, self._data_for(node, bound, states,
+                                                              self.batch_size))
+        _dali.schedule_one(self.pipeline)
+        self._pending.append(run)
+        return run
+
+    def _epoch_steps(self) -> int:
+        steps = None
+        for reader in self.readers:
+            meta = self.pipeline.reader_meta(reader._name)
+            count = _dali.shard_steps(reader, meta["epoch_size_padded"], self.batch_size)
+            steps = count if steps is None else min(steps, count)
+        return steps or 0
+
+    def epoch(self, bound: dict) -> Iterator[_PendingRun]:
+        """Run one epoch; yields each step's run, its outputs already fetched."""
+        if not self._epoch_lock.acquire(blocking=False):
+            raise LoopError(f"compiled loop `{self.owner_name}` is already running an epoch; "
+                            "finish or close the previous one first (like reader.next_epoch)")
+        try:
+            yield from self._epoch(bound)
+        finally:
+            self._epoch_lock.release()
+
+    def _epoch(self, bound: dict) -> Iterator[_PendingRun]:
+        with self._lock:
+            if self.pipeline is None:
+                self.ensure_built(self.batch_size)
+            consistent = self._sync_clones(bound)
+            if self._carry and not consistent:
+                warnings.warn(
+                    f"ndd_trace: {len(self._carry)} batch(es) that compiled loop "
+                    f"`{self.owner_name}` read ahead were dropped, because the random generator "
+                    "changed since; the readers continue after them", stacklevel=4)
+                self._drain()
+                self._carry.clear()
+            steps = self._epoch_steps()
+        done = 0
+        try:
+            while done < steps:
+                with self._lock:
+                    while len(self._carry) < min(self.options.prefetch_queue_depth,
+                                                 steps - done):
+                        self._carry.append(self._schedule(bound))
+                    run = self._carry.pop(0)
+                    run.result()
+                    self._consume_rng(bound)
+                done += 1
+                yield run
+        finally:
+            if done == steps:
+                for reader in self.readers:
+                    _dali.advance_shard(reader)
+
+
+def _mark_owned(reader: Any, owner: str) -> None:
+    """A reader whose operator moved into a compiled loop says so when used eagerly."""
+
+    def next_epoch(*args: Any, **kwargs: Any) -> Any:
+        if _dali._interceptor.handler() is not None:  # tracing: the usual hook decides
+            return type(reader).next_epoch(reader, *args, **kwargs)
+        raise LoopError(
+            f"reader `{type(reader).__name__}` ({reader._name}) belongs to compiled loop "
+            f"`{owner}` since its first compiled epoch (its operator runs in that loop's "
+            "pipeline). Keep iterating it through that function, or create a separate reader.")
+
+    reader.next_epoch = next_epoch
