@@ -1,0 +1,206 @@
+"""Compiled loops over readers: same samples, order, shards, random values and RNG state."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import to_numpy
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+from ndd_trace.loop import LoopError
+
+
+def augmented(reader, batch_size=4):
+    for jpegs, labels in reader.next_epoch(batch_size=batch_size):
+        images = ndd.decoders.image(jpegs)
+        images = ndd.random_resized_crop(images, size=[16, 16])
+        flip = ndd.random.coin_flip(batch_size=images.batch_size)
+        yield ndd.crop_mirror_normalize(images, mirror=flip, mean=[0.0], std=[1.0]), labels
+
+
+def two_readers(first, second, batch_size=4):
+    for (jpegs, labels), (other, other_labels) in zip(first.next_epoch(batch_size=batch_size),
+                                                      second.next_epoch(batch_size=batch_size)):
+        yield ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]), labels * 10 + other_labels
+
+
+def three_readers(a, b, c, batch_size=3):
+    for (x, _), (y, _), (z, lz) in zip(a.next_epoch(batch_size=batch_size),
+                                       b.next_epoch(batch_size=batch_size),
+                                       c.next_epoch(batch_size=batch_size)):
+        yield ndd.cast(ndd.reductions.sum(x), dtype=ndd.int64) + ndd.cast(
+            ndd.reductions.sum(y), dtype=ndd.int64) - ndd.cast(ndd.reductions.sum(z),
+                                                                 dtype=ndd.int64), lz
+
+
+def epochs(generator_function, make_readers, epochs=3, seed=11, **kwargs):
+    readers = make_readers()
+    ndd.random.set_seed(seed)
+    result = [[to_numpy(step) for step in generator_function(*readers, **kwargs)]
+              for _ in range(epochs)]
+    return result, str(ndd.random.get_default_rng().state)
+
+
+def assert_loops_match(generator_function, make_readers, **kwargs):
+    compiled = ndd.compile(generator_function)
+    eager, eager_state = epochs(generator_function, make_readers, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+        result, state = epochs(compiled, make_readers, **kwargs)
+    assert state == eager_state
+    assert len(result) == len(eager)
+    for eager_epoch, epoch in zip(eager, result):
+        assert len(eager_epoch) == len(epoch)
+        for eager_step, step in zip(eager_epoch, epoch):
+            for a, b in zip(eager_step, step):
+                for x, y in zip(a, b):
+                    np.testing.assert_array_equal(x, y)
+    info = compiled.cache_info()
+    assert info.traces == 1 and info.fallbacks == 0, info
+    return compiled
+
+
+def file_reader(root, **kwargs):
+    return ndd.readers.File(file_root=str(root), **kwargs)
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"random_shuffle": True, "seed": 3},
+    {"pad_last_batch": True},
+    {"shard_id": 1, "num_shards": 3},
+    {"shard_id": 0, "num_shards": 2, "stick_to_shard": True, "random_shuffle": True, "seed": 4},
+    {"shard_id": 1, "num_shards": 3, "pad_last_batch": True, "random_shuffle": True, "seed": 5},
+])
+def test_single_reader_matches_eager(jpeg_dir, options):
+    assert_loops_match(augmented, lambda: (file_reader(jpeg_dir, **options),))
+
+
+def test_batch_size_that_does_not_divide_epoch(jpeg_dir):
+    assert_loops_match(augmented, lambda: (file_reader(jpeg_dir, random_shuffle=True, seed=9),),
+                       batch_size=5)
+
+
+def test_two_readers(jpeg_dir):
+    assert_loops_match(two_readers, lambda: (file_reader(jpeg_dir, random_shuffle=True, seed=1),
+                                             file_reader(jpeg_dir, random_shuffle=True, seed=2)))
+
+
+def test_three_readers(jpeg_dir):
+    assert_loops_match(three_readers, lambda: (
+        file_reader(jpeg_dir), file_reader(jpeg_dir, random_shuffle=True, seed=7),
+        file_reader(jpeg_dir, shard_id=0, num_shards=1)))
+
+
+def test_break_and_resume_keeps_position(jpeg_dir):
+    compiled = ndd.compile(augmented)
+    eager_reader, reader = file_reader(jpeg_dir, seed=2, random_shuffle=True), \
+        file_reader(jpeg_dir, seed=2, random_shuffle=True)
+
+    def consume(function, reader, stop):
+        steps = []
+        for step in function(reader):
+            steps.append(to_numpy(step))
+            if len(steps) == stop:
+                break
+        return steps
+
+    ndd.random.set_seed(5)
+    eager = consume(augmented, eager_reader, 2) + consume(augmented, eager_reader, 99)
+    ndd.random.set_seed(5)
+    result = consume(compiled, reader, 2) + consume(compiled, reader, 99)
+    assert len(eager) == len(result)
+    for a, b in zip(eager, result):
+        for x, y in zip(a, b):
+            for p, q in zip(x, y):
+                np.testing.assert_array_equal(p, q)
+
+
+def test_exception_in_loop_body_leaves_loop_usable(jpeg_dir):
+    compiled = ndd.compile(augmented)
+    reader = file_reader(jpeg_dir)
+    with pytest.raises(ZeroDivisionError):
+        for _ in compiled(reader):
+            1 / 0
+    steps = list(compiled(reader))
+    assert steps and compiled.cache_info().traces == 1
+
+
+def test_eager_use_after_compiled_epoch_names_the_reader(jpeg_dir):
+    compiled = ndd.compile(augmented)
+    reader = file_reader(jpeg_dir)
+    list(compiled(reader))
+    with pytest.raises(LoopError, match="belongs to compiled loop"):
+        reader.next_epoch(batch_size=4)
+
+
+def test_rng_reseeded_between_epochs_matches_eager(jpeg_dir):
+    compiled = ndd.compile(augmented)
+
+    def run(function, reader):
+        out = []
+        for epoch in range(2):
+            ndd.random.set_seed(epoch)
+            out.append([to_numpy(step) for step in function(reader)])
+        return out
+
+    eager = run(augmented, file_reader(jpeg_dir, random_shuffle=True, seed=1))
+    result = run(compiled, file_reader(jpeg_dir, random_shuffle=True, seed=1))
+    for e, c in zip(eager, result):
+        for a, b in zip(e, c):
+            for x, y in zip(a, b):
+                for p, q in zip(x, y):
+                    np.testing.assert_array_equal(p, q)
+
+
+def test_rng_used_inside_loop_raises(jpeg_dir):
+    compiled = ndd.compile(augmented)
+    with pytest.raises(LoopError, match="reseeded"):
+        for _ in compiled(file_reader(jpeg_dir)):
+            ndd.random.get_default_rng()()
+
+
+def test_data_dependent_loop_body_runs_eagerly_and_says_so(jpeg_dir):
+    def dependent(reader):
+        for jpegs, labels in reader.next_epoch(batch_size=4):
+            if np.asarray(labels.select(0)).item() == 0:
+                yield ndd.decoders.image(jpegs), labels
+            else:
+                yield ndd.flip(ndd.decoders.image(jpegs)), labels
+
+    compiled = ndd.compile(dependent)
+    eager = [to_numpy(s) for s in dependent(file_reader(jpeg_dir))]
+    with pytest.warns(ndd_trace.NddTraceWarning, match="runs eagerly"):
+        result = [to_numpy(s) for s in compiled(file_reader(jpeg_dir))]
+    for a, b in zip(eager, result):
+        for x, y in zip(a, b):
+            for p, q in zip(x, y):
+                np.testing.assert_array_equal(p, q)
+
+
+def test_loop_explain_shows_reader_in_pipeline(jpeg_dir):
+    compiled = ndd.compile(augmented)
+    explanation = ndd_trace.explain(compiled, file_reader(jpeg_dir))
+    assert "fn.readers.file(" in explanation.code
+    assert explanation.eager_reason is None
+
+
+def test_torch_handoff_from_loop(jpeg_dir):
+    torch = pytest.importorskip("torch")
+    compiled = ndd.compile(augmented)
+    for images, labels in compiled(file_reader(jpeg_dir)):
+        assert isinstance(images.torch(), torch.Tensor) and images.torch().shape[0] == 4
+        assert labels.torch().shape[0] == 4
+
+
+@pytest.mark.gpu
+def test_gpu_loop_matches_eager(jpeg_dir):
+    def gpu_loop(reader):
+        for jpegs, labels in reader.next_epoch(batch_size=4):
+            images = ndd.decoders.image(jpegs, device="gpu")
+            yield ndd.random_resized_crop(images, size=[32, 32]), labels
+
+    assert_loops_match(gpu_loop, lambda: (file_reader(jpeg_dir, random_shuffle=True, seed=1),))
