@@ -2,7 +2,8 @@
 
     draws = random_draw_order(graph)          # the RNG slots to draw from, in eager order
     graph = eliminate_common_subexpressions(graph)
-    graph = eliminate_dead_code(graph)
+    keep_unused_ops(graph)                    # eager runs unused calls too (and their errors)
+    graph = eliminate_dead_code(graph)        # then only unused inputs and constants go
 
 Random-state nodes are never merged, and their draws are kept even when the op's result is
 unused: an eager call draws from the generator either way, so the RNG must advance the same.
@@ -72,6 +73,23 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
     graph.nodes = kept
     _replace_refs(graph, replacement)
     return graph
+
+
+def keep_unused_ops(graph: Graph) -> int:
+    """Add the results nobody uses as extra graph outputs; return how many outputs are real.
+
+    Eager ndd runs every operator call, used or not, so an unused call that fails makes the
+    eager function fail; the pipeline must run it too (DALI would prune it otherwise).
+    """
+    used: set[int] = {id(ref.node) for ref in graph.outputs}
+    for node in graph.nodes:
+        used.update(id(ref.node) for ref in node.inputs)
+        used.update(id(ref.node) for ref in node.arg_inputs.values())
+    real = len(graph.outputs)
+    for node in graph.nodes:
+        if node.kind is NodeKind.OP and id(node) not in used:
+            graph.outputs.extend(Ref(node, i) for i in range(node.num_outputs))
+    return real
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:

@@ -385,3 +385,22 @@ def test_gpu_ops_and_transfers(batch):
         return z, z.cpu(), ndd.random.uniform(batch_size=x.batch_size, device="gpu")
 
     run_both(mixed, batch, calls=2)
+
+
+def test_unused_failing_op_fails_like_eager(images):
+    """Found by the fuzzer: eager runs unused calls, so their errors must surface compiled too."""
+    data = ndd.as_batch([np.ascontiguousarray(i[:6, :11]) for i in images], layout="HWC")
+
+    def unused_crop(x):
+        ndd.crop(x, crop=[7, 4])  # larger than the images: DALI raises, result unused
+        return ndd.flip(x)
+
+    with pytest.raises(RuntimeError):
+        to_numpy_all(unused_crop(data))
+    with pytest.raises(RuntimeError):
+        to_numpy_all(ndd.compile(unused_crop)(data))
+
+
+def to_numpy_all(value):
+    ndd.random.get_default_rng()  # keep the default generator alive across the call
+    return [np.asarray(sample) for sample in value.evaluate()]
