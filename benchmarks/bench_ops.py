@@ -62,7 +62,7 @@ if str(BENCHMARK_DIR) not in sys.path:
 
 from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
-MODES = ("eager", "capture", "ndd_trace", "pipeline")
+MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "pipeline")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -137,6 +137,13 @@ def decode_rrc_cmn_gpu(jpegs):
     """Decode JPEGs on the GPU, then random-resized-crop, mirror and normalize them."""
     images = ndd.decoders.image(jpegs, device="gpu")
     return _random_resized_crop_mirror_normalize(images)
+
+
+def decode_rrc_cmn_loop(reader, batch_size, device):
+    """One epoch of the decode workload as a generator: compiled, its pipeline owns the reader."""
+    for jpegs, _labels in reader.next_epoch(batch_size=batch_size):
+        images = ndd.decoders.image(jpegs, device=device)
+        yield _random_resized_crop_mirror_normalize(images)
 
 
 def workload_function(workload: str, device: str) -> Callable:
@@ -303,6 +310,23 @@ def dynamic_mode_steps(workload, options, data, mode, notes: dict) -> Iterator:
             close()
 
 
+def compiled_loop_steps(workload, options, data) -> Iterator:
+    """Yield once per batch of a compiled generator that owns the reader (ndd_trace_loop)."""
+    if workload != "decode_rrc_cmn":
+        raise NotImplementedError("ndd_trace_loop needs a reader loop (decode_rrc_cmn only)")
+    loop = ndd.compile(decode_rrc_cmn_loop)
+    reader = ndd.readers.File(
+        file_root=str(data), random_shuffle=True, seed=options.seed, pad_last_batch=True
+    )
+    synchronize = options.device == "gpu"
+    while True:
+        for outputs in loop(reader, options.batch_size, options.device):
+            outputs.evaluate()
+            if synchronize:
+                ndd.get_current_stream().synchronize()
+            yield
+
+
 def pipeline_mode_steps(workload, options, data) -> Iterator:
     """Yield once per batch produced by the hand-written pipeline."""
     pipe = build_pipeline(workload, options, data)
@@ -337,7 +361,7 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     if options.device == "gpu":
         require_gpu()
 
-    if mode == "ndd_trace":
+    if mode in ("ndd_trace", "ndd_trace_loop"):
         if str(REPO_ROOT) not in sys.path:
             sys.path.append(str(REPO_ROOT))  # a checkout without `pip install -e .`
         try:
@@ -357,6 +381,12 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     notes: dict = {}
     if mode == "pipeline":
         steps = pipeline_mode_steps(workload, options, data)
+    elif mode == "ndd_trace_loop":
+        if workload != "decode_rrc_cmn":
+            result.status = "unavailable"
+            result.error = "n/a: a compiled loop needs a reader (decode_rrc_cmn only)"
+            return result
+        steps = compiled_loop_steps(workload, options, data)
     else:
         steps = dynamic_mode_steps(workload, options, data, mode, notes)
     timing = measure(steps, options.steps, options.warmup)

@@ -412,7 +412,6 @@ class CompiledFunction:
         entry.num_ops = tracer.num_ops
         draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
         passes.eliminate_common_subexpressions(graph)
-        passes.keep_unused_ops(graph)
         passes.eliminate_dead_code(graph)
         entry.graph = graph
         entry.output_tree = tracer.output_tree

@@ -2,9 +2,11 @@
 
     draws = random_draw_order(graph)          # the RNG slots to draw from, in eager order
     graph = eliminate_common_subexpressions(graph)
-    keep_unused_ops(graph)                    # eager runs unused calls too (and their errors)
-    graph = eliminate_dead_code(graph)        # then only unused inputs and constants go
+    graph = eliminate_dead_code(graph)
 
+Unused calls are pruned, as in ndd's deferred mode ("operations with unused results may be
+skipped"). Eager ndd runs them asynchronously and reports their failures only if a later sync
+happens to meet them, so no choice can match eager there; pruning is the deterministic one.
 Random-state nodes are never merged, and their draws are kept even when the op's result is
 unused: an eager call draws from the generator either way, so the RNG must advance the same.
 """
@@ -73,23 +75,6 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
     graph.nodes = kept
     _replace_refs(graph, replacement)
     return graph
-
-
-def keep_unused_ops(graph: Graph) -> int:
-    """Add the results nobody uses as extra graph outputs; return how many outputs are real.
-
-    Eager ndd runs every operator call, used or not, so an unused call that fails makes the
-    eager function fail; the pipeline must run it too (DALI would prune it otherwise).
-    """
-    used: set[int] = {id(ref.node) for ref in graph.outputs}
-    for node in graph.nodes:
-        used.update(id(ref.node) for ref in node.inputs)
-        used.update(id(ref.node) for ref in node.arg_inputs.values())
-    real = len(graph.outputs)
-    for node in graph.nodes:
-        if node.kind is NodeKind.OP and id(node) not in used:
-            graph.outputs.extend(Ref(node, i) for i in range(node.num_outputs))
-    return real
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:
