@@ -398,5 +398,12 @@ def test_unused_call_is_pruned_but_still_draws(images):
         ndd.random.uniform(batch_size=x.batch_size)  # unused, but draws
         return ndd.flip(x)
 
-    compiled = run_both(unused_calls, data, calls=2)
+    ndd.random.set_seed(3)
+    ndd.random.uniform(batch_size=4)
+    expected_state = str(ndd.random.get_default_rng().state)
+    compiled = ndd.compile(unused_calls)
+    ndd.random.set_seed(3)
+    result = compiled(data)
+    assert str(ndd.random.get_default_rng().state) == expected_state
+    assert_same(ndd.flip(data), result)
     assert "crop" not in compiled.entries[0].lowered.source
