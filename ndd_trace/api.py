@@ -160,6 +160,7 @@ class CompiledFunction:
         if _dali._interceptor.handler() is not None:
             # Called from inside another trace: inline, so its ops join the outer graph.
             return self._function(*args, **kwargs)
+        args, kwargs = self._normalize(args, kwargs)
         if self.is_generator:
             return self._epoch(args, kwargs)
         key = self._key(args, kwargs)
@@ -198,6 +199,16 @@ class CompiledFunction:
         self._entries[key] = self._break_entry(Entry(key=key), record)
         return result
 
+    def _normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """One spelling per call: defaults applied, parameters passed by position where they can
+        be, so `f(b)`, `f(b, 16)` and `f(b, size=16)` share a cache entry."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError:
+            return args, kwargs  # the call itself raises the usual TypeError
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
+
     def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
         """A compiled generator call: one epoch of its reader loop, prefetched."""
         key = self._key(args, kwargs)
@@ -207,9 +218,11 @@ class CompiledFunction:
                 self._counters.misses += 1
                 self.last_miss_reason = guards.explain_miss(key, self._last_key)
                 if len(self._entries) >= self.cache_limit:
-                    entry = Entry(key=key, eager_reason="cache_limit reached")
-                else:
-                    entry = self._trace(key, args, kwargs)
+                    self._warn_storm()
+                    self._counters.fallbacks += 1
+                    yield from self._function(*args, **kwargs)
+                    return
+                entry = self._trace(key, args, kwargs)
                 if entry is None:
                     self._counters.fallbacks += 1
                     self._failure_note = self._trace_exception = None
@@ -239,8 +252,7 @@ class CompiledFunction:
         _walk_data(kwargs, ("kwargs",), visit)
         return bound
 
-    def _batch_size_of(self, args: tuple, kwargs: dict) -> tuple[int | None, bool]:
-        """The batch size of the Batch arguments, and whether they all agree."""
+    def _batch_sizes(self, args: tuple, kwargs: dict) -> set[int]:
         sizes = set()
 
         def visit(path: tuple, value: Any) -> Any:
@@ -250,9 +262,18 @@ class CompiledFunction:
 
         _walk_data(args, ("args",), visit)
         _walk_data(kwargs, ("kwargs",), visit)
+        return sizes
+
+    def _batch_size_of(self, args: tuple, kwargs: dict) -> tuple[int | None, bool]:
+        """The batch size of the Batch arguments, and whether they all agree."""
+        sizes = self._batch_sizes(args, kwargs)
         if not sizes:
             return None, True
         return max(sizes), len(sizes) == 1
+
+    def _definition_loc(self) -> SourceLoc:
+        code = self._function.__code__
+        return SourceLoc(code.co_filename, code.co_firstlineno, code.co_name)
 
     def _key(self, args: tuple, kwargs: dict) -> tuple:
         sizes = None
@@ -261,6 +282,11 @@ class CompiledFunction:
         return guards.build_key(args, kwargs, self._plan, (sizes,) if sizes else None)
 
     def _storm(self, key: tuple, args: tuple, kwargs: dict) -> Any:
+        self._warn_storm()
+        self._counters.fallbacks += 1
+        return self._function(*args, **kwargs)
+
+    def _warn_storm(self) -> None:
         if not self._storm_warned:
             self._storm_warned = True
             loc = user_location()
@@ -268,8 +294,6 @@ class CompiledFunction:
                 f"`{self.__qualname__}` was traced {self.cache_limit} times (cache_limit); "
                 f"last change: {self.last_miss_reason}. New variants now run eagerly. Make "
                 "the changing value an ndd Batch/Tensor argument, or raise cache_limit.", loc)
-        self._counters.fallbacks += 1
-        return self._function(*args, **kwargs)
 
     def _warn(self, message: str, loc: SourceLoc | None) -> None:
         if loc is None:
@@ -281,8 +305,8 @@ class CompiledFunction:
 
     def _rng_objects(self) -> list[Any]:
         found = []
-        for name in self._plan.global_names:
-            value = self._plan.globals_dict.get(name)
+        for _, name, namespace in self._plan.globals_read:
+            value = namespace.get(name)
             if isinstance(value, _dali.RNG):
                 found.append(value)
         for _, cell in self._plan.closure:
@@ -296,7 +320,9 @@ class CompiledFunction:
     def trace(self, args: tuple, kwargs: dict, key: tuple | None = None,
               raise_errors: bool = False) -> Entry | None:
         """Trace one call into a cache entry (not stored). Draws nothing from any RNG."""
-        key = key if key is not None else self._key(args, kwargs)
+        # Re-plan: the helpers the function calls may have changed since the last trace.
+        self._plan = guards.plan_for(self._function)
+        key = self._key(args, kwargs)
         device_id = self._options().device_id
         tracer = Tracer(self.__name__, device_id)
         batch_size, consistent = self._batch_size_of(args, kwargs)
@@ -342,15 +368,17 @@ class CompiledFunction:
             self._restore(before)
             record = GraphBreakRecord(
                 "draws from or reseeds an RNG in Python (RNG(), set_seed, .state=); do that "
-                "outside the compiled function", None)
+                "outside the compiled function", self._definition_loc())
             return self._break_entry(entry, record)
         sizes = set(tracer.static_batch_sizes) | tracer.reader_batch_sizes
         if batch_size is not None:
             sizes.add(batch_size)
         if not consistent or len(sizes) > 1:
-            entry.eager_reason = (f"batches of different sizes meet in one call ({sorted(sizes)}); "
-                                  "a pipeline runs one batch size per iteration")
-            return entry
+            sizes |= set(self._batch_sizes(args, kwargs))
+            record = GraphBreakRecord(
+                f"batches of different sizes meet in one call ({sorted(sizes)}); a pipeline "
+                "runs one batch size per iteration", self._definition_loc())
+            return self._break_entry(entry, record)
         if tracer.specialized_on_batch_size is not None and not self._specialize_batch_size:
             self._specialize_batch_size = True
             entry.key = self._key(args, kwargs)
@@ -497,7 +525,7 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
     if function is None:
         return lambda f: CompiledFunction(f, **options)
     if isinstance(function, CompiledFunction):
-        return function
+        function = function.__wrapped__  # compiling again applies the new options
     return CompiledFunction(function, **options)
 
 

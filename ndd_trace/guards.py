@@ -10,7 +10,9 @@ value, frozen recursively (objects by their attributes), so a change re-traces.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import dis
 import enum
 import types
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import _dali
+from .source import is_internal_file
 
 _MAX_DEPTH = 4
 
@@ -34,7 +37,8 @@ def freeze(value: Any, depth: int = 0) -> Any:
     if isinstance(value, _dali.Reader):
         return ("reader", id(value))  # a reader is stateful: its identity is what matters
     if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                          type, types.MethodType)):
+                          type, types.MethodType)) or hasattr(value, "cache_info"):
+        # code is guarded by identity (a compiled function by its own cache, not its state)
         return ("id", id(value))
     if isinstance(value, enum.Enum) or isinstance(value, (_dali.DType, _dali.Device)):
         return ("enum", type(value).__name__, str(value))
@@ -94,28 +98,68 @@ def _argument_key(value: Any) -> Any:
 
 @dataclasses.dataclass
 class GuardPlan:
-    """What a function reads besides its arguments: global names and closure cells."""
+    """What a function reads besides its arguments: globals and closure cells, its own and
+    those of the user helper functions it calls (found by following global functions)."""
 
-    global_names: tuple[str, ...]
-    globals_dict: dict[str, Any]
-    closure: tuple[tuple[str, Any], ...]  # (name, cell)
+    globals_read: tuple[tuple[str, str, dict], ...]  # (label prefix, name, globals dict)
+    closure: tuple[tuple[str, Any], ...]  # (label, cell)
+
+    @property
+    def global_names(self) -> tuple[str, ...]:
+        return tuple(name for _, name, _ in self.globals_read)
 
 
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
+_MISSING = object()
+_LOAD_GLOBAL = {"LOAD_GLOBAL", "LOAD_NAME"}
+
+
+def _global_loads(code: types.CodeType) -> set[str]:
+    """Names a code object (and the code nested in it) loads as globals: LOAD_GLOBAL only,
+    not attribute names, so `ndd.flip` does not guard a global called `flip`."""
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _LOAD_GLOBAL}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _code_names(const)
+            names |= _global_loads(const)
     return names
 
 
-def plan_for(function: Callable) -> GuardPlan:
-    code = function.__code__
-    globals_dict = function.__globals__
-    names = tuple(sorted(name for name in _code_names(code) if name in globals_dict))
-    cells = function.__closure__ or ()
-    closure = tuple(zip(code.co_freevars, cells))
-    return GuardPlan(names, globals_dict, closure)
+def _is_user_function(value: Any) -> bool:
+    if not isinstance(value, types.FunctionType):
+        return False
+    filename = value.__code__.co_filename
+    return not filename.startswith("<") and "site-packages" not in filename and \
+        not is_internal_file(filename)
+
+
+def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
+    """Globals and closure cells `function` reads, following user helpers `max_depth` deep."""
+    globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
+    closure: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+
+    def visit(fn: Any, prefix: str, depth: int) -> None:
+        fn = getattr(fn, "__wrapped__", fn)
+        if id(fn) in seen or not isinstance(fn, types.FunctionType):
+            return
+        seen.add(id(fn))
+        code = fn.__code__
+        namespace = fn.__globals__
+        for name in sorted(_global_loads(code)):
+            globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
+            value = namespace.get(name, _MISSING)
+            if depth < max_depth and _is_user_function(value):
+                visit(value, f"{value.__name__}() reads ", depth + 1)
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            closure.append((f"{prefix}closure variable `{name}`", cell))
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if depth < max_depth and _is_user_function(value):
+                visit(value, f"{value.__name__}() reads ", depth + 1)
+
+    visit(function, "", 0)
+    return GuardPlan(tuple(globals_read.values()), tuple(closure))
 
 
 def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
@@ -125,15 +169,18 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
         key.append((f"argument #{index}", _argument_key(value)))
     for name in sorted(kwargs):
         key.append((f"argument `{name}`", _argument_key(kwargs[name])))
-    for name in plan.global_names:
-        value = plan.globals_dict.get(name)
-        key.append((f"global `{name}`", freeze(value)))
-    for name, cell in plan.closure:
+    for prefix, name, namespace in plan.globals_read:
+        value = namespace.get(name, _MISSING)
+        if value is _MISSING:
+            value = builtins.__dict__.get(name, _MISSING)
+        key.append((f"{prefix}global `{name}`",
+                    ("missing",) if value is _MISSING else freeze(value)))
+    for label, cell in plan.closure:
         try:
             value = cell.cell_contents
         except ValueError:
             value = None
-        key.append((f"closure variable `{name}`", freeze(value)))
+        key.append((label, freeze(value)))
     if batch_sizes is not None:
         key.append(("batch size", batch_sizes))
     return tuple(key)
@@ -142,6 +189,17 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _difference(old: Any, new: Any) -> str:
+    """Old -> new, cut around the first place where the two texts differ."""
+    old_text, new_text = repr(old), repr(new)
+    if len(old_text) <= 60 and len(new_text) <= 60:
+        return f"{old_text} -> {new_text}"
+    start = next((i for i, (a, b) in enumerate(zip(old_text, new_text)) if a != b),
+                 min(len(old_text), len(new_text)))
+    start = max(0, start - 20)
+    return f"...{old_text[start:start + 50]}... -> ...{new_text[start:start + 50]}..."
 
 
 def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
@@ -155,7 +213,7 @@ def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
         if label not in old:
             changes.append(f"{label} is new")
         elif old[label] != new[label]:
-            changes.append(f"{label}: {_short(old[label])} -> {_short(new[label])}")
+            changes.append(f"{label}: {_difference(old[label], new[label])}")
     for label in old:
         if label not in new:
             changes.append(f"{label} is gone")

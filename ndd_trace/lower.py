@@ -153,7 +153,8 @@ def lower(graph: Graph) -> Lowered:
     """Generate, register and compile the pipeline definition of `graph`."""
     graph.verify()
     emitter = _Emitter()
-    function_name = f"{graph.name}_pipeline".replace("<", "").replace(">", "")
+    safe_name = "".join(c if c.isalnum() or c == "_" else "_" for c in graph.name)
+    function_name = f"{safe_name}_pipeline"
     header = f"def {function_name}(fn, types, consts):"
     lines = [header]
     line_map: dict[int, Node] = {}
@@ -176,7 +177,7 @@ def lower(graph: Graph) -> Lowered:
     lines.append("    " + _unparse(ast.Return(value=outputs)))
     source = "\n".join(lines) + "\n"
 
-    filename = f"<ndd_trace:{graph.name}#{next(_counter)}>"
+    filename = f"<ndd_trace:{safe_name}#{next(_counter)}>"
     register_source(filename, source)
     namespace: dict[str, Any] = {}
     exec(compile(source, filename, "exec"), namespace)

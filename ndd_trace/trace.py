@@ -103,6 +103,7 @@ class _TracedMixin:
         self._invocation_result = None
         self._wraps_external_data = False
         self._slice = None
+        self._shape = None
         self._device = _dali.Device(meta.device, tracer.device_id if meta.device == "gpu" else None)
 
     def _known(self, what: str, value: Any) -> Any:
@@ -403,6 +404,8 @@ class Tracer:
         static: dict[str, Any] = {}
         for key, value in kwargs.items():
             if isinstance(value, SymbolicBatchSize):
+                if key != "batch_size":  # a shape or count: the trace depends on the value
+                    self.specialize_batch_size(f"passes the batch size as `{key}=`")
                 value = int.__int__(value)
             if _is_traced(value) or _is_concrete_data(value) or (
                     _is_array_like(value) and _dali.is_tensor_argument(op_class, key)):

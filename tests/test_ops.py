@@ -25,6 +25,8 @@ def _sweep_candidates():
             continue
         if schema.MinNumInput() > 1 or op_class._fn_path.startswith("_"):
             continue
+        if op_class._fn_path == "dump_image":  # writes files into the working directory
+            continue
         yield pytest.param(function, id=op_class._fn_path)
 
 

@@ -1,0 +1,158 @@
+"""Regression tests for guard holes found in review: each once gave a stale or wrong result."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import assert_same
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+
+
+def test_global_defined_after_decoration_is_guarded(batch):
+    global LATE_ANGLE
+    late = ndd.compile(lambda x: ndd.rotate(x, angle=LATE_ANGLE))
+    LATE_ANGLE = 10.0
+    late(batch)
+    LATE_ANGLE = 20.0
+    assert_same(ndd.rotate(batch, angle=20.0), late(batch))
+
+
+HELPER_ANGLE = 10.0
+
+
+def _helper_angle():
+    return HELPER_ANGLE
+
+
+def test_globals_read_by_helpers_are_guarded(batch):
+    global HELPER_ANGLE
+
+    @ndd.compile
+    def rotated(x):
+        return ndd.rotate(x, angle=_helper_angle())
+
+    rotated(batch)
+    HELPER_ANGLE = 25.0
+    try:
+        assert_same(ndd.rotate(batch, angle=25.0), rotated(batch))
+        assert "_helper_angle() reads global `HELPER_ANGLE`" in rotated.last_miss_reason
+    finally:
+        HELPER_ANGLE = 10.0
+
+
+def test_batch_size_as_other_argument_specializes(images):
+    @ndd.compile
+    def per_sample_count(x):
+        return ndd.random.uniform(batch_size=x.batch_size, shape=x.batch_size)
+
+    for n in (4, 2):
+        data = ndd.as_batch(images[:n], layout="HWC")
+        ndd.random.set_seed(1)
+        expected = per_sample_count.__wrapped__(data)
+        ndd.random.set_seed(1)
+        assert_same(expected, per_sample_count(data))
+
+
+flip = None  # a global whose name is also an attribute the function reads (`ndd.flip`)
+
+
+def test_attribute_names_are_not_guarded_as_globals(batch):
+    global flip
+
+    @ndd.compile
+    def flipped(x):
+        return ndd.flip(x)
+
+    for flip in range(3):  # noqa: B007 (rebinding the global is the point)
+        flipped(batch)
+    flip = None
+    assert flipped.cache_info().traces == 1
+
+
+def test_compiled_function_used_by_another_hits_the_cache(batch):
+    @ndd.compile
+    def inner(x):
+        return ndd.flip(x, horizontal=1)
+
+    @ndd.compile
+    def outer(x):
+        return inner(x) * 2
+
+    outer(batch)
+    outer(batch)
+    assert outer.cache_info().hits == 1
+
+
+def test_defaults_are_bound(batch):
+    @ndd.compile
+    def resized(x, size=8):
+        return ndd.resize(x, size=[size, size])
+
+    resized(batch)
+    resized(batch, 8)
+    resized(batch, size=8)
+    resized(x=batch)
+    assert resized.cache_info().traces == 1
+
+
+def test_lambda_runtime_error_names_op_and_line(batch):
+    compiled = ndd.compile(lambda x: ndd.crop(x, crop=(100, 100)))
+    with pytest.raises(ndd_trace.PipelineError) as info:
+        compiled(batch).evaluate()
+    assert info.value.op_name == "ndd.crop" and info.value.loc is not None
+
+
+def test_rng_reseed_break_points_at_the_function(batch):
+    def reseeds(x):
+        ndd.random.set_seed(1)
+        return x + ndd.cast(ndd.random.uniform(batch_size=x.batch_size), dtype=ndd.uint8)
+
+    compiled = ndd.compile(reseeds)
+    with pytest.warns(ndd_trace.NddTraceWarning) as caught:
+        result = compiled(batch)
+    assert caught[0].filename == __file__
+    assert_same(reseeds(batch), result)
+
+
+def test_mixed_batch_sizes_warn_and_fullgraph_raises(images):
+    def combine(a, b):
+        return ndd.flip(a), ndd.flip(b)
+
+    a = ndd.as_batch(images, layout="HWC")
+    b = ndd.as_batch(images[:3], layout="HWC")
+    with pytest.warns(ndd_trace.NddTraceWarning, match=r"\[3, 4\]"):
+        assert_same(combine(a, b), ndd.compile(combine)(a, b))
+    with pytest.raises(ndd_trace.GraphBreakError):
+        ndd.compile(combine, fullgraph=True)(a, b)
+
+
+def test_recompiling_applies_new_options(batch):
+    first = ndd.compile(lambda x: ndd.flip(x))
+    second = ndd.compile(first, fullgraph=True)
+    assert second.fullgraph and second is not first
+
+
+def test_generator_past_cache_limit_warns(jpeg_dir):
+    def loop(reader):
+        for jpegs, labels in reader.next_epoch(batch_size=4):
+            yield labels
+
+    compiled = ndd.compile(loop, cache_limit=1)
+    list(compiled(ndd.readers.File(file_root=str(jpeg_dir))))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            list(compiled(ndd.readers.File(file_root=str(jpeg_dir))))
+    assert sum("cache_limit" in str(w.message) for w in caught) == 1
+    assert compiled.cache_info().entries == 1
+
+
+def test_tensor_copy_of_traced_tensor(images):
+    tensor = ndd.as_tensor(images[0], layout="HWC")
+    compiled = ndd.compile(lambda t: ndd.flip(t) * 1)
+    assert_same(ndd.flip(tensor) * 1, compiled(tensor))
+    np.testing.assert_array_equal(np.asarray(compiled(tensor)), np.asarray(ndd.flip(tensor)))
