@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 import os
 import sys
 import time
@@ -41,7 +42,7 @@ def main() -> None:
     def run(data):
         program = Program.draw(data, max_steps=args.max_steps)
         for name, _, _ in program.steps:
-            ops[name.split("(")[0].split(" ")[0]] += 1
+            ops[re.sub(r"\d+(\.\d+)?", "k", name.split("(")[0])] += 1
         try:
             outcomes[check_program(program)] += 1
         except AssertionError as error:
