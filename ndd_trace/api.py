@@ -111,6 +111,10 @@ class CompiledFunction:
         self._plan = guards.plan_for(function)
         self._signature = inspect.signature(function)
         self.is_generator = inspect.isgeneratorfunction(function)
+        self._positional_names = tuple(
+            name for name, parameter in self._signature.parameters.items()
+            if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                  inspect.Parameter.POSITIONAL_OR_KEYWORD))
         self._entries: OrderedDict[tuple, Entry] = OrderedDict()
         self._counters = _Counters()
         self._lock = threading.RLock()
@@ -279,7 +283,8 @@ class CompiledFunction:
         sizes = None
         if self._specialize_batch_size:
             sizes = self._batch_size_of(args, kwargs)[0]
-        return guards.build_key(args, kwargs, self._plan, (sizes,) if sizes else None)
+        return guards.build_key(args, kwargs, self._plan, (sizes,) if sizes else None,
+                                self._positional_names)
 
     def _storm(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         self._warn_storm()

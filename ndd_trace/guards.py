@@ -163,10 +163,11 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
 
 
 def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
-              batch_sizes: tuple | None = None) -> tuple:
+              batch_sizes: tuple | None = None, names: tuple[str, ...] = ()) -> tuple:
     key: list[tuple[str, Any]] = []
     for index, value in enumerate(args):
-        key.append((f"argument #{index}", _argument_key(value)))
+        label = f"argument `{names[index]}`" if index < len(names) else f"argument #{index}"
+        key.append((label, _argument_key(value)))
     for name in sorted(kwargs):
         key.append((f"argument `{name}`", _argument_key(kwargs[name])))
     for prefix, name, namespace in plan.globals_read:

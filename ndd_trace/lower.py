@@ -116,7 +116,13 @@ def _external_source(node: Node, emitter: _Emitter) -> ast.Call:
     return _call("external_source", [], keywords)
 
 
-def _op_call(node: Node, emitter: _Emitter) -> ast.Call:
+def _op_call(node: Node, emitter: _Emitter) -> ast.expr:
+    if node.schema == "Copy" and len(node.inputs) == 1 and not node.arg_inputs:
+        source = node.inputs[0]
+        target = "cpu" if node.backend == "cpu" else "gpu"
+        if source.node.meta[source.index].device != target:
+            # ndd's `.gpu()`/`.cpu()` is a Copy across devices: in a pipeline, a transfer
+            return _moved(_ref_expr(source), target)
     args = []
     for ref, device in zip(node.inputs, node.input_devices):
         expr = _ref_expr(ref)
