@@ -34,7 +34,8 @@ def preprocess(jpegs, device="cpu", size=64):
     images = ndd.random_resized_crop(images, size=[size, size])
     flip = ndd.random.coin_flip(batch_size=images.batch_size)
     images = ndd.crop_mirror_normalize(images, mirror=flip, mean=MEAN, std=STD)
-    return images * 0.5 + ndd.random.uniform(batch_size=images.batch_size, range=[0, 0.1])
+    noise = ndd.random.uniform(batch_size=images.batch_size, range=[0, 0.1], device=device)
+    return images * 0.5 + noise
 
 
 compiled_preprocess = ndd.compile(preprocess)
