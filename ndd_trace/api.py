@@ -472,6 +472,8 @@ class CompiledFunction:
             batch_size = entry.static_batch_size or 1
         elif entry.static_batch_size is not None and entry.static_batch_size != batch_size:
             consistent = False
+        if batch_size == 0:
+            consistent = False  # a pipeline cannot run an empty batch; eager ndd can
         if not consistent:
             self._counters.fallbacks += 1
             return self._function(*args, **kwargs)
