@@ -300,6 +300,12 @@ class CompiledFunction:
                 f"last change: {self.last_miss_reason}. New variants now run eagerly. Make "
                 "the changing value an ndd Batch/Tensor argument, or raise cache_limit.", loc)
 
+    def _warn_once(self, message: str, loc: SourceLoc | None) -> None:
+        site = (loc.filename if loc else None, loc.lineno if loc else None, message)
+        if site not in self._warned:
+            self._warned.add(site)
+            self._warn(message, loc)
+
     def _warn(self, message: str, loc: SourceLoc | None) -> None:
         if loc is None:
             warnings.warn(message, NddTraceWarning, stacklevel=3)
@@ -472,9 +478,13 @@ class CompiledFunction:
             batch_size = entry.static_batch_size or 1
         elif entry.static_batch_size is not None and entry.static_batch_size != batch_size:
             consistent = False
-        if batch_size == 0:
-            consistent = False  # a pipeline cannot run an empty batch; eager ndd can
-        if not consistent:
+        if not consistent or batch_size == 0:  # a pipeline cannot run an empty batch
+            reason = ("an empty batch" if batch_size == 0 and consistent else
+                      f"batches of different sizes ({sorted(self._batch_sizes(args, kwargs))}, "
+                      f"traced with {entry.static_batch_size})")
+            self._warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
+                            f"{reason} (a pipeline runs one batch size per iteration)",
+                            user_location())
             self._counters.fallbacks += 1
             return self._function(*args, **kwargs)
         executable = entry.executable

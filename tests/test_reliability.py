@@ -56,7 +56,8 @@ def test_empty_batch_runs_eagerly():
         return x + 1
 
     # (eager ndd itself reports batch_size 1 for the result of an empty batch: `batch_size or 1`)
-    assert plus_one(empty).batch_size == plus_one.__wrapped__(empty).batch_size
+    with pytest.warns(ndd_trace.NddTraceWarning, match="empty batch"):
+        assert plus_one(empty).batch_size == plus_one.__wrapped__(empty).batch_size
     assert plus_one.cache_info().fallbacks == 1
 
 
