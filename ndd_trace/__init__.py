@@ -22,6 +22,7 @@ from __future__ import annotations
 from . import _dali
 from .api import CacheInfo, CompiledFunction, Explanation, NddTraceWarning, compile, explain
 from .errors import GraphBreakError, NddTraceError, PipelineError, TraceError
+from .lazy import disable, enable, enabled, is_enabled, report, reset_report
 
 __version__ = "0.1.0"
 
@@ -35,7 +36,13 @@ __all__ = [
     "PipelineError",
     "TraceError",
     "compile",
+    "disable",
+    "enable",
+    "enabled",
     "explain",
+    "is_enabled",
+    "report",
+    "reset_report",
 ]
 
 # The one documented addition to DALI's namespace: `ndd.compile` is `ndd_trace.compile`.

@@ -263,13 +263,44 @@ def _fake_node(name: str, meta: TensorMeta, device: str) -> DataNode:
                     layout=meta.layout or "")
 
 
+def _freeze_static(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze_static(v) for v in value))
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze_static(v)) for k, v in value.items()))
+    hash(value)
+    return (type(value).__name__, value)
+
+
+_metadata_cache: dict[Any, tuple] = {}
+_METADATA_CACHE_SIZE = 4096
+
+
 def infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
                    input_metas: list[TensorMeta], arg_metas: dict[str, TensorMeta],
                    ) -> tuple[int, tuple[str, ...] | None, list[TensorMeta]]:
     """Validate the arguments and infer outputs, as ndd's `_init_spec` does, without running.
 
-    Raises DALI's own error when an argument is invalid.
+    Raises DALI's own error when an argument is invalid. Memoized: building the legacy operator
+    costs far more than a dictionary look-up, and transparent mode records every iteration.
     """
+    try:
+        key = (op_class, backend_name, _freeze_static(static), tuple(input_metas),
+               tuple(sorted(arg_metas.items())))
+    except TypeError:  # an unhashable static value: no memo
+        return _infer_metadata(op_class, backend_name, static, input_metas, arg_metas)
+    cached = _metadata_cache.get(key)
+    if cached is None:
+        cached = _infer_metadata(op_class, backend_name, static, input_metas, arg_metas)
+        if len(_metadata_cache) >= _METADATA_CACHE_SIZE:
+            _metadata_cache.clear()
+        _metadata_cache[key] = cached
+    return cached
+
+
+def _infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
+                    input_metas: list[TensorMeta], arg_metas: dict[str, TensorMeta],
+                    ) -> tuple[int, tuple[str, ...] | None, list[TensorMeta]]:
     inputs = [_fake_node(f"input_{i}", meta, meta.device) for i, meta in enumerate(input_metas)]
     args = {name: _fake_node(f"arg_{name}", meta, "cpu") for name, meta in arg_metas.items()}
     device_id = 0 if backend_name != "cpu" else None
@@ -437,6 +468,32 @@ def to_tensor(value: Any) -> Any:
 
 def broadcast_state(words: np.ndarray, batch_size: int) -> Any:
     return backend.TensorListCPU.broadcast(backend.TensorCPU(words), batch_size)
+
+
+def op_function_of(op_class: type) -> Callable:
+    """The public ndd function (ndd.resize, ...) of an operator class."""
+    global _function_by_class
+    if _function_by_class is None:
+        _function_by_class = {f._op_class: f for f in op_functions()}
+    return _function_by_class[op_class]
+
+
+_function_by_class: dict | None = None
+
+
+class ReplayRNG(RNG):
+    """A generator that hands out random words drawn earlier: replays one op call's state."""
+
+    def __init__(self, words: np.ndarray):
+        super().__init__(seed=0)
+        self._words = [int(w) for w in words]
+
+    def __call__(self) -> int:
+        return self._words.pop(0)
+
+
+def eval_mode_is_sync() -> bool:
+    return EvalMode.current().value >= EvalMode.sync_cpu.value
 
 
 def wrap_batch(tensor_list: Any) -> Batch:

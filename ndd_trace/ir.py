@@ -59,6 +59,8 @@ class Node:
     is_batch: bool = True
     loc: SourceLoc | None = None
     payload: Any = None  # INPUT: argument path; CONSTANT: the value; RANDOM_STATE: rng slot
+    op_class: Any = None  # the ndd operator class, for ops (lets the interpreter run them)
+    batch_size: Any = None  # the batch size the op was called with (None: sample mode)
 
     @property
     def var(self) -> str:

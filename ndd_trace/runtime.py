@@ -135,8 +135,7 @@ class Executable:
         self._pending: list[_PendingRun] = []
         self._lock = threading.RLock()
         self._constants: dict[tuple[int, int], Any] = {}
-        self._random_state_nodes = [n for n in lowered.external_sources
-                                    if n.kind is NodeKind.RANDOM_STATE]
+        self.cache_constants = True  # off where each run brings new constant nodes
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -191,6 +190,8 @@ class Executable:
 
     def _data_for(self, node: Node, bound: dict, states: dict[int, Any], batch_size: int) -> Any:
         if node.kind is NodeKind.RANDOM_STATE:
+            if isinstance(node.payload, tuple) and node.payload[0] == "drawn":
+                return _dali.broadcast_state(node.payload[1], batch_size)
             return _dali.broadcast_state(states[id(node)], batch_size)
         if node.kind is NodeKind.INPUT:
             value = bound[node.payload]
@@ -199,11 +200,12 @@ class Executable:
         if isinstance(value, _dali.Batch):
             return _dali.storage_of(value)
         key = (id(node), batch_size)
-        cached = self._constants.get(key) if node.kind is NodeKind.CONSTANT else None
+        cache = self.cache_constants and node.kind is NodeKind.CONSTANT
+        cached = self._constants.get(key) if cache else None
         if cached is not None:
             return cached
         data = _dali.storage_of(_dali.to_batch(value, batch_size))
-        if node.kind is NodeKind.CONSTANT:
+        if cache:
             self._constants[key] = data
         return data
 
@@ -233,6 +235,27 @@ class Executable:
                 for node in self.lowered.external_sources:
                     self.pipeline.feed_input(node.var, self._data_for(node, bound, states,
                                                                       batch_size))
+                self.pipeline.schedule_run()
+            except Exception as error:
+                self.pipeline = None
+                wrapped = self._pipeline_error(error, "feeding")
+                raise_at(wrapped, wrapped.loc)
+            self._pending.append(run)
+            return run
+
+    def run_leaves(self, leaves: list[Node], batch_size: int) -> _PendingRun:
+        """Run with the data of `leaves` (a structurally equal graph's leaves, in order)."""
+        with self._lock:
+            try:
+                self.ensure_built(batch_size)
+            except Exception as error:
+                self.pipeline = None
+                raise self._pipeline_error(error, "building") from error
+            self._drain()
+            run = _PendingRun(self, batch_size)
+            try:
+                for source, leaf in zip(self.lowered.external_sources, leaves):
+                    self.pipeline.feed_input(source.var, self._data_for(leaf, {}, {}, batch_size))
                 self.pipeline.schedule_run()
             except Exception as error:
                 self.pipeline = None

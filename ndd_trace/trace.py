@@ -447,13 +447,13 @@ class Tracer:
         if random_state is not None:
             arg_inputs["_random_state"] = Ref(random_state, 0)
         node = self.graph.add_op(
-            name, op_class._schema_name, backend=backend, inputs=refs,
+            name, op_class._schema_name, op_class=op_class, batch_size=batch_size,
+            backend=backend, inputs=refs,
             input_devices=input_devices, arg_inputs=arg_inputs, arg_casts=arg_casts,
             static=static, num_outputs=num_outputs, output_names=output_names, meta=metas,
             is_batch=is_batch, loc=loc)
         self.num_ops += 1
-        cls = TracedBatch if is_batch else TracedTensor
-        results = [cls(self, Ref(node, i), metas[i]) for i in range(num_outputs)]
+        results = [self._proxy(Ref(node, i), metas[i], is_batch) for i in range(num_outputs)]
         if num_outputs == 1:
             return results[0]
         if output_names is None:
@@ -472,6 +472,10 @@ class Tracer:
                 continue
             return key
         return None
+
+    def _proxy(self, ref: Ref, meta: TensorMeta, is_batch: bool) -> Any:
+        cls = TracedBatch if is_batch else TracedTensor
+        return cls(self, ref, meta)
 
     # -- outputs -------------------------------------------------------------------------------
 

@@ -1,0 +1,517 @@
+"""Transparent mode: unmodified ndd code is recorded lazily and runs as cached pipelines.
+
+    with ndd_trace.enabled():              # or ndd_trace.enable() / python -m ndd_trace script.py
+        images = ndd.decoders.image(jpegs)             # recorded, nothing runs
+        images = ndd.resize(images, size=[64, 64]) * 2
+        tensor = images.torch()                        # the pending region runs as one pipeline
+    print(ndd_trace.report())
+
+Each ndd call returns a lazy ndd.Batch/Tensor. Consuming one (`.torch()`, `np.asarray`,
+`.shape`, iteration, printing) runs the pending calls it depends on as one DALI pipeline, looked
+up by the region's structure (same ops, same static arguments, same input kinds), so a loop body
+builds its pipeline once and reuses it every iteration. Random ops draw their state when they are
+called, exactly as eagerly, so values and generator state match a plain run. A call that cannot
+be recorded (a synchronous EvalMode, an argument DALI rejects, a stateful operator) runs eagerly
+on the spot and is counted with its reason and `file:line`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from . import _dali
+from .errors import _GraphBreak
+from .interpret import interpret
+from .ir import Graph, Node, NodeKind, Ref, TensorMeta
+from .lower import lower
+from .passes import _freeze
+from .runtime import Executable, Options
+from .source import SourceLoc, user_location
+from .trace import TracedBatch, TracedTensor, Tracer
+
+
+@dataclasses.dataclass
+class Region:
+    """One cached pipeline of transparent mode, and what it did."""
+
+    key: tuple
+    loc: SourceLoc | None
+    num_ops: int
+    executable: Executable | None
+    code: str
+    runs: int = 0
+    hits: int = 0
+    build_s: float = 0.0
+    record_s: float = 0.0
+    eager_reason: str | None = None
+
+
+@dataclasses.dataclass
+class Report:
+    """What transparent mode compiled and what it ran eagerly, with reasons and locations."""
+
+    regions: list[Region]
+    eager_ops: Counter  # (op name, reason, file:line) -> count
+    ops_recorded: int
+
+    def as_dict(self) -> dict:
+        return {
+            "ops_recorded": self.ops_recorded,
+            "ops_eager": sum(self.eager_ops.values()),
+            "regions": [
+                {"location": str(r.loc) if r.loc else None, "ops": r.num_ops, "runs": r.runs,
+                 "cache_hits": r.hits, "builds": 1 if r.executable is not None else 0,
+                 "build_s": round(r.build_s, 4), "record_s": round(r.record_s, 4),
+                 "eager_reason": r.eager_reason}
+                for r in self.regions
+            ],
+            "eager_ops": [
+                {"op": op, "reason": reason, "location": where, "count": count}
+                for (op, reason, where), count in sorted(self.eager_ops.items())
+            ],
+        }
+
+    def __str__(self) -> str:
+        lines = ["ndd_trace report (transparent mode)",
+                 f"  ndd calls recorded: {self.ops_recorded}, "
+                 f"run eagerly: {sum(self.eager_ops.values())}",
+                 f"  compiled regions: {len(self.regions)}"]
+        for r in sorted(self.regions, key=lambda r: -r.runs):
+            where = r.loc.short if r.loc else "?"
+            status = f"eager ({r.eager_reason})" if r.eager_reason else "pipeline"
+            lines.append(f"    {where:<28} {r.num_ops:3d} ops  runs {r.runs:6d}  "
+                         f"cache hits {r.hits:6d}  build {r.build_s * 1000:7.1f} ms  "
+                         f"record {r.record_s * 1000:7.1f} ms  {status}")
+        if self.eager_ops:
+            lines.append("  calls run eagerly:")
+            for (op, reason, where), count in sorted(self.eager_ops.items()):
+                lines.append(f"    {where}: ndd.{op} x{count}: {reason}")
+        return "\n".join(lines)
+
+
+class _State:
+    """Process-wide bookkeeping of transparent mode (the regions are shared by threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.regions: dict[tuple, Region] = {}
+        self.eager_ops: Counter = Counter()
+        self.ops_recorded = 0
+        self.local = threading.local()
+
+
+_state = _State()
+
+
+class _UnlistedGraph(Graph):
+    """A graph that numbers nodes but keeps no list: lazy nodes live as long as their users."""
+
+    def _add(self, kind: NodeKind, name: str, **fields: Any) -> Node:
+        node = Node(index=self._next_index, kind=kind, name=name, **fields)
+        self._next_index += 1
+        node.results = None
+        node.proxies = []
+        return node
+
+    _next_index = 0
+
+
+class _LazyMixin:
+    _tracer: LazyTracer
+    _ref: Ref
+
+    def _materialize(self) -> None:
+        if self._storage is None:
+            storage = self._tracer.materialize(self._ref)
+            self._storage = storage if isinstance(self, _dali.Batch) else storage[0]
+
+    def _concrete(name: str):  # noqa: N805 (a method factory used in the class bodies)
+        def method(self, *args: Any, **kwargs: Any) -> Any:
+            self._materialize()
+            base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
+            return getattr(base, name)(self, *args, **kwargs)
+
+        method.__name__ = name
+        return method
+
+    def _concrete_property(name: str):  # noqa: N805
+        def getter(self: Any) -> Any:
+            self._materialize()
+            base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
+            return getattr(base, name).fget(self)
+
+        return property(getter)
+
+    def _known_or_concrete(name: str):  # noqa: N805
+        def getter(self: Any) -> Any:
+            value = getattr(self._meta, name)
+            if value is not None and self._storage is None:
+                return getattr(TracedBatch, name).fget(self)
+            self._materialize()
+            base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
+            return getattr(base, name).fget(self)
+
+        return property(getter)
+
+    shape = _concrete_property("shape")
+    dtype = _known_or_concrete("dtype")
+    ndim = _known_or_concrete("ndim")
+    evaluate = _concrete("evaluate")
+    torch = _concrete("torch")
+    __array__ = _concrete("__array__")
+    __repr__ = _concrete("__repr__")
+    __iter__ = _concrete("__iter__")
+    item = _concrete("item")
+    tolist = _concrete("tolist")
+
+    @property
+    def layout(self) -> str | None:
+        if self._storage is None and self._meta.ndim is not None:
+            return self._meta.layout or None
+        self._materialize()
+        base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
+        return base.layout.fget(self)
+
+    def __bool__(self) -> bool:
+        self._materialize()
+        return True
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        self._materialize()
+        return _dali.Tensor.__dlpack__(self, *args, **kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        self._materialize()
+        return _dali.Tensor.__dlpack_device__(self)
+
+    @property
+    def __cuda_array_interface__(self) -> Any:
+        self._materialize()
+        return _dali.Tensor.__cuda_array_interface__.fget(self)
+
+
+class LazyBatch(_LazyMixin, TracedBatch):
+    """A lazy ndd.Batch of transparent mode; consumed, it runs its pending region."""
+
+    def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
+        self._init_traced(tracer, ref, meta)
+        self._dtype = self._layout = self._ndim = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._ref.node.batch_size)
+
+    def select(self, sample_range: Any) -> Any:
+        self._materialize()
+        return _dali.Batch.select(self, sample_range)
+
+    @property
+    def tensors(self) -> Any:
+        self._materialize()
+        return _dali.Batch.tensors.fget(self)
+
+
+class LazyTensor(_LazyMixin, TracedTensor):
+    """A lazy ndd.Tensor of transparent mode."""
+
+    def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
+        self._init_traced(tracer, ref, meta)
+        self._dtype = self._layout = None
+        self._shape = None
+
+    def __getitem__(self, ranges: Any) -> Any:
+        return TracedTensor.__getitem__(self, ranges)
+
+    @property
+    def size(self) -> Any:
+        self._materialize()
+        return _dali.Tensor.size.fget(self)
+
+
+def _is_lazy(value: Any) -> bool:
+    return isinstance(value, _LazyMixin)
+
+
+class LazyTracer(Tracer):
+    """Records ndd calls of one thread for transparent mode; runs regions when consumed."""
+
+    def __init__(self, device_id: int | None, num_threads: int):
+        super().__init__("transparent", device_id)
+        self.graph = _UnlistedGraph("transparent")
+        self.options = Options(num_threads, device_id, 1)
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def _proxy(self, ref: Ref, meta: TensorMeta, is_batch: bool) -> Any:
+        proxy = (LazyBatch if is_batch else LazyTensor)(self, ref, meta)
+        ref.node.proxies.append(weakref.ref(proxy))
+        return proxy
+
+    def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+        if _is_lazy(value):
+            if value._storage is None and value._tracer is self:
+                return value._ref
+            value._materialize()
+            concrete = (_dali.wrap_batch(value._storage) if isinstance(value, _dali.Batch)
+                        else _dali.Tensor(value._storage))
+            return self._constant_ref(concrete, is_batch, loc)
+        return super()._ref_of(value, is_batch, loc)
+
+    def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
+        return ("pending", _dali.resolve_rng(rng))
+
+    def handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
+        name = _dali.op_path(op_class)
+        if _dali.eval_mode_is_sync():
+            return self._eager(original, inputs, kwargs, name, "a synchronous EvalMode is active")
+        try:
+            result = super().handle(op_class, original, inputs, dict(kwargs))
+        except _GraphBreak as graph_break:
+            return self._eager(original, inputs, kwargs, name, graph_break.reason)
+        except Exception as error:  # DALI rejects the call: eager raises its own error
+            return self._eager(original, inputs, kwargs, name,
+                               f"could not be recorded ({type(error).__name__})")
+        first = result if not isinstance(result, (tuple, dict)) else (
+            next(iter(result.values())) if isinstance(result, dict) else result[0])
+        state = first._ref.node.arg_inputs.get("_random_state")
+        if state is not None:  # draw now, in call order, exactly as the eager call would
+            _, rng = state.node.payload
+            state.node.payload = ("drawn", _dali.draw_state(rng))
+        with _state.lock:
+            _state.ops_recorded += 1
+        return result
+
+    def _eager(self, original: Any, inputs: tuple, kwargs: dict, name: str, reason: str) -> Any:
+        loc = user_location()
+        with _state.lock:
+            _state.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
+        for value in (*inputs, *kwargs.values()):
+            if _is_lazy(value):
+                value._materialize()
+        with _dali.eager_inside_trace():
+            return original(*inputs, **kwargs)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def materialize(self, ref: Ref) -> Any:
+        """Run the pending region `ref` depends on; return that output's TensorList."""
+        node = ref.node
+        if node.results is None:
+            self._run_region(node)
+        return node.results[ref.index]
+
+    def _run_region(self, target: Node) -> None:
+        started = time.perf_counter()
+        region_ops = self._pending_cone(target)
+        graph, origin, leaves = self._region_graph(region_ops, target)
+        key = _structure_key(graph)
+        batch_sizes = {int(n.batch_size) for n in graph.nodes
+                       if n.kind is NodeKind.OP and n.is_batch}
+        batch_size = max(batch_sizes) if batch_sizes else 1
+        record_s = time.perf_counter() - started
+        with _state.lock:
+            region = _state.regions.get(key)
+            if region is None:
+                region = self._new_region(key, graph, region_ops, len(batch_sizes) > 1)
+                _state.regions[key] = region
+            else:
+                region.hits += 1
+            region.runs += 1
+            region.record_s += record_s
+        if region.executable is None:
+            values = interpret(graph, {id(leaf): _leaf_value(leaf) for leaf in leaves})
+            outputs = [_dali.storage_of(values[ref]) for ref in graph.outputs]
+        else:
+            try:
+                builds = region.executable.builds
+                started = time.perf_counter()
+                run = region.executable.run_leaves(leaves, batch_size)
+                if region.executable.builds != builds:
+                    region.build_s += time.perf_counter() - started
+                outputs = list(run.result())
+            except Exception:
+                if region.executable.builds:
+                    raise
+                region.executable = None  # the pipeline cannot be built: interpret from now on
+                region.eager_reason = "pipeline build failed"
+                return self._run_region(target)
+        for ref, output in zip(graph.outputs, outputs):
+            original = origin[id(ref.node)]
+            if original.results is None:
+                original.results = [None] * original.num_outputs
+            original.results[ref.index] = output
+            if all(r is not None for r in original.results):
+                _settle_proxies(original)
+
+    def _new_region(self, key: tuple, graph: Graph, region_ops: list[Node],
+                    mixed_batch_sizes: bool) -> Region:
+        loc = region_ops[0].loc if region_ops else None
+        started = time.perf_counter()
+        if mixed_batch_sizes:
+            return Region(key, loc, len(region_ops), None, "",
+                          eager_reason="batches of different sizes in one region")
+        lowered = lower(graph)
+        executable = Executable(graph, lowered, [], self.options, {})
+        executable.cache_constants = False
+        region = Region(key, loc, len(region_ops), executable, lowered.source)
+        region.build_s = time.perf_counter() - started  # lowering; the build is added on run
+        return region
+
+    @staticmethod
+    def _pending_cone(target: Node) -> list[Node]:
+        """The unmaterialized op calls `target` depends on, in call order."""
+        seen: dict[int, Node] = {}
+        stack = [target]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen or node.kind is not NodeKind.OP or node.results is not None:
+                continue
+            seen[id(node)] = node
+            stack.extend(ref.node for ref in node.inputs)
+            stack.extend(ref.node for ref in node.arg_inputs.values())
+        return sorted(seen.values(), key=lambda n: n.index)
+
+    @staticmethod
+    def _region_graph(region_ops: list[Node], target: Node
+                      ) -> tuple[Graph, dict[int, Node], list[Node]]:
+        """A self-contained graph of the region: outside values become fed leaves."""
+        graph = Graph("region")
+        clones: dict[int, Node] = {}
+        origin: dict[int, Node] = {}
+        leaf_refs: dict[tuple[int, int], Ref] = {}
+        leaves: list[Node] = []
+
+        def mapped(ref: Ref) -> Ref:
+            node = ref.node
+            if id(node) in clones:
+                return Ref(clones[id(node)], ref.index)
+            key = (id(node), ref.index)
+            if key not in leaf_refs:
+                if node.kind is NodeKind.OP:  # materialized earlier: its data is fed
+                    data = node.results[ref.index]
+                    value = _dali.wrap_batch(data) if node.is_batch else _dali.wrap_tensor(data)
+                    leaf = graph.add_constant(value, node.meta[ref.index], node.is_batch, None)
+                elif node.kind is NodeKind.RANDOM_STATE:
+                    leaf = graph.add_random_state(node.payload, node.loc)
+                else:
+                    leaf = graph.add_constant(node.payload, node.meta[0], node.is_batch, None)
+                leaves.append(leaf)
+                leaf_refs[key] = Ref(leaf, 0)
+            return leaf_refs[key]
+
+        for node in region_ops:
+            fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(Node)
+                      if f.name not in ("index", "kind", "name", "inputs", "arg_inputs")}
+            inputs = [mapped(ref) for ref in node.inputs]
+            arg_inputs = {key: mapped(ref) for key, ref in node.arg_inputs.items()}
+            clone = graph.add_op(node.name, node.schema, **{
+                **{k: v for k, v in fields.items() if k != "schema"},
+                "inputs": inputs, "arg_inputs": arg_inputs})
+            clones[id(node)] = clone
+            origin[id(clone)] = node
+        outputs = []
+        for node in region_ops:
+            if node is target or any(proxy() is not None for proxy in node.proxies):
+                outputs.extend(Ref(clones[id(node)], i) for i in range(node.num_outputs))
+        graph.outputs = outputs
+        return graph, origin, leaves
+
+
+def _leaf_value(leaf: Node) -> Any:
+    if leaf.kind is NodeKind.RANDOM_STATE:
+        return leaf.payload[1]
+    return leaf.payload
+
+
+def _settle_proxies(node: Node) -> None:
+    for proxy_ref in node.proxies:
+        proxy = proxy_ref()
+        if proxy is not None and proxy._storage is None:
+            data = node.results[proxy._ref.index]
+            proxy._storage = data if isinstance(proxy, _dali.Batch) else data[0]
+    node.proxies = []
+
+
+def _structure_key(graph: Graph) -> tuple:
+    """Same key, same pipeline: op names, static arguments, edges and leaf kinds; no data."""
+    position = {id(node): i for i, node in enumerate(graph.nodes)}
+    items: list[Any] = []
+    for node in graph.nodes:
+        if node.kind is NodeKind.OP:
+            items.append((
+                node.name, node.backend, node.is_batch, _freeze(node.static),
+                tuple((position[id(r.node)], r.index) for r in node.inputs),
+                tuple(node.input_devices),
+                tuple(sorted((k, position[id(r.node)], r.index)
+                             for k, r in node.arg_inputs.items())),
+                tuple(sorted(node.arg_casts.items())),
+            ))
+        else:
+            items.append((node.kind.value, node.meta[0], node.is_batch))
+    items.append(tuple((position[id(r.node)], r.index) for r in graph.outputs))
+    return tuple(items)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public switches
+
+def _local() -> Any:
+    return _state.local
+
+
+def enable() -> None:
+    """Record ndd calls of this thread lazily and run them as cached pipelines."""
+    local = _local()
+    if getattr(local, "context", None) is not None:
+        return
+    tracer = LazyTracer(_dali.current_device_id(), _dali.current_num_threads())
+    context = _dali.intercept(tracer.handle, None)
+    context.__enter__()
+    local.context = context
+    local.tracer = tracer
+
+
+def disable() -> None:
+    """Back to plain eager ndd for this thread (values already recorded stay usable)."""
+    local = _local()
+    context = getattr(local, "context", None)
+    if context is not None:
+        local.context = None
+        context.__exit__(None, None, None)
+
+
+def is_enabled() -> bool:
+    return getattr(_local(), "context", None) is not None
+
+
+@contextmanager
+def enabled() -> Iterator[None]:
+    """`with ndd_trace.enabled(): ...` runs the block in transparent mode."""
+    was_enabled = is_enabled()
+    enable()
+    try:
+        yield
+    finally:
+        if not was_enabled:
+            disable()
+
+
+def report() -> Report:
+    """What transparent mode compiled and ran eagerly so far (all threads)."""
+    with _state.lock:
+        return Report(list(_state.regions.values()), Counter(_state.eager_ops),
+                      _state.ops_recorded)
+
+
+def reset_report() -> None:
+    with _state.lock:
+        _state.regions.clear()
+        _state.eager_ops.clear()
+        _state.ops_recorded = 0

@@ -1,0 +1,103 @@
+"""Transparent mode: unmodified scripts run plainly and through `python -m ndd_trace` agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, assert_same
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+CORPUS = ["classify", "detection_boxes", "external_numpy", "audio_1d", "data_dependent",
+          "early_break", "warmup"]
+
+
+def _run(arguments: list[str], tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT, "NDD_TRACE_DATA": str(tmp_path)}
+    return subprocess.run([sys.executable, *arguments], cwd=SCRIPTS, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("name", CORPUS)
+def test_script_output_identical(name, tmp_path):
+    plain = _run([f"{name}.py"], tmp_path)
+    report_path = tmp_path / "report.json"
+    traced = _run(["-m", "ndd_trace", "--report", "--report-json", str(report_path),
+                   f"{name}.py"], tmp_path)
+    assert plain.returncode == traced.returncode, traced.stderr
+    assert plain.stdout == traced.stdout
+    assert plain.stdout.strip(), "the script printed nothing to compare"
+    report = json.loads(report_path.read_text())
+    assert report["regions"] and report["ops_recorded"] > 0
+    assert all(region["eager_reason"] is None for region in report["regions"])
+    assert report["ops_eager"] == 0, report["eager_ops"]
+    assert any(region["cache_hits"] > 0 for region in report["regions"])
+    assert "ndd_trace report" in traced.stderr
+
+
+def test_script_arguments_and_exit_code(tmp_path):
+    traced = _run(["-m", "ndd_trace", "classify.py", "--epochs", "1"], tmp_path)
+    assert traced.returncode == 0 and "epoch 0 loss" in traced.stdout
+    assert "epoch 1" not in traced.stdout
+    assert _run(["-m", "ndd_trace", "early_break.py"], tmp_path).returncode == 3
+
+
+def test_exceptions_and_tracebacks_like_plain_run(tmp_path):
+    plain = _run(["raises.py"], tmp_path)
+    traced = _run(["-m", "ndd_trace", "raises.py"], tmp_path)
+    assert plain.returncode == traced.returncode == 1
+    assert plain.stdout == traced.stdout
+    assert plain.stderr.strip().splitlines()[-1] == traced.stderr.strip().splitlines()[-1]
+    assert 'raises.py", line 10' in traced.stderr
+
+
+def test_enabled_context_matches_eager_with_random_ops(batch):
+    def body(x):
+        y = ndd.rotate(ndd.resize(x, size=[12, 12]),
+                       angle=ndd.random.uniform(batch_size=x.batch_size, range=[-20, 20]),
+                       keep_size=True)
+        return (y * 2).slice[1:10] + ndd.cast(ndd.random.coin_flip(batch_size=x.batch_size),
+                                               dtype=ndd.uint8)
+
+    ndd.random.set_seed(4)
+    eager = [body(batch) for _ in range(3)]
+    state = str(ndd.random.get_default_rng().state)
+    ndd_trace.reset_report()
+    ndd.random.set_seed(4)
+    with ndd_trace.enabled():
+        lazy = [body(batch) for _ in range(3)]
+        assert ndd_trace.is_enabled()
+    assert str(ndd.random.get_default_rng().state) == state  # drawn at call time
+    for e, c in zip(eager, lazy):
+        assert_same(e, c)
+    report = ndd_trace.report()
+    assert report.regions and report.regions[0].hits == 2
+    assert not ndd_trace.is_enabled()
+
+
+def test_sync_eval_mode_runs_eagerly_and_is_reported(batch):
+    ndd_trace.reset_report()
+    with ndd_trace.enabled(), ndd.EvalMode.sync_cpu:
+        result = ndd.flip(batch)
+    assert_same(ndd.flip(batch), result)
+    eager = ndd_trace.report().eager_ops
+    assert any("synchronous" in reason for (_, reason, _), _count in eager.items())
+
+
+def test_rejected_call_raises_eager_error(batch):
+    with ndd_trace.enabled(), pytest.raises(Exception) as info:
+        np.asarray(ndd.as_tensor(ndd.resize(batch, size=[8, 8], interp_type="bogus")))
+    assert "bogus" in str(info.value) or "interp" in str(info.value).lower()
+
+
+def test_lazy_values_keep_working_after_disable(batch):
+    with ndd_trace.enabled():
+        pending = ndd.flip(batch) * 3
+    assert_same(ndd.flip(batch) * 3, pending)
