@@ -15,7 +15,9 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 
 from __future__ import annotations
 
+import base64
 import enum
+import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -517,9 +519,42 @@ def current_device_id() -> int | None:
 
 
 def make_pipeline(batch_size: int, num_threads: int, device_id: int | None,
-                  prefetch_queue_depth: int) -> Pipeline:
+                  prefetch_queue_depth: int, checkpointing: bool = False,
+                  checkpoint: bytes | None = None) -> Pipeline:
+    extra = {"enable_checkpointing": True, "checkpoint": checkpoint} if checkpointing else {}
     return Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
-                    prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True)
+                    prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True, **extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints of readers owned by compiled loops
+
+_LOOP_STATE_MAGIC = b"NDDTRACE-LOOP1\n"
+
+
+def reader_checkpointing(reader: Any) -> bool:
+    return bool(reader._checkpointing_enabled)
+
+
+def loop_reader_state(reader: Any, header: dict, pipeline_checkpoint: bytes) -> Any:
+    """A ReaderState (what `reader.get_state()` returns) holding a compiled loop's position:
+    the pipeline's checkpoint at the consumer's step, plus where in the epoch that is."""
+    raw = _LOOP_STATE_MAGIC + json.dumps(header).encode() + b"\n" + pipeline_checkpoint
+    return _ops.ReaderState(reader, base64.b64encode(raw).decode("ascii"))
+
+
+def adopt_loop_state(reader: Any) -> tuple[dict, bytes] | None:
+    """If `reader.set_state()` was given a compiled loop's state, take it over: the reader gets
+    the operator name the checkpoint refers to, and the state is returned for the pipeline."""
+    raw = reader._pending_state
+    if not raw or not bytes(raw).startswith(_LOOP_STATE_MAGIC):
+        return None
+    header_line, checkpoint = bytes(raw)[len(_LOOP_STATE_MAGIC):].split(b"\n", 1)
+    header = json.loads(header_line)
+    reader._pending_state = None
+    reader._name = header["name"]
+    reader._shard_id = header["shard_id"]
+    return header, checkpoint
 
 
 def static_literal(value: Any) -> tuple[str, Any] | None:

@@ -48,20 +48,30 @@ class LoopExecutable(Executable):
         self._clones: dict[int, tuple[Any, Any]] = {}  # id(rng) -> (rng, clone)
         self._expected: dict[int, tuple[int, int]] = {}  # id(rng) -> (draws, version)
         self._epoch_lock = threading.Lock()
+        self._done = 0  # steps consumed in the current epoch
+        self._resume_at = 0  # a restored checkpoint starts its first epoch here
 
     # -- building ------------------------------------------------------------------------------
 
     def _build(self, batch_size: int) -> None:
         options = self.options
+        checkpointing = any(_dali.reader_checkpointing(r) for r in self.readers)
+        restore = next((r._ndd_trace_restore for r in self.readers
+                        if getattr(r, "_ndd_trace_restore", None)), None)
         pipe = _dali.make_pipeline(batch_size, options.num_threads, options.device_id,
-                                   options.prefetch_queue_depth)
+                                   options.prefetch_queue_depth, checkpointing,
+                                   restore[1] if restore else None)
+        if restore is not None:
+            self._resume_at = int(restore[0]["steps_done"])
+            for reader in self.readers:
+                reader._ndd_trace_restore = None
         with pipe:
             outputs = self.lowered.function(_dali.fn, _dali.types, self.lowered.consts)
             pipe.set_outputs(*outputs)
         for reader in self.readers:
             backend_op = _dali.claim_reader(reader, batch_size)
             _dali.transfer_reader(pipe, reader, backend_op)
-            _mark_owned(reader, self.owner_name)
+            _mark_owned(reader, self)
         pipe.build()
         self.pipeline = pipe
         self.max_batch_size = batch_size
@@ -153,7 +163,8 @@ class LoopExecutable(Executable):
                 self._drain()
                 self._carry.clear()
             steps = self._epoch_steps()
-        done = 0
+        done, self._resume_at = self._resume_at, 0
+        self._done = done
         try:
             while done < steps:
                 with self._lock:
@@ -164,6 +175,7 @@ class LoopExecutable(Executable):
                     run.result()
                     self._consume_rng(bound)
                 done += 1
+                self._done = done
                 yield run
         finally:
             if done == steps:
@@ -171,8 +183,27 @@ class LoopExecutable(Executable):
                     _dali.advance_shard(reader)
 
 
-def _mark_owned(reader: Any, owner: str) -> None:
-    """A reader whose operator moved into a compiled loop says so when used eagerly."""
+    def reader_state(self, reader: Any) -> Any:
+        """`reader.get_state()` of an owned reader: the loop's position, as a checkpoint."""
+        if not _dali.reader_checkpointing(reader):
+            raise LoopError(f"reader `{type(reader).__name__}` was created without "
+                            "enable_checkpointing=True")
+        with self._lock:
+            checkpoint = self.pipeline.checkpoint()
+        header = {"name": reader._name, "steps_done": self._done, "shard_id": reader._shard_id,
+                  "owner": self.owner_name}
+        return _dali.loop_reader_state(reader, header, checkpoint)
+
+
+def _mark_owned(reader: Any, loop: LoopExecutable) -> None:
+    """A reader whose operator moved into a compiled loop says so when used eagerly, and
+    reports the loop's position when asked for its state (checkpoints)."""
+    owner = loop.owner_name
+
+    def get_state(*args: Any, **kwargs: Any) -> Any:
+        return loop.reader_state(reader)
+
+    reader.get_state = get_state
 
     def next_epoch(*args: Any, **kwargs: Any) -> Any:
         if _dali._interceptor.handler() is not None:  # tracing: the usual hook decides

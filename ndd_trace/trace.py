@@ -305,6 +305,9 @@ class Tracer:
             raise _GraphBreak(f"iterates reader `{type(reader).__name__}` twice", loc)
         if _dali.reader_has_tensor_args(reader):
             raise _GraphBreak("uses a reader constructed with tensor arguments", loc)
+        restored = _dali.adopt_loop_state(reader)
+        if restored is not None:
+            reader._ndd_trace_restore = restored
         try:
             num_outputs, names, metas = _dali.reader_metadata(reader)
         except Exception as error:

@@ -204,3 +204,26 @@ def test_gpu_loop_matches_eager(jpeg_dir):
             yield ndd.random_resized_crop(images, size=[32, 32]), labels
 
     assert_loops_match(gpu_loop, lambda: (file_reader(jpeg_dir, random_shuffle=True, seed=1),))
+
+
+def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    worker = [sys.executable, str(ROOT + "/tests/checkpoint_worker.py")]
+    env = {**__import__("os").environ, "PYTHONPATH": ROOT}
+
+    def run(*args):
+        completed = subprocess.run([*worker, *args], capture_output=True, text=True,
+                                   timeout=300, env=env)
+        assert completed.returncode == 0, completed.stderr
+        return [line.split()[1] for line in completed.stdout.splitlines()]
+
+    full = run("full", str(jpeg_dir))
+    ckpt = str(tmp_path / "loop.ckpt")
+    for stop in (2, 7):  # inside the first epoch, and inside the second
+        first = run("save", str(jpeg_dir), ckpt, str(stop))
+        rest = run("resume", str(jpeg_dir), ckpt)
+        assert first + rest == full, (stop, first, rest, full)
