@@ -23,10 +23,13 @@ def test_main_example():
 @pytest.mark.skipif(shutil.which("torchrun") is None and not os.path.exists(
     os.path.join(os.path.dirname(sys.executable), "torchrun")), reason="needs torchrun")
 def test_ddp_example_two_processes():
+    import torch
+
+    device = "gpu" if HAS_GPU and torch.cuda.device_count() >= 2 else "cpu"
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     completed = subprocess.run(
         [torchrun if os.path.exists(torchrun) else "torchrun", "--nproc_per_node=2",
-         "examples/ddp_train.py", "--device", DEVICE, "--epochs", "2"],
+         "examples/ddp_train.py", "--device", device, "--epochs", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.count("distinct of 32") == 2
