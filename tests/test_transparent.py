@@ -101,3 +101,22 @@ def test_lazy_values_keep_working_after_disable(batch):
     with ndd_trace.enabled():
         pending = ndd.flip(batch) * 3
     assert_same(ndd.flip(batch) * 3, pending)
+
+
+@pytest.mark.gpu
+def test_transparent_mode_on_gpu(jpegs):
+    def body(data):
+        images = ndd.decoders.image(data, device="gpu")
+        images = ndd.resize(images, size=[32, 32]) * 0.5
+        noise = ndd.random.uniform(batch_size=images.batch_size, range=[0, 1], device="gpu")
+        return images + noise
+
+    ndd.random.set_seed(2)
+    eager = [body(jpegs) for _ in range(2)]
+    ndd.random.set_seed(2)
+    with ndd_trace.enabled():
+        lazy = [body(jpegs) for _ in range(2)]
+        tensors = [value.torch() for value in lazy]
+    assert all(t.is_cuda for t in tensors)
+    for e, c in zip(eager, lazy):
+        assert_same(e, c)
