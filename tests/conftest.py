@@ -18,6 +18,13 @@ import ndd_trace  # noqa: E402,F401
 from benchmarks._data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
 
+def subprocess_env(**extra: str) -> dict:
+    """The environment for a child Python: this checkout first on PYTHONPATH, keeping the rest
+    (the GPU machine brings DALI through PYTHONPATH)."""
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def _has_gpu() -> bool:
     try:
         import nvidia.dali.backend as backend

@@ -210,10 +210,10 @@ def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from conftest import ROOT, subprocess_env
 
     worker = [sys.executable, str(ROOT + "/tests/checkpoint_worker.py")]
-    env = {**__import__("os").environ, "PYTHONPATH": ROOT}
+    env = subprocess_env()
 
     def run(*args):
         completed = subprocess.run([*worker, *args], capture_output=True, text=True,

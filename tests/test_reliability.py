@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_same, run_both, to_numpy
+from conftest import ROOT, assert_same, run_both, subprocess_env, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -186,7 +186,7 @@ def test_process_with_running_compiled_loop_exits_promptly(jpeg_dir):
         print("consumed one batch", flush=True)
     """)
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+                               timeout=120, env=subprocess_env())
     assert completed.returncode == 0, completed.stderr
     assert "consumed one batch" in completed.stdout
 

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_same
+from conftest import assert_same, subprocess_env
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -20,7 +20,7 @@ CORPUS = ["classify", "detection_boxes", "external_numpy", "audio_1d", "data_dep
 
 
 def _run(arguments: list[str], tmp_path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ROOT, "NDD_TRACE_DATA": str(tmp_path)}
+    env = subprocess_env(NDD_TRACE_DATA=str(tmp_path))
     return subprocess.run([sys.executable, *arguments], cwd=SCRIPTS, capture_output=True,
                           text=True, timeout=300, env=env)
 
