@@ -125,9 +125,8 @@ class LoopExecutable(Executable):
     def _schedule(self, bound: dict) -> _PendingRun:
         states = self.draw_states(bound)
         run = _PendingRun(self, self.batch_size)
-        for node in self.lowered.external_sources:
-            self.pipeline.feed_input(node.var, self._data_for(node, bound, states,
-                                                              self.batch_size))
+        self._feed([self._data_for(node, bound, states, self.batch_size)
+                    for node in self.lowered.external_sources])
         _dali.schedule_one(self.pipeline)
         self._pending.append(run)
         return run

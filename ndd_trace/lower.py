@@ -106,6 +106,8 @@ def _external_source(node: Node, emitter: _Emitter) -> ast.Call:
     keywords: dict[str, ast.expr] = {
         "name": ast.Constant(node.var),
         "device": ast.Constant(meta.device),
+        # fed data is used in place; the runtime keeps it alive until DALI is done with it
+        "no_copy": ast.Constant(True),
     }
     if meta.dtype:
         keywords["dtype"] = _attribute_chain("types", f"DALIDataType.{meta.dtype}")

@@ -12,6 +12,7 @@ reported at the user's line that created the failing op.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 import threading
@@ -136,6 +137,10 @@ class Executable:
         self._lock = threading.RLock()
         self._constants: dict[tuple[int, int], Any] = {}
         self.cache_constants = True  # off where each run brings new constant nodes
+        # Fed with no_copy: DALI reads the buffers in place until the iteration's outputs are
+        # consumed and `prefetch_queue_depth` more iterations have run; keep them alive so long.
+        self._fed: collections.deque = collections.deque(
+            maxlen=2 * options.prefetch_queue_depth + 2)
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -232,9 +237,9 @@ class Executable:
             self._drain()
             run = _PendingRun(self, batch_size)
             try:
-                for node in self.lowered.external_sources:
-                    self.pipeline.feed_input(node.var, self._data_for(node, bound, states,
-                                                                      batch_size))
+                fed = [self._data_for(node, bound, states, batch_size)
+                       for node in self.lowered.external_sources]
+                self._feed(fed)
                 self.pipeline.schedule_run()
             except Exception as error:
                 self.pipeline = None
@@ -254,8 +259,7 @@ class Executable:
             self._drain()
             run = _PendingRun(self, batch_size)
             try:
-                for source, leaf in zip(self.lowered.external_sources, leaves):
-                    self.pipeline.feed_input(source.var, self._data_for(leaf, {}, {}, batch_size))
+                self._feed([self._data_for(leaf, {}, {}, batch_size) for leaf in leaves])
                 self.pipeline.schedule_run()
             except Exception as error:
                 self.pipeline = None
@@ -263,6 +267,12 @@ class Executable:
                 raise_at(wrapped, wrapped.loc)
             self._pending.append(run)
             return run
+
+    def _feed(self, data: list) -> None:
+        """Feed one iteration's external sources (in lowering order), keeping the data alive."""
+        for node, item in zip(self.lowered.external_sources, data):
+            self.pipeline.feed_input(node.var, item)
+        self._fed.append(data)
 
     def fetch(self, run: _PendingRun) -> None:
         with self._lock:
