@@ -168,25 +168,38 @@ class CompiledFunction:
         if self.is_generator:
             return self._epoch(args, kwargs)
         key = self._key(args, kwargs)
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                self._counters.misses += 1
-                self.last_miss_reason = guards.explain_miss(key, self._last_key)
-                if len(self._entries) >= self.cache_limit:
-                    return self._storm(key, args, kwargs)
-                entry = self._trace(key, args, kwargs)
-                if entry is None:  # tracing raised: run eagerly, which raises the same way
-                    self._counters.fallbacks += 1
-                    return self._eager_after_failed_trace(key, args, kwargs)
-                self._entries[entry.key] = entry
-            else:
-                self._counters.hits += 1
-            self._last_key = key
+        entry, status = self._lookup(key, args, kwargs)
+        if status == "storm":
+            return self._function(*args, **kwargs)
+        if status == "failed":  # tracing raised: run eagerly, which raises the same way
+            return self._eager_after_failed_trace(key, args, kwargs)
         if entry.eager:
             self._counters.fallbacks += 1
             return self._function(*args, **kwargs)
         return self._run(entry, args, kwargs)
+
+    def _lookup(self, key: tuple, args: tuple, kwargs: dict) -> tuple[Entry | None, str]:
+        """The entry for this call, traced on a miss; the status says "hit", "new", "storm"
+        (past cache_limit: run eagerly) or "failed" (tracing raised)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._counters.hits += 1
+                self._last_key = key
+                return entry, "hit"
+            self._counters.misses += 1
+            self.last_miss_reason = guards.explain_miss(key, self._last_key)
+            if len(self._entries) >= self.cache_limit:
+                self._warn_storm()
+                self._counters.fallbacks += 1
+                return None, "storm"
+            entry = self._trace(key, args, kwargs)
+            if entry is None:
+                self._counters.fallbacks += 1
+                return None, "failed"
+            self._entries[entry.key] = entry
+            self._last_key = key
+            return entry, "new"
 
     def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         note, self._failure_note = self._failure_note, None
@@ -216,26 +229,11 @@ class CompiledFunction:
     def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
         """A compiled generator call: one epoch of its reader loop, prefetched."""
         key = self._key(args, kwargs)
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                self._counters.misses += 1
-                self.last_miss_reason = guards.explain_miss(key, self._last_key)
-                if len(self._entries) >= self.cache_limit:
-                    self._warn_storm()
-                    self._counters.fallbacks += 1
-                    yield from self._function(*args, **kwargs)
-                    return
-                entry = self._trace(key, args, kwargs)
-                if entry is None:
-                    self._counters.fallbacks += 1
-                    self._failure_note = self._trace_exception = None
-                    yield from self._function(*args, **kwargs)
-                    return
-                self._entries[entry.key] = entry
-            else:
-                self._counters.hits += 1
-            self._last_key = key
+        entry, status = self._lookup(key, args, kwargs)
+        if status in ("storm", "failed"):
+            self._failure_note = self._trace_exception = None
+            yield from self._function(*args, **kwargs)
+            return
         if entry.eager:
             self._counters.fallbacks += 1
             yield from self._function(*args, **kwargs)
@@ -285,11 +283,6 @@ class CompiledFunction:
             sizes = self._batch_size_of(args, kwargs)[0]
         return guards.build_key(args, kwargs, self._plan, (sizes,) if sizes else None,
                                 self._positional_names)
-
-    def _storm(self, key: tuple, args: tuple, kwargs: dict) -> Any:
-        self._warn_storm()
-        self._counters.fallbacks += 1
-        return self._function(*args, **kwargs)
 
     def _warn_storm(self) -> None:
         if not self._storm_warned:

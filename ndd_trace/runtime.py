@@ -223,33 +223,25 @@ class Executable:
 
     def run(self, bound: dict, batch_size: int) -> _PendingRun | None:
         """Draw, feed and schedule one iteration; outputs are fetched when first used."""
-        with self._lock:
-            if not self.graph.outputs:
+        if not self.graph.outputs:
+            with self._lock:
                 self.draw_states(bound)  # nothing to run, but the generators advance as eagerly
-                return None
-            try:
-                # Built before drawing: a failed build leaves every generator untouched.
-                self.ensure_built(batch_size)
-            except Exception as error:
-                self.pipeline = None
-                raise self._pipeline_error(error, "building") from error
-            states = self.draw_states(bound)
-            self._drain()
-            run = _PendingRun(self, batch_size)
-            try:
-                fed = [self._data_for(node, bound, states, batch_size)
-                       for node in self.lowered.external_sources]
-                self._feed(fed)
-                self.pipeline.schedule_run()
-            except Exception as error:
-                self.pipeline = None
-                wrapped = self._pipeline_error(error, "feeding")
-                raise_at(wrapped, wrapped.loc)
-            self._pending.append(run)
-            return run
+            return None
+
+        def data() -> list:
+            states = self.draw_states(bound)  # after the build: a failed one draws nothing
+            return [self._data_for(node, bound, states, batch_size)
+                    for node in self.lowered.external_sources]
+
+        return self._start(batch_size, data)
 
     def run_leaves(self, leaves: list[Node], batch_size: int) -> _PendingRun:
         """Run with the data of `leaves` (a structurally equal graph's leaves, in order)."""
+        return self._start(batch_size,
+                           lambda: [self._data_for(leaf, {}, {}, batch_size) for leaf in leaves])
+
+    def _start(self, batch_size: int, data: Any) -> _PendingRun:
+        """Build if needed, then feed `data()` and schedule one iteration."""
         with self._lock:
             try:
                 self.ensure_built(batch_size)
@@ -259,7 +251,7 @@ class Executable:
             self._drain()
             run = _PendingRun(self, batch_size)
             try:
-                self._feed([self._data_for(leaf, {}, {}, batch_size) for leaf in leaves])
+                self._feed(data())
                 self.pipeline.schedule_run()
             except Exception as error:
                 self.pipeline = None

@@ -25,8 +25,13 @@ def _layer(name: str) -> int:
     return next(i for i, layer in enumerate(LAYERS) if name in layer)
 
 
+def _parse(path: str) -> ast.Module:
+    with open(path) as file:
+        return ast.parse(file.read())
+
+
 def _imports(path: str) -> set[str]:
-    tree = ast.parse(open(path).read())
+    tree = _parse(path)
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
@@ -58,7 +63,7 @@ def test_only_the_adapter_imports_dali():
     for module in _modules():
         if module == "_dali":
             continue
-        tree = ast.parse(open(os.path.join(PACKAGE, f"{module}.py")).read())
+        tree = _parse(os.path.join(PACKAGE, f"{module}.py"))
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level

@@ -53,14 +53,19 @@ def assert_loops_match(generator_function, make_readers, **kwargs):
     assert state == eager_state
     assert len(result) == len(eager)
     for eager_epoch, epoch in zip(eager, result):
-        assert len(eager_epoch) == len(epoch)
-        for eager_step, step in zip(eager_epoch, epoch):
-            for a, b in zip(eager_step, step):
-                for x, y in zip(a, b):
-                    np.testing.assert_array_equal(x, y)
+        assert_steps_equal(eager_epoch, epoch)
     info = compiled.cache_info()
     assert info.traces == 1 and info.fallbacks == 0, info
     return compiled
+
+
+def assert_steps_equal(eager_steps, steps):
+    """Step by step, output by output, sample by sample: identical arrays."""
+    assert len(eager_steps) == len(steps)
+    for eager_step, step in zip(eager_steps, steps):
+        for eager_output, output in zip(eager_step, step):
+            for a, b in zip(eager_output, output):
+                np.testing.assert_array_equal(a, b)
 
 
 def file_reader(root, **kwargs):
@@ -112,11 +117,7 @@ def test_break_and_resume_keeps_position(jpeg_dir):
     eager = consume(augmented, eager_reader, 2) + consume(augmented, eager_reader, 99)
     ndd.random.set_seed(5)
     result = consume(compiled, reader, 2) + consume(compiled, reader, 99)
-    assert len(eager) == len(result)
-    for a, b in zip(eager, result):
-        for x, y in zip(a, b):
-            for p, q in zip(x, y):
-                np.testing.assert_array_equal(p, q)
+    assert_steps_equal(eager, result)
 
 
 def test_exception_in_loop_body_leaves_loop_usable(jpeg_dir):
@@ -149,11 +150,8 @@ def test_rng_reseeded_between_epochs_matches_eager(jpeg_dir):
 
     eager = run(augmented, file_reader(jpeg_dir, random_shuffle=True, seed=1))
     result = run(compiled, file_reader(jpeg_dir, random_shuffle=True, seed=1))
-    for e, c in zip(eager, result):
-        for a, b in zip(e, c):
-            for x, y in zip(a, b):
-                for p, q in zip(x, y):
-                    np.testing.assert_array_equal(p, q)
+    for eager_epoch, epoch in zip(eager, result):
+        assert_steps_equal(eager_epoch, epoch)
 
 
 def test_rng_used_inside_loop_raises(jpeg_dir):
@@ -175,10 +173,7 @@ def test_data_dependent_loop_body_runs_eagerly_and_says_so(jpeg_dir):
     eager = [to_numpy(s) for s in dependent(file_reader(jpeg_dir))]
     with pytest.warns(ndd_trace.NddTraceWarning, match="runs eagerly"):
         result = [to_numpy(s) for s in compiled(file_reader(jpeg_dir))]
-    for a, b in zip(eager, result):
-        for x, y in zip(a, b):
-            for p, q in zip(x, y):
-                np.testing.assert_array_equal(p, q)
+    assert_steps_equal(eager, result)
 
 
 def test_loop_explain_shows_reader_in_pipeline(jpeg_dir):
