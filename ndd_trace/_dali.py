@@ -142,11 +142,36 @@ class _Interceptor:
         next_epoch._ndd_trace_original = original  # type: ignore[attr-defined]
         return next_epoch
 
+    def _make_method_hook(self, original: Callable, kind: str) -> Callable:
+        """Operator objects (`ndd.ops.X(...)(x)`, readers called directly) and ExternalSource
+        pulls are not recorded: while tracing, `on_reader(kind, object)` decides (a trace
+        breaks; transparent mode lets them run eagerly and counts them)."""
+        local = self._local
+
+        def method(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            on_reader = getattr(local, "on_reader", None)
+            if on_reader is not None:
+                on_reader(obj, *args, _ndd_trace_kind=kind, **kwargs)
+            return original(obj, *args, **kwargs)
+
+        method._ndd_trace_original = original  # type: ignore[attr-defined]
+        return method
+
+    def _patch(self, owner: type, name: str, hook: Callable) -> None:
+        original = owner.__dict__.get(name)
+        if original is None or hasattr(original, "_ndd_trace_original"):
+            return
+        setattr(owner, name, hook(original))
+        self._patched.append((owner, name, original))
+
     def _install(self) -> None:
-        original = _ops.Reader.next_epoch
-        if not hasattr(original, "_ndd_trace_original"):
-            _ops.Reader.next_epoch = self._make_reader_hook(original)
-            self._reader_original = original
+        self._patched = []
+        self._patch(_ops.Reader, "next_epoch", self._make_reader_hook)
+        for op_class in _ops._all_ops:
+            self._patch(op_class, "__call__", lambda o: self._make_method_hook(o, "operator"))
+        for name in ("__call__", "captured"):
+            self._patch(ndd.ExternalSource, name,
+                        lambda o: self._make_method_hook(o, "external_source"))
         for function in op_functions():
             namespace = function.__globals__
             original = namespace["_func_impl_"]
@@ -156,9 +181,9 @@ class _Interceptor:
             self._originals[id(function)] = (function, original)
 
     def _uninstall(self) -> None:
-        if getattr(self, "_reader_original", None) is not None:
-            _ops.Reader.next_epoch = self._reader_original
-            self._reader_original = None
+        for owner, name, original in self._patched:
+            setattr(owner, name, original)
+        self._patched = []
         for function, original in self._originals.values():
             function.__globals__["_func_impl_"] = original
         self._originals.clear()

@@ -264,6 +264,17 @@ class LazyTracer(Tracer):
             return self._constant_ref(concrete, is_batch, loc)
         return super()._ref_of(value, is_batch, loc)
 
+    def reader_used(self, obj: Any, *args: Any, **kwargs: Any) -> None:
+        """Readers, operator objects and ExternalSource pulls run eagerly in transparent mode
+        (their lazy inputs are materialized by ndd itself when it evaluates them)."""
+        kind = kwargs.get("_ndd_trace_kind")
+        if kind == "operator" and not isinstance(obj, _dali.Reader):
+            loc = user_location()
+            with _state.lock:
+                _state.eager_ops[(type(obj).__name__, "operator object called directly",
+                                  str(loc) if loc else "?")] += 1
+        return None
+
     def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
         return ("pending", _dali.resolve_rng(rng))
 
@@ -472,7 +483,7 @@ def enable() -> None:
     if getattr(local, "context", None) is not None:
         return
     tracer = LazyTracer(_dali.current_device_id(), _dali.current_num_threads())
-    context = _dali.intercept(tracer.handle, None)
+    context = _dali.intercept(tracer.handle, tracer.reader_used)
     context.__enter__()
     local.context = context
     local.tracer = tracer

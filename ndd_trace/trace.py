@@ -285,8 +285,18 @@ class Tracer:
     def reader_used(self, reader: Any, batch_size: Any = None, *args: Any,
                     **kwargs: Any) -> Iterator:
         """`reader.next_epoch(...)` while tracing: in a compiled generator, a one-step iterator
-        of placeholders for the reader's outputs; anywhere else a graph break."""
+        of placeholders for the reader's outputs; anywhere else a graph break. Operator objects
+        and ExternalSource pulls (`_ndd_trace_kind`) are graph breaks: their results would be
+        frozen into the graph as constants."""
         loc = user_location()
+        kind = kwargs.pop("_ndd_trace_kind", None)
+        if kind == "operator":
+            raise _GraphBreak(f"calls operator object `{type(reader).__name__}` (class API or a "
+                              "reader called directly); use the ndd.<op> function, or call it "
+                              "outside", loc)
+        if kind == "external_source":
+            raise _GraphBreak("pulls data from an ndd.ExternalSource (its next batch would be "
+                              "frozen into the graph); pass the batch as an argument", loc)
         batch_size = kwargs.get("batch_size", batch_size)
         if not self.loop_mode:
             raise _GraphBreak(

@@ -407,3 +407,27 @@ def test_unused_call_is_pruned_but_still_draws(images):
     assert str(ndd.random.get_default_rng().state) == expected_state
     assert_same(ndd.flip(data), result)
     assert "crop" not in compiled.entries[0].lowered.source
+
+
+def test_external_source_pull_inside_is_a_graph_break(batch):
+    source = ndd.ExternalSource([batch, ndd.flip(batch)])
+
+    def pulls():
+        return ndd.flip(source())
+
+    compiled = ndd.compile(pulls)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="ExternalSource"):
+        first = compiled()
+    second = compiled()  # eager: the next batch, not a frozen copy of the first
+    assert_same(ndd.flip(batch), first)
+    assert_same(ndd.flip(ndd.flip(batch)), second)
+
+
+def test_operator_object_inside_is_a_graph_break(batch):
+    from nvidia.dali.experimental.dynamic import _ops
+
+    flip = _ops.Flip(horizontal=1)
+    compiled = ndd.compile(lambda x: flip(x))
+    with pytest.warns(ndd_trace.NddTraceWarning, match="operator object"):
+        result = compiled(batch)
+    assert_same(ndd.flip(batch, horizontal=1), result)
