@@ -28,6 +28,8 @@ def main() -> None:
     parser.add_argument("--programs", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=8)
+    parser.add_argument("--transparent", action="store_true",
+                        help="compare transparent mode (ndd_trace.enabled()) instead of compile")
     args = parser.parse_args()
 
     outcomes: collections.Counter = collections.Counter()
@@ -44,7 +46,7 @@ def main() -> None:
         for name, _, _ in program.steps:
             ops[re.sub(r"\d+(\.\d+)?", "k", name.split("(")[0])] += 1
         try:
-            outcomes[check_program(program)] += 1
+            outcomes[check_program(program, transparent=args.transparent)] += 1
         except AssertionError as error:
             outcomes["mismatch"] += 1
             mismatches.append(str(error))
@@ -52,7 +54,9 @@ def main() -> None:
     run()
     elapsed = time.perf_counter() - start
     total = sum(outcomes.values())
-    print(f"programs: {total} in {elapsed:.0f}s (seed {args.seed}, up to {args.max_steps} steps)")
+    mode = "transparent mode" if args.transparent else "@ndd.compile"
+    print(f"programs: {total} in {elapsed:.0f}s ({mode}, seed {args.seed}, "
+          f"up to {args.max_steps} steps)")
     for outcome, count in sorted(outcomes.items()):
         print(f"  {outcome}: {count}")
     print(f"operators covered: {len(ops)}: {', '.join(sorted(ops))}")

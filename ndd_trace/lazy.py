@@ -408,7 +408,9 @@ class LazyTracer(Tracer):
                 if node.kind is NodeKind.OP:  # materialized earlier: its data is fed
                     data = node.results[ref.index]
                     value = _dali.wrap_batch(data) if node.is_batch else _dali.wrap_tensor(data)
-                    leaf = graph.add_constant(value, node.meta[ref.index], node.is_batch, None)
+                    # the data's own metadata (inference may not know the layout), so that
+                    # regions fed differently laid-out data get different pipelines
+                    leaf = graph.add_constant(value, _dali.meta_of(value), node.is_batch, None)
                 elif node.kind is NodeKind.RANDOM_STATE:
                     leaf = graph.add_random_state(node.payload, node.loc)
                 else:

@@ -138,8 +138,9 @@ def _materialize(result: Any) -> Any:
     return [[np.asarray(sample.cpu()) for sample in value] for value in result]
 
 
-def check_program(program: Program, calls: int = 2) -> str:
-    """Run eagerly and compiled; return the outcome or raise AssertionError on a mismatch."""
+def check_program(program: Program, calls: int = 2, transparent: bool = False) -> str:
+    """Run eagerly and compiled (or in transparent mode); return the outcome or raise
+    AssertionError on a mismatch."""
     function = program.function()
     import os, sys
     if os.environ.get("NDD_TRACE_FUZZ_VERBOSE"):
@@ -162,8 +163,13 @@ def check_program(program: Program, calls: int = 2) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            for _ in range(calls):
-                results.append(_materialize(compiled(batch)))
+            if transparent:
+                with ndd_trace.enabled():
+                    for _ in range(calls):
+                        results.append(_materialize(function(batch)))
+            else:
+                for _ in range(calls):
+                    results.append(_materialize(compiled(batch)))
         except Exception as error:
             compiled_error = error
     if eager_error is not None or compiled_error is not None:
@@ -177,4 +183,6 @@ def check_program(program: Program, calls: int = 2) -> str:
             for a, b in zip(ev, cv):
                 assert a.dtype == b.dtype and a.shape == b.shape, f"meta differs\n{program}"
                 assert np.array_equal(a, b, equal_nan=True), f"values differ\n{program}"
+    if transparent:
+        return "equal"
     return "equal" if compiled.cache_info().fallbacks == 0 else "equal-eager"

@@ -15,3 +15,10 @@ from hypothesis import strategies as st
 @given(st.data())
 def test_random_programs_match_eager(data):
     check_program(Program.draw(data))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_random_programs_match_eager_in_transparent_mode(data):
+    check_program(Program.draw(data), transparent=True)

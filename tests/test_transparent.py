@@ -120,3 +120,29 @@ def test_transparent_mode_on_gpu(jpegs):
     assert all(t.is_cuda for t in tensors)
     for e, c in zip(eager, lazy):
         assert_same(e, c)
+
+
+def test_regions_keyed_by_the_fed_data_layout():
+    """Found by the transparent-mode fuzzer: a materialized value fed to a later region carries
+    its real layout, which inference may not know; same structure, other layout, other pipeline."""
+    data = ndd.as_batch([np.ones((2, 9, 3), np.float32), np.ones((4, 10, 3), np.float32)],
+                        layout="HWC")
+
+    def program(x):
+        v1 = ndd.reductions.sum(x, axes=[0], keep_dims=True)
+        v2 = ndd.cast(v1, dtype=ndd.float32)
+        v3 = ndd.reductions.sum(v1, axes=[0], keep_dims=True)
+        v4 = v3.slice[2:]
+        v5 = ndd.transpose(v4, perm=[1, 0, 2])
+        return [v1, v2, v3, v4, v5]
+
+    def consume(values):
+        return [[np.asarray(sample) for sample in value] for value in values]
+
+    eager = [consume(program(data)) for _ in range(2)]
+    with ndd_trace.enabled():
+        lazy = [consume(program(data)) for _ in range(2)]
+    for e, c in zip(eager, lazy):
+        for a, b in zip(e, c):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
