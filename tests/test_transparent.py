@@ -133,8 +133,8 @@ def test_regions_keyed_by_the_fed_data_layout():
     with ndd_trace.enabled():
         moved = ndd.transpose(data, perm=[1, 0, 2])
         summed = ndd.reductions.sum(moved, axes=[0], keep_dims=True).slice[0:]
-        summed.shape  # runs the first region
-        result = ndd.transpose(summed, perm=[1, 0, 2])
+        result = ndd.transpose(summed, perm=[1, 0, 2])  # recorded before `summed` runs
+        summed.shape  # runs the first region; `summed` is then fed to `result`'s region
         tracer = lazy._local().tracer
         node = result._ref.node
         _, _, leaves = tracer._region_graph(tracer._pending_cone(node), node)
