@@ -291,6 +291,8 @@ def _fake_node(name: str, meta: TensorMeta, device: str) -> DataNode:
 
 
 def _freeze_static(value: Any) -> Any:
+    if isinstance(value, float):
+        return ("float", value.hex())
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_freeze_static(v) for v in value))
     if isinstance(value, dict):

@@ -350,6 +350,7 @@ class CompiledFunction:
         entry = Entry(key=key)
         self._counters.traces += 1
         tracer.loop_mode = self.is_generator
+        _GraphBreak.raised.breaks = swallowed = []
         try:
             with tracer.active():
                 if self.is_generator:
@@ -357,6 +358,8 @@ class CompiledFunction:
                 else:
                     result = self._function(*traced_args, **traced_kwargs)
             tracer.set_outputs(result)
+            if swallowed:  # a bare `except:` in user code caught a graph break: still a break
+                raise swallowed[0]
         except _GraphBreak as graph_break:
             self._restore(before)
             record = GraphBreakRecord(graph_break.reason, graph_break.loc)
@@ -368,11 +371,21 @@ class CompiledFunction:
             if raise_errors:
                 raise
             return None
+        finally:
+            _GraphBreak.raised.breaks = None
         if any(_dali.rng_snapshot(rng) != snapshot for rng, snapshot in before):
             self._restore(before)
             record = GraphBreakRecord(
                 "draws from or reseeds an RNG in Python (RNG(), set_seed, .state=); do that "
                 "outside the compiled function", self._definition_loc())
+            return self._break_entry(entry, record)
+        has_batches = batch_size is not None or tracer.static_batch_sizes or \
+            tracer.reader_batch_sizes
+        if tracer.sample_random_ops and has_batches:
+            record = GraphBreakRecord(
+                "calls a random op without batch_size (one value for the whole call) in a "
+                "function that works on batches: a pipeline would draw per sample; pass "
+                "batch_size=x.batch_size or draw it outside", tracer.sample_random_ops[0])
             return self._break_entry(entry, record)
         sizes = set(tracer.static_batch_sizes) | tracer.reader_batch_sizes
         if batch_size is not None:

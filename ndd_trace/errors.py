@@ -10,6 +10,8 @@ Every error names what failed, where (the user's ``file:line``), why, and what t
 
 from __future__ import annotations
 
+import threading
+
 from .source import SourceLoc
 
 
@@ -54,9 +56,15 @@ class PipelineError(NddTraceError, RuntimeError):
 
 
 class _GraphBreak(BaseException):
-    """Internal signal: abort the trace. A BaseException so user `except Exception` misses it."""
+    """Internal signal: abort the trace. A BaseException so user `except Exception` misses it;
+    a bare `except:` could still swallow it, so every instance is also noted in `raised`."""
+
+    raised = threading.local()  # .breaks: list while a trace collects them
 
     def __init__(self, reason: str, loc: SourceLoc | None):
         super().__init__(reason)
         self.reason = reason
         self.loc = loc
+        breaks = getattr(_GraphBreak.raised, "breaks", None)
+        if breaks is not None:
+            breaks.append(self)

@@ -28,14 +28,22 @@ _MAX_DEPTH = 4
 
 def freeze(value: Any, depth: int = 0) -> Any:
     """A hashable summary of `value` that changes whenever the value does."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes, complex)):
+    if isinstance(value, float):
+        return ("float", value.hex())  # -0.0 and 0.0 differ; nan equals itself
+    if value is None or isinstance(value, (bool, int, str, bytes, complex)):
         return (type(value).__name__, value)
     if isinstance(value, (_dali.Batch, _dali.Tensor)):
-        return ("data", id(value))
+        return ("data", id(value), describe_data(value))
     if isinstance(value, _dali.RNG):
         return ("rng", id(value))
     if isinstance(value, _dali.Reader):
         return ("reader", id(value))  # a reader is stateful: its identity is what matters
+    if isinstance(value, type) and _is_user_class(value) and depth < _MAX_DEPTH:
+        # a class read for its attributes (`Config.scale`): its plain data, and its identity
+        return ("class", id(value), tuple(
+            (k, freeze(v, depth + 1)) for k, v in vars(value).items()
+            if not k.startswith("__") and isinstance(v, (bool, int, float, str, list, tuple,
+                                                         dict, type(None)))))
     if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
                           type, types.MethodType)) or hasattr(value, "cache_info"):
         # code is guarded by identity (a compiled function by its own cache, not its state)
@@ -74,6 +82,12 @@ def freeze(value: Any, depth: int = 0) -> Any:
         return ("id", id(value))
 
 
+def _is_user_class(cls: type) -> bool:
+    module = getattr(cls, "__module__", "") or ""
+    return not module.startswith(("builtins", "nvidia", "numpy", "torch", "ndd_trace",
+                                  "typing", "collections", "enum", "abc"))
+
+
 def describe_data(value: Any) -> tuple:
     """The part of a Batch/Tensor argument that a trace depends on."""
     kind = "Batch" if isinstance(value, _dali.Batch) else "Tensor"
@@ -91,9 +105,37 @@ def _argument_key(value: Any) -> Any:
             for v in value):
         return (type(value).__name__, tuple(_argument_key(v) for v in value))
     if isinstance(value, dict) and any(
-            isinstance(v, (_dali.Batch, _dali.Tensor, _dali.RNG)) for v in value.values()):
+            isinstance(v, (_dali.Batch, _dali.Tensor, _dali.RNG, list, tuple, dict))
+            for v in value.values()):
         return ("dict", tuple((k, _argument_key(v)) for k, v in value.items()))
     return ("static", freeze(value))
+
+
+def _rngs_in(value: Any, found: list) -> None:
+    if isinstance(value, _dali.RNG):
+        found.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _rngs_in(v, found)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _rngs_in(v, found)
+
+
+def rng_aliasing(args: tuple, kwargs: dict, others: list) -> tuple:
+    """Which RNG arguments are the same generator (as each other, or as one the function reads
+    from a global or closure): a trace records one generator per op, so this is part of the key.
+    """
+    found: list = []
+    _rngs_in(args, found)
+    _rngs_in(kwargs, found)
+    if not found:
+        return ()
+    first: dict[int, int] = {}
+    pattern = []
+    for rng in [*found, *others]:
+        pattern.append(first.setdefault(id(rng), len(first)))
+    return tuple(pattern)
 
 
 @dataclasses.dataclass
@@ -184,6 +226,11 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
         key.append((label, freeze(value)))
     if batch_sizes is not None:
         key.append(("batch size", batch_sizes))
+    others = [namespace.get(name) for _, name, namespace in plan.globals_read
+              if isinstance(namespace.get(name), _dali.RNG)]
+    aliasing = rng_aliasing(args, kwargs, others)
+    if aliasing and len(set(aliasing)) < len(aliasing):
+        key.append(("RNG arguments that are the same generator", aliasing))
     return tuple(key)
 
 

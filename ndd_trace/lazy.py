@@ -197,12 +197,46 @@ class _LazyMixin:
         return _dali.Tensor.__cuda_array_interface__.fget(self)
 
 
+class _LazyHandle:
+    """ndd's invocation-result protocol for a lazy value: ndd code that copies a Batch/Tensor's
+    fields (`ndd.as_tensor(x)`, `ndd.batch([...])`) keeps a handle that runs the region."""
+
+    def __init__(self, tracer: LazyTracer, ref: Ref, is_batch: bool, device: Any):
+        self._tracer, self._ref, self.is_batch, self.device = tracer, ref, is_batch, device
+
+    def value(self, ctx: Any = None) -> Any:
+        data = self._tracer.materialize(self._ref)
+        return data if self.is_batch else data[0]
+
+    @property
+    def batch_size(self) -> int | None:
+        return int(self._ref.node.batch_size) if self.is_batch else None
+
+    @property
+    def shape(self) -> Any:
+        value = self.value()
+        return value.shape() if self.is_batch else tuple(value.shape())
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape[0]) if self.is_batch else len(self.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return _dali.DType.from_type_id(self.value().dtype)
+
+    @property
+    def layout(self) -> str | None:
+        return self.value().layout() or None
+
+
 class LazyBatch(_LazyMixin, TracedBatch):
     """A lazy ndd.Batch of transparent mode; consumed, it runs its pending region."""
 
     def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
         self._init_traced(tracer, ref, meta)
         self._dtype = self._layout = self._ndim = None
+        self._invocation_result = _LazyHandle(tracer, ref, True, self._device)
 
     @property
     def batch_size(self) -> int:
@@ -225,6 +259,7 @@ class LazyTensor(_LazyMixin, TracedTensor):
         self._init_traced(tracer, ref, meta)
         self._dtype = self._layout = None
         self._shape = None
+        self._invocation_result = _LazyHandle(tracer, ref, False, self._device)
 
     def __getitem__(self, ranges: Any) -> Any:
         return TracedTensor.__getitem__(self, ranges)
@@ -326,11 +361,15 @@ class LazyTracer(Tracer):
         batch_sizes = {int(n.batch_size) for n in graph.nodes
                        if n.kind is NodeKind.OP and n.is_batch}
         batch_size = max(batch_sizes) if batch_sizes else 1
+        # a random op in sample mode draws one value; in a batch pipeline, one per sample
+        unpipelinable = len(batch_sizes) > 1 or (batch_size > 1 and any(
+            n.kind is NodeKind.OP and not n.is_batch and "_random_state" in n.arg_inputs
+            for n in graph.nodes))
         record_s = time.perf_counter() - started
         with _state.lock:
             region = _state.regions.get(key)
             if region is None:
-                region = self._new_region(key, graph, region_ops, len(batch_sizes) > 1)
+                region = self._new_region(key, graph, region_ops, unpipelinable)
                 _state.regions[key] = region
             else:
                 region.hits += 1
@@ -367,7 +406,8 @@ class LazyTracer(Tracer):
         started = time.perf_counter()
         if mixed_batch_sizes:
             return Region(key, loc, len(region_ops), None, "",
-                          eager_reason="batches of different sizes in one region")
+                          eager_reason="batches of different sizes, or a one-value random op "
+                                       "among batches, in one region")
         lowered = lower(graph)
         executable = Executable(graph, lowered, [], self.options, {})
         executable.cache_constants = False

@@ -132,12 +132,19 @@ class LoopExecutable(Executable):
         return run
 
     def _epoch_steps(self) -> int:
-        steps = None
+        counts = {}
         for reader in self.readers:
             meta = self.pipeline.reader_meta(reader._name)
-            count = _dali.shard_steps(reader, meta["epoch_size_padded"], self.batch_size)
-            steps = count if steps is None else min(steps, count)
-        return steps or 0
+            counts[reader._name] = _dali.shard_steps(reader, meta["epoch_size_padded"],
+                                                     self.batch_size)
+        if len(set(counts.values())) > 1:
+            # zip() over readers of different lengths pulls one extra batch from the readers
+            # before the shortest, leaving them mid-epoch: lockstep readers cannot do that
+            raise LoopError(
+                f"compiled loop `{self.owner_name}` zips readers whose epochs have different "
+                f"numbers of batches ({sorted(counts.values())}); make them the same length "
+                "(e.g. pad_last_batch, matching shards) or iterate them in separate loops")
+        return next(iter(counts.values()), 0)
 
     def epoch(self, bound: dict) -> Iterator[_PendingRun]:
         """Run one epoch; yields each step's run, its outputs already fetched."""

@@ -106,9 +106,11 @@ def _external_source(node: Node, emitter: _Emitter) -> ast.Call:
     keywords: dict[str, ast.expr] = {
         "name": ast.Constant(node.var),
         "device": ast.Constant(meta.device),
-        # fed data is used in place; the runtime keeps it alive until DALI is done with it
-        "no_copy": ast.Constant(True),
     }
+    if node.kind is NodeKind.RANDOM_STATE:
+        # states are ndd_trace's own buffers: used in place, kept alive by the runtime; user
+        # data is copied at the call, as eager ndd reads it then (callers reuse buffers)
+        keywords["no_copy"] = ast.Constant(True)
     if meta.dtype:
         keywords["dtype"] = _attribute_chain("types", f"DALIDataType.{meta.dtype}")
     if meta.ndim is not None:

@@ -24,6 +24,8 @@ def random_draw_order(graph: Graph) -> list[Any]:
 
 
 def _freeze(value: Any) -> Any:
+    if isinstance(value, float):
+        return ("float", value.hex())  # -0.0 is not 0.0
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_freeze(v) for v in value))
     if isinstance(value, dict):

@@ -54,37 +54,58 @@ def _break(reason: str) -> _GraphBreak:
 def _specializing(name: str):
     def method(self, *args):
         self._tracer.specialize_batch_size(f"uses the batch size in Python (`{name}`)")
-        return getattr(int.__int__(self), name)(*args)
+        args = [int(a._value) if isinstance(a, SymbolicBatchSize) else a for a in args]
+        return getattr(self._value, name)(*args)
 
     method.__name__ = name
     return method
 
 
-class SymbolicBatchSize(int):
-    """The batch size of a traced batch: an int that notices when Python code depends on it.
+class SymbolicBatchSize:
+    """The batch size of a traced batch: a number that notices when Python code depends on it.
 
     Passed on as an operator's `batch_size=`, it stays symbolic (the pipeline takes any batch size
-    up to its maximum). Used in arithmetic, comparisons or `range()`, it specializes the trace
-    to this exact batch size (a guard), as torch.compile does with dynamic shapes.
+    up to its maximum). Any other use (arithmetic, comparisons, `range()`, formatting, an op's
+    shape argument) specializes the trace to this exact batch size (a guard), as torch.compile
+    does with dynamic shapes. It is deliberately not an `int` subclass: CPython reads the value of
+    an int subclass directly in `range()`, slicing or numpy, without asking.
     """
 
-    def __new__(cls, value: int, tracer: Tracer) -> SymbolicBatchSize:
-        self = super().__new__(cls, value)
+    __slots__ = ("_value", "_tracer")
+
+    def __init__(self, value: int, tracer: Tracer):
+        self._value = int(value)
         self._tracer = tracer
-        return self
+
+    def specialized(self, reason: str) -> int:
+        self._tracer.specialize_batch_size(reason)
+        return self._value
 
     for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__",
                   "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__",
                   "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__", "__rmod__",
-                  "__pow__", "__rpow__", "__index__", "__int__", "__float__", "__bool__",
-                  "__str__", "__repr__", "__format__", "__neg__", "__abs__", "__and__",
-                  "__or__", "__xor__", "__lshift__", "__rshift__"):
+                  "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__index__", "__int__",
+                  "__float__", "__bool__", "__str__", "__repr__", "__format__", "__neg__",
+                  "__pos__", "__abs__", "__invert__", "__round__", "__floor__", "__ceil__",
+                  "__trunc__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
+                  "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__hash__",
+                  "__complex__"):
         locals()[_name] = _specializing(_name)
     del _name
 
-    def __hash__(self) -> int:
-        self._tracer.specialize_batch_size("uses the batch size as a dictionary key")
-        return int.__hash__(self)
+    def __getattr__(self, name: str):
+        return getattr(self.specialized(f"uses the batch size in Python (`.{name}`)"), name)
+
+
+def _resolve_symbols(value: Any, reason: str) -> Any:
+    """Replace batch-size symbols inside a static value by their (specialized) values."""
+    if isinstance(value, SymbolicBatchSize):
+        return value.specialized(reason)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_resolve_symbols(v, reason) for v in value)
+    if isinstance(value, dict):
+        return {k: _resolve_symbols(v, reason) for k, v in value.items()}
+    return value
 
 
 class _TracedMixin:
@@ -104,6 +125,8 @@ class _TracedMixin:
         self._wraps_external_data = False
         self._slice = None
         self._shape = None
+        self._batch = None  # ndd.Tensor's own fields, read by its methods
+        self._index_in_batch = None
         self._device = _dali.Device(meta.device, tracer.device_id if meta.device == "gpu" else None)
 
     def _known(self, what: str, value: Any) -> Any:
@@ -256,6 +279,9 @@ class Tracer:
         self.num_ops = 0
         self.failure_note: str | None = None  # why recording an op failed, for the eager error
         self.loop_mode = False  # tracing a generator: readers become pipeline sources
+        # random ops called in sample mode (one value): in a batch pipeline each sample would
+        # get its own draw, so a graph that also has batches cannot use them
+        self.sample_random_ops: list[SourceLoc | None] = []
         self.reader_batch_sizes: set[int] = set()
 
     # -- inputs --------------------------------------------------------------------------------
@@ -399,6 +425,8 @@ class Tracer:
         is_batch = batch_size is not None
         if is_batch and not isinstance(batch_size, SymbolicBatchSize):
             self._note_static_batch_size(int(batch_size), loc)
+        if _dali.is_random(op_class) and not is_batch:
+            self.sample_random_ops.append(loc)
 
         try:
             device_type, backend = _dali.resolve_backend(op_class, device, inputs)
@@ -416,10 +444,8 @@ class Tracer:
         arg_casts: dict[str, str] = {}
         static: dict[str, Any] = {}
         for key, value in kwargs.items():
-            if isinstance(value, SymbolicBatchSize):
-                if key != "batch_size":  # a shape or count: the trace depends on the value
-                    self.specialize_batch_size(f"passes the batch size as `{key}=`")
-                value = int.__int__(value)
+            # a shape or count made of the batch size: the trace depends on its value
+            value = _resolve_symbols(value, f"passes the batch size as `{key}=`")
             if _is_traced(value) or _is_concrete_data(value) or (
                     _is_array_like(value) and _dali.is_tensor_argument(op_class, key)):
                 ref = self._ref_of(value, is_batch, loc)

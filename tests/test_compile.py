@@ -290,7 +290,7 @@ graph golden:
 
 GOLDEN_CODE = """\
 def golden_pipeline(fn, types, consts):
-    in0 = fn.external_source(name='in0', device='cpu', no_copy=True, dtype=types.DALIDataType.UINT8, ndim=3, layout='HWC')
+    in0 = fn.external_source(name='in0', device='cpu', dtype=types.DALIDataType.UINT8, ndim=3, layout='HWC')
     v1 = fn.resize(in0, device='cpu', size=[8, 8])  # LOC
     rng2 = fn.external_source(name='rng2', device='cpu', no_copy=True, dtype=types.DALIDataType.UINT32, ndim=1)  # LOC
     v3 = fn.random.coin_flip(device='cpu', _random_state=rng2)  # LOC

@@ -1,0 +1,170 @@
+"""Regression tests for problems found in review; each once gave a silently wrong result."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import assert_same, to_numpy
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+from ndd_trace.loop import LoopError
+
+
+@pytest.fixture
+def uniform_batch():
+    return ndd.as_batch([np.arange(48, dtype=np.uint8).reshape(4, 4, 3)] * 4, layout="HWC")
+
+
+def _eager_and_compiled(function, *args):
+    ndd.random.set_seed(1)
+    eager = function(*args)
+    state = str(ndd.random.get_default_rng().state)
+    ndd.random.set_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
+        compiled = ndd.compile(function)(*args)
+    assert str(ndd.random.get_default_rng().state) == state
+    return eager, compiled
+
+
+def test_one_value_random_op_among_batches(uniform_batch):
+    """A random op without batch_size draws one value for all samples, eagerly."""
+    def f(x):
+        return (ndd.flip(x, horizontal=ndd.random.coin_flip(probability=0.5)),
+                ndd.rotate(x, angle=ndd.random.uniform(range=[-90, 90])),
+                ndd.cast(x, dtype=ndd.float32) + ndd.random.uniform(range=[0, 1]))
+
+    eager, compiled = _eager_and_compiled(f, uniform_batch)
+    assert_same(eager, compiled)
+    ndd.random.set_seed(1)
+    with ndd_trace.enabled():
+        lazy = f(uniform_batch)
+        assert_same(eager, lazy)
+
+
+def test_user_buffers_are_read_at_the_call():
+    arrays = [np.full((16, 16, 3), 1, np.float32) for _ in range(4)]
+    compiled = ndd.compile(lambda t: t * 2)
+    for _ in range(5):
+        for a in arrays:
+            a[...] = 1
+        result = compiled(ndd.as_batch(arrays, layout="HWC"))
+        for a in arrays:
+            a[...] = 5  # the caller reuses its buffers right after the call
+        assert float(np.asarray(result.select(3)).ravel()[-1]) == 2.0
+
+
+def test_same_rng_in_two_slots_then_different_generators(uniform_batch):
+    def f(x, r1, r2):
+        return (ndd.random.uniform(batch_size=x.batch_size, rng=r1),
+                ndd.random.uniform(batch_size=x.batch_size, rng=r2))
+
+    compiled = ndd.compile(f)
+    shared = ndd.random.RNG(seed=3)
+    compiled(uniform_batch, shared, shared)
+    eager_a, eager_b = ndd.random.RNG(seed=10), ndd.random.RNG(seed=20)
+    a, b = ndd.random.RNG(seed=10), ndd.random.RNG(seed=20)
+    assert_same(f(uniform_batch, eager_a, eager_b), compiled(uniform_batch, a, b))
+    assert str(a.state) == str(eager_a.state) and str(b.state) == str(eager_b.state)
+
+
+def test_lazy_tensor_fields():
+    t = ndd.as_tensor(np.arange(6, dtype=np.float32))
+    with ndd_trace.enabled():
+        u = t * 2
+        u.evaluate()
+        assert u.dtype == ndd.float32 and (t * 4).shape == (6,)
+        np.testing.assert_array_equal(np.asarray(ndd.as_tensor(t * 3)),
+                                      np.arange(6, dtype=np.float32) * 3)
+
+
+@pytest.mark.parametrize("use", ["range", "divmod", "pos", "floor", "zeros", "slice", "format",
+                                 "round", "bit_length"])
+def test_batch_size_uses_in_python_specialize(use, images):
+    import math
+
+    uses = {
+        "range": lambda n: len(range(n)), "divmod": lambda n: divmod(n, 3)[0],
+        "pos": lambda n: +n, "floor": lambda n: math.floor(n),
+        "zeros": lambda n: np.zeros(n).size, "slice": lambda n: len(([1] * 9)[:n]),
+        "format": lambda n: "%d" % n, "round": lambda n: round(n),
+        "bit_length": lambda n: n.bit_length(),
+    }
+
+    def f(x):
+        return ndd.flip(x), uses[use](x.batch_size)
+
+    compiled = ndd.compile(f)
+    for n in (4, 2, 3):
+        data = ndd.as_batch(images[:n], layout="HWC")
+        assert compiled(data)[1] == f(data)[1]
+
+
+def test_negative_zero_is_not_zero(batch):
+    def g(x, c):
+        return 1.0 / (ndd.cast(x, dtype=ndd.float32) * c)
+
+    compiled = ndd.compile(g)
+    compiled(batch, 0.0)
+    assert_same(g(batch, -0.0), compiled(batch, -0.0))
+
+
+def test_dict_with_list_of_batches(images):
+    @ndd.compile
+    def f(inputs):
+        return ndd.flip(inputs["xs"][0], horizontal=1)
+
+    for layout in ["HWC", "CHW", "HWC"]:
+        data = ndd.as_batch([np.zeros((2, 2, 3), np.float32)] * 2, layout=layout)
+        assert f({"xs": [data]}).layout == layout
+    assert f.cache_info().traces == 2
+
+
+def test_readers_of_different_lengths_raise_clearly(tmp_path):
+    from benchmarks._data import make_jpeg_dir
+
+    long_root = make_jpeg_dir(tmp_path / "long", n=13)
+    short_root = make_jpeg_dir(tmp_path / "short", n=8)
+
+    @ndd.compile
+    def two(a, c):
+        for (x, lx), (y, ly) in zip(a.next_epoch(batch_size=3), c.next_epoch(batch_size=3)):
+            yield lx * 10 + ly
+
+    with pytest.raises(LoopError, match="different numbers of batches"):
+        list(two(ndd.readers.File(file_root=str(long_root)),
+                 ndd.readers.File(file_root=str(short_root))))
+
+
+def test_swallowed_graph_break_is_still_a_break(batch):
+    def g(x):
+        try:
+            h = x.shape[0][0]
+        except BaseException:  # noqa: BLE001 (what a careless user writes)
+            h = 1
+        return ndd.crop(x, crop=(h, h))
+
+    with pytest.warns(ndd_trace.NddTraceWarning):
+        result = ndd.compile(g)(batch)
+    assert_same(g(batch), result)
+
+
+class Scale:
+    factor = 2.0
+
+
+def test_class_attribute_guard(batch):
+    @ndd.compile
+    def f(x):
+        return ndd.cast(x, dtype=ndd.float32) * Scale.factor
+
+    f(batch)
+    Scale.factor = 3.0
+    try:
+        assert_same(ndd.cast(batch, dtype=ndd.float32) * 3.0, f(batch))
+    finally:
+        Scale.factor = 2.0
+    assert to_numpy(f(batch)) is not None
