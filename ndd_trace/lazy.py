@@ -197,6 +197,12 @@ class _LazyMixin:
         return _dali.Tensor.__cuda_array_interface__.fget(self)
 
 
+def _known_dtype(meta: TensorMeta) -> Any:
+    if meta.dtype is None:
+        return None
+    return _dali.DType.from_type_id(getattr(_dali.types.DALIDataType, meta.dtype))
+
+
 class _LazyHandle:
     """ndd's invocation-result protocol for a lazy value: ndd code that copies a Batch/Tensor's
     fields (`ndd.as_tensor(x)`, `ndd.batch([...])`) keeps a handle that runs the region."""
@@ -235,7 +241,8 @@ class LazyBatch(_LazyMixin, TracedBatch):
 
     def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
         self._init_traced(tracer, ref, meta)
-        self._dtype = self._layout = self._ndim = None
+        self._dtype = _known_dtype(meta)
+        self._layout = self._ndim = None
         self._invocation_result = _LazyHandle(tracer, ref, True, self._device)
 
     @property
@@ -257,7 +264,8 @@ class LazyTensor(_LazyMixin, TracedTensor):
 
     def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
         self._init_traced(tracer, ref, meta)
-        self._dtype = self._layout = None
+        self._dtype = _known_dtype(meta)  # ndd copies these fields (`ndd.batch([...])`)
+        self._layout = None
         self._shape = None
         self._invocation_result = _LazyHandle(tracer, ref, False, self._device)
 

@@ -79,6 +79,9 @@ def test_lazy_tensor_fields():
         assert u.dtype == ndd.float32 and (t * 4).shape == (6,)
         np.testing.assert_array_equal(np.asarray(ndd.as_tensor(t * 3)),
                                       np.arange(6, dtype=np.float32) * 3)
+        stacked = ndd.batch([t * 3, t * 3 + 1])  # ndd copies the lazy tensors' fields
+        np.testing.assert_array_equal(np.asarray(ndd.as_tensor(stacked))[1],
+                                      np.arange(6, dtype=np.float32) * 3 + 1)
 
 
 @pytest.mark.parametrize("use", ["range", "divmod", "pos", "floor", "zeros", "slice", "format",
