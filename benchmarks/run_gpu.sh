@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c 'import nvidia.dali as d, torch; print("DALI", d.__version__, "torch", torch.__version__)'
 python3 -m pytest -q -rs -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
-python3 -m pytest -q tests -p no:cacheprovider --deselect tests/test_transparent.py 2>&1 \
+python3 -m pytest -q tests -p no:cacheprovider 2>&1 \
     | tail -5 | tee "$OUT/all_tests.log"
 python3 examples/preprocess.py --device gpu 2>&1 | head -4 | tee "$OUT/example_gpu.log"
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
