@@ -457,6 +457,11 @@ class CompiledFunction:
         entry.num_ops = tracer.num_ops
         draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
         passes.eliminate_common_subexpressions(graph)
+        if tracer.loop_mode:
+            # the readers' batches come out too (unseen by the user): batches read ahead can
+            # then be recomputed exactly if the random generator is reseeded between epochs
+            graph.outputs += [Ref(node, i) for node in graph.nodes_of(NodeKind.READER)
+                              for i in range(node.num_outputs)]
         passes.eliminate_dead_code(graph)
         entry.graph = graph
         entry.output_tree = tracer.output_tree

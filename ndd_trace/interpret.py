@@ -15,13 +15,16 @@ from . import _dali
 from .ir import Graph, NodeKind, Ref
 
 
-def interpret(graph: Graph, leaves: dict[int, Any]) -> dict[Ref, Any]:
-    """Evaluate every op node of `graph` eagerly; `leaves` maps id(node) -> value for the rest."""
+def interpret(graph: Graph, leaves: dict[Any, Any]) -> dict[Ref, Any]:
+    """Evaluate every op node of `graph` eagerly; `leaves` maps id(node) (or (id(node), output
+    index)) -> value for the other nodes (inputs, constants, random-state words, readers)."""
     values: dict[Ref, Any] = {}
 
     def value_of(ref: Ref) -> Any:
         if ref.node.kind is NodeKind.OP:
             return values[ref]
+        if (id(ref.node), ref.index) in leaves:  # one entry per output of multi-output leaves
+            return leaves[(id(ref.node), ref.index)]
         return leaves[id(ref.node)]
 
     with _dali.eager_inside_trace():

@@ -10,22 +10,23 @@
 
 The loop body is traced once (one step on placeholders); the readers' operators move into the
 pipeline (the same operator instances eager ndd would run, so the same samples in the same
-order), and up to `prefetch_queue_depth` iterations are scheduled ahead, never past the end of
-the epoch. Random ops draw their states from a clone of each generator as iterations are
-scheduled; the caller's generator is advanced by the same number of words as each step is
-consumed, so values and final RNG state are those of the eager loop. Batches read ahead when the
-consumer leaves an epoch early are kept for the next epoch (while the RNG is untouched).
+order), and `prefetch_queue_depth` iterations are kept scheduled ahead, into the next epoch too.
+Random ops draw their states from a clone of each generator as iterations are scheduled; the
+caller's generator is advanced by the same number of words as each step is consumed, so values
+and final RNG state are those of the eager loop. Batches read ahead are kept for the next epoch
+(or after a `break`); if the generator was reseeded or drawn from meanwhile, those steps are
+recomputed eagerly from their reader batches with the new states, so nothing is lost or stale.
 """
 
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from . import _dali
 from .errors import NddTraceError
+from .interpret import interpret
 from .ir import Graph, NodeKind
 from .lower import Lowered
 from .runtime import Executable, Options, _PendingRun
@@ -162,20 +163,16 @@ class LoopExecutable(Executable):
                 self.ensure_built(self.batch_size)
             consistent = self._sync_clones(bound)
             if self._carry and not consistent:
-                warnings.warn(
-                    f"ndd_trace: {len(self._carry)} batch(es) that compiled loop "
-                    f"`{self.owner_name}` read ahead were dropped, because the random generator "
-                    "changed since; the readers continue after them", stacklevel=4)
-                self._drain()
-                self._carry.clear()
+                self._recompute_carry(bound)
             steps = self._epoch_steps()
         done, self._resume_at = self._resume_at, 0
         self._done = done
         try:
             while done < steps:
                 with self._lock:
-                    while len(self._carry) < min(self.options.prefetch_queue_depth,
-                                                 steps - done):
+                    # runs on into the next epoch too: the reader reads on seamlessly, and a
+                    # reseed in between is handled by recomputing the batches read ahead
+                    while len(self._carry) < self.options.prefetch_queue_depth:
                         self._carry.append(self._schedule(bound))
                     run = self._carry.pop(0)
                     run.result()
@@ -188,6 +185,33 @@ class LoopExecutable(Executable):
                 for reader in self.readers:
                     _dali.advance_shard(reader)
 
+
+    def _recompute_carry(self, bound: dict) -> None:
+        """The generator moved (reseeded between epochs, or drawn from after a break) while
+        batches were read ahead: their random states are stale. Recompute those steps eagerly
+        from their reader batches, with states drawn from the new schedule, in order."""
+        user_outputs = len(self.graph.outputs) - sum(
+            node.num_outputs for node in self.graph.nodes_of(NodeKind.READER))
+        for run in self._carry:
+            outputs = run.result()
+            leaves: dict[Any, Any] = {}
+            position = user_outputs
+            for node in self.graph.nodes_of(NodeKind.READER):
+                for index in range(node.num_outputs):
+                    leaves[(id(node), index)] = _dali.wrap_batch(outputs[position])
+                    position += 1
+            states = self.draw_states(bound)
+            for node in self.graph.nodes:
+                if node.kind is NodeKind.RANDOM_STATE:
+                    leaves[id(node)] = states[id(node)]
+                elif node.kind is NodeKind.CONSTANT:
+                    leaves[id(node)] = node.payload
+                elif node.kind is NodeKind.INPUT:
+                    leaves[id(node)] = bound[node.payload]
+            values = interpret(self.graph, leaves)
+            run.outputs = tuple(
+                _dali.storage_of(values[ref]) if ref.node.kind is NodeKind.OP
+                else outputs[i] for i, ref in enumerate(self.graph.outputs))
 
     def reader_state(self, reader: Any) -> Any:
         """`reader.get_state()` of an owned reader: the loop's position, as a checkpoint."""

@@ -222,3 +222,24 @@ def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path):
         first = run("save", str(jpeg_dir), ckpt, str(stop))
         rest = run("resume", str(jpeg_dir), ckpt)
         assert first + rest == full, (stop, first, rest, full)
+
+
+def test_break_reseed_and_resume_recomputes_read_ahead(jpeg_dir):
+    """Batches read ahead before a reseed are recomputed with the new states, not dropped."""
+    def run(function, reader):
+        ndd.random.set_seed(1)
+        steps = []
+        for step in function(reader):
+            steps.append(to_numpy(step))
+            break
+        ndd.random.set_seed(2)  # the read-ahead batches' states are now stale
+        steps += [to_numpy(step) for step in function(reader)]
+        ndd.random.set_seed(3)
+        steps += [to_numpy(step) for step in function(reader)]
+        return steps, str(ndd.random.get_default_rng().state)
+
+    eager, eager_state = run(augmented, file_reader(jpeg_dir, random_shuffle=True, seed=4))
+    compiled, state = run(ndd.compile(augmented), file_reader(jpeg_dir, random_shuffle=True,
+                                                               seed=4))
+    assert state == eager_state
+    assert_steps_equal(eager, compiled)
