@@ -62,7 +62,7 @@ if str(BENCHMARK_DIR) not in sys.path:
 
 from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
-MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "pipeline")
+MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "pipeline", "dataloader")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -327,6 +327,39 @@ def compiled_loop_steps(workload, options, data) -> Iterator:
             yield
 
 
+def dataloader_steps(workload, options, data) -> Iterator:
+    """Yield once per batch of a torchvision DataLoader doing the decode workload's work."""
+    import torch
+    from torchvision.io import decode_jpeg, read_file
+    from torchvision.transforms import v2
+
+    transform = v2.Compose([
+        v2.RandomResizedCrop(224, antialias=True),
+        v2.RandomHorizontalFlip(),
+        v2.ToDtype(torch.float32),
+        v2.Normalize(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]),
+    ])
+    paths = [str(path) for path in jpeg_paths(data)]
+
+    class JpegDataset(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(paths)
+
+        def __getitem__(self, index):
+            return transform(decode_jpeg(read_file(paths[index])))
+
+    torch.manual_seed(options.seed)
+    loader = torch.utils.data.DataLoader(
+        JpegDataset(), batch_size=options.batch_size, shuffle=True, drop_last=True,
+        num_workers=options.threads, persistent_workers=True, pin_memory=options.device == "gpu")
+    while True:
+        for images in loader:
+            if options.device == "gpu":
+                images = images.cuda(non_blocking=True)
+                torch.cuda.synchronize()
+            yield
+
+
 def pipeline_mode_steps(workload, options, data) -> Iterator:
     """Yield once per batch produced by the hand-written pipeline."""
     pipe = build_pipeline(workload, options, data)
@@ -335,17 +368,22 @@ def pipeline_mode_steps(workload, options, data) -> Iterator:
         yield
 
 
-def measure(steps: Iterator, step_count: int, warmup_count: int) -> dict:
-    """Time the first step, skip `warmup_count` more, then time `step_count` steps."""
+def measure(steps: Iterator, step_count: int, warmup_count: int, train_s: float = 0.0) -> dict:
+    """Time the first step, skip `warmup_count` more, then time `step_count` steps, each
+    followed by a simulated training step of `train_s` seconds (data loading can overlap it)."""
     start = time.perf_counter()
     next(steps)
     first_batch_s = time.perf_counter() - start
     for _ in range(warmup_count):
         next(steps)
+        if train_s:
+            time.sleep(train_s)
     warmup_s = time.perf_counter() - start
     timed_start = time.perf_counter()
     for _ in range(step_count):
         next(steps)
+        if train_s:
+            time.sleep(train_s)
     elapsed = time.perf_counter() - timed_start
     steps.close()
     return {
@@ -381,6 +419,18 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     notes: dict = {}
     if mode == "pipeline":
         steps = pipeline_mode_steps(workload, options, data)
+    elif mode == "dataloader":
+        try:
+            import torchvision  # noqa: F401
+        except ImportError as error:
+            result.status = "unavailable"
+            result.error = f"torchvision not installed ({error})"
+            return result
+        if workload != "decode_rrc_cmn":
+            result.status = "unavailable"
+            result.error = "n/a: the DataLoader comparison is for decode_rrc_cmn"
+            return result
+        steps = dataloader_steps(workload, options, data)
     elif mode == "ndd_trace_loop":
         if workload != "decode_rrc_cmn":
             result.status = "unavailable"
@@ -389,7 +439,7 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         steps = compiled_loop_steps(workload, options, data)
     else:
         steps = dynamic_mode_steps(workload, options, data, mode, notes)
-    timing = measure(steps, options.steps, options.warmup)
+    timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0)
 
     result.steps, result.warmup = options.steps, options.warmup
     result.steps_per_s = timing["steps_per_s"]
@@ -430,6 +480,8 @@ def worker_command(mode: str, workload: str, options: argparse.Namespace) -> lis
         str(options.seed),
         "--data-dir",
         str(options.data_dir),
+        "--train-ms",
+        str(options.train_ms),
     ]
 
 
@@ -539,6 +591,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads", type=int, default=min(4, os.cpu_count() or 1), help="DALI CPU worker threads"
     )
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--train-ms", type=float, default=0.0,
+                        help="simulated training step after each batch (milliseconds)")
     parser.add_argument("--images", type=int, default=256, help="JPEG files in the data set")
     parser.add_argument(
         "--data-dir",
