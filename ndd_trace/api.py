@@ -596,6 +596,7 @@ class Explanation:
 def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `function` for these arguments (running nothing) and report what would happen."""
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
+    args, kwargs = compiled._normalize(args, kwargs)
     counters = compiled._counters
     saved = (counters.hits, counters.misses, counters.traces, counters.fallbacks)
     try:
