@@ -230,8 +230,14 @@ class CompiledFunction:
         """A compiled generator call: one epoch of its reader loop, prefetched."""
         key = self._key(args, kwargs)
         entry, status = self._lookup(key, args, kwargs)
+        if status == "failed":
+            # say so now: the epoch is a generator, there is no later point to report from
+            error, self._trace_exception = self._trace_exception, None
+            self._failure_note = None
+            record = GraphBreakRecord(
+                f"could not be traced ({type(error).__name__}: {error})", _user_loc_of(error))
+            self._entries[key] = self._break_entry(Entry(key=key), record)
         if status in ("storm", "failed"):
-            self._failure_note = self._trace_exception = None
             yield from self._function(*args, **kwargs)
             return
         if entry.eager:

@@ -32,7 +32,7 @@ from .interpret import interpret
 from .ir import Graph, Node, NodeKind, Ref, TensorMeta
 from .lower import lower
 from .passes import _freeze
-from .runtime import Executable, Options
+from .runtime import Executable, LazyResult, Options
 from .source import SourceLoc, user_location
 from .trace import TracedBatch, TracedTensor, Tracer
 
@@ -203,37 +203,19 @@ def _known_dtype(meta: TensorMeta) -> Any:
     return _dali.DType.from_type_id(getattr(_dali.types.DALIDataType, meta.dtype))
 
 
-class _LazyHandle:
-    """ndd's invocation-result protocol for a lazy value: ndd code that copies a Batch/Tensor's
-    fields (`ndd.as_tensor(x)`, `ndd.batch([...])`) keeps a handle that runs the region."""
+class _LazyHandle(LazyResult):
+    """A lazy value's result handle: ndd code that copies a Batch/Tensor's fields
+    (`ndd.as_tensor(x)`, `ndd.batch([...])`) keeps something that runs the region."""
 
     def __init__(self, tracer: LazyTracer, ref: Ref, is_batch: bool, device: Any):
-        self._tracer, self._ref, self.is_batch, self.device = tracer, ref, is_batch, device
+        super().__init__(is_batch, device)
+        self._tracer, self._ref = tracer, ref
 
-    def value(self, ctx: Any = None) -> Any:
-        data = self._tracer.materialize(self._ref)
-        return data if self.is_batch else data[0]
+    def _data(self) -> Any:
+        return self._tracer.materialize(self._ref)
 
-    @property
-    def batch_size(self) -> int | None:
-        return int(self._ref.node.batch_size) if self.is_batch else None
-
-    @property
-    def shape(self) -> Any:
-        value = self.value()
-        return value.shape() if self.is_batch else tuple(value.shape())
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape[0]) if self.is_batch else len(self.shape)
-
-    @property
-    def dtype(self) -> Any:
-        return _dali.DType.from_type_id(self.value().dtype)
-
-    @property
-    def layout(self) -> str | None:
-        return self.value().layout() or None
+    def _batch_size(self) -> int:
+        return int(self._ref.node.batch_size)
 
 
 class LazyBatch(_LazyMixin, TracedBatch):

@@ -65,51 +65,61 @@ class _PendingRun:
         return self.outputs  # type: ignore[return-value]
 
 
-class LazyOutput:
-    """One pipeline output, shaped like ndd's InvocationResult so Batch/Tensor can wrap it."""
+class LazyResult:
+    """ndd's InvocationResult protocol for a value computed later: a Batch/Tensor built on it
+    (`ndd.Batch(invocation_result=...)`) evaluates it on first use. `_data()` returns the
+    TensorList; subclasses say where it comes from."""
 
-    def __init__(self, run: _PendingRun, index: int, is_batch: bool, device: Any):
-        self._run = run
-        self._index = index
-        self._is_batch = is_batch
-        self._device = device
+    def __init__(self, is_batch: bool, device: Any):
+        self.is_batch = is_batch
+        self.device = device
 
-    def _value(self) -> Any:
-        tensor_list = self._run.result()[self._index]
-        return tensor_list if self._is_batch else tensor_list[0]
+    def _data(self) -> Any:
+        raise NotImplementedError
+
+    def _batch_size(self) -> int:
+        raise NotImplementedError
 
     def value(self, ctx: Any = None) -> Any:
-        return self._value()
-
-    @property
-    def device(self) -> Any:
-        return self._device
-
-    @property
-    def is_batch(self) -> bool:
-        return self._is_batch
+        data = self._data()
+        return data if self.is_batch else data[0]
 
     @property
     def batch_size(self) -> int | None:
-        return self._run.batch_size if self._is_batch else None
+        return self._batch_size() if self.is_batch else None
 
     @property
     def shape(self) -> Any:
-        value = self._value()
-        return value.shape() if self._is_batch else tuple(value.shape())
+        value = self.value()
+        return value.shape() if self.is_batch else tuple(value.shape())
 
     @property
     def ndim(self) -> int:
-        value = self._value()
-        return value.ndim() if self._is_batch else len(value.shape())
+        value = self.value()
+        return value.ndim() if self.is_batch else len(value.shape())
 
     @property
     def dtype(self) -> Any:
-        return _dali.DType.from_type_id(self._value().dtype)
+        return _dali.DType.from_type_id(self.value().dtype)
 
     @property
     def layout(self) -> str | None:
-        return self._value().layout() or None
+        return self.value().layout() or None
+
+
+class LazyOutput(LazyResult):
+    """One output of a scheduled pipeline run."""
+
+    def __init__(self, run: _PendingRun, index: int, is_batch: bool, device: Any):
+        super().__init__(is_batch, device)
+        self._run = run
+        self._index = index
+
+    def _data(self) -> Any:
+        return self._run.result()[self._index]
+
+    def _batch_size(self) -> int:
+        return self._run.batch_size
 
     @property
     def invocation(self) -> Any:
