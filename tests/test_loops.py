@@ -243,3 +243,41 @@ def test_break_reseed_and_resume_recomputes_read_ahead(jpeg_dir):
                                                                seed=4))
     assert state == eager_state
     assert_steps_equal(eager, compiled)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_epoch_schedules_match_eager(jpeg_dir, seed):
+    """Randomized: batch size, shards, padding, breaks and reseeds between and inside epochs."""
+    import random
+
+    chooser = random.Random(seed)
+    batch_size = chooser.choice([2, 3, 5])
+    options = chooser.choice([{}, {"pad_last_batch": True},
+                              {"shard_id": 1, "num_shards": 2},
+                              {"shard_id": 0, "num_shards": 3, "stick_to_shard": True}])
+    plan = [(chooser.choice([None, 1, 2, 3]), chooser.choice([None, 5, 6]))
+            for _ in range(4)]  # per epoch: stop after n steps (None: all), reseed before
+
+    def loop(reader):
+        for jpegs, labels in reader.next_epoch(batch_size=batch_size):
+            images = ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])
+            angle = ndd.random.uniform(batch_size=images.batch_size, range=[-40, 40])
+            yield ndd.rotate(images, angle=angle, keep_size=True), labels
+
+    def run(function):
+        reader = file_reader(jpeg_dir, random_shuffle=True, seed=seed, **options)
+        ndd.random.set_seed(100 + seed)
+        steps = []
+        for stop, reseed in plan:
+            if reseed is not None:
+                ndd.random.set_seed(reseed)
+            for index, step in enumerate(function(reader)):
+                steps.append(to_numpy(step))
+                if stop is not None and index + 1 == stop:
+                    break
+        return steps, str(ndd.random.get_default_rng().state)
+
+    eager, eager_state = run(loop)
+    compiled, state = run(ndd.compile(loop))
+    assert state == eager_state
+    assert_steps_equal(eager, compiled)
