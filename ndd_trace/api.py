@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from . import _dali, guards, passes
+from . import _dali, guards, lazy, passes
 from .errors import GraphBreakError, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import LoopExecutable
@@ -98,7 +98,8 @@ class CompiledFunction:
 
     def __init__(self, function: Callable, *, fullgraph: bool = False,
                  num_threads: int | None = None, device_id: Any = "current",
-                 prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT):
+                 prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
+                 fallback: str = "lazy"):
         if not callable(function):
             raise TypeError(f"ndd.compile expects a function, got {type(function).__name__}")
         functools.update_wrapper(self, function)
@@ -108,6 +109,9 @@ class CompiledFunction:
         self._device_id = device_id
         self.prefetch_queue_depth = prefetch_queue_depth
         self.cache_limit = cache_limit
+        if fallback not in ("lazy", "eager"):
+            raise ValueError(f"fallback must be 'lazy' or 'eager', got {fallback!r}")
+        self.fallback = fallback
         self._plan = guards.plan_for(function)
         self._signature = inspect.signature(function)
         self.is_generator = inspect.isgeneratorfunction(function)
@@ -170,13 +174,40 @@ class CompiledFunction:
         key = self._key(args, kwargs)
         entry, status = self._lookup(key, args, kwargs)
         if status == "storm":
-            return self._function(*args, **kwargs)
+            return self._fallback(args, kwargs)
         if status == "failed":  # tracing raised: run eagerly, which raises the same way
             return self._eager_after_failed_trace(key, args, kwargs)
         if entry.eager:
             self._counters.fallbacks += 1
-            return self._function(*args, **kwargs)
+            return self._fallback(args, kwargs)
         return self._run(entry, args, kwargs)
+
+    def _fallback(self, args: tuple, kwargs: dict) -> Any:
+        """Run a call that cannot be compiled whole: in transparent mode by default (its ndd
+        calls still run as cached pipeline regions, split where Python needs data, with the
+        same results as eager), or plainly eagerly with fallback="eager"."""
+        if self.fallback != "lazy" or lazy.is_enabled():
+            return self._function(*args, **kwargs)
+        with lazy.enabled():
+            return self._function(*args, **kwargs)
+
+    def _fallback_epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
+        """The generator version: transparent mode around each step only, so the consumer's own
+        code between steps runs as it would without ndd_trace."""
+        generator = self._function(*args, **kwargs)
+        if self.fallback != "lazy" or lazy.is_enabled():
+            yield from generator
+            return
+        try:
+            while True:
+                with lazy.enabled():
+                    try:
+                        item = next(generator)
+                    except StopIteration:
+                        return
+                yield item
+        finally:
+            generator.close()
 
     def _lookup(self, key: tuple, args: tuple, kwargs: dict) -> tuple[Entry | None, str]:
         """The entry for this call, traced on a miss; the status says "hit", "new", "storm"
@@ -237,12 +268,13 @@ class CompiledFunction:
             record = GraphBreakRecord(
                 f"could not be traced ({type(error).__name__}: {error})", _user_loc_of(error))
             self._entries[key] = self._break_entry(Entry(key=key), record)
-        if status in ("storm", "failed"):
+        if status == "failed":
             yield from self._function(*args, **kwargs)
             return
-        if entry.eager:
-            self._counters.fallbacks += 1
-            yield from self._function(*args, **kwargs)
+        if status == "storm" or entry.eager:
+            if entry is not None:
+                self._counters.fallbacks += 1
+            yield from self._fallback_epoch(args, kwargs)
             return
         bound = self._bind(args, kwargs)
         for run in entry.executable.epoch(bound):
@@ -453,8 +485,11 @@ class CompiledFunction:
         site = (record.filename, record.lineno, record.reason)
         if site not in self._warned:
             self._warned.add(site)
-            self._warn(f"ndd_trace: `{self.__qualname__}` runs eagerly: {record.reason}. "
-                       "See ndd_trace.explain() for details.", record.loc)
+            then = ("It runs in transparent mode instead: its ndd calls run as cached pipeline "
+                    "regions around the break, with the same results" if self.fallback == "lazy"
+                    else "It runs eagerly")
+            self._warn(f"ndd_trace: `{self.__qualname__}` cannot be compiled whole: "
+                       f"{record.reason}. {then}. See ndd_trace.explain().", record.loc)
         return entry
 
     def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
@@ -548,14 +583,18 @@ class CompiledFunction:
 
 def compile(function: Callable | None = None, *, fullgraph: bool = False,
             num_threads: int | None = None, device_id: Any = "current",
-            prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT) -> Any:
+            prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
+            fallback: str = "lazy") -> Any:
     """Compile a function that calls ndd operators into cached DALI pipelines.
 
     Use as `@ndd.compile` or `@ndd.compile(fullgraph=True, num_threads=4, ...)`. Defaults come
-    from ndd's current settings (`ndd.set_num_threads`, the current device).
+    from ndd's current settings (`ndd.set_num_threads`, the current device). A call that cannot
+    be compiled whole runs in transparent mode (`fallback="lazy"`) or eagerly
+    (`fallback="eager"`), with a warning either way.
     """
     options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
-                   prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit)
+                   prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit,
+                   fallback=fallback)
     if function is None:
         return lambda f: CompiledFunction(f, **options)
     if isinstance(function, CompiledFunction):
@@ -579,7 +618,7 @@ class Explanation:
 
     def __str__(self) -> str:
         lines = [f"ndd_trace.explain: `{self.function_name}`"]
-        status = f"runs eagerly ({self.eager_reason})" if self.eager_reason else \
+        status = f"not compiled whole ({self.eager_reason})" if self.eager_reason else \
             f"compiled: {self.num_ops} ndd calls -> one DALI pipeline"
         lines.append(f"  status: {status}")
         lines.append(f"  cache: {self.cache}")

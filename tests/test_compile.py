@@ -431,3 +431,33 @@ def test_operator_object_inside_is_a_graph_break(batch):
     with pytest.warns(ndd_trace.NddTraceWarning, match="operator object"):
         result = compiled(batch)
     assert_same(ndd.flip(batch, horizontal=1), result)
+
+
+def test_graph_break_falls_back_to_transparent_regions(batch):
+    """A broken function still runs its ndd calls as cached pipeline regions around the break."""
+    def crop_half(x):
+        y = ndd.flip(x, horizontal=1) * 2      # region 1
+        h, w, _ = y.shape[0]                   # the break: needs data
+        return ndd.rotate(ndd.crop(y, crop=(h // 2, w // 2)), angle=10.0)  # region 2
+
+    ndd_trace.reset_report()
+    compiled = ndd.compile(crop_half)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="transparent mode"):
+        results = [compiled(batch) for _ in range(3)]
+    for result in results:
+        assert_same(crop_half(batch), result)
+    report = ndd_trace.report()
+    assert report.regions and max(region.hits for region in report.regions) >= 2
+
+
+def test_fallback_eager_option(batch):
+    def needs_data(x):
+        return ndd.crop(x, crop=(x.shape[0][0] // 2, 4))
+
+    compiled = ndd.compile(needs_data, fallback="eager")
+    with pytest.warns(ndd_trace.NddTraceWarning, match="runs eagerly"):
+        result = compiled(batch)
+    assert type(result) is ndd.Batch  # plain eager ndd, not a lazy value
+    assert_same(needs_data(batch), result)
+    with pytest.raises(ValueError, match="fallback"):
+        ndd.compile(needs_data, fallback="sometimes")
