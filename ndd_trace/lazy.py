@@ -293,11 +293,17 @@ class LazyTracer(Tracer):
         """Readers, operator objects and ExternalSource pulls run eagerly in transparent mode
         (their lazy inputs are materialized by ndd itself when it evaluates them)."""
         kind = kwargs.get("_ndd_trace_kind")
-        if kind == "operator" and not isinstance(obj, _dali.Reader):
+        reason = None
+        if kind is None:
+            reason = "reader epochs run eagerly in transparent mode (a compiled generator " \
+                     "moves the reader into a prefetching pipeline)"
+        elif kind == "operator" and not isinstance(obj, _dali.Reader):
+            reason = "operator object called directly"
+        if reason is not None:
             loc = user_location()
+            name = f"{type(obj).__name__}.next_epoch" if kind is None else type(obj).__name__
             with _state.lock:
-                _state.eager_ops[(type(obj).__name__, "operator object called directly",
-                                  str(loc) if loc else "?")] += 1
+                _state.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
         return None
 
     def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:

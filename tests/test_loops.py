@@ -281,3 +281,32 @@ def test_random_epoch_schedules_match_eager(jpeg_dir, seed):
     compiled, state = run(ndd.compile(loop))
     assert state == eager_state
     assert_steps_equal(eager, compiled)
+
+
+def test_plain_function_with_reader_loop_runs_regions_and_reports(jpeg_dir):
+    """A reader loop inside a plain compiled function, with data-dependent Python in its body:
+    exact results, its ndd calls as cached pipeline regions, the eager reader reported."""
+    def train_epoch(reader):
+        sums = []
+        for jpegs, labels in reader.next_epoch(batch_size=4):
+            images = ndd.resize(ndd.decoders.image(jpegs), size=[12, 12])
+            if int(np.asarray(labels.select(0)).ravel()[0]) == 0:  # data-dependent Python
+                images = ndd.flip(images, horizontal=1)
+            angle = ndd.random.uniform(batch_size=images.batch_size, range=[-9, 9])
+            sums.append(np.asarray(ndd.as_tensor(ndd.rotate(images, angle=angle,
+                                                            keep_size=True))))
+        return sums
+
+    ndd.random.set_seed(4)
+    eager = train_epoch(file_reader(jpeg_dir, random_shuffle=True, seed=2))
+    ndd_trace.reset_report()
+    compiled = ndd.compile(train_epoch)
+    ndd.random.set_seed(4)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="reader"):
+        result = compiled(file_reader(jpeg_dir, random_shuffle=True, seed=2))
+    assert len(eager) == len(result)
+    for a, b in zip(eager, result):
+        np.testing.assert_array_equal(a, b)
+    report = ndd_trace.report()
+    assert any(region.hits for region in report.regions)
+    assert any("reader epochs run eagerly" in reason for (_, reason, _) in report.eager_ops)
