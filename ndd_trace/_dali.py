@@ -151,7 +151,9 @@ class _Interceptor:
         def method(obj: Any, *args: Any, **kwargs: Any) -> Any:
             on_reader = getattr(local, "on_reader", None)
             if on_reader is not None:
-                on_reader(obj, *args, _ndd_trace_kind=kind, **kwargs)
+                replacement = on_reader(obj, *args, _ndd_trace_kind=kind, **kwargs)
+                if replacement is not None:
+                    return replacement
             return original(obj, *args, **kwargs)
 
         method._ndd_trace_original = original  # type: ignore[attr-defined]
@@ -169,9 +171,10 @@ class _Interceptor:
         self._patch(_ops.Reader, "next_epoch", self._make_reader_hook)
         for op_class in _ops._all_ops:
             self._patch(op_class, "__call__", lambda o: self._make_method_hook(o, "operator"))
-        for name in ("__call__", "captured"):
-            self._patch(ndd.ExternalSource, name,
-                        lambda o: self._make_method_hook(o, "external_source"))
+        self._patch(ndd.ExternalSource, "__call__",
+                    lambda o: self._make_method_hook(o, "external_source"))
+        self._patch(ndd.ExternalSource, "captured",
+                    lambda o: self._make_method_hook(o, "external_source.captured"))
         for function in op_functions():
             namespace = function.__globals__
             original = namespace["_func_impl_"]
@@ -431,6 +434,29 @@ def advance_shard(reader: Any) -> None:
 def schedule_one(pipe: Pipeline) -> None:
     """Schedule exactly one iteration (Pipeline.schedule_run prefetches a whole queue at first)."""
     pipe._run_once()
+
+
+ExternalSource = ndd.ExternalSource
+
+
+def external_source_pull(source: Any, batch_size: int) -> tuple:
+    """One item of an ndd.ExternalSource, converted exactly as `source(batch_size=...)` does
+    (raises StopIteration at its end); a tuple of Batches (or Tensors), one per output."""
+    data = source._callback()
+    return tuple(source._convert_outputs(data, batch_size))
+
+
+def external_source_peek(source: Any, batch_size: int) -> tuple:
+    """The next item of an ndd.ExternalSource, left in place: the next pull returns it again."""
+    data = source._callback()
+    original = source._callback
+
+    def replay() -> Any:
+        source._callback = original
+        return data
+
+    source._callback = replay
+    return tuple(source._convert_outputs(data, batch_size))
 
 
 def default_rng() -> RNG:

@@ -447,7 +447,7 @@ class CompiledFunction:
             step = next(generator)
         except StopIteration:
             raise _GraphBreak("the generator yields nothing from a reader loop", None) from None
-        if not tracer.graph.nodes_of(NodeKind.READER):
+        if not (tracer.graph.nodes_of(NodeKind.READER) or tracer.graph.nodes_of(NodeKind.EXTERNAL)):
             generator.close()
             raise _GraphBreak("the generator yields outside a loop over "
                               "reader.next_epoch(batch_size=...)", user_location())
@@ -497,6 +497,7 @@ class CompiledFunction:
         entry.graph_text = graph.format()
         entry.num_ops = tracer.num_ops
         draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
+        externals = graph.nodes_of(NodeKind.EXTERNAL)  # pulled every step, used or not
         passes.eliminate_common_subexpressions(graph)
         if tracer.loop_mode:
             # the readers' batches come out too (unseen by the user): batches read ahead can
@@ -512,7 +513,7 @@ class CompiledFunction:
                                           prefetch_queue_depth=self.prefetch_queue_depth)
             entry.executable = LoopExecutable(graph, entry.lowered, draws, options,
                                               tracer.rng_objects, tracer.batch_size,
-                                              self.__qualname__)
+                                              self.__qualname__, externals)
         else:
             entry.executable = Executable(graph, entry.lowered, draws, self._options(),
                                           tracer.rng_objects)

@@ -36,8 +36,8 @@ def freeze(value: Any, depth: int = 0) -> Any:
         return ("data", id(value), describe_data(value))
     if isinstance(value, _dali.RNG):
         return ("rng", id(value))
-    if isinstance(value, _dali.Reader):
-        return ("reader", id(value))  # a reader is stateful: its identity is what matters
+    if isinstance(value, (_dali.Reader, _dali.ExternalSource)):
+        return ("source", id(value))  # stateful: its identity is what matters
     if isinstance(value, type) and _is_user_class(value) and depth < _MAX_DEPTH:
         # a class read for its attributes (`Config.scale`): its plain data, and its identity
         return ("class", id(value), tuple(

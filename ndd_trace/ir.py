@@ -26,6 +26,7 @@ class NodeKind(enum.Enum):
     CONSTANT = "constant"  # concrete data met while tracing, fed per call from the stored value
     RANDOM_STATE = "random_state"  # the 7-word Philox state drawn per call for one random op
     READER = "reader"  # a reader owned by a compiled loop: one batch per pipeline iteration
+    EXTERNAL = "external"  # an ndd.ExternalSource of a compiled loop: pulled ahead, fed per step
     OP = "op"  # a DALI operator call
 
 
@@ -65,7 +66,7 @@ class Node:
     @property
     def var(self) -> str:
         prefix = {NodeKind.INPUT: "in", NodeKind.CONSTANT: "const", NodeKind.RANDOM_STATE: "rng",
-                  NodeKind.READER: "reader"}
+                  NodeKind.READER: "reader", NodeKind.EXTERNAL: "es"}
         return f"{prefix.get(self.kind, 'v')}{self.index}"
 
     def __repr__(self) -> str:
@@ -171,6 +172,8 @@ class Graph:
                 text = f"{targets} = {node.name}[reader]({', '.join(args)})"
             elif node.kind is NodeKind.CONSTANT:
                 text = f"{targets} = constant {_format_static(node.payload)}"
+            elif node.kind is NodeKind.EXTERNAL:
+                text = f"{targets} = external_source {type(node.payload).__name__}"
             else:
                 text = f"{targets} = random_state({node.payload})"
             if with_locations and node.loc is not None:

@@ -40,11 +40,19 @@ class LoopExecutable(Executable):
     """The pipeline of one compiled generator: readers inside, prefetching within an epoch."""
 
     def __init__(self, graph: Graph, lowered: Lowered, draws: list, options: Options,
-                 rng_objects: dict[int, Any], batch_size: int, owner_name: str):
+                 rng_objects: dict[int, Any], batch_size: int, owner_name: str,
+                 externals: list | None = None):
         super().__init__(graph, lowered, draws, options, rng_objects)
         self.batch_size = batch_size
         self.owner_name = owner_name
         self.readers = [node.payload for node in graph.nodes_of(NodeKind.READER)]
+        # ExternalSource outputs: pulled in Python as steps are scheduled (all of them, used
+        # or not, as the eager loop pulls them), grouped by source
+        self.external_sources: dict[int, tuple[Any, list]] = {}
+        for node in externals or []:
+            source, index = node.payload
+            self.external_sources.setdefault(id(source), (source, []))[1].append(node)
+        self._exhausted = False  # an ExternalSource ended: the epoch ends after the carry
         self._carry: list[_PendingRun] = []  # iterations read ahead, not yet consumed
         self._clones: dict[int, tuple[Any, Any]] = {}  # id(rng) -> (rng, clone)
         self._expected: dict[int, tuple[int, int]] = {}  # id(rng) -> (draws, version)
@@ -123,16 +131,40 @@ class LoopExecutable(Executable):
 
     # -- running ---------------------------------------------------------------------------------
 
-    def _schedule(self, bound: dict) -> _PendingRun:
+    def _pull(self) -> dict[int, Any] | None:
+        """One item of every ExternalSource of the loop, or None at the end of one."""
+        pulled: dict[int, Any] = {}
+        for source, nodes in self.external_sources.values():
+            try:
+                values = _dali.external_source_pull(source, self.batch_size)
+            except StopIteration:
+                return None
+            for node in nodes:
+                pulled[id(node)] = values[node.payload[1]].evaluate()
+        return pulled
+
+    def _schedule(self, bound: dict) -> _PendingRun | None:
+        pulled = self._pull() if self.external_sources else {}
+        if pulled is None:
+            self._exhausted = True
+            return None
         states = self.draw_states(bound)
         run = _PendingRun(self, self.batch_size)
-        self._feed([self._data_for(node, bound, states, self.batch_size)
-                    for node in self.lowered.external_sources])
+        run.pulled = pulled
+        data = []
+        for node in self.lowered.external_sources:
+            if node.kind is NodeKind.EXTERNAL:
+                data.append(_dali.storage_of(pulled[id(node)]))
+            else:
+                data.append(self._data_for(node, bound, states, self.batch_size))
+        self._feed(data)
         _dali.schedule_one(self.pipeline)
         self._pending.append(run)
         return run
 
-    def _epoch_steps(self) -> int:
+    def _epoch_steps(self) -> int | None:
+        if not self.readers:
+            return None  # ExternalSources only: until one of them ends
         counts = {}
         for reader in self.readers:
             meta = self.pipeline.reader_meta(reader._name)
@@ -167,13 +199,23 @@ class LoopExecutable(Executable):
             steps = self._epoch_steps()
         done, self._resume_at = self._resume_at, 0
         self._done = done
+        self._exhausted = False
         try:
-            while done < steps:
+            while steps is None or done < steps:
                 with self._lock:
                     # runs on into the next epoch too: the reader reads on seamlessly, and a
                     # reseed in between is handled by recomputing the batches read ahead
-                    while len(self._carry) < self.options.prefetch_queue_depth:
-                        self._carry.append(self._schedule(bound))
+                    while len(self._carry) < self.options.prefetch_queue_depth and \
+                            not self._exhausted:
+                        run = self._schedule(bound)
+                        if run is not None:
+                            self._carry.append(run)
+                    if not self._carry:  # an ExternalSource ended
+                        if steps is not None:
+                            raise LoopError(
+                                f"an ExternalSource of compiled loop `{self.owner_name}` ended "
+                                "before its readers' epoch; make them the same length")
+                        break
                     run = self._carry.pop(0)
                     run.result()
                     self._consume_rng(bound)
@@ -181,7 +223,8 @@ class LoopExecutable(Executable):
                 self._done = done
                 yield run
         finally:
-            if done == steps:
+            self._exhausted = False  # the next epoch pulls again (a cycling source restarts)
+            if steps is not None and done == steps:
                 for reader in self.readers:
                     _dali.advance_shard(reader)
 
@@ -208,6 +251,8 @@ class LoopExecutable(Executable):
                     leaves[id(node)] = node.payload
                 elif node.kind is NodeKind.INPUT:
                     leaves[id(node)] = bound[node.payload]
+                elif node.kind is NodeKind.EXTERNAL:
+                    leaves[id(node)] = run.pulled[id(node)]
             values = interpret(self.graph, leaves)
             run.outputs = tuple(
                 _dali.storage_of(values[ref]) if ref.node.kind is NodeKind.OP

@@ -56,6 +56,7 @@ class _PendingRun:
         self.batch_size = batch_size
         self.outputs: tuple | None = None
         self.error: BaseException | None = None
+        self.pulled: dict[int, Any] = {}  # ExternalSource items fed to this run (loops)
 
     def result(self) -> tuple:
         if self.outputs is None and self.error is None:

@@ -320,9 +320,13 @@ class Tracer:
             raise _GraphBreak(f"calls operator object `{type(reader).__name__}` (class API or a "
                               "reader called directly); use the ndd.<op> function, or call it "
                               "outside", loc)
-        if kind == "external_source":
+        if kind == "external_source.captured" and self.loop_mode:
+            return self._external_loop_source(reader, kwargs.get("batch_size", batch_size), loc)
+        if kind in ("external_source", "external_source.captured"):
             raise _GraphBreak("pulls data from an ndd.ExternalSource (its next batch would be "
-                              "frozen into the graph); pass the batch as an argument", loc)
+                              "frozen into the graph); pass the batch as an argument, or "
+                              "iterate source.captured(batch_size=...) in a compiled generator",
+                              loc)
         batch_size = kwargs.get("batch_size", batch_size)
         if not self.loop_mode:
             raise _GraphBreak(
@@ -383,6 +387,36 @@ class Tracer:
 
     def _note_static_batch_size(self, batch_size: int, loc: SourceLoc | None) -> None:
         self.static_batch_sizes.add(int(batch_size))
+
+    def _external_loop_source(self, source: Any, batch_size: Any, loc: SourceLoc | None
+                              ) -> Iterator:
+        """`source.captured(batch_size=N)` in a compiled generator: the source feeds the loop's
+        pipeline (pulled in Python as steps are scheduled). Its first item is pulled now, to
+        learn what it gives; the loop's first step uses it."""
+        if batch_size is None:
+            raise _GraphBreak("iterates an ExternalSource without batch_size", loc)
+        if self.num_ops:
+            raise _GraphBreak("calls ndd operators before the loop starts (they would run once "
+                              "per step in the pipeline)", loc)
+        if any(node.payload[0] is source for node in self.graph.nodes_of(NodeKind.EXTERNAL)):
+            raise _GraphBreak("iterates an ExternalSource twice", loc)
+        with _dali.eager_inside_trace():
+            try:  # peeked, not pulled: the loop (or an eager fallback) still gets this item
+                first = _dali.external_source_peek(source, int(batch_size))
+            except StopIteration:
+                return iter(())
+            first = tuple(value.evaluate() for value in first)
+        if not all(isinstance(value, _dali.Batch) for value in first):
+            raise _GraphBreak("an ExternalSource in a compiled loop must give batches", loc)
+        self.reader_batch_sizes.add(int(batch_size))
+        self.batch_size = int(batch_size)
+        outputs = []
+        for index, value in enumerate(first):
+            node = self.graph._add(NodeKind.EXTERNAL, "external_source",
+                                   payload=(source, index), meta=[_dali.meta_of(value)],
+                                   backend=value.device.device_type, loc=loc)
+            outputs.append(TracedBatch(self, Ref(node, 0), node.meta[0]))
+        return iter([outputs[0] if len(outputs) == 1 else tuple(outputs)])
 
     def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
         if rng is None:

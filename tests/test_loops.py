@@ -310,3 +310,69 @@ def test_plain_function_with_reader_loop_runs_regions_and_reports(jpeg_dir):
     report = ndd_trace.report()
     assert any(region.hits for region in report.regions)
     assert any("reader epochs run eagerly" in reason for (_, reason, _) in report.eager_ops)
+
+
+def _es_items(count=5, batch=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return [ndd.as_batch([rng.integers(0, 255, (8, 8, 3), dtype=np.uint8) for _ in range(batch)],
+                         layout="HWC") for _ in range(count)]
+
+
+def _es_body(images):
+    angle = ndd.random.uniform(batch_size=images.batch_size, range=[-20, 20])
+    return ndd.rotate(ndd.flip(images, horizontal=1), angle=angle, keep_size=True)
+
+
+@pytest.mark.parametrize("cycle", ["raise", None])
+def test_external_source_loop_matches_eager(cycle):
+    def eager_loop(source):
+        while True:
+            try:
+                images = source(batch_size=4)
+            except StopIteration:
+                return
+            yield _es_body(images)
+
+    def compiled_loop(source):
+        for images in source.captured(batch_size=4):
+            yield _es_body(images)
+
+    compiled = ndd.compile(compiled_loop)
+
+    def run(function):
+        source = ndd.ExternalSource(_es_items(), cycle=cycle)
+        ndd.random.set_seed(3)
+        epochs = [[to_numpy(step) for step in function(source)] for _ in range(3)]
+        return epochs, str(ndd.random.get_default_rng().state)
+
+    eager, eager_state = run(eager_loop)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+        result, state = run(compiled)
+    assert state == eager_state
+    assert [len(e) for e in eager] == [len(r) for r in result]
+    for e, r in zip(eager, result):
+        assert_steps_equal([[s] for s in e], [[s] for s in r])
+    assert compiled.cache_info().fallbacks == 0
+    assert "external_source" in compiled.entries[0].lowered.source
+
+
+def test_external_source_zipped_with_reader(jpeg_dir):
+    def eager_loop(reader, source):
+        for jpegs, labels in reader.next_epoch(batch_size=4):
+            yield ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]) + source(batch_size=4)
+
+    def compiled_loop(reader, source):
+        for (jpegs, labels), extra in zip(reader.next_epoch(batch_size=4),
+                                           source.captured(batch_size=4)):
+            yield ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]) + extra
+
+    def run(function):
+        reader = file_reader(jpeg_dir)
+        source = ndd.ExternalSource(_es_items(count=3), cycle="quiet")
+        return [[to_numpy(step) for step in function(reader, source)] for _ in range(2)]
+
+    eager = run(eager_loop)
+    result = run(ndd.compile(compiled_loop))
+    for e, r in zip(eager, result):
+        assert_steps_equal([[s] for s in e], [[s] for s in r])
