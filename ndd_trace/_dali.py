@@ -16,7 +16,6 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 from __future__ import annotations
 
 import base64
-import enum
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -45,7 +44,6 @@ DType = ndd.DType
 Device = ndd.Device
 EvalMode = ndd.EvalMode
 STATE_WORDS = ndd_random._STATE_WORDS
-TENSOR_LIST_TYPES = (backend.TensorListCPU, backend.TensorListGPU)
 
 __all__ = ["Batch", "Tensor", "RNG", "Pipeline", "fn", "types", "ndd"]
 
@@ -81,10 +79,6 @@ def op_functions() -> list[Callable]:
                     and "_func_impl_" in getattr(value, "__globals__", {})):
                 found[id(value)] = value
     return list(found.values())
-
-
-def op_class_of(function: Callable) -> type:
-    return function._op_class
 
 
 def op_path(op_class: type) -> str:
@@ -483,10 +477,6 @@ def rng_restore(rng: RNG, snapshot: Any) -> None:
     rng._version = version
 
 
-def rng_draws(rng: RNG) -> int:
-    return rng._draws
-
-
 def rng_position(rng: RNG) -> tuple[int, int]:
     return rng._draws, rng._version
 
@@ -559,10 +549,6 @@ def wrap_tensor(tensor_list: Any) -> Tensor:
     return Tensor(tensor_list[0])
 
 
-def infer_batch_size(*values: Any) -> int | None:
-    return _ops._infer_batch_size(*values)
-
-
 def current_num_threads() -> int:
     return ndd.EvalContext.current().num_threads
 
@@ -608,12 +594,3 @@ def adopt_loop_state(reader: Any) -> tuple[dict, bytes] | None:
     reader._name = header["name"]
     reader._shard_id = header["shard_id"]
     return header, checkpoint
-
-
-def static_literal(value: Any) -> tuple[str, Any] | None:
-    """How generated code should spell a static value: ("enum", "types.X.Y") or None."""
-    if isinstance(value, enum.Enum) and type(value).__module__.startswith(("nvidia.dali", "nvidia")):
-        owner = type(value).__name__
-        if hasattr(types, owner):
-            return ("types", f"{owner}.{value.name}")
-    return None
