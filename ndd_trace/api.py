@@ -242,10 +242,14 @@ class CompiledFunction:
                 eager_error.add_note(note)
             raise
         # Eager succeeded where tracing failed: this variant runs eagerly from now on, and says so.
-        loc = _user_loc_of(error)
-        record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})", loc)
-        self._entries[key] = self._break_entry(Entry(key=key), record)
+        self._record_failed_trace(key, error)
         return result
+
+    def _record_failed_trace(self, key: tuple, error: BaseException | None) -> None:
+        """Cache a variant whose trace raised as not compiled, and warn at the user's line."""
+        record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})",
+                                  _user_loc_of(error))
+        self._entries[key] = self._break_entry(Entry(key=key), record)
 
     def _normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """One spelling per call: defaults applied, parameters passed by position where they can
@@ -265,10 +269,7 @@ class CompiledFunction:
             # say so now: the epoch is a generator, there is no later point to report from
             error, self._trace_exception = self._trace_exception, None
             self._failure_note = None
-            record = GraphBreakRecord(
-                f"could not be traced ({type(error).__name__}: {error})", _user_loc_of(error))
-            self._entries[key] = self._break_entry(Entry(key=key), record)
-        if status == "failed":
+            self._record_failed_trace(key, error)
             yield from self._function(*args, **kwargs)
             return
         if status == "storm" or entry.eager:
@@ -328,8 +329,9 @@ class CompiledFunction:
             loc = user_location()
             self._warn(
                 f"`{self.__qualname__}` was traced {self.cache_limit} times (cache_limit); "
-                f"last change: {self.last_miss_reason}. New variants now run eagerly. Make "
-                "the changing value an ndd Batch/Tensor argument, or raise cache_limit.", loc)
+                f"last change: {self.last_miss_reason}. New variants are not compiled: "
+                f"each {self._fallback_text()}. Make the changing value an ndd Batch/Tensor "
+                "argument, or raise cache_limit.", loc)
 
     def _warn_once(self, message: str, loc: SourceLoc | None) -> None:
         site = (loc.filename if loc else None, loc.lineno if loc else None, message)
@@ -447,10 +449,12 @@ class CompiledFunction:
             step = next(generator)
         except StopIteration:
             raise _GraphBreak("the generator yields nothing from a reader loop", None) from None
-        if not (tracer.graph.nodes_of(NodeKind.READER) or tracer.graph.nodes_of(NodeKind.EXTERNAL)):
+        graph = tracer.graph
+        if not (graph.nodes_of(NodeKind.READER) or graph.nodes_of(NodeKind.EXTERNAL)):
             generator.close()
             raise _GraphBreak("the generator yields outside a loop over "
-                              "reader.next_epoch(batch_size=...)", user_location())
+                              "reader.next_epoch(batch_size=...) or source.captured(...)",
+                              user_location())
         try:
             next(generator)
         except StopIteration:
@@ -482,15 +486,16 @@ class CompiledFunction:
             error = GraphBreakError(record.reason, record.loc, self.__qualname__)
             error.filename, error.lineno = record.filename, record.lineno
             raise_at(error, record.loc)
-        site = (record.filename, record.lineno, record.reason)
-        if site not in self._warned:
-            self._warned.add(site)
-            then = ("It runs in transparent mode instead: its ndd calls run as cached pipeline "
-                    "regions around the break, with the same results" if self.fallback == "lazy"
-                    else "It runs eagerly")
-            self._warn(f"ndd_trace: `{self.__qualname__}` cannot be compiled whole: "
-                       f"{record.reason}. {then}. See ndd_trace.explain().", record.loc)
+        self._warn_once(f"ndd_trace: `{self.__qualname__}` cannot be compiled whole: "
+                        f"{record.reason}. It {self._fallback_text()}. See ndd_trace.explain().",
+                        record.loc)
         return entry
+
+    def _fallback_text(self) -> str:
+        if self.fallback == "lazy":
+            return ("runs in transparent mode instead: its ndd calls run as cached pipeline "
+                    "regions around the break, with the same results")
+        return "runs eagerly"
 
     def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
         graph = tracer.graph

@@ -20,7 +20,8 @@ class NddTraceError(Exception):
 
 
 class GraphBreakError(NddTraceError):
-    """The function does something that cannot be recorded, and ``fullgraph=True`` forbids a break."""
+    """The function does something that cannot be recorded, and ``fullgraph=True`` forbids
+    a break."""
 
     def __init__(self, reason: str, loc: SourceLoc | None = None, function_name: str = "?"):
         self.reason = reason
