@@ -415,6 +415,33 @@ def transfer_reader(pipe: Pipeline, reader: Any, backend_op: Any) -> None:
     reader._transferred = True
 
 
+def reader_epoch_request(reader: Any, args: tuple, kwargs: dict) -> int | None:
+    """`reader.next_epoch(*args, **kwargs)` as eager ndd starts it (checks, capture-mode flag);
+    the batch size of a batch epoch, or None where eager ndd must run it itself (samples,
+    capture=True, an explicit EvalContext, a reader in capture mode)."""
+    bound = dict(zip(("batch_size", "ctx", "capture"), args), **kwargs)
+    if set(bound) - {"batch_size", "ctx", "capture"} or bound.get("ctx") is not None or \
+            bound.get("capture") or reader._capture_mode is True:
+        return None
+    batch_size = reader._get_batch_size(_ops.unwrap_invariant(bound.get("batch_size")))
+    if batch_size is None:
+        return None
+    reader._check_not_disabled()
+    reader._capture_mode = False
+    return int(batch_size)
+
+
+def reader_uses_batch_size(reader: Any, batch_size: int) -> None:
+    """Eager ndd's check of a later epoch's batch size against the reader's operator."""
+    if reader._max_batch_size and reader._max_batch_size != batch_size:
+        raise ValueError(f"`batch_size` {batch_size} is different than the `max_batch_size` "
+                         f"{reader._max_batch_size} used in the previous call")
+
+
+def reader_metadata_of(pipe: Pipeline, reader: Any) -> dict:
+    return pipe.reader_meta(reader._name)
+
+
 def shard_steps(reader: Any, epoch_size_padded: int, batch_size: int) -> int:
     """Batches in this reader's next epoch, exactly as ndd's `next_epoch` counts them."""
     shard = _ops._shard_size(epoch_size_padded, reader._shard_id, reader._num_shards)
@@ -500,6 +527,24 @@ def storage_of(value: Any) -> Any:
     if isinstance(storage, backend.TensorGPU):
         return backend.TensorListGPU([storage])
     return backend.TensorListCPU([storage])
+
+
+def same_data(a: Any, b: Any) -> bool:
+    """Whether two concrete Batches/Tensors hold the same data (type, layout, shapes, bytes);
+    False for data in GPU memory (not compared)."""
+    if a is b:
+        return True
+    if isinstance(a, Batch) != isinstance(b, Batch) or a.device != b.device or \
+            a.device.device_type != "cpu":
+        return False
+    a, b = storage_of(a), storage_of(b)
+    if a.dtype != b.dtype or a.layout() != b.layout() or len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape or x.tobytes() != y.tobytes():
+            return False
+    return True
 
 
 def to_batch(value: Any, batch_size: int | None) -> Any:

@@ -32,6 +32,7 @@ from .interpret import interpret
 from .ir import Graph, Node, NodeKind, Ref, TensorMeta
 from .lower import lower
 from .passes import _freeze
+from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
 from .runtime import Executable, LazyResult, Options
 from .source import SourceLoc, user_location
 from .trace import TracedBatch, TracedTensor, Tracer
@@ -51,6 +52,7 @@ class Region:
     build_s: float = 0.0
     record_s: float = 0.0
     eager_reason: str | None = None
+    ahead: int = 0  # runs served by a run launched ahead on batches read ahead
 
 
 @dataclasses.dataclass
@@ -60,6 +62,7 @@ class Report:
     regions: list[Region]
     eager_ops: Counter  # (op name, reason, file:line) -> count
     ops_recorded: int
+    readers: Counter  # (reader, file:line) -> epochs read through a reader pipeline
 
     def as_dict(self) -> dict:
         return {
@@ -67,7 +70,8 @@ class Report:
             "ops_eager": sum(self.eager_ops.values()),
             "regions": [
                 {"location": str(r.loc) if r.loc else None, "ops": r.num_ops, "runs": r.runs,
-                 "cache_hits": r.hits, "builds": 1 if r.executable is not None else 0,
+                 "cache_hits": r.hits, "run_ahead": r.ahead,
+                 "builds": 1 if r.executable is not None else 0,
                  "build_s": round(r.build_s, 4), "record_s": round(r.record_s, 4),
                  "eager_reason": r.eager_reason}
                 for r in self.regions
@@ -75,6 +79,10 @@ class Report:
             "eager_ops": [
                 {"op": op, "reason": reason, "location": where, "count": count}
                 for (op, reason, where), count in sorted(self.eager_ops.items())
+            ],
+            "readers": [
+                {"reader": reader, "location": where, "epochs": epochs}
+                for (reader, where), epochs in sorted(self.readers.items())
             ],
         }
 
@@ -87,8 +95,13 @@ class Report:
             where = r.loc.short if r.loc else "?"
             status = f"eager ({r.eager_reason})" if r.eager_reason else "pipeline"
             lines.append(f"    {where:<28} {r.num_ops:3d} ops  runs {r.runs:6d}  "
-                         f"cache hits {r.hits:6d}  build {r.build_s * 1000:7.1f} ms  "
-                         f"record {r.record_s * 1000:7.1f} ms  {status}")
+                         f"cache hits {r.hits:6d}  run ahead {r.ahead:6d}  "
+                         f"build {r.build_s * 1000:7.1f} ms  record {r.record_s * 1000:7.1f} ms  "
+                         f"{status}")
+        if self.readers:
+            lines.append("  readers in a read-ahead pipeline:")
+            for (reader, where), epochs in sorted(self.readers.items()):
+                lines.append(f"    {where}: {reader}, {epochs} epoch(s)")
         if self.eager_ops:
             lines.append("  calls run eagerly:")
             for (op, reason, where), count in sorted(self.eager_ops.items()):
@@ -103,6 +116,7 @@ class _State:
         self.lock = threading.RLock()
         self.regions: dict[tuple, Region] = {}
         self.eager_ops: Counter = Counter()
+        self.readers: Counter = Counter()
         self.ops_recorded = 0
         self.local = threading.local()
 
@@ -270,7 +284,8 @@ class LazyTracer(Tracer):
     def __init__(self, device_id: int | None, num_threads: int):
         super().__init__("transparent", device_id)
         self.graph = _UnlistedGraph("transparent")
-        self.options = Options(num_threads, device_id, 1)
+        self.options = Options(num_threads, device_id, RUN_AHEAD)
+        self.speculator = Speculator()
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -289,14 +304,26 @@ class LazyTracer(Tracer):
             return self._constant_ref(concrete, is_batch, loc)
         return super()._ref_of(value, is_batch, loc)
 
-    def reader_used(self, obj: Any, *args: Any, **kwargs: Any) -> None:
-        """Readers, operator objects and ExternalSource pulls run eagerly in transparent mode
-        (their lazy inputs are materialized by ndd itself when it evaluates them)."""
+    def reader_used(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        """`reader.next_epoch(batch_size=...)` reads through a read-ahead pipeline (readahead.py).
+        Sample epochs, operator objects and ExternalSource pulls run eagerly (their lazy inputs
+        are materialized by ndd itself when it evaluates them)."""
         kind = kwargs.get("_ndd_trace_kind")
         reason = None
         if kind is None:
-            reason = "reader epochs run eagerly in transparent mode (a compiled generator " \
-                     "moves the reader into a prefetching pipeline)"
+            stream = stream_of(obj)
+            reason = can_stream(obj)
+            if reason is None:
+                batch_size = (stream.request(args, kwargs) if stream is not None
+                              else _dali.reader_epoch_request(obj, args, kwargs))
+                if batch_size is not None:
+                    loc = user_location()
+                    with _state.lock:
+                        _state.readers[(type(obj).__name__, str(loc) if loc else "?")] += 1
+                    return reader_epoch(obj, batch_size, self.options,
+                                        self.speculator.note_batch)
+                reason = "reader epochs of single samples (or capture=True, or an explicit " \
+                         "ctx) run eagerly"
         elif kind == "operator" and not isinstance(obj, _dali.Reader):
             reason = "operator object called directly"
         if reason is not None:
@@ -325,7 +352,10 @@ class LazyTracer(Tracer):
         state = first._ref.node.arg_inputs.get("_random_state")
         if state is not None:  # draw now, in call order, exactly as the eager call would
             _, rng = state.node.payload
-            state.node.payload = ("drawn", _dali.draw_state(rng))
+            position = _dali.rng_position(rng)
+            words = _dali.draw_state(rng)
+            state.node.payload = ("drawn", words)
+            self.speculator.note_draw(words, rng, position)
         with _state.lock:
             _state.ops_recorded += 1
         return result
@@ -352,7 +382,7 @@ class LazyTracer(Tracer):
     def _run_region(self, target: Node) -> None:
         started = time.perf_counter()
         region_ops = self._pending_cone(target)
-        graph, origin, leaves = self._region_graph(region_ops, target)
+        graph, origin, leaves, computed = self._region_graph(region_ops, target)
         key = _structure_key(graph)
         batch_sizes = {int(n.batch_size) for n in graph.nodes
                        if n.kind is NodeKind.OP and n.is_batch}
@@ -371,7 +401,14 @@ class LazyTracer(Tracer):
                 region.hits += 1
             region.runs += 1
             region.record_s += record_s
-        if region.executable is None:
+        observation = (self.speculator.observe(leaves, computed)
+                       if region.executable is not None else None)
+        ahead = self.speculator.take(key, observation) if observation is not None else None
+        if ahead is not None:
+            outputs = list(ahead)
+            with _state.lock:
+                region.ahead += 1
+        elif region.executable is None:
             values = interpret(graph, {id(leaf): _leaf_value(leaf) for leaf in leaves})
             outputs = [_dali.storage_of(values[ref]) for ref in graph.outputs]
         else:
@@ -388,6 +425,8 @@ class LazyTracer(Tracer):
                 region.executable = None  # the pipeline cannot be built: interpret from now on
                 region.eager_reason = "pipeline build failed"
                 return self._run_region(target)
+        if observation is not None and region.executable is not None:
+            self.speculator.learn(key, region.executable, observation, batch_size)
         for ref, output in zip(graph.outputs, outputs):
             original = origin[id(ref.node)]
             if original.results is None:
@@ -427,13 +466,15 @@ class LazyTracer(Tracer):
 
     @staticmethod
     def _region_graph(region_ops: list[Node], target: Node
-                      ) -> tuple[Graph, dict[int, Node], list[Node]]:
-        """A self-contained graph of the region: outside values become fed leaves."""
+                      ) -> tuple[Graph, dict[int, Node], list[Node], list[bool]]:
+        """A self-contained graph of the region: outside values become fed leaves (and
+        whether each leaf was computed by an earlier region)."""
         graph = Graph("region")
         clones: dict[int, Node] = {}
         origin: dict[int, Node] = {}
         leaf_refs: dict[tuple[int, int], Ref] = {}
         leaves: list[Node] = []
+        computed: list[bool] = []
 
         def mapped(ref: Ref) -> Ref:
             node = ref.node
@@ -452,6 +493,7 @@ class LazyTracer(Tracer):
                 else:
                     leaf = graph.add_constant(node.payload, node.meta[0], node.is_batch, None)
                 leaves.append(leaf)
+                computed.append(node.kind is NodeKind.OP)
                 leaf_refs[key] = Ref(leaf, 0)
             return leaf_refs[key]
 
@@ -470,7 +512,7 @@ class LazyTracer(Tracer):
             if node is target or any(proxy() is not None for proxy in node.proxies):
                 outputs.extend(Ref(clones[id(node)], i) for i in range(node.num_outputs))
         graph.outputs = outputs
-        return graph, origin, leaves
+        return graph, origin, leaves, computed
 
 
 def _leaf_value(leaf: Node) -> Any:
@@ -556,11 +598,12 @@ def report() -> Report:
     """What transparent mode compiled and ran eagerly so far (all threads)."""
     with _state.lock:
         return Report(list(_state.regions.values()), Counter(_state.eager_ops),
-                      _state.ops_recorded)
+                      _state.ops_recorded, Counter(_state.readers))
 
 
 def reset_report() -> None:
     with _state.lock:
         _state.regions.clear()
         _state.eager_ops.clear()
+        _state.readers.clear()
         _state.ops_recorded = 0

@@ -249,7 +249,7 @@ class Executable:
     def run_leaves(self, leaves: list[Node], batch_size: int) -> _PendingRun:
         """Run with the data of `leaves` (a structurally equal graph's leaves, in order)."""
         return self._start(batch_size,
-                           lambda: [self._data_for(leaf, {}, {}, batch_size) for leaf in leaves])
+                           lambda: [self.leaf_data(leaf, batch_size) for leaf in leaves])
 
     def _start(self, batch_size: int, data: Any) -> _PendingRun:
         """Build if needed, then feed `data()` and schedule one iteration."""
@@ -263,13 +263,36 @@ class Executable:
             run = _PendingRun(self, batch_size)
             try:
                 self._feed(data())
-                self.pipeline.schedule_run()
+                _dali.schedule_one(self.pipeline)
             except Exception as error:
                 self.pipeline = None
                 wrapped = self._pipeline_error(error, "feeding")
                 raise_at(wrapped, wrapped.loc)
             self._pending.append(run)
             return run
+
+    def launch(self, data: list, batch_size: int) -> _PendingRun | None:
+        """Feed `data` (one item per fed leaf, in lowering order) and schedule one iteration
+        ahead of the previous ones, without waiting for them; None where the pipeline is not
+        built for this batch, its queue is full, or it refuses the data."""
+        with self._lock:
+            if self.pipeline is None or batch_size > self.max_batch_size or \
+                    len(self._pending) >= self.options.prefetch_queue_depth:
+                return None
+            try:
+                self._feed(data)
+                _dali.schedule_one(self.pipeline)
+            except Exception:
+                self._pending.clear()
+                self.pipeline = None  # rebuilt by the next run, which reports any real error
+                return None
+            run = _PendingRun(self, batch_size)
+            self._pending.append(run)
+            return run
+
+    def leaf_data(self, leaf: Node, batch_size: int) -> Any:
+        """What a fed leaf (constant or drawn random state) gives the pipeline."""
+        return self._data_for(leaf, {}, {}, batch_size)
 
     def _feed(self, data: list) -> None:
         """Feed one iteration's external sources (in lowering order), keeping the data alive."""

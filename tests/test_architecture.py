@@ -15,7 +15,9 @@ LAYERS = [
     {"trace", "passes", "guards", "interpret"},
     {"lower"},
     {"runtime"},
-    {"loop", "lazy"},
+    {"loop"},
+    {"readahead"},
+    {"lazy"},
     {"api"},
     {"__init__", "__main__"},
 ]

@@ -138,7 +138,7 @@ def test_regions_keyed_by_the_fed_data_layout():
         summed.shape  # runs the first region; `summed` is then fed to `result`'s region
         tracer = lazy._local().tracer
         node = result._ref.node
-        _, _, leaves = tracer._region_graph(tracer._pending_cone(node), node)
+        _, _, leaves, _ = tracer._region_graph(tracer._pending_cone(node), node)
         assert summed._meta.layout is None  # inference does not know it...
         assert leaves[0].meta[0].layout == "WHC"  # ...the key uses the data's own
         assert_same(ndd.transpose(ndd.reductions.sum(ndd.transpose(data, perm=[1, 0, 2]),

@@ -1,0 +1,363 @@
+"""Reader loops of transparent mode: readers read ahead in a pipeline of their own, and the
+regions that consume their batches are run ahead of the script, speculatively and checked.
+
+    for jpegs, labels in reader.next_epoch(batch_size=64):   # an unmodified script
+        images = ndd.decoders.image(jpegs, device="gpu")      # recorded lazily (lazy.py)
+        train(images.torch(), labels.torch())                 # was already run ahead
+
+Under transparent mode, `reader.next_epoch(batch_size=...)` moves the reader's operator into a
+pipeline of its own (the very operator instance eager ndd would run: the same samples in the
+same order), which keeps batches read ahead, across epoch boundaries too. The epochs it hands
+out are eager ones: as many batches, the shard advanced at the end, a `break` leaving the rest
+of the stream for the next epoch.
+
+A region (lazy.py) fed by reader batches is then run ahead. Once it was seen on two consecutive
+batches of a reader with the same structure and random states drawn at a steady stride, its
+next runs are launched on the batches read ahead, with states drawn from clones of the
+generators at the predicted positions. When the script reaches the region, a launched run is
+used only if what it was fed is identical to what the script's own calls produced (the same
+reader batch object, bit-equal random states, equal constants); otherwise it is dropped and the
+region runs as usual. Results are therefore always the plain run's; a loop that does not repeat
+itself only loses the running ahead (and after a few misses, a region is no longer tried).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import _dali
+from .ir import Graph, Node, NodeKind, Ref
+from .loop import LoopError, LoopExecutable
+from .lower import lower
+from .runtime import Executable, Options, _PendingRun
+
+READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
+RUN_AHEAD = 2  # region runs kept launched ahead (the region pipelines' queue depth)
+MAX_MISSES = 3  # consecutive misses after which a region is no longer run ahead
+
+
+class ReaderStream:
+    """A reader's operator in a pipeline of its own, handing out its batches in order."""
+
+    def __init__(self, reader: Any, batch_size: int, options: Options):
+        num_outputs, names, metas = _dali.reader_metadata(reader)
+        graph = Graph("reader")
+        node = graph.add_reader(_dali.reader_fn_path(reader), type(reader)._schema_name, reader,
+                                _dali.reader_static_args(reader), num_outputs, names, metas,
+                                None)
+        graph.outputs = [Ref(node, i) for i in range(num_outputs)]
+        options = dataclasses.replace(options, prefetch_queue_depth=READ_AHEAD)
+        self.reader = reader
+        self.names = names
+        self.batch_size = batch_size
+        self.loop = LoopExecutable(graph, lower(graph), [], options, {}, batch_size,
+                                   f"transparent mode ({type(reader).__name__})")
+        self.count = 0  # batches handed out so far
+        self._queue: list[_PendingRun] = []  # scheduled runs of counts self.count, ...
+        self._wrapped: dict[int, tuple] = {}  # count -> its Batches, once looked at
+
+    def start(self) -> None:
+        """Move the reader into the pipeline (eager ndd's batch-size checks apply)."""
+        self.loop.ensure_built(self.batch_size)
+        stream = self
+
+        def next_epoch(*args: Any, **kwargs: Any) -> Any:
+            if _dali._interceptor.handler() is not None:  # transparent mode decides
+                return type(stream.reader).next_epoch(stream.reader, *args, **kwargs)
+            return stream.epoch(stream.request(args, kwargs), None)
+
+        def get_metadata(*args: Any, **kwargs: Any) -> dict:
+            return _dali.reader_metadata_of(stream.loop.pipeline, stream.reader)
+
+        self.reader.next_epoch = next_epoch
+        self.reader.get_metadata = get_metadata
+
+    def request(self, args: tuple, kwargs: dict) -> int:
+        """The batch size of a `next_epoch(*args, **kwargs)` call on this reader."""
+        batch_size = _dali.reader_epoch_request(self.reader, args, kwargs)
+        if batch_size is None:
+            raise LoopError(
+                f"reader `{type(self.reader).__name__}` ({self.reader._name}) was moved into a "
+                "pipeline by transparent mode for its batch epochs; it can only give batch "
+                "epochs now (next_epoch(batch_size=...)). Use a separate reader for samples "
+                "or capture mode.")
+        return batch_size
+
+    def peek(self, count: int) -> tuple | None:
+        """The Batches the stream hands out at `count` (None if not read ahead so far)."""
+        if count < self.count or count >= self.count + READ_AHEAD:
+            return None
+        with self.loop._lock:
+            while self.count + len(self._queue) <= count:
+                self._queue.append(self.loop._schedule({}))
+            batches = self._wrapped.get(count)
+            if batches is None:
+                outputs = self._queue[count - self.count].result()
+                batches = tuple(_dali.wrap_batch(output) for output in outputs)
+                self._wrapped[count] = batches
+            return batches
+
+    def take(self) -> tuple:
+        batches = self.peek(self.count)
+        with self.loop._lock:
+            self._queue.pop(0)
+            del self._wrapped[self.count]
+            self.count += 1
+            while len(self._queue) < READ_AHEAD:  # keep reading ahead, into the next epoch
+                self._queue.append(self.loop._schedule({}))
+        return batches  # type: ignore[return-value]
+
+    def epoch(self, batch_size: int, on_batch: Callable | None) -> Iterator[Any]:
+        """One epoch exactly as `reader.next_epoch(batch_size=...)` gives it."""
+        _dali.reader_uses_batch_size(self.reader, batch_size)
+        steps = self.loop._epoch_steps()
+        for _ in range(steps):
+            count = self.count
+            batches = self.take()
+            if on_batch is not None:
+                on_batch(self, count, batches)
+            yield dict(zip(self.names, batches)) if self.names else batches
+        _dali.advance_shard(self.reader)
+
+
+def stream_of(reader: Any) -> ReaderStream | None:
+    return getattr(reader, "_ndd_trace_stream", None)
+
+
+def reader_epoch(reader: Any, batch_size: int, options: Options,
+                 on_batch: Callable | None) -> Iterator[Any]:
+    """Transparent mode's `reader.next_epoch(batch_size=...)`: the first epoch moves the reader
+    into its stream (eager ndd's checks raise here, at the first `next`, as eagerly)."""
+    stream = stream_of(reader)
+    if stream is None:
+        stream = ReaderStream(reader, batch_size, options)
+        stream.start()
+        reader._ndd_trace_stream = stream
+    yield from stream.epoch(batch_size, on_batch)
+
+
+def can_stream(reader: Any) -> str | None:
+    """Why this reader's epochs stay eager in transparent mode, or None if it can stream."""
+    if stream_of(reader) is not None:
+        return None
+    if getattr(reader, "_transferred", False):
+        return "the reader belongs to a compiled loop"
+    if _dali.reader_has_tensor_args(reader):
+        return "the reader was constructed with tensor arguments"
+    if _dali.reader_checkpointing(reader):
+        return "a checkpointing reader stays eager so that get_state() is exact"
+    try:
+        _dali.reader_metadata(reader)
+    except Exception as error:
+        return f"cannot describe the reader to a pipeline ({type(error).__name__})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Running regions ahead
+
+@dataclasses.dataclass
+class _Leaf:
+    """What one fed leaf of a region was, as far as predicting it goes."""
+
+    kind: str  # "reader", "state" or "const"
+    value: Any  # the reader Batch, the state's words, or the constant
+    stream: ReaderStream | None = None
+    index: int = 0  # reader output
+    offset: int = 0  # reader count minus the observation's count
+    rng: Any = None
+    position: tuple[int, int] = (0, 0)  # the generator's (draws, version) before the draw
+    node: Node | None = None  # a constant's leaf
+
+
+@dataclasses.dataclass
+class Observation:
+    """A region run fed by reader batches: `count` is its first reader leaf's batch number."""
+
+    count: int
+    leaves: list[_Leaf]
+    shape: tuple
+
+
+@dataclasses.dataclass
+class _Launch:
+    count: int
+    run: _PendingRun
+    fed: list[Any]
+
+
+@dataclasses.dataclass
+class _Pattern:
+    previous: Observation | None = None
+    strides: list[int] | None = None
+    launched: dict[int, _Launch] = dataclasses.field(default_factory=dict)
+    misses: int = 0
+
+
+class Speculator:
+    """Runs regions fed by reader batches ahead of the script (one per transparent tracer)."""
+
+    def __init__(self) -> None:
+        self._batches: dict[int, tuple[Any, ReaderStream, int, int]] = {}
+        self._draws: collections.OrderedDict[int, tuple[Any, Any, tuple[int, int]]] = \
+            collections.OrderedDict()
+        self._patterns: dict[tuple, _Pattern] = {}
+        self.active = False
+
+    # -- what the script does ------------------------------------------------------------------
+
+    def note_batch(self, stream: ReaderStream, count: int, batches: tuple) -> None:
+        """A reader handed out `batches` (its `count`-th)."""
+        self.active = True
+        for index, batch in enumerate(batches):
+            self._batches[id(batch)] = (batch, stream, count, index)
+        if len(self._batches) > 16 * READ_AHEAD * max(1, len(batches)):
+            keep = {key: entry for key, entry in self._batches.items()
+                    if entry[1] is not stream or entry[2] > count - READ_AHEAD}
+            self._batches = keep
+
+    def note_draw(self, words: Any, rng: Any, position: tuple[int, int]) -> None:
+        """A recorded random op drew `words` from `rng` at `position`."""
+        if not self.active:
+            return
+        self._draws[id(words)] = (words, rng, position)
+        if len(self._draws) > 512:
+            self._draws.popitem(last=False)
+
+    def observe(self, leaves: list[Node], computed: list[bool]) -> Observation | None:
+        """Describe a region's fed leaves; None unless it reads reader batches and every leaf
+        can be predicted (values computed by an earlier region cannot)."""
+        if not self.active:
+            return None
+        described: list[_Leaf] = []
+        first: tuple[ReaderStream, int] | None = None
+        for leaf, was_computed in zip(leaves, computed):
+            if was_computed:
+                return None
+            if leaf.kind is NodeKind.RANDOM_STATE:
+                words = leaf.payload[1]
+                entry = self._draws.get(id(words))
+                if entry is None or entry[0] is not words:
+                    return None
+                described.append(_Leaf("state", words, rng=entry[1], position=entry[2]))
+                continue
+            entry = self._batches.get(id(leaf.payload))
+            if entry is not None and entry[0] is leaf.payload:
+                _, stream, count, index = entry
+                if first is None:
+                    first = (stream, count)
+                described.append(_Leaf("reader", leaf.payload, stream=stream, index=index,
+                                       offset=count - first[1]))
+            else:
+                described.append(_Leaf("const", leaf.payload, node=leaf))
+        if first is None:
+            return None
+        shape = tuple(
+            ("reader", id(leaf.stream), leaf.index, leaf.offset) if leaf.kind == "reader"
+            else ("state", id(leaf.rng), leaf.position[1]) if leaf.kind == "state"
+            else ("const",) for leaf in described)
+        return Observation(first[1], described, shape)
+
+    # -- using and launching runs ahead --------------------------------------------------------
+
+    def take(self, key: tuple, observation: Observation) -> tuple | None:
+        """The outputs of the run launched for this observation, if it was fed exactly what the
+        script's calls produced; None otherwise (the region then runs as usual)."""
+        pattern = self._patterns.get((key, observation.shape))
+        if pattern is None or not pattern.launched:
+            return None
+        for count in [c for c in pattern.launched if c < observation.count]:
+            del pattern.launched[count]  # never consumed (the script skipped that step)
+        launch = pattern.launched.pop(observation.count, None)
+        if launch is None:
+            return None
+        if all(_same(leaf, fed) for leaf, fed in zip(observation.leaves, launch.fed)):
+            try:
+                outputs = launch.run.result()
+            except Exception:  # the region runs as usual, and reports a real error itself
+                return None
+            pattern.misses = 0
+            return outputs
+        pattern.misses += 1
+        pattern.launched.clear()
+        pattern.strides = None
+        return None
+
+    def learn(self, key: tuple, executable: Executable, observation: Observation,
+              batch_size: int) -> None:
+        """Record the observation; launch the next runs once the pattern is steady."""
+        pattern = self._patterns.setdefault((key, observation.shape), _Pattern())
+        previous, pattern.previous = pattern.previous, observation
+        if previous is not None and observation.count == previous.count + 1:
+            strides = [now.position[0] - before.position[0] if now.kind == "state" else 0
+                       for now, before in zip(observation.leaves, previous.leaves)]
+            steady = all(stride >= _dali.STATE_WORDS for stride, leaf
+                         in zip(strides, observation.leaves) if leaf.kind == "state")
+            if not steady or strides != pattern.strides:
+                pattern.launched.clear()
+            pattern.strides = strides if steady else None
+        elif previous is not None and observation.count != previous.count:
+            pattern.strides = None
+            pattern.launched.clear()
+        if pattern.strides is None or pattern.misses >= MAX_MISSES:
+            return
+        for count in range(observation.count + 1, observation.count + 1 + RUN_AHEAD):
+            if count in pattern.launched:
+                continue
+            launch = self._launch(executable, observation, pattern.strides, count, batch_size)
+            if launch is None:
+                break
+            pattern.launched[count] = launch
+
+    def _launch(self, executable: Executable, observation: Observation, strides: list[int],
+                count: int, batch_size: int) -> _Launch | None:
+        steps = count - observation.count
+        clones: dict[int, list] = {}
+        data: list[Any] = []
+        fed: list[Any] = []
+        for leaf, stride in zip(observation.leaves, strides):
+            if leaf.kind == "reader":
+                batches = leaf.stream.peek(count + leaf.offset)  # type: ignore[union-attr]
+                if batches is None:
+                    return None
+                value = batches[leaf.index]
+                data.append(_dali.storage_of(value))
+            elif leaf.kind == "state":
+                value = _state_at(leaf.rng, leaf.position[0] + steps * stride,
+                                  leaf.position[1], clones)
+                if value is None:
+                    return None
+                data.append(_dali.broadcast_state(value, batch_size))
+            else:
+                value = leaf.value
+                data.append(executable.leaf_data(leaf.node, batch_size))
+            fed.append(value)
+        run = executable.launch(data, batch_size)
+        return _Launch(count, run, fed) if run is not None else None
+
+
+def _state_at(rng: Any, draws: int, version: int, clones: dict[int, list]) -> Any:
+    """The state a random op would draw from `rng` once it has made `draws` draws (None if the
+    generator was reseeded or is already past that point)."""
+    entry = clones.get(id(rng))
+    if entry is None or entry[1] > draws:
+        now, now_version = _dali.rng_position(rng)
+        if now_version != version or now > draws:
+            return None
+        entry = clones[id(rng)] = [_dali.rng_clone(rng), now]
+    clone, position = entry
+    if draws > position:
+        _dali.rng_advance(clone, draws - position)
+    entry[1] = draws + _dali.STATE_WORDS
+    return _dali.draw_state(clone)
+
+
+def _same(leaf: _Leaf, fed: Any) -> bool:
+    if leaf.kind == "reader":
+        return leaf.value is fed
+    if leaf.kind == "state":
+        return leaf.value.shape == fed.shape and bool((leaf.value == fed).all())
+    return _dali.same_data(leaf.value, fed)
