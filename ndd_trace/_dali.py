@@ -529,6 +529,19 @@ def storage_of(value: Any) -> Any:
     return backend.TensorListCPU([storage])
 
 
+def snapshot(value: Any) -> Any:
+    """A private copy of a concrete Batch/Tensor's data: eager ndd reads its inputs at the call,
+    so a caller that mutates (or reuses) its buffers afterwards must not change the result."""
+    storage = value.evaluate()._storage
+    if isinstance(storage, backend.TensorListCPU):
+        return Batch(backend.TensorListCPU([np.array(t, copy=True) for t in storage],
+                                           storage.layout()))
+    if isinstance(storage, backend.TensorCPU):
+        return Tensor(backend.TensorCPU(np.array(storage, copy=True), storage.layout()))
+    with _interceptor.suspended():
+        return ndd.copy(value)  # GPU data: a device copy
+
+
 def same_data(a: Any, b: Any) -> bool:
     """Whether two concrete Batches/Tensors hold the same data (type, layout, shapes, bytes);
     False for data in GPU memory (not compared)."""

@@ -301,8 +301,18 @@ class LazyTracer(Tracer):
             value._materialize()
             concrete = (_dali.wrap_batch(value._storage) if isinstance(value, _dali.Batch)
                         else _dali.Tensor(value._storage))
-            return self._constant_ref(concrete, is_batch, loc)
+            return super()._constant_ref(concrete, is_batch, loc)
         return super()._ref_of(value, is_batch, loc)
+
+    def _constant_ref(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+        """User data is copied when the call is recorded, as eager ndd reads it then (a loop
+        that refills one numpy buffer must not change pending results); batches handed out
+        by a read-ahead reader are the pipeline's own and used as they are."""
+        ref = super()._constant_ref(value, is_batch, loc)
+        if not self.speculator.is_reader_batch(ref.node.payload):
+            with _dali.eager_inside_trace():
+                ref.node.payload = _dali.snapshot(ref.node.payload)
+        return ref
 
     def reader_used(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
         """`reader.next_epoch(batch_size=...)` reads through a read-ahead pipeline (readahead.py).

@@ -11,14 +11,14 @@ same order), which keeps batches read ahead, across epoch boundaries too. The ep
 out are eager ones: as many batches, the shard advanced at the end, a `break` leaving the rest
 of the stream for the next epoch.
 
-A region (lazy.py) fed by reader batches is then run ahead. Once it was seen on two consecutive
-batches of a reader with the same structure and random states drawn at a steady stride, its
-next runs are launched on the batches read ahead, with states drawn from clones of the
-generators at the predicted positions. When the script reaches the region, a launched run is
+A region (lazy.py) fed by reader batches is then run ahead. Once it was seen on three
+consecutive batches of a reader with the same structure and random states drawn at a steady
+stride, its next runs are launched on the batches read ahead, with states drawn from clones of
+the generators at the predicted positions. When the script reaches the region, a launched run is
 used only if what it was fed is identical to what the script's own calls produced (the same
 reader batch object, bit-equal random states, equal constants); otherwise it is dropped and the
 region runs as usual. Results are therefore always the plain run's; a loop that does not repeat
-itself only loses the running ahead (and after a few misses, a region is no longer tried).
+itself only loses the running ahead (a region that mostly misses is no longer tried).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from .runtime import Executable, Options, _PendingRun
 
 READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
 RUN_AHEAD = 2  # region runs kept launched ahead (the region pipelines' queue depth)
-MAX_MISSES = 3  # consecutive misses after which a region is no longer run ahead
+MAX_MISSES = 3  # a region is no longer run ahead once it missed this often, and more than
+# twice as often as it hit
 
 
 class ReaderStream:
@@ -193,7 +194,9 @@ class _Launch:
 class _Pattern:
     previous: Observation | None = None
     strides: list[int] | None = None
+    confirmed: bool = False
     launched: dict[int, _Launch] = dataclasses.field(default_factory=dict)
+    hits: int = 0
     misses: int = 0
 
 
@@ -218,6 +221,10 @@ class Speculator:
             keep = {key: entry for key, entry in self._batches.items()
                     if entry[1] is not stream or entry[2] > count - READ_AHEAD}
             self._batches = keep
+
+    def is_reader_batch(self, value: Any) -> bool:
+        entry = self._batches.get(id(value))
+        return entry is not None and entry[0] is value
 
     def note_draw(self, words: Any, rng: Any, position: tuple[int, int]) -> None:
         """A recorded random op drew `words` from `rng` at `position`."""
@@ -257,7 +264,7 @@ class Speculator:
             return None
         shape = tuple(
             ("reader", id(leaf.stream), leaf.index, leaf.offset) if leaf.kind == "reader"
-            else ("state", id(leaf.rng), leaf.position[1]) if leaf.kind == "state"
+            else ("state", id(leaf.rng)) if leaf.kind == "state"
             else ("const",) for leaf in described)
         return Observation(first[1], described, shape)
 
@@ -279,11 +286,12 @@ class Speculator:
                 outputs = launch.run.result()
             except Exception:  # the region runs as usual, and reports a real error itself
                 return None
-            pattern.misses = 0
+            pattern.hits += 1
             return outputs
         pattern.misses += 1
         pattern.launched.clear()
         pattern.strides = None
+        pattern.confirmed = False
         return None
 
     def learn(self, key: tuple, executable: Executable, observation: Observation,
@@ -294,15 +302,22 @@ class Speculator:
         if previous is not None and observation.count == previous.count + 1:
             strides = [now.position[0] - before.position[0] if now.kind == "state" else 0
                        for now, before in zip(observation.leaves, previous.leaves)]
-            steady = all(stride >= _dali.STATE_WORDS for stride, leaf
-                         in zip(strides, observation.leaves) if leaf.kind == "state")
+            steady = all(stride >= _dali.STATE_WORDS and now.position[1] == before.position[1]
+                         for stride, now, before
+                         in zip(strides, observation.leaves, previous.leaves)
+                         if now.kind == "state")
             if not steady or strides != pattern.strides:
                 pattern.launched.clear()
+            # launched only once the same stride was seen twice: a one-off extra draw costs
+            # one missed step, not two
+            pattern.confirmed = steady and strides == pattern.strides
             pattern.strides = strides if steady else None
         elif previous is not None and observation.count != previous.count:
             pattern.strides = None
+            pattern.confirmed = False
             pattern.launched.clear()
-        if pattern.strides is None or pattern.misses >= MAX_MISSES:
+        if not pattern.confirmed or (pattern.misses >= MAX_MISSES and
+                                     pattern.misses > 2 * pattern.hits):
             return
         for count in range(observation.count + 1, observation.count + 1 + RUN_AHEAD):
             if count in pattern.launched:

@@ -144,3 +144,22 @@ def test_regions_keyed_by_the_fed_data_layout():
         assert_same(ndd.transpose(ndd.reductions.sum(ndd.transpose(data, perm=[1, 0, 2]),
                                                      axes=[0], keep_dims=True),
                                   perm=[1, 0, 2]), result)
+
+
+def test_user_buffers_are_read_at_the_call():
+    """Eager ndd reads its inputs when called; a script that refills one numpy buffer (or
+    mutates an array an ndd.Tensor aliases) before consuming must see the same values."""
+    def body(buffer):
+        results = []
+        for i in range(3):
+            buffer[:] = i
+            results.append(ndd.math.abs(buffer) * 2)
+        view = ndd.as_tensor(buffer)
+        results.append(view + 1)
+        buffer[:] = 9
+        return results
+
+    eager = body(np.ones((2, 3), np.float32))
+    with ndd_trace.enabled():
+        lazy = body(np.ones((2, 3), np.float32))
+        assert_same(eager, lazy)

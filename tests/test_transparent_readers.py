@@ -1,0 +1,228 @@
+"""Transparent mode's reader loops: the reader reads ahead in its own pipeline, the regions fed
+by its batches run ahead speculatively; everything must equal the plain eager loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import to_numpy
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+from ndd_trace.loop import LoopError
+
+
+def _reader(root, **kwargs):
+    kwargs.setdefault("random_shuffle", True)
+    kwargs.setdefault("seed", 7)
+    return ndd.readers.File(file_root=str(root), **kwargs)
+
+
+def _augment(jpegs):
+    images = ndd.decoders.image(jpegs)
+    images = ndd.random_resized_crop(images, size=[24, 24])
+    flip = ndd.random.coin_flip(batch_size=images.batch_size)
+    return ndd.crop_mirror_normalize(images, mirror=flip, mean=[10.0], std=[50.0])
+
+
+def _both(scenario, make_reader, seed=11):
+    """Run `scenario(reader)` eagerly and in transparent mode (fresh readers, same seed);
+    compare everything it returned and the generator state afterwards."""
+    ndd.random.set_seed(seed)
+    eager = to_numpy(scenario(make_reader()))
+    eager_state = str(ndd.random.get_default_rng().state)
+    ndd_trace.reset_report()
+    ndd.random.set_seed(seed)
+    with ndd_trace.enabled():
+        lazy = to_numpy(scenario(make_reader()))
+    assert str(ndd.random.get_default_rng().state) == eager_state
+    _assert_equal(eager, lazy)
+    return ndd_trace.report()
+
+
+def _assert_equal(a, b):
+    if isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_equal(x, y)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_equal(a[key], b[key])
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b
+
+
+def _ahead(report):
+    return sum(region.ahead for region in report.regions)
+
+
+def test_epochs_read_ahead_and_regions_run_ahead(jpeg_dir):
+    def scenario(reader):
+        out = []
+        for _ in range(3):
+            for jpegs, labels in reader.next_epoch(batch_size=4):
+                out.append((np.asarray(_augment(jpegs).torch()), np.asarray(labels.torch())))
+        return out
+
+    report = _both(scenario, lambda: _reader(jpeg_dir))
+    assert _ahead(report) >= 8  # 12 steps: all but the first few ran ahead
+    assert not report.eager_ops
+    (reader, where), epochs = next(iter(report.readers.items()))
+    assert reader == "File" and epochs == 3 and "test_transparent_readers.py" in where
+    assert report.as_dict()["regions"][0]["run_ahead"] == _ahead(report)
+
+
+def test_break_then_next_epoch_continues_like_eager(jpeg_dir):
+    def scenario(reader):
+        out = []
+        for stop in (2, None, 1, None):
+            for step, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=3)):
+                out.append(_augment(jpegs))
+                out.append(labels)
+                if step == stop:
+                    break
+        return out
+
+    _both(scenario, lambda: _reader(jpeg_dir))
+
+
+def test_reseed_and_extra_draws_between_steps(jpeg_dir):
+    def scenario(reader):
+        out = []
+        for epoch in range(3):
+            ndd.random.set_seed(100 + epoch % 2)
+            for step, (jpegs, _) in enumerate(reader.next_epoch(batch_size=2)):
+                if step == 2:  # a draw the runs launched ahead did not foresee
+                    out.append(np.asarray(ndd.random.uniform(batch_size=2, range=[0, 1]).torch()))
+                out.append(np.asarray(_augment(jpegs).torch()))
+        return out
+
+    report = _both(scenario, lambda: _reader(jpeg_dir))
+    assert _ahead(report) > 0
+
+
+def test_body_changing_every_step(jpeg_dir):
+    def scenario(reader):
+        out = []
+        for epoch in range(2):
+            for step, (jpegs, _) in enumerate(reader.next_epoch(batch_size=2)):
+                images = ndd.decoders.image(jpegs)
+                if step % 3 == 1:
+                    images = ndd.flip(images, horizontal=1)
+                scale = np.float32(1 + step % 2)  # a constant that changes every other step
+                out.append(ndd.resize(images, size=[16, 16]) * ndd.as_tensor(scale))
+        return out
+
+    _both(scenario, lambda: _reader(jpeg_dir))
+
+
+def test_values_consumed_after_the_loop(jpeg_dir):
+    def scenario(reader):
+        pending = [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
+        pending += [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
+        return pending
+
+    _both(scenario, lambda: _reader(jpeg_dir))
+
+
+def test_zip_of_readers_with_different_lengths(jpeg_dir):
+    def make():
+        return _reader(jpeg_dir), _reader(jpeg_dir, seed=3, num_shards=2, shard_id=1)
+
+    def scenario(readers):
+        first, second = readers
+        out = []
+        for _ in range(3):  # zip pulls one extra batch from `first`, as eagerly
+            for (a, _), (b, _) in zip(first.next_epoch(batch_size=3),
+                                      second.next_epoch(batch_size=3)):
+                out.append(ndd.resize(ndd.decoders.image(a), size=[8, 8]))
+                out.append(ndd.resize(ndd.decoders.image(b), size=[8, 8]))
+        return out
+
+    _both(scenario, make)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(num_shards=3, shard_id=1),
+    dict(num_shards=3, shard_id=2, stick_to_shard=True, pad_last_batch=True),
+    dict(random_shuffle=False, pad_last_batch=True),
+])
+def test_shards_and_padding(jpeg_dir, kwargs):
+    def scenario(reader):
+        return [[np.asarray(labels.torch()), ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])]
+                for _ in range(4) for jpegs, labels in reader.next_epoch(batch_size=3)]
+
+    _both(scenario, lambda: _reader(jpeg_dir, **kwargs))
+
+
+def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
+    def scenario(reader):
+        out = []
+        with ndd_trace.enabled():  # nested: a no-op for the transparent run
+            for batch in reader.next_epoch(batch_size=4):
+                out.append(_augment(batch[0]))
+        # transparent mode off: the reader keeps giving the same epochs (eagerly or not)
+        for jpegs, labels in reader.next_epoch(batch_size=4):
+            out.append(labels)
+        return out
+
+    ndd.random.set_seed(1)
+    eager = to_numpy(scenario(_reader(jpeg_dir)))
+    ndd.random.set_seed(1)
+    reader = _reader(jpeg_dir)
+    with ndd_trace.enabled():
+        first = [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
+    rest = [labels for _, labels in reader.next_epoch(batch_size=4)]
+    _assert_equal(eager, to_numpy(first + rest))
+    assert reader.get_metadata()["epoch_size"] == 16
+
+
+def test_sample_epochs_stay_eager_and_are_reported(jpeg_dir):
+    def scenario(reader):
+        return [ndd.decoders.image(jpeg) for jpeg, _ in reader.next_epoch()]
+
+    report = _both(scenario, lambda: _reader(jpeg_dir))
+    assert any("single samples" in reason for (_, reason, _) in report.eager_ops)
+
+
+def test_streamed_reader_refuses_sample_epochs_clearly(jpeg_dir):
+    reader = _reader(jpeg_dir)
+    with ndd_trace.enabled():
+        for _ in reader.next_epoch(batch_size=4):
+            pass
+        with pytest.raises(LoopError, match="batch epochs"):
+            reader.next_epoch()
+
+
+def test_checkpointing_reader_stays_eager(jpeg_dir):
+    def scenario(reader):
+        return [labels for _, labels in reader.next_epoch(batch_size=4)]
+
+    report = _both(scenario, lambda: _reader(jpeg_dir, enable_checkpointing=True))
+    assert any("checkpointing" in reason for (_, reason, _) in report.eager_ops)
+    assert not report.readers
+
+
+def test_batch_size_mismatch_raises_like_eager(jpeg_dir):
+    errors = []
+    for transparent in (False, True):
+        reader = _reader(jpeg_dir)
+        with ndd_trace.enabled() if transparent else _nothing():
+            for _ in reader.next_epoch(batch_size=4):
+                pass
+            with pytest.raises(ValueError) as info:
+                next(iter(reader.next_epoch(batch_size=2)))
+        errors.append(type(info.value))
+    assert errors[0] is errors[1]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
