@@ -1,6 +1,6 @@
 """Benchmark DALI dynamic mode (eager), DALI capture mode, ndd_trace and a hand-written pipeline.
 
-Each workload runs in four modes, each in a fresh subprocess (this script re-invoked with
+Each workload runs in every mode, each in a fresh subprocess (this script re-invoked with
 ``--worker MODE WORKLOAD``):
 
 - ``eager``: plain dynamic mode (``import nvidia.dali.experimental.dynamic as ndd``), one call of
@@ -10,6 +10,10 @@ Each workload runs in four modes, each in a fresh subprocess (this script re-inv
   ``ndd.readers.File(...).next_epoch(batch_size=N, capture=True)``.
 - ``ndd_trace``: the workload function decorated with ``ndd.compile`` (after ``import ndd_trace``),
   called once per batch with the same inputs as ``eager``.
+- ``ndd_trace_loop``: a compiled generator over the reader (``decode_rrc_cmn`` only).
+- ``transparent``: the ``eager`` code unmodified, under ``ndd_trace.enable()`` (what
+  ``python -m ndd_trace`` does to a script): the reader reads ahead, regions run ahead.
+- ``dataloader``: a torchvision ``DataLoader`` doing the same work (``decode_rrc_cmn``).
 - ``pipeline``: a hand-written ``@pipeline_def`` with the same operators, fed the same data
   (``fn.external_source`` over the same in-memory batches, or ``fn.readers.file``).
 
@@ -62,7 +66,8 @@ if str(BENCHMARK_DIR) not in sys.path:
 
 from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
-MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "pipeline", "dataloader")
+MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "transparent", "pipeline",
+         "dataloader")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -399,7 +404,7 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     if options.device == "gpu":
         require_gpu()
 
-    if mode in ("ndd_trace", "ndd_trace_loop"):
+    if mode in ("ndd_trace", "ndd_trace_loop", "transparent"):
         if str(REPO_ROOT) not in sys.path:
             sys.path.append(str(REPO_ROOT))  # a checkout without `pip install -e .`
         try:
@@ -437,6 +442,9 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
             result.error = "n/a: a compiled loop needs a reader (decode_rrc_cmn only)"
             return result
         steps = compiled_loop_steps(workload, options, data)
+    elif mode == "transparent":  # the eager code, unmodified, under ndd_trace.enable()
+        ndd_trace.enable()
+        steps = dynamic_mode_steps(workload, options, data, "eager", notes)
     else:
         steps = dynamic_mode_steps(workload, options, data, mode, notes)
     timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0)
