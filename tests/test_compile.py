@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import traceback
 import warnings
 
@@ -177,7 +178,7 @@ def test_graph_break_runs_eagerly_and_warns_at_user_line(batch):
     ours = [w for w in caught if issubclass(w.category, ndd_trace.NddTraceWarning)]
     assert len(ours) == 1
     assert ours[0].filename == __file__
-    assert "BREAK-LINE" in open(__file__).read().splitlines()[ours[0].lineno - 1]
+    assert "BREAK-LINE" in pathlib.Path(__file__).read_text().splitlines()[ours[0].lineno - 1]
     explanation = ndd_trace.explain(compiled, batch)
     assert explanation.breaks and ".shape" in explanation.breaks[0].reason
     assert explanation.breaks[0].filename == __file__

@@ -226,3 +226,22 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.gpu
+def test_gpu_decoding_reader_loop(jpeg_dir):
+    def scenario(reader):
+        out = []
+        for _ in range(2):
+            for jpegs, labels in reader.next_epoch(batch_size=4):
+                images = ndd.decoders.image(jpegs, device="gpu")
+                images = ndd.random_resized_crop(images, size=[24, 24])
+                flip = ndd.random.coin_flip(batch_size=4)
+                tensor = ndd.crop_mirror_normalize(images, mirror=flip, mean=[1.0],
+                                                   std=[3.0]).torch()
+                assert tensor.is_cuda
+                out.append((tensor.cpu().numpy(), np.asarray(labels.torch())))
+        return out
+
+    report = _both(scenario, lambda: _reader(jpeg_dir))
+    assert _ahead(report) > 0
