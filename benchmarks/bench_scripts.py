@@ -3,7 +3,9 @@
     python benchmarks/bench_scripts.py --repeat 3 --steps 200
 
 Whole-process wall time for every script in tests/scripts (best of --repeat), and for the
-small-ops script also its own loop rate (NDD_STEPS steps) in the three modes.
+scripts that time their own loop (small_ops: NDD_STEPS steps; decode_loop, a reader loop with a
+model step: --steps / 4 epochs of 4 steps) their loop rate plainly, under capture mode and
+through `python -m ndd_trace`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 CORPUS = ["classify", "detection_boxes", "external_numpy", "audio_1d", "data_dependent",
-          "early_break", "warmup", "small_ops"]
+          "early_break", "warmup", "small_ops", "decode_loop"]
 
 
 def run(arguments: list[str], env: dict) -> tuple[float, str, str]:
@@ -51,13 +53,17 @@ def main() -> None:
             rates.append(float(re.search(r"([\d.]+) steps/s", stderr).group(1)))
         return max(rates)
 
-    plain = loop_rate(["small_ops.py"], {})
-    capture = loop_rate(["small_ops.py"], {"NDD_CAPTURE": "1"})
-    traced = loop_rate(["-m", "ndd_trace", "small_ops.py"], {})
-    print(f"\nsmall_ops loop ({options.steps} steps, best of {options.repeat}): plain {plain:.1f}, "
-          f"capture {capture:.1f}, ndd_trace {traced:.1f} steps/s -> ndd_trace "
-          f"{traced / plain:.2f}x plain, {traced / capture:.2f}x capture")
-
+    # the scripts that time their own loop, and can run it under capture mode (NDD_CAPTURE=1)
+    loops = {"small_ops": {"NDD_STEPS": str(options.steps)},
+             "decode_loop": {"NDD_EPOCHS": str(max(1, options.steps // 4))}}
+    print(f"\nloop rates (steps/s, best of {options.repeat}):")
+    print(f"{'script':<14} {'plain':>8} {'capture':>8} {'ndd_trace':>10}  vs plain  vs capture")
+    for name, extra in loops.items():
+        plain = loop_rate([f"{name}.py"], extra)
+        capture = loop_rate([f"{name}.py"], {**extra, "NDD_CAPTURE": "1"})
+        traced = loop_rate(["-m", "ndd_trace", f"{name}.py"], extra)
+        print(f"{name:<14} {plain:8.1f} {capture:8.1f} {traced:10.1f}  {traced / plain:7.2f}x "
+              f"{traced / capture:9.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -452,6 +452,12 @@ def advance_shard(reader: Any) -> None:
     reader._advance_shard()
 
 
+def feed(pipe: Pipeline, name: str, data: Any) -> None:
+    """`pipe.feed_input(name, data)` without its per-call search of the graph for a source
+    callback (our external sources never have one)."""
+    pipe._feed_input(name, data)
+
+
 def schedule_one(pipe: Pipeline) -> None:
     """Schedule exactly one iteration (Pipeline.schedule_run prefetches a whole queue at first)."""
     pipe._run_once()
@@ -489,8 +495,16 @@ def resolve_rng(rng: Any) -> RNG:
 
 
 def draw_state(rng: RNG) -> np.ndarray:
-    """Draw one op call's Philox state exactly as an eager ndd random op does."""
-    return np.array(ndd_random._draw_state(rng), dtype=np.uint32)
+    """Draw one op call's Philox state exactly as an eager ndd random op does (its
+    `_STATE_WORDS` calls of `rng()`, done here in one go for a plain RNG)."""
+    if type(rng) is not RNG:
+        return np.array(ndd_random._draw_state(rng), dtype=np.uint32)
+    rng._on_draw()  # what each rng() call does first: idempotent (capture mode's hook)
+    rng._flush_pending()
+    generator = rng._rng
+    words = np.array([generator.next() for _ in range(STATE_WORDS)], dtype=np.uint32)
+    rng._draws += STATE_WORDS
+    return words
 
 
 def rng_snapshot(rng: RNG) -> Any:

@@ -312,6 +312,8 @@ class LazyTracer(Tracer):
         if not self.speculator.is_reader_batch(ref.node.payload):
             with _dali.eager_inside_trace():
                 ref.node.payload = _dali.snapshot(ref.node.payload)
+        elif ref.node.meta[0].device == "cpu":
+            ref.node.static["no_copy"] = True  # fed in place: nobody writes to it
         return ref
 
     def reader_used(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -392,26 +394,24 @@ class LazyTracer(Tracer):
     def _run_region(self, target: Node) -> None:
         started = time.perf_counter()
         region_ops = self._pending_cone(target)
-        graph, origin, leaves, computed = self._region_graph(region_ops, target)
-        key = _structure_key(graph)
-        batch_sizes = {int(n.batch_size) for n in graph.nodes
-                       if n.kind is NodeKind.OP and n.is_batch}
+        view = _region_view(region_ops, target, clone=False)
+        key = view.key
+        batch_sizes = {int(n.batch_size) for n in region_ops if n.is_batch}
         batch_size = max(batch_sizes) if batch_sizes else 1
-        # a random op in sample mode draws one value; in a batch pipeline, one per sample
-        unpipelinable = len(batch_sizes) > 1 or (batch_size > 1 and any(
-            n.kind is NodeKind.OP and not n.is_batch and "_random_state" in n.arg_inputs
-            for n in graph.nodes))
         record_s = time.perf_counter() - started
         with _state.lock:
             region = _state.regions.get(key)
             if region is None:
-                region = self._new_region(key, graph, region_ops, unpipelinable)
+                # a random op in sample mode draws one value; in a batch pipeline, one per sample
+                unpipelinable = len(batch_sizes) > 1 or (batch_size > 1 and any(
+                    not n.is_batch and "_random_state" in n.arg_inputs for n in region_ops))
+                region = self._new_region(key, region_ops, target, unpipelinable)
                 _state.regions[key] = region
             else:
                 region.hits += 1
             region.runs += 1
             region.record_s += record_s
-        observation = (self.speculator.observe(leaves, computed)
+        observation = (self.speculator.observe(view.leaves, view.computed)
                        if region.executable is not None else None)
         ahead = self.speculator.take(key, observation) if observation is not None else None
         if ahead is not None:
@@ -419,13 +419,14 @@ class LazyTracer(Tracer):
             with _state.lock:
                 region.ahead += 1
         elif region.executable is None:
-            values = interpret(graph, {id(leaf): _leaf_value(leaf) for leaf in leaves})
-            outputs = [_dali.storage_of(values[ref]) for ref in graph.outputs]
+            view = _region_view(region_ops, target, clone=True)
+            values = interpret(view.graph, {id(leaf): _leaf_value(leaf) for leaf in view.leaves})
+            outputs = [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         else:
             try:
                 builds = region.executable.builds
                 started = time.perf_counter()
-                run = region.executable.run_leaves(leaves, batch_size)
+                run = region.executable.run_leaves(view.leaves, batch_size)
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
                 outputs = list(run.result())
@@ -437,15 +438,14 @@ class LazyTracer(Tracer):
                 return self._run_region(target)
         if observation is not None and region.executable is not None:
             self.speculator.learn(key, region.executable, observation, batch_size)
-        for ref, output in zip(graph.outputs, outputs):
-            original = origin[id(ref.node)]
+        for (original, index), output in zip(view.outputs, outputs):
             if original.results is None:
                 original.results = [None] * original.num_outputs
-            original.results[ref.index] = output
+            original.results[index] = output
             if all(r is not None for r in original.results):
                 _settle_proxies(original)
 
-    def _new_region(self, key: tuple, graph: Graph, region_ops: list[Node],
+    def _new_region(self, key: tuple, region_ops: list[Node], target: Node,
                     mixed_batch_sizes: bool) -> Region:
         loc = region_ops[0].loc if region_ops else None
         started = time.perf_counter()
@@ -453,6 +453,7 @@ class LazyTracer(Tracer):
             return Region(key, loc, len(region_ops), None, "",
                           eager_reason="batches of different sizes, or a one-value random op "
                                        "among batches, in one region")
+        graph = _region_view(region_ops, target, clone=True).graph
         lowered = lower(graph)
         executable = Executable(graph, lowered, [], self.options, {})
         executable.cache_constants = False
@@ -474,55 +475,88 @@ class LazyTracer(Tracer):
             stack.extend(ref.node for ref in node.arg_inputs.values())
         return sorted(seen.values(), key=lambda n: n.index)
 
-    @staticmethod
-    def _region_graph(region_ops: list[Node], target: Node
-                      ) -> tuple[Graph, dict[int, Node], list[Node], list[bool]]:
-        """A self-contained graph of the region: outside values become fed leaves (and
-        whether each leaf was computed by an earlier region)."""
-        graph = Graph("region")
-        clones: dict[int, Node] = {}
-        origin: dict[int, Node] = {}
-        leaf_refs: dict[tuple[int, int], Ref] = {}
-        leaves: list[Node] = []
-        computed: list[bool] = []
 
-        def mapped(ref: Ref) -> Ref:
-            node = ref.node
-            if id(node) in clones:
-                return Ref(clones[id(node)], ref.index)
-            key = (id(node), ref.index)
-            if key not in leaf_refs:
-                if node.kind is NodeKind.OP:  # materialized earlier: its data is fed
-                    data = node.results[ref.index]
-                    value = _dali.wrap_batch(data) if node.is_batch else _dali.wrap_tensor(data)
-                    # the data's own metadata (inference may not know the layout), so that
-                    # regions fed differently laid-out data get different pipelines
-                    leaf = graph.add_constant(value, _dali.meta_of(value), node.is_batch, None)
-                elif node.kind is NodeKind.RANDOM_STATE:
-                    leaf = graph.add_random_state(node.payload, node.loc)
-                else:
-                    leaf = graph.add_constant(node.payload, node.meta[0], node.is_batch, None)
-                leaves.append(leaf)
-                computed.append(node.kind is NodeKind.OP)
-                leaf_refs[key] = Ref(leaf, 0)
-            return leaf_refs[key]
+@dataclasses.dataclass
+class _RegionView:
+    """A pending region as a pipeline sees it: its structure key (op names, static arguments,
+    edges, leaf kinds; no data), the values it is fed, and which of them an earlier region
+    computed; `graph` is a self-contained copy, made only where one is needed (a new region,
+    or one the interpreter runs)."""
 
-        for node in region_ops:
+    key: tuple
+    leaves: list[Node]
+    computed: list[bool]
+    outputs: list[tuple[Node, int]]  # (recorded node, output index) the region gives back
+    graph: Graph | None
+
+
+def _region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionView:
+    graph = Graph("region")  # the fed leaves, and the copied ops where `clone`
+    position: dict[int, int] = {}  # id(recorded op) -> its position in the key
+    copies: dict[int, Node] = {}
+    fed: dict[tuple[int, int], tuple[int, Ref]] = {}
+    items: list[Any] = []
+    leaves: list[Node] = []
+    computed: list[bool] = []
+
+    def mapped(ref: Ref) -> tuple[int, int, Ref | None]:
+        node = ref.node
+        if id(node) in position:
+            copy = Ref(copies[id(node)], ref.index) if clone else None
+            return position[id(node)], ref.index, copy
+        key = (id(node), ref.index)
+        if key not in fed:
+            leaf = _make_leaf(graph, node, ref.index)
+            fed[key] = (len(items), Ref(leaf, 0))
+            items.append((leaf.kind.value, leaf.meta[0], leaf.is_batch,
+                          bool(leaf.static.get("no_copy"))))
+            leaves.append(leaf)
+            computed.append(node.kind is NodeKind.OP)
+        at, leaf_ref = fed[key]
+        return at, 0, leaf_ref
+
+    for node in region_ops:
+        inputs = [mapped(ref) for ref in node.inputs]
+        arg_inputs = [(name, mapped(ref)) for name, ref in node.arg_inputs.items()]
+        position[id(node)] = len(items)
+        items.append((
+            node.name, node.backend, node.is_batch, _freeze(node.static),
+            tuple((at, index) for at, index, _ in inputs), tuple(node.input_devices),
+            tuple(sorted((name, at, index) for name, (at, index, _) in arg_inputs)),
+            tuple(sorted(node.arg_casts.items())),
+        ))
+        if clone:
             fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(Node)
-                      if f.name not in ("index", "kind", "name", "inputs", "arg_inputs")}
-            inputs = [mapped(ref) for ref in node.inputs]
-            arg_inputs = {key: mapped(ref) for key, ref in node.arg_inputs.items()}
-            clone = graph.add_op(node.name, node.schema, **{
-                **{k: v for k, v in fields.items() if k != "schema"},
-                "inputs": inputs, "arg_inputs": arg_inputs})
-            clones[id(node)] = clone
-            origin[id(clone)] = node
-        outputs = []
-        for node in region_ops:
-            if node is target or any(proxy() is not None for proxy in node.proxies):
-                outputs.extend(Ref(clones[id(node)], i) for i in range(node.num_outputs))
-        graph.outputs = outputs
-        return graph, origin, leaves, computed
+                      if f.name not in ("index", "kind", "name", "schema", "inputs",
+                                        "arg_inputs")}
+            copies[id(node)] = graph.add_op(
+                node.name, node.schema, **fields, inputs=[ref for *_, ref in inputs],
+                arg_inputs={name: ref for name, (*_, ref) in arg_inputs})
+    outputs = [(node, index) for node in region_ops
+               if node is target or any(proxy() is not None for proxy in node.proxies)
+               for index in range(node.num_outputs)]
+    items.append(tuple((position[id(node)], index) for node, index in outputs))
+    if clone:
+        graph.outputs = [Ref(copies[id(node)], index) for node, index in outputs]
+    return _RegionView(tuple(items), leaves, computed, outputs, graph if clone else None)
+
+
+def _make_leaf(graph: Graph, node: Node, index: int) -> Node:
+    """The fed leaf standing for output `index` of `node`, outside the region."""
+    if node.kind is NodeKind.OP:  # materialized earlier: its data is fed
+        data = node.results[index]
+        value = _dali.wrap_batch(data) if node.is_batch else _dali.wrap_tensor(data)
+        # the data's own metadata (inference may not know the layout), so that regions fed
+        # differently laid-out data get different pipelines
+        leaf = graph.add_constant(value, _dali.meta_of(value), node.is_batch, None)
+        if leaf.meta[0].device == "cpu":
+            leaf.static["no_copy"] = True  # a pipeline's output: fed in place
+        return leaf
+    if node.kind is NodeKind.RANDOM_STATE:
+        return graph.add_random_state(node.payload, node.loc)
+    leaf = graph.add_constant(node.payload, node.meta[0], node.is_batch, None)
+    leaf.static = dict(node.static)
+    return leaf
 
 
 def _leaf_value(leaf: Node) -> Any:
@@ -538,26 +572,6 @@ def _settle_proxies(node: Node) -> None:
             data = node.results[proxy._ref.index]
             proxy._storage = data if isinstance(proxy, _dali.Batch) else data[0]
     node.proxies = []
-
-
-def _structure_key(graph: Graph) -> tuple:
-    """Same key, same pipeline: op names, static arguments, edges and leaf kinds; no data."""
-    position = {id(node): i for i, node in enumerate(graph.nodes)}
-    items: list[Any] = []
-    for node in graph.nodes:
-        if node.kind is NodeKind.OP:
-            items.append((
-                node.name, node.backend, node.is_batch, _freeze(node.static),
-                tuple((position[id(r.node)], r.index) for r in node.inputs),
-                tuple(node.input_devices),
-                tuple(sorted((k, position[id(r.node)], r.index)
-                             for k, r in node.arg_inputs.items())),
-                tuple(sorted(node.arg_casts.items())),
-            ))
-        else:
-            items.append((node.kind.value, node.meta[0], node.is_batch))
-    items.append(tuple((position[id(r.node)], r.index) for r in graph.outputs))
-    return tuple(items)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -107,9 +107,10 @@ def _external_source(node: Node, emitter: _Emitter) -> ast.Call:
         "name": ast.Constant(node.var),
         "device": ast.Constant(meta.device),
     }
-    if node.kind is NodeKind.RANDOM_STATE:
-        # states are ndd_trace's own buffers: used in place, kept alive by the runtime; user
-        # data is copied at the call, as eager ndd reads it then (callers reuse buffers)
+    if node.kind is NodeKind.RANDOM_STATE or node.static.get("no_copy"):
+        # states (and constants marked no_copy: pipeline outputs nobody writes to) are used in
+        # place, kept alive by the runtime; user data is copied at the call, as eager ndd reads
+        # it then (callers reuse buffers)
         keywords["no_copy"] = ast.Constant(True)
     if meta.dtype:
         keywords["dtype"] = _attribute_chain("types", f"DALIDataType.{meta.dtype}")

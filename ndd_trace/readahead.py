@@ -208,6 +208,7 @@ class Speculator:
         self._draws: collections.OrderedDict[int, tuple[Any, Any, tuple[int, int]]] = \
             collections.OrderedDict()
         self._patterns: dict[tuple, _Pattern] = {}
+        self._clones: dict[int, list] = {}  # id(rng) -> [clone, its draws, rng] drawn ahead
         self.active = False
 
     # -- what the script does ------------------------------------------------------------------
@@ -330,7 +331,6 @@ class Speculator:
     def _launch(self, executable: Executable, observation: Observation, strides: list[int],
                 count: int, batch_size: int) -> _Launch | None:
         steps = count - observation.count
-        clones: dict[int, list] = {}
         data: list[Any] = []
         fed: list[Any] = []
         for leaf, stride in zip(observation.leaves, strides):
@@ -341,8 +341,8 @@ class Speculator:
                 value = batches[leaf.index]
                 data.append(_dali.storage_of(value))
             elif leaf.kind == "state":
-                value = _state_at(leaf.rng, leaf.position[0] + steps * stride,
-                                  leaf.position[1], clones)
+                value = self._state_at(leaf.rng, leaf.position[0] + steps * stride,
+                                       leaf.position[1])
                 if value is None:
                     return None
                 data.append(_dali.broadcast_state(value, batch_size))
@@ -353,21 +353,21 @@ class Speculator:
         run = executable.launch(data, batch_size)
         return _Launch(count, run, fed) if run is not None else None
 
-
-def _state_at(rng: Any, draws: int, version: int, clones: dict[int, list]) -> Any:
-    """The state a random op would draw from `rng` once it has made `draws` draws (None if the
-    generator was reseeded or is already past that point)."""
-    entry = clones.get(id(rng))
-    if entry is None or entry[1] > draws:
+    def _state_at(self, rng: Any, draws: int, version: int) -> Any:
+        """The state a random op will draw from `rng` once it has made `draws` draws (None if
+        the generator was reseeded or is already past that point). One clone per generator
+        draws ahead, re-cloned when it would have to go back or the generator was reseeded."""
         now, now_version = _dali.rng_position(rng)
         if now_version != version or now > draws:
             return None
-        entry = clones[id(rng)] = [_dali.rng_clone(rng), now]
-    clone, position = entry
-    if draws > position:
-        _dali.rng_advance(clone, draws - position)
-    entry[1] = draws + _dali.STATE_WORDS
-    return _dali.draw_state(clone)
+        entry = self._clones.get(id(rng))
+        if entry is None or entry[2] is not rng or entry[1] > draws or entry[3] != version:
+            entry = self._clones[id(rng)] = [_dali.rng_clone(rng), now, rng, version]
+        clone, position = entry[0], entry[1]
+        if draws > position:
+            _dali.rng_advance(clone, draws - position)
+        entry[1] = draws + _dali.STATE_WORDS
+        return _dali.draw_state(clone)
 
 
 def _same(leaf: _Leaf, fed: Any) -> bool:

@@ -297,7 +297,7 @@ class Executable:
     def _feed(self, data: list) -> None:
         """Feed one iteration's external sources (in lowering order), keeping the data alive."""
         for node, item in zip(self.lowered.external_sources, data):
-            self.pipeline.feed_input(node.var, item)
+            _dali.feed(self.pipeline, node.var, item)
         self._fed.append(data)
 
     def fetch(self, run: _PendingRun) -> None:

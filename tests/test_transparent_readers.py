@@ -245,3 +245,43 @@ def test_gpu_decoding_reader_loop(jpeg_dir):
 
     report = _both(scenario, lambda: _reader(jpeg_dir))
     assert _ahead(report) > 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_randomized_reader_loops(jpeg_dir, seed):
+    """Random schedules of breaks, reseeds, extra draws, body changes, late consumption and a
+    second zipped reader: always the eager loop's values and generator state."""
+    import random
+
+    def make():
+        return _reader(jpeg_dir, seed=seed), _reader(jpeg_dir, seed=seed + 1, num_shards=2)
+
+    def scenario(readers):
+        choose = random.Random(seed)
+        batch_size = choose.choice([2, 3, 4])
+        zipped = choose.random() < 0.3
+        out, pending = [], []
+        for _ in range(choose.randint(2, 4)):
+            if choose.random() < 0.3:
+                ndd.random.set_seed(choose.randint(0, 9))
+            epoch = readers[0].next_epoch(batch_size=batch_size)
+            if zipped:
+                epoch = zip(epoch, readers[1].next_epoch(batch_size=batch_size))
+            stop = choose.randint(0, 8) if choose.random() < 0.3 else None
+            for step, item in enumerate(epoch):
+                jpegs = item[0][0] if zipped else item[0]
+                if choose.random() < 0.15:
+                    out.append(np.asarray(ndd.random.uniform(batch_size=2).torch()))
+                value = _augment(jpegs) if choose.random() < 0.85 else \
+                    ndd.flip(ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]), vertical=1)
+                if zipped:
+                    value = [value, ndd.resize(ndd.decoders.image(item[1][0]), size=[8, 8])]
+                if choose.random() < 0.2:
+                    pending.append(value)  # consumed after the loop
+                else:
+                    out.append(to_numpy(value))
+                if step == stop:
+                    break
+        return out + pending
+
+    _both(scenario, make, seed=seed)
