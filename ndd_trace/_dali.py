@@ -16,6 +16,7 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -235,6 +236,7 @@ def resolve_backend(op_class: type, device: Any, inputs: tuple) -> tuple[str, st
     return resolved.device_type, backend_name
 
 
+@functools.lru_cache(maxsize=4096)
 def input_device(op_class: type, backend_name: str, index: int, actual: str) -> str:
     """Where input `index` must be for this op (ndd copies it there implicitly)."""
     device = Device("gpu", 0) if backend_name != "cpu" else Device.CPU
@@ -262,6 +264,18 @@ def decay_static(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(decay_static(v) for v in value)
     return _op_builder._scalar_decay(value)
+
+
+@functools.lru_cache(maxsize=64)
+def device(kind: str, device_id: int | None) -> Device:
+    """An ndd Device (shared: ndd never changes one)."""
+    return Device(kind, device_id)
+
+
+@functools.lru_cache(maxsize=64)
+def dtype_of(name: str) -> DType:
+    """The ndd DType of a DALIDataType name ("UINT8")."""
+    return DType.from_type_id(getattr(types.DALIDataType, name))
 
 
 def dtype_name(dtype: Any) -> str | None:

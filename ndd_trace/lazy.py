@@ -212,9 +212,7 @@ class _LazyMixin:
 
 
 def _known_dtype(meta: TensorMeta) -> Any:
-    if meta.dtype is None:
-        return None
-    return _dali.DType.from_type_id(getattr(_dali.types.DALIDataType, meta.dtype))
+    return _dali.dtype_of(meta.dtype) if meta.dtype is not None else None
 
 
 class _LazyHandle(LazyResult):

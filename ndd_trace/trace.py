@@ -127,7 +127,8 @@ class _TracedMixin:
         self._shape = None
         self._batch = None  # ndd.Tensor's own fields, read by its methods
         self._index_in_batch = None
-        self._device = _dali.Device(meta.device, tracer.device_id if meta.device == "gpu" else None)
+        self._device = _dali.device(meta.device,
+                                    tracer.device_id if meta.device == "gpu" else None)
 
     def _known(self, what: str, value: Any) -> Any:
         if value is None:
