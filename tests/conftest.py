@@ -117,6 +117,9 @@ def assert_same(eager, compiled):
         assert eager.keys() == compiled.keys()
         for key in eager:
             assert_same(eager[key], compiled[key])
+    elif isinstance(eager, np.ndarray):
+        assert eager.dtype == compiled.dtype and eager.shape == compiled.shape
+        np.testing.assert_array_equal(eager, compiled)
     else:
         assert eager == compiled
 

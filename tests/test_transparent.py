@@ -167,3 +167,25 @@ def test_user_buffers_are_read_at_the_call():
     with ndd_trace.enabled():
         lazy = body(np.ones((2, 3), np.float32))
         assert_same(eager, lazy)
+
+
+def test_deferred_eval_mode_records_one_region(batch):
+    """While ndd_trace is enabled, `with ndd.EvalMode.deferred:` means what it says: the calls
+    are recorded and run as one cached pipeline when consumed (sync modes stay eager)."""
+    def body(x):
+        angle = ndd.random.uniform(batch_size=x.batch_size, range=[-10, 10])
+        y = ndd.rotate(ndd.flip(x, horizontal=1), angle=angle, keep_size=True)
+        return (y * 2).slice[2:20]
+
+    ndd.random.set_seed(6)
+    eager = [body(batch) for _ in range(3)]
+    ndd_trace.reset_report()
+    ndd.random.set_seed(6)
+    with ndd_trace.enabled(), ndd.EvalMode.deferred:
+        lazy = [body(batch) for _ in range(3)]
+        assert all(value._storage is None for value in lazy)  # nothing ran yet
+        assert_same(eager, lazy)
+    report = ndd_trace.report()
+    assert len(report.regions) == 1 and report.regions[0].num_ops == 5
+    assert report.regions[0].runs == 3 and report.regions[0].hits == 2
+    assert not report.eager_ops

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import to_numpy
+from conftest import assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -36,24 +36,8 @@ def _both(scenario, make_reader, seed=11):
     with ndd_trace.enabled():
         lazy = to_numpy(scenario(make_reader()))
     assert str(ndd.random.get_default_rng().state) == eager_state
-    _assert_equal(eager, lazy)
+    assert_same(eager, lazy)
     return ndd_trace.report()
-
-
-def _assert_equal(a, b):
-    if isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b):
-            _assert_equal(x, y)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for key in a:
-            _assert_equal(a[key], b[key])
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(a, b)
-    else:
-        assert a == b
 
 
 def _ahead(report):
@@ -177,7 +161,7 @@ def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
     with ndd_trace.enabled():
         first = [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
     rest = [labels for _, labels in reader.next_epoch(batch_size=4)]
-    _assert_equal(eager, to_numpy(first + rest))
+    assert_same(eager, to_numpy(first + rest))
     assert reader.get_metadata()["epoch_size"] == 16
 
 
