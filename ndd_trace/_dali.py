@@ -10,7 +10,7 @@ Tested with nvidia-dali-cuda120 2.4.x. What it relies on (private, may change be
 makefun-generated operator functions that call `_func_impl_` from their own globals;
 `Operator._legacy_op`, `_schema`, `_has_random_state_arg`, `_is_stateful`,
 `_argument_conversion_map`, `_input_device`; `_op_builder._resolve_backend` and
-`_scalar_decay`; `random._draw_state`; `Batch._storage`.
+`_scalar_decay`; `random._draw_state`; `Batch._storage`; `TensorList._make_copy`.
 """
 
 from __future__ import annotations
@@ -562,12 +562,11 @@ def snapshot(value: Any) -> Any:
     so a caller that mutates (or reuses) its buffers afterwards must not change the result."""
     storage = value.evaluate()._storage
     if isinstance(storage, backend.TensorListCPU):
-        return Batch(backend.TensorListCPU([np.array(t, copy=True) for t in storage],
-                                           storage.layout()))
-    if isinstance(storage, backend.TensorCPU):
-        return Tensor(backend.TensorCPU(np.array(storage, copy=True), storage.layout()))
+        return Batch(storage._make_copy())  # DALI-owned memory (numpy copies would not be kept
+    if isinstance(storage, backend.TensorCPU):  # alive by a TensorList that wraps them)
+        return Tensor(storage._make_copy())
     with _interceptor.suspended():
-        return ndd.copy(value)  # GPU data: a device copy
+        return ndd.copy(value).evaluate()  # GPU data: a device copy, made now
 
 
 def same_data(a: Any, b: Any) -> bool:
