@@ -7,7 +7,7 @@ regions that consume their batches are run ahead of the script, speculatively an
 
 Under transparent mode, `reader.next_epoch(batch_size=...)` moves the reader's operator into a
 pipeline of its own (the very operator instance eager ndd would run: the same samples in the
-same order), which keeps batches read ahead, across epoch boundaries too. The epochs it hands
+same order), which a worker thread keeps reading ahead, across epoch boundaries too. The epochs it hands
 out are eager ones: as many batches, the shard advanced at the end, a `break` leaving the rest
 of the stream for the next epoch.
 
@@ -23,8 +23,11 @@ itself only loses the running ahead (a region that mostly misses is no longer tr
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
+import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,12 +39,17 @@ from .runtime import Executable, Options, _PendingRun
 
 READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
 RUN_AHEAD = 2  # region runs kept launched ahead (the region pipelines' queue depth)
+# a worker thread reads ahead (NDD_TRACE_READER_THREAD=0: the script's thread does, when it takes)
+READ_THREAD = os.environ.get("NDD_TRACE_READER_THREAD", "1") != "0"
 MAX_MISSES = 3  # a region is no longer run ahead once it missed this often, and more than
 # twice as often as it hit
 
 
 class ReaderStream:
-    """A reader's operator in a pipeline of its own, handing out its batches in order."""
+    """A reader's operator in a pipeline of its own, handing out its batches in order.
+
+    A worker thread keeps `READ_AHEAD` batches scheduled and fetched (DALI releases the GIL
+    while it runs and waits), so taking a batch costs the script almost nothing."""
 
     def __init__(self, reader: Any, batch_size: int, options: Options):
         num_outputs, names, metas = _dali.reader_metadata(reader)
@@ -57,12 +65,19 @@ class ReaderStream:
         self.loop = LoopExecutable(graph, lower(graph), [], options, {}, batch_size,
                                    f"transparent mode ({type(reader).__name__})")
         self.count = 0  # batches handed out so far
-        self._queue: list[_PendingRun] = []  # scheduled runs of counts self.count, ...
-        self._wrapped: dict[int, tuple] = {}  # count -> its Batches, once looked at
+        self._ready: list[tuple] = []  # the Batches of counts self.count, self.count + 1, ...
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._threaded = False
+        self._in_flight: list[_PendingRun] = []  # scheduled, not fetched (without the thread)
+        self._meta: dict = {}
 
     def start(self) -> None:
-        """Move the reader into the pipeline (eager ndd's batch-size checks apply)."""
+        """Move the reader into the pipeline (eager ndd's batch-size checks apply), then start
+        reading ahead."""
         self.loop.ensure_built(self.batch_size)
+        self._meta = dict(_dali.reader_metadata_of(self.loop.pipeline, self.reader))
         stream = self
 
         def next_epoch(*args: Any, **kwargs: Any) -> Any:
@@ -71,10 +86,48 @@ class ReaderStream:
             return stream.epoch(stream.request(args, kwargs), None)
 
         def get_metadata(*args: Any, **kwargs: Any) -> dict:
-            return _dali.reader_metadata_of(stream.loop.pipeline, stream.reader)
+            return dict(stream._meta)
 
         self.reader.next_epoch = next_epoch
         self.reader.get_metadata = get_metadata
+        if not READ_THREAD:
+            return
+        self._threaded = True
+        worker = threading.Thread(target=self._read_ahead, daemon=True,
+                                  name=f"ndd_trace reader {self.reader._name}")
+        worker.start()
+        atexit.register(self.stop, worker)
+
+    def stop(self, worker: threading.Thread) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        worker.join(timeout=5)
+
+    def _read_ahead(self) -> None:
+        """The worker: keep READ_AHEAD batches scheduled or fetched, in order."""
+        in_flight: list[_PendingRun] = []
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not in_flight and \
+                            len(self._ready) >= READ_AHEAD:
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    room = READ_AHEAD - len(self._ready) - len(in_flight)
+                with self.loop._lock:
+                    for _ in range(room):
+                        in_flight.append(self.loop._schedule({}))
+                outputs = in_flight.pop(0).result()  # waits with the GIL released
+                batches = tuple(_dali.wrap_batch(output) for output in outputs)
+                with self._cond:
+                    self._ready.append(batches)
+                    self._cond.notify_all()
+        except BaseException as error:  # handed to the script at its next batch
+            with self._cond:
+                self._error = error
+                self._cond.notify_all()
 
     def request(self, args: tuple, kwargs: dict) -> int:
         """The batch size of a `next_epoch(*args, **kwargs)` call on this reader."""
@@ -91,30 +144,37 @@ class ReaderStream:
         """The Batches the stream hands out at `count` (None if not read ahead so far)."""
         if count < self.count or count >= self.count + READ_AHEAD:
             return None
-        with self.loop._lock:
-            while self.count + len(self._queue) <= count:
-                self._queue.append(self.loop._schedule({}))
-            batches = self._wrapped.get(count)
-            if batches is None:
-                outputs = self._queue[count - self.count].result()
-                batches = tuple(_dali.wrap_batch(output) for output in outputs)
-                self._wrapped[count] = batches
-            return batches
+        if not self._threaded:
+            with self.loop._lock:
+                while len(self._ready) <= count - self.count:
+                    while len(self._ready) + len(self._in_flight) < READ_AHEAD:
+                        self._in_flight.append(self.loop._schedule({}))
+                    outputs = self._in_flight.pop(0).result()
+                    self._ready.append(tuple(_dali.wrap_batch(o) for o in outputs))
+                return self._ready[count - self.count]
+        with self._cond:
+            while len(self._ready) <= count - self.count:
+                if self._error is not None:
+                    raise self._error
+                self._cond.wait()
+            return self._ready[count - self.count]
 
     def take(self) -> tuple:
         batches = self.peek(self.count)
-        with self.loop._lock:
-            self._queue.pop(0)
-            del self._wrapped[self.count]
+        with self._cond:
+            self._ready.pop(0)
             self.count += 1
-            while len(self._queue) < READ_AHEAD:  # keep reading ahead, into the next epoch
-                self._queue.append(self.loop._schedule({}))
+            self._cond.notify_all()
+        if not self._threaded:
+            with self.loop._lock:  # keep reading ahead, into the next epoch
+                while len(self._ready) + len(self._in_flight) < READ_AHEAD:
+                    self._in_flight.append(self.loop._schedule({}))
         return batches  # type: ignore[return-value]
 
     def epoch(self, batch_size: int, on_batch: Callable | None) -> Iterator[Any]:
         """One epoch exactly as `reader.next_epoch(batch_size=...)` gives it."""
         _dali.reader_uses_batch_size(self.reader, batch_size)
-        steps = self.loop._epoch_steps()
+        steps = _dali.shard_steps(self.reader, self._meta["epoch_size_padded"], batch_size)
         for _ in range(steps):
             count = self.count
             batches = self.take()
