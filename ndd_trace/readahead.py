@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -70,6 +71,7 @@ class ReaderStream:
         self._error: BaseException | None = None
         self._stopping = False
         self._threaded = False
+        self._worker: threading.Thread | None = None
         self._in_flight: list[_PendingRun] = []  # scheduled, not fetched (without the thread)
         self._meta: dict = {}
 
@@ -93,41 +95,18 @@ class ReaderStream:
         if not READ_THREAD:
             return
         self._threaded = True
-        worker = threading.Thread(target=self._read_ahead, daemon=True,
-                                  name=f"ndd_trace reader {self.reader._name}")
-        worker.start()
-        atexit.register(self.stop, worker)
+        self._worker = threading.Thread(target=_read_ahead, args=(weakref.ref(self), self._cond),
+                                        daemon=True, name=f"ndd_trace reader {self.reader._name}")
+        _workers.add(self)
+        self._worker.start()
 
-    def stop(self, worker: threading.Thread) -> None:
+    def stop(self) -> None:
+        """Stop reading ahead (at exit)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        worker.join(timeout=5)
-
-    def _read_ahead(self) -> None:
-        """The worker: keep READ_AHEAD batches scheduled or fetched, in order."""
-        in_flight: list[_PendingRun] = []
-        try:
-            while True:
-                with self._cond:
-                    while not self._stopping and not in_flight and \
-                            len(self._ready) >= READ_AHEAD:
-                        self._cond.wait()
-                    if self._stopping:
-                        return
-                    room = READ_AHEAD - len(self._ready) - len(in_flight)
-                with self.loop._lock:
-                    for _ in range(room):
-                        in_flight.append(self.loop._schedule({}))
-                outputs = in_flight.pop(0).result()  # waits with the GIL released
-                batches = tuple(_dali.wrap_batch(output) for output in outputs)
-                with self._cond:
-                    self._ready.append(batches)
-                    self._cond.notify_all()
-        except BaseException as error:  # handed to the script at its next batch
-            with self._cond:
-                self._error = error
-                self._cond.notify_all()
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout=5)
 
     def request(self, args: tuple, kwargs: dict) -> int:
         """The batch size of a `next_epoch(*args, **kwargs)` call on this reader."""
@@ -184,6 +163,53 @@ class ReaderStream:
         _dali.advance_shard(self.reader)
 
 
+def _read_ahead(ref: weakref.ref, cond: threading.Condition) -> None:
+    """A stream's worker: keep READ_AHEAD batches scheduled or fetched, in order. It holds its
+    stream weakly while it waits, and ends once the stream (with its reader) is dropped."""
+    in_flight: list[_PendingRun] = []
+    try:
+        while True:
+            stream = ref()
+            if stream is None or stream._stopping:
+                return
+            with cond:
+                if not in_flight and len(stream._ready) >= READ_AHEAD:
+                    stream = None
+                    cond.wait(timeout=0.5)
+                    continue
+                room = READ_AHEAD - len(stream._ready) - len(in_flight)
+            loop = stream.loop
+            stream = None
+            with loop._lock:
+                for _ in range(room):
+                    in_flight.append(loop._schedule({}))
+            loop = None
+            outputs = in_flight.pop(0).result()  # waits with the GIL released
+            batches = tuple(_dali.wrap_batch(output) for output in outputs)
+            stream = ref()
+            if stream is None:
+                return
+            with cond:
+                stream._ready.append(batches)
+                cond.notify_all()
+            stream = None
+    except BaseException as error:  # handed to the script at its next batch
+        stream = ref()
+        if stream is not None:
+            with cond:
+                stream._error = error
+                cond.notify_all()
+
+
+_workers: weakref.WeakSet = weakref.WeakSet()  # streams with a worker, stopped at exit
+
+
+@atexit.register
+def _stop_workers() -> None:
+    for stream in list(_workers):
+        stream.stop()
+
+
 def stream_of(reader: Any) -> ReaderStream | None:
     return getattr(reader, "_ndd_trace_stream", None)
 
@@ -226,7 +252,7 @@ class _Leaf:
 
     kind: str  # "reader", "state" or "const"
     value: Any  # the reader Batch, the state's words, or the constant
-    stream: ReaderStream | None = None
+    stream: weakref.ref | None = None  # of the ReaderStream (a dropped reader ends its stream)
     index: int = 0  # reader output
     offset: int = 0  # reader count minus the observation's count
     rng: Any = None
@@ -264,7 +290,7 @@ class Speculator:
     """Runs regions fed by reader batches ahead of the script (one per transparent tracer)."""
 
     def __init__(self) -> None:
-        self._batches: dict[int, tuple[Any, ReaderStream, int, int]] = {}
+        self._batches: dict[int, tuple[Any, weakref.ref, int, int]] = {}
         self._draws: collections.OrderedDict[int, tuple[Any, Any, tuple[int, int]]] = \
             collections.OrderedDict()
         self._patterns: dict[tuple, _Pattern] = {}
@@ -276,11 +302,13 @@ class Speculator:
     def note_batch(self, stream: ReaderStream, count: int, batches: tuple) -> None:
         """A reader handed out `batches` (its `count`-th)."""
         self.active = True
+        ref = weakref.ref(stream)
         for index, batch in enumerate(batches):
-            self._batches[id(batch)] = (batch, stream, count, index)
+            self._batches[id(batch)] = (batch, ref, count, index)
         if len(self._batches) > 16 * READ_AHEAD * max(1, len(batches)):
             keep = {key: entry for key, entry in self._batches.items()
-                    if entry[1] is not stream or entry[2] > count - READ_AHEAD}
+                    if entry[1]() is not None and
+                    (entry[1] is not ref or entry[2] > count - READ_AHEAD)}
             self._batches = keep
 
     def is_reader_batch(self, value: Any) -> bool:
@@ -324,7 +352,7 @@ class Speculator:
         if first is None:
             return None
         shape = tuple(
-            ("reader", id(leaf.stream), leaf.index, leaf.offset) if leaf.kind == "reader"
+            ("reader", id(leaf.stream()), leaf.index, leaf.offset) if leaf.kind == "reader"
             else ("state", id(leaf.rng)) if leaf.kind == "state"
             else ("const",) for leaf in described)
         return Observation(first[1], described, shape)
@@ -395,7 +423,8 @@ class Speculator:
         fed: list[Any] = []
         for leaf, stride in zip(observation.leaves, strides):
             if leaf.kind == "reader":
-                batches = leaf.stream.peek(count + leaf.offset)  # type: ignore[union-attr]
+                stream = leaf.stream()  # type: ignore[misc]
+                batches = stream.peek(count + leaf.offset) if stream is not None else None
                 if batches is None:
                     return None
                 value = batches[leaf.index]

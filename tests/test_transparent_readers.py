@@ -269,3 +269,27 @@ def test_randomized_reader_loops(jpeg_dir, seed):
         return out + pending
 
     _both(scenario, make, seed=seed)
+
+
+def test_dropped_readers_release_their_streams(jpeg_dir):
+    """A script that makes a new reader every epoch must not accumulate read-ahead threads and
+    pipelines: a dropped reader's stream ends."""
+    import gc
+    import threading
+    import time
+
+    def workers():
+        return [t for t in threading.enumerate() if t.name.startswith("ndd_trace reader")]
+
+    before = len(workers())
+    with ndd_trace.enabled():
+        for epoch in range(4):
+            reader = _reader(jpeg_dir, seed=epoch)
+            for jpegs, _ in reader.next_epoch(batch_size=4):
+                np.asarray(_augment(jpegs).torch())
+            del reader, jpegs
+    deadline = time.monotonic() + 10
+    while len(workers()) > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.2)
+    assert len(workers()) <= before
