@@ -131,9 +131,9 @@ def test_zip_of_readers_with_different_lengths(jpeg_dir):
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(num_shards=3, shard_id=1),
-    dict(num_shards=3, shard_id=2, stick_to_shard=True, pad_last_batch=True),
-    dict(random_shuffle=False, pad_last_batch=True),
+    {"num_shards": 3, "shard_id": 1},
+    {"num_shards": 3, "shard_id": 2, "stick_to_shard": True, "pad_last_batch": True},
+    {"random_shuffle": False, "pad_last_batch": True},
 ])
 def test_shards_and_padding(jpeg_dir, kwargs):
     def scenario(reader):
