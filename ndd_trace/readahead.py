@@ -7,9 +7,9 @@ regions that consume their batches are run ahead of the script, speculatively an
 
 Under transparent mode, `reader.next_epoch(batch_size=...)` moves the reader's operator into a
 pipeline of its own (the very operator instance eager ndd would run: the same samples in the
-same order), which a worker thread keeps reading ahead, across epoch boundaries too. The epochs it hands
-out are eager ones: as many batches, the shard advanced at the end, a `break` leaving the rest
-of the stream for the next epoch.
+same order), which a worker thread keeps reading ahead, across epoch boundaries too. The epochs
+it hands out are eager ones: as many batches, the shard advanced at the end, a `break` leaving
+the rest of the stream for the next epoch.
 
 A region (lazy.py) fed by reader batches is then run ahead. Once it was seen on three
 consecutive batches of a reader with the same structure and random states drawn at a steady
