@@ -293,3 +293,38 @@ def test_dropped_readers_release_their_streams(jpeg_dir):
         gc.collect()
         time.sleep(0.2)
     assert len(workers()) <= before
+
+
+def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, tmp_path):
+    """A batch that fails to decode raises in both modes (transparent mode at the user's line);
+    the loop catches it and the reader goes on with the same batches as eagerly."""
+    import shutil
+
+    root = tmp_path / "photos"
+    shutil.copytree(jpeg_dir, root)
+    first_class = sorted(p for p in root.iterdir() if p.is_dir())[0]
+    (first_class / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg at all" * 20)
+
+    def scenario(reader):
+        out, failures = [], 0
+        for _ in range(2):
+            for jpegs, labels in reader.next_epoch(batch_size=4):
+                try:
+                    out.append(np.asarray(_augment(jpegs).torch()))
+                except Exception:
+                    failures += 1
+                out.append(np.asarray(labels.torch()))
+        return out, failures
+
+    report = _both(scenario, lambda: ndd.readers.File(file_root=str(root), random_shuffle=True,
+                                                      seed=3))
+    assert report.readers
+    reader = ndd.readers.File(file_root=str(root), random_shuffle=False)
+    with ndd_trace.enabled(), pytest.raises(Exception) as info:
+        for jpegs, _ in reader.next_epoch(batch_size=17):
+            np.asarray(_augment(jpegs).torch())  # RAISE-LINE
+    text = "".join(__import__("traceback").format_exception(info.value))
+    assert "RAISE-LINE" in text  # the consuming line is in the traceback...
+    assert "ndd.decoders.image" in str(info.value)  # ...and the failing op, with its own line
+    decode_line = __import__("inspect").getsourcelines(_augment)[1] + 1
+    assert f"test_transparent_readers.py:{decode_line}" in str(info.value)
