@@ -42,6 +42,7 @@ READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
 RUN_AHEAD = 2  # region runs kept launched ahead (the region pipelines' queue depth)
 # a worker thread reads ahead (NDD_TRACE_READER_THREAD=0: the script's thread does, when it takes)
 READ_THREAD = os.environ.get("NDD_TRACE_READER_THREAD", "1") != "0"
+KEEP_BATCHES = READ_AHEAD + RUN_AHEAD + 2  # batches per reader still recognised as its own
 MAX_MISSES = 3  # a region is no longer run ahead once it missed this often, and more than
 # twice as often as it hit
 
@@ -119,23 +120,32 @@ class ReaderStream:
                 "or capture mode.")
         return batch_size
 
-    def peek(self, count: int) -> tuple | None:
-        """The Batches the stream hands out at `count` (None if not read ahead so far)."""
+    def peek(self, count: int, wait: bool = True) -> tuple | None:
+        """The Batches the stream hands out at `count` (None if not read ahead so far, or, with
+        `wait=False`, not read yet)."""
         if count < self.count or count >= self.count + READ_AHEAD:
             return None
+        if not wait and self._threaded:
+            with self._cond:
+                ready = len(self._ready) > count - self.count and self._error is None
+                return self._ready[count - self.count] if ready else None
         if not self._threaded:
             with self.loop._lock:
                 while len(self._ready) <= count - self.count:
                     while len(self._ready) + len(self._in_flight) < READ_AHEAD:
                         self._in_flight.append(self.loop._schedule({}))
-                    outputs = self._in_flight.pop(0).result()
+                    outputs = self._in_flight[0].result()  # a failed run raises every time
+                    self._in_flight.pop(0)
                     self._ready.append(tuple(_dali.wrap_batch(o) for o in outputs))
                 return self._ready[count - self.count]
         with self._cond:
             while len(self._ready) <= count - self.count:
                 if self._error is not None:
                     raise self._error
-                self._cond.wait()
+                if self._stopping or not self._worker.is_alive():  # type: ignore[union-attr]
+                    raise LoopError(f"the read-ahead thread of reader {self.reader._name} "
+                                    "has stopped (the process is exiting?)")
+                self._cond.wait(timeout=1.0)
             return self._ready[count - self.count]
 
     def take(self) -> tuple:
@@ -294,7 +304,8 @@ class Speculator:
         self._draws: collections.OrderedDict[int, tuple[Any, Any, tuple[int, int]]] = \
             collections.OrderedDict()
         self._patterns: dict[tuple, _Pattern] = {}
-        self._clones: dict[int, list] = {}  # id(rng) -> [clone, its draws, rng] drawn ahead
+        self._clones: dict[int, list] = {}  # id(rng) -> [clone, its draws, weakref(rng), version]
+        self._recent: dict[weakref.ref, collections.deque] = {}  # stream -> (count, batch ids)
         self.active = False
 
     # -- what the script does ------------------------------------------------------------------
@@ -303,13 +314,28 @@ class Speculator:
         """A reader handed out `batches` (its `count`-th)."""
         self.active = True
         ref = weakref.ref(stream)
+        if ref not in self._recent:  # a new reader: forget what dropped readers left behind
+            self._forget_dropped()
+        recent = self._recent.setdefault(ref, collections.deque())
+        recent.append((count, [id(batch) for batch in batches]))
         for index, batch in enumerate(batches):
             self._batches[id(batch)] = (batch, ref, count, index)
-        if len(self._batches) > 16 * READ_AHEAD * max(1, len(batches)):
-            keep = {key: entry for key, entry in self._batches.items()
-                    if entry[1]() is not None and
-                    (entry[1] is not ref or entry[2] > count - READ_AHEAD)}
-            self._batches = keep
+        while recent and recent[0][0] <= count - KEEP_BATCHES:
+            for key in recent.popleft()[1]:
+                self._batches.pop(key, None)
+
+    def _forget_dropped(self) -> None:
+        for ref in [ref for ref in self._recent if ref() is None]:
+            for _, keys in self._recent.pop(ref):
+                for key in keys:
+                    self._batches.pop(key, None)
+        self._patterns = {
+            key: pattern for key, pattern in self._patterns.items()
+            if pattern.previous is None or all(
+                leaf.stream() is not None  # type: ignore[misc]
+                for leaf in pattern.previous.leaves if leaf.kind == "reader")}
+        self._clones = {key: entry for key, entry in self._clones.items()
+                        if entry[2]() is not None}
 
     def is_reader_batch(self, value: Any) -> bool:
         entry = self._batches.get(id(value))
@@ -424,8 +450,12 @@ class Speculator:
         for leaf, stride in zip(observation.leaves, strides):
             if leaf.kind == "reader":
                 stream = leaf.stream()  # type: ignore[misc]
-                batches = stream.peek(count + leaf.offset) if stream is not None else None
-                if batches is None:
+                try:
+                    batches = (stream.peek(count + leaf.offset, wait=False)
+                               if stream is not None else None)
+                except Exception:  # a reader error: the script meets it at its own step
+                    return None
+                if batches is None:  # not read yet: launched later, or never
                     return None
                 value = batches[leaf.index]
                 data.append(_dali.storage_of(value))
@@ -450,8 +480,9 @@ class Speculator:
         if now_version != version or now > draws:
             return None
         entry = self._clones.get(id(rng))
-        if entry is None or entry[2] is not rng or entry[1] > draws or entry[3] != version:
-            entry = self._clones[id(rng)] = [_dali.rng_clone(rng), now, rng, version]
+        if entry is None or entry[2]() is not rng or entry[1] > draws or entry[3] != version:
+            entry = self._clones[id(rng)] = [_dali.rng_clone(rng), now, weakref.ref(rng),
+                                             version]
         clone, position = entry[0], entry[1]
         if draws > position:
             _dali.rng_advance(clone, draws - position)

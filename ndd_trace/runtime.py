@@ -254,12 +254,14 @@ class Executable:
     def _start(self, batch_size: int, data: Any) -> _PendingRun:
         """Build if needed, then feed `data()` and schedule one iteration."""
         with self._lock:
+            # earlier runs first: one that failed (kept for whoever consumes it) drops the
+            # pipeline, which is then rebuilt for this run
+            self._drain()
             try:
                 self.ensure_built(batch_size)
             except Exception as error:
                 self.pipeline = None
                 raise self._pipeline_error(error, "building") from error
-            self._drain()
             run = _PendingRun(self, batch_size)
             try:
                 self._feed(data())

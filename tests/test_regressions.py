@@ -171,3 +171,23 @@ def test_class_attribute_guard(batch):
     finally:
         Scale.factor = 2.0
     assert to_numpy(f(batch)) is not None
+
+
+def test_a_failed_earlier_run_does_not_break_the_next_call(jpeg_bytes):
+    """Found by review: a run that failed and was not consumed yet dropped the pipeline while
+    the next call was being fed ('NoneType' has no attribute ...). The next call must succeed,
+    and the failed result still raises when consumed."""
+    import numpy as np
+
+    @ndd.compile
+    def decode(data):
+        return ndd.resize(ndd.decoders.image(data), size=[8, 8])
+
+    good = ndd.as_batch(jpeg_bytes[:2])
+    bad = ndd.as_batch([np.frombuffer(b"\xff\xd8\xff not a jpeg" * 8, dtype=np.uint8)] * 2)
+    decode(good).evaluate()  # traced and built
+    failed = decode(bad)  # fails in the pipeline; not consumed yet
+    result = decode(good)
+    assert_same(ndd.resize(ndd.decoders.image(good), size=[8, 8]), result)
+    with pytest.raises(Exception):
+        failed.evaluate()

@@ -328,3 +328,22 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
     assert "ndd.decoders.image" in str(info.value)  # ...and the failing op, with its own line
     decode_line = __import__("inspect").getsourcelines(_augment)[1] + 1
     assert f"test_transparent_readers.py:{decode_line}" in str(info.value)
+
+
+def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
+    """NDD_TRACE_READER_THREAD=0: the script's thread reads ahead; same results, still ahead."""
+    from ndd_trace import readahead
+
+    monkeypatch.setattr(readahead, "READ_THREAD", False)
+
+    def scenario(reader):
+        out = []
+        for stop in (None, 2, None):
+            for step, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=2)):
+                out.append((np.asarray(_augment(jpegs).torch()), np.asarray(labels.torch())))
+                if step == stop:
+                    break
+        return out
+
+    report = _both(scenario, lambda: _reader(jpeg_dir))
+    assert _ahead(report) > 0
