@@ -227,6 +227,15 @@ def eager_inside_trace() -> Any:
     return _interceptor.suspended()
 
 
+def tracing_active() -> bool:
+    """Whether this thread's ndd calls go to a handler (a trace or transparent mode)."""
+    return _interceptor.handler() is not None
+
+
+def schema_name(op_class: type) -> str:
+    return op_class._schema_name
+
+
 # ---------------------------------------------------------------------------------------------
 # Operator facts
 
@@ -380,6 +389,20 @@ def _infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
 # Readers owned by compiled loops
 
 Reader = _ops.Reader
+
+
+def reader_name(reader: Any) -> str:
+    """The reader's instance name (its operator's name in a pipeline)."""
+    return reader._name
+
+
+def reader_shard_id(reader: Any) -> int:
+    return reader._shard_id
+
+
+def reader_transferred(reader: Any) -> bool:
+    """Whether the reader's operator was moved into a pipeline (it cannot run eagerly)."""
+    return bool(getattr(reader, "_transferred", False))
 
 
 def reader_fn_path(reader: Any) -> str:

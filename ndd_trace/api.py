@@ -165,7 +165,7 @@ class CompiledFunction:
     # -- calling -------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _dali._interceptor.handler() is not None:
+        if _dali.tracing_active():
             # Called from inside another trace: inline, so its ops join the outer graph.
             return self._function(*args, **kwargs)
         args, kwargs = self._normalize(args, kwargs)

@@ -167,9 +167,8 @@ class LoopExecutable(Executable):
             return None  # ExternalSources only: until one of them ends
         counts = {}
         for reader in self.readers:
-            meta = self.pipeline.reader_meta(reader._name)
-            counts[reader._name] = _dali.shard_steps(reader, meta["epoch_size_padded"],
-                                                     self.batch_size)
+            padded = _dali.reader_metadata_of(self.pipeline, reader)["epoch_size_padded"]
+            counts[_dali.reader_name(reader)] = _dali.shard_steps(reader, padded, self.batch_size)
         if len(set(counts.values())) > 1:
             # zip() over readers of different lengths pulls one extra batch from the readers
             # before the shortest, leaving them mid-epoch: lockstep readers cannot do that
@@ -265,7 +264,8 @@ class LoopExecutable(Executable):
                             "enable_checkpointing=True")
         with self._lock:
             checkpoint = self.pipeline.checkpoint()
-        header = {"name": reader._name, "steps_done": self._done, "shard_id": reader._shard_id,
+        header = {"name": _dali.reader_name(reader), "steps_done": self._done,
+                  "shard_id": _dali.reader_shard_id(reader),
                   "owner": self.owner_name}
         return _dali.loop_reader_state(reader, header, checkpoint)
 
@@ -281,11 +281,11 @@ def _mark_owned(reader: Any, loop: LoopExecutable) -> None:
     reader.get_state = get_state
 
     def next_epoch(*args: Any, **kwargs: Any) -> Any:
-        if _dali._interceptor.handler() is not None:  # tracing: the usual hook decides
+        if _dali.tracing_active():  # tracing: the usual hook decides
             return type(reader).next_epoch(reader, *args, **kwargs)
         raise LoopError(
-            f"reader `{type(reader).__name__}` ({reader._name}) belongs to compiled loop "
-            f"`{owner}` since its first compiled epoch (its operator runs in that loop's "
+            f"reader `{type(reader).__name__}` ({_dali.reader_name(reader)}) belongs to compiled "
+            f"loop `{owner}` since its first compiled epoch (its operator runs in that loop's "
             "pipeline). Keep iterating it through that function, or create a separate reader.")
 
     reader.next_epoch = next_epoch

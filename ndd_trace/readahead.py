@@ -37,6 +37,7 @@ from .ir import Graph, Node, NodeKind, Ref
 from .loop import LoopError, LoopExecutable
 from .lower import lower
 from .runtime import Executable, Options, _PendingRun
+from .trace import add_reader_node
 
 READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
 RUN_AHEAD = 2  # region runs kept launched ahead (the region pipelines' queue depth)
@@ -54,15 +55,13 @@ class ReaderStream:
     while it runs and waits), so taking a batch costs the script almost nothing."""
 
     def __init__(self, reader: Any, batch_size: int, options: Options):
-        num_outputs, names, metas = _dali.reader_metadata(reader)
         graph = Graph("reader")
-        node = graph.add_reader(_dali.reader_fn_path(reader), type(reader)._schema_name, reader,
-                                _dali.reader_static_args(reader), num_outputs, names, metas,
-                                None)
-        graph.outputs = [Ref(node, i) for i in range(num_outputs)]
+        node = add_reader_node(graph, reader, None)
+        graph.outputs = [Ref(node, i) for i in range(node.num_outputs)]
         options = dataclasses.replace(options, prefetch_queue_depth=READ_AHEAD)
         self.reader = reader
-        self.names = names
+        self.name = _dali.reader_name(reader)
+        self.names = node.output_names
         self.batch_size = batch_size
         self.loop = LoopExecutable(graph, lower(graph), [], options, {}, batch_size,
                                    f"transparent mode ({type(reader).__name__})")
@@ -84,7 +83,7 @@ class ReaderStream:
         stream = self
 
         def next_epoch(*args: Any, **kwargs: Any) -> Any:
-            if _dali._interceptor.handler() is not None:  # transparent mode decides
+            if _dali.tracing_active():  # transparent mode decides
                 return type(stream.reader).next_epoch(stream.reader, *args, **kwargs)
             return stream.epoch(stream.request(args, kwargs), None)
 
@@ -97,7 +96,7 @@ class ReaderStream:
             return
         self._threaded = True
         self._worker = threading.Thread(target=_read_ahead, args=(weakref.ref(self), self._cond),
-                                        daemon=True, name=f"ndd_trace reader {self.reader._name}")
+                                        daemon=True, name=f"ndd_trace reader {self.name}")
         _workers.add(self)
         self._worker.start()
 
@@ -114,7 +113,7 @@ class ReaderStream:
         batch_size = _dali.reader_epoch_request(self.reader, args, kwargs)
         if batch_size is None:
             raise LoopError(
-                f"reader `{type(self.reader).__name__}` ({self.reader._name}) was moved into a "
+                f"reader `{type(self.reader).__name__}` ({self.name}) was moved into a "
                 "pipeline by transparent mode for its batch epochs; it can only give batch "
                 "epochs now (next_epoch(batch_size=...)). Use a separate reader for samples "
                 "or capture mode.")
@@ -132,18 +131,17 @@ class ReaderStream:
         if not self._threaded:
             with self.loop._lock:
                 while len(self._ready) <= count - self.count:
-                    while len(self._ready) + len(self._in_flight) < READ_AHEAD:
-                        self._in_flight.append(self.loop._schedule({}))
-                    outputs = self._in_flight[0].result()  # a failed run raises every time
+                    _schedule(self.loop, self._in_flight, len(self._ready))
+                    batches = _fetch(self._in_flight[0])  # a failed run raises every time
                     self._in_flight.pop(0)
-                    self._ready.append(tuple(_dali.wrap_batch(o) for o in outputs))
+                    self._ready.append(batches)
                 return self._ready[count - self.count]
         with self._cond:
             while len(self._ready) <= count - self.count:
                 if self._error is not None:
                     raise self._error
                 if self._stopping or not self._worker.is_alive():  # type: ignore[union-attr]
-                    raise LoopError(f"the read-ahead thread of reader {self.reader._name} "
+                    raise LoopError(f"the read-ahead thread of reader {self.name} "
                                     "has stopped (the process is exiting?)")
                 self._cond.wait(timeout=1.0)
             return self._ready[count - self.count]
@@ -154,10 +152,8 @@ class ReaderStream:
             self._ready.pop(0)
             self.count += 1
             self._cond.notify_all()
-        if not self._threaded:
-            with self.loop._lock:  # keep reading ahead, into the next epoch
-                while len(self._ready) + len(self._in_flight) < READ_AHEAD:
-                    self._in_flight.append(self.loop._schedule({}))
+        if not self._threaded:  # keep reading ahead, into the next epoch
+            _schedule(self.loop, self._in_flight, len(self._ready))
         return batches  # type: ignore[return-value]
 
     def epoch(self, batch_size: int, on_batch: Callable | None) -> Iterator[Any]:
@@ -171,6 +167,18 @@ class ReaderStream:
                 on_batch(self, count, batches)
             yield dict(zip(self.names, batches)) if self.names else batches
         _dali.advance_shard(self.reader)
+
+
+def _schedule(loop: LoopExecutable, in_flight: list[_PendingRun], ready: int) -> None:
+    """Schedule reader runs until `ready` batches and those in flight make READ_AHEAD."""
+    with loop._lock:
+        while ready + len(in_flight) < READ_AHEAD:
+            in_flight.append(loop._schedule({}))
+
+
+def _fetch(run: _PendingRun) -> tuple:
+    """A reader run's outputs, as the Batches the stream hands out."""
+    return tuple(_dali.wrap_batch(output) for output in run.result())
 
 
 def _read_ahead(ref: weakref.ref, cond: threading.Condition) -> None:
@@ -187,15 +195,12 @@ def _read_ahead(ref: weakref.ref, cond: threading.Condition) -> None:
                     stream = None
                     cond.wait(timeout=0.5)
                     continue
-                room = READ_AHEAD - len(stream._ready) - len(in_flight)
+                ready = len(stream._ready)
             loop = stream.loop
             stream = None
-            with loop._lock:
-                for _ in range(room):
-                    in_flight.append(loop._schedule({}))
+            _schedule(loop, in_flight, ready)
             loop = None
-            outputs = in_flight.pop(0).result()  # waits with the GIL released
-            batches = tuple(_dali.wrap_batch(output) for output in outputs)
+            batches = _fetch(in_flight.pop(0))  # waits with the GIL released
             stream = ref()
             if stream is None:
                 return
@@ -240,7 +245,7 @@ def can_stream(reader: Any) -> str | None:
     """Why this reader's epochs stay eager in transparent mode, or None if it can stream."""
     if stream_of(reader) is not None:
         return None
-    if getattr(reader, "_transferred", False):
+    if _dali.reader_transferred(reader):
         return "the reader belongs to a compiled loop"
     if _dali.reader_has_tensor_args(reader):
         return "the reader was constructed with tensor arguments"

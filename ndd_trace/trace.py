@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _dali
 from .errors import _GraphBreak
-from .ir import Graph, NodeKind, Ref, TensorMeta
+from .ir import Graph, Node, NodeKind, Ref, TensorMeta
 from .source import SourceLoc, raise_at, user_location
 
 
@@ -350,16 +350,14 @@ class Tracer:
         if restored is not None:
             reader._ndd_trace_restore = restored
         try:
-            num_outputs, names, metas = _dali.reader_metadata(reader)
+            node = add_reader_node(self.graph, reader, loc)
         except Exception as error:
             raise _GraphBreak(f"cannot describe reader `{type(reader).__name__}` to a pipeline "
                               f"({error})", loc) from error
-        node = self.graph.add_reader(_dali.reader_fn_path(reader), type(reader)._schema_name,
-                                     reader, _dali.reader_static_args(reader), num_outputs,
-                                     names, metas, loc)
         self.reader_batch_sizes.add(int(batch_size))
         self.batch_size = int(batch_size)
-        outputs = [TracedBatch(self, Ref(node, i), metas[i]) for i in range(num_outputs)]
+        outputs = [TracedBatch(self, Ref(node, i), node.meta[i]) for i in range(node.num_outputs)]
+        names = node.output_names
         step = dict(zip(names, outputs)) if names else tuple(outputs)
         return iter([step])  # one traced step; the loop then ends
 
@@ -521,7 +519,7 @@ class Tracer:
         if random_state is not None:
             arg_inputs["_random_state"] = Ref(random_state, 0)
         node = self.graph.add_op(
-            name, op_class._schema_name, op_class=op_class, batch_size=batch_size,
+            name, _dali.schema_name(op_class), op_class=op_class, batch_size=batch_size,
             backend=backend, inputs=refs,
             input_devices=input_devices, arg_inputs=arg_inputs, arg_casts=arg_casts,
             static=static, num_outputs=num_outputs, output_names=output_names, meta=metas,
@@ -577,3 +575,11 @@ class Tracer:
 
     def input_refs(self) -> list[Ref]:
         return [Ref(node, 0) for node in self.graph.nodes_of(NodeKind.INPUT)]
+
+
+def add_reader_node(graph: Graph, reader: Any, loc: SourceLoc | None) -> Node:
+    """The node of a reader whose operator a pipeline runs (raises where DALI cannot describe
+    the reader to a pipeline)."""
+    num_outputs, names, metas = _dali.reader_metadata(reader)
+    return graph.add_reader(_dali.reader_fn_path(reader), _dali.schema_name(type(reader)), reader,
+                            _dali.reader_static_args(reader), num_outputs, names, metas, loc)
