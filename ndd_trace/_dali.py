@@ -31,7 +31,7 @@ import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 from nvidia.dali import fn
 from nvidia.dali.data_node import DataNode
-from nvidia.dali.experimental.dynamic import _op_builder, _ops
+from nvidia.dali.experimental.dynamic import _call_site, _capture, _op_builder, _ops
 from nvidia.dali.experimental.dynamic import random as ndd_random
 from nvidia.dali.pipeline import Pipeline
 
@@ -95,11 +95,25 @@ def is_stateful(op_class: type) -> bool:
     return bool(op_class._is_stateful) and not op_class._has_random_state_arg
 
 
+def capture_running() -> bool:
+    """Whether DALI's own capture mode (`next_epoch(capture=True)`, `source.captured()`) is
+    running a loop body on this thread: its calls are DALI's to record, not ndd_trace's."""
+    context = getattr(_capture.CaptureContext._tls, "current", None)
+    return context is not None and context.state is not _capture.State.DISABLED
+
+
+def _plumbing(function: Callable) -> Callable:
+    """Mark a hook as plumbing, so DALI's capture mode resolves call sites past it (it keys
+    captured calls by the user's frame)."""
+    return _call_site.mark_transparent(function)
+
+
 class _Interceptor:
     """Swaps each operator function's implementation for a hook, reference-counted per process.
 
     The hook consults a thread-local handler, so threads that are not tracing run eagerly as if
-    nothing were installed.
+    nothing were installed; so do the loop bodies DALI's capture mode is recording or replaying
+    (ndd_trace steps aside there: results, warnings and errors are capture mode's own).
     """
 
     def __init__(self) -> None:
@@ -116,12 +130,12 @@ class _Interceptor:
 
         def hook(*inputs: Any, **kwargs: Any) -> Any:
             handler = getattr(local, "handler", None)
-            if handler is None:
+            if handler is None or capture_running():
                 return original(*inputs, **kwargs)
             return handler(op_class, original, inputs, kwargs)
 
         hook._ndd_trace_original = original  # type: ignore[attr-defined]
-        return hook
+        return _plumbing(hook)
 
     def _make_reader_hook(self, original: Callable) -> Callable:
         local = self._local
@@ -135,7 +149,7 @@ class _Interceptor:
             return original(reader, *args, **kwargs)
 
         next_epoch._ndd_trace_original = original  # type: ignore[attr-defined]
-        return next_epoch
+        return _plumbing(next_epoch)
 
     def _make_method_hook(self, original: Callable, kind: str) -> Callable:
         """Operator objects (`ndd.ops.X(...)(x)`, readers called directly) and ExternalSource
@@ -145,14 +159,14 @@ class _Interceptor:
 
         def method(obj: Any, *args: Any, **kwargs: Any) -> Any:
             on_reader = getattr(local, "on_reader", None)
-            if on_reader is not None:
+            if on_reader is not None and not capture_running():
                 replacement = on_reader(obj, *args, _ndd_trace_kind=kind, **kwargs)
                 if replacement is not None:
                     return replacement
             return original(obj, *args, **kwargs)
 
         method._ndd_trace_original = original  # type: ignore[attr-defined]
-        return method
+        return _plumbing(method)
 
     def _patch(self, owner: type, name: str, hook: Callable) -> None:
         original = owner.__dict__.get(name)
@@ -466,6 +480,21 @@ def reader_epoch_request(reader: Any, args: tuple, kwargs: dict) -> int | None:
     reader._check_not_disabled()
     reader._capture_mode = False
     return int(batch_size)
+
+
+def reader_epoch_captures(args: tuple, kwargs: dict) -> bool:
+    """Whether `next_epoch(*args, **kwargs)` asks for DALI's capture mode."""
+    return bool(dict(zip(("batch_size", "ctx", "capture"), args), **kwargs).get("capture"))
+
+
+def reader_epoch_as_eager(reader: Any, args: tuple, kwargs: dict) -> None:
+    """Start `reader.next_epoch(*args, **kwargs)` the way eager ndd does on a reader that gave
+    batch epochs, for its checks alone: a `capture=True` request raises DALI's own error
+    ("cannot switch to capture mode"). Returns if eager ndd would accept the request."""
+    method = _ops.Reader.next_epoch
+    method = getattr(method, "_ndd_trace_original", method)
+    if reader_epoch_captures(args, kwargs):
+        method(reader, *args, **kwargs)  # raises for a reader no longer in capture mode
 
 
 def reader_uses_batch_size(reader: Any, batch_size: int) -> None:

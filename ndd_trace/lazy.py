@@ -332,8 +332,9 @@ class LazyTracer(Tracer):
                         _state.readers[(type(obj).__name__, str(loc) if loc else "?")] += 1
                     return reader_epoch(obj, batch_size, self.options,
                                         self.speculator.note_batch)
-                reason = "reader epochs of single samples (or capture=True, or an explicit " \
-                         "ctx) run eagerly"
+                reason = ("DALI's capture mode runs this loop (capture=True)"
+                          if _dali.reader_epoch_captures(args, kwargs) else
+                          "reader epochs of single samples (or an explicit ctx) run eagerly")
         elif kind == "operator" and not isinstance(obj, _dali.Reader):
             reason = "operator object called directly"
         if reason is not None:

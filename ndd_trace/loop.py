@@ -32,8 +32,9 @@ from .lower import Lowered
 from .runtime import Executable, Options, _PendingRun
 
 
-class LoopError(NddTraceError):
-    """A compiled loop cannot continue (its generator was used elsewhere, or it failed)."""
+class LoopError(NddTraceError, RuntimeError):
+    """A compiled loop cannot continue (its generator was used elsewhere, or it failed); a
+    RuntimeError, as the errors eager ndd raises for misused readers are."""
 
 
 class LoopExecutable(Executable):

@@ -112,6 +112,7 @@ class ReaderStream:
         """The batch size of a `next_epoch(*args, **kwargs)` call on this reader."""
         batch_size = _dali.reader_epoch_request(self.reader, args, kwargs)
         if batch_size is None:
+            _dali.reader_epoch_as_eager(self.reader, args, kwargs)  # eager's own errors first
             raise LoopError(
                 f"reader `{type(self.reader).__name__}` ({self.name}) was moved into a "
                 "pipeline by transparent mode for its batch epochs; it can only give batch "
