@@ -383,7 +383,13 @@ def _infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
     try:
         spec.InferOutputMetadata()
         descs = [spec.OutputDesc(i) for i in range(len(nodes))]
-    except Exception:  # metadata inference is optional in DALI: unknown then
+    except Exception:
+        # ndd runs this very inference at the call (`Operator._init_spec`) with the inputs'
+        # real metadata and raises what it raises (a 2-D image to resize: ValueError). Where
+        # ours is as complete as eager's, so is the verdict; otherwise outputs are unknown.
+        if all(meta.ndim is not None and meta.dtype is not None
+               for meta in (*input_metas, *arg_metas.values())):
+            raise
         descs = [None] * len(nodes)
     for node, desc in zip(nodes, descs):
         if desc:
