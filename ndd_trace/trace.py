@@ -441,6 +441,11 @@ class Tracer:
         if _dali.is_stateful(op_class):
             raise _GraphBreak(f"calls stateful operator `{name}` (readers and other stateful "
                               "ops keep their own state; create them outside)", loc)
+        if _dali.eval_mode_is_sync():
+            # the user asked for each call to run, and fail, on the spot
+            raise _GraphBreak(f"calls `ndd.{name}` under a synchronous EvalMode (sync_cpu / "
+                              "sync_full), which runs each call and raises its errors at the "
+                              "call", loc)
         batch_size = kwargs.pop("batch_size", None)
         device = kwargs.pop("device", None)
         kwargs.pop("_backend", None)
