@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from . import _dali, guards, lazy, passes
+from . import _dali, guards, lazy, passes, stepcheck
 from .errors import GraphBreakError, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import LoopExecutable
@@ -31,6 +31,9 @@ from .source import SourceLoc, is_internal_file, raise_at, user_location
 from .trace import GraphBreakRecord, Tracer
 
 DEFAULT_CACHE_LIMIT = 8
+_CHECKED_LOOP_TEXT = ("runs each step's Python as written, in transparent mode: the reader is read "
+                      "ahead, and a step's ndd calls run ahead on its batches and are used when "
+                      "they match what the step calls, with the same results")
 
 
 class NddTraceWarning(UserWarning):
@@ -59,6 +62,7 @@ class Entry:
     breaks: list[GraphBreakRecord] = dataclasses.field(default_factory=list)
     eager_reason: str | None = None
     num_ops: int = 0
+    path: str = ""  # how calls run: "one pipeline", "compiled loop", "checked loop", ...
 
     @property
     def eager(self) -> bool:
@@ -129,6 +133,7 @@ class CompiledFunction:
         self.last_miss_reason: str | None = None
         self._failure_note: str | None = None
         self._trace_exception: BaseException | None = None
+        self._loop_finding: stepcheck.Finding | None | bool = False  # False: not checked yet
 
     # -- public --------------------------------------------------------------------------------
 
@@ -245,6 +250,29 @@ class CompiledFunction:
         self._record_failed_trace(key, error)
         return result
 
+    def _eager_epoch_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict
+                                        ) -> Iterator[Any]:
+        """The generator version: an error of the user's own (a typo, a KeyError) surfaces as
+        itself from the eager epoch; only an epoch that runs eagerly where tracing failed is
+        recorded as not compiled (and warned about), at its first step."""
+        note, self._failure_note = self._failure_note, None
+        error, self._trace_exception = self._trace_exception, None
+        generator = self._function(*args, **kwargs)
+        try:
+            try:
+                first = next(generator)
+            except StopIteration:
+                return
+            except Exception as eager_error:
+                if note:
+                    eager_error.add_note(note)
+                raise
+            self._record_failed_trace(key, error)
+            yield first
+            yield from generator
+        finally:
+            generator.close()
+
     def _record_failed_trace(self, key: tuple, error: BaseException | None) -> None:
         """Cache a variant whose trace raised as not compiled, and warn at the user's line."""
         record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})",
@@ -266,11 +294,7 @@ class CompiledFunction:
         key = self._key(args, kwargs)
         entry, status = self._lookup(key, args, kwargs)
         if status == "failed":
-            # say so now: the epoch is a generator, there is no later point to report from
-            error, self._trace_exception = self._trace_exception, None
-            self._failure_note = None
-            self._record_failed_trace(key, error)
-            yield from self._function(*args, **kwargs)
+            yield from self._eager_epoch_after_failed_trace(key, args, kwargs)
             return
         if status == "storm" or entry.eager:
             if entry is not None:
@@ -388,6 +412,12 @@ class CompiledFunction:
             rngs.append(rng)
         before = [(rng, _dali.rng_snapshot(rng)) for rng in rngs]
         entry = Entry(key=key)
+        if self.is_generator:
+            finding = self._check_loop_body()
+            if finding is not None:
+                return self._break_entry(entry, GraphBreakRecord(
+                    f"its loop body's Python may not do the same at every step ({finding.reason});"
+                    " each step runs its Python in checked mode", finding.loc), path="checked loop")
         self._counters.traces += 1
         tracer.loop_mode = self.is_generator
         _GraphBreak.raised.breaks = swallowed = []
@@ -442,6 +472,12 @@ class CompiledFunction:
         entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
         return self._finish(entry, tracer)
 
+    def _check_loop_body(self) -> stepcheck.Finding | None:
+        """Why the generator's loop body may not be traced once (checked once per function)."""
+        if self._loop_finding is False:
+            self._loop_finding = stepcheck.check_generator(self._function)
+        return self._loop_finding
+
     def _trace_loop_step(self, tracer: Tracer, args: tuple, kwargs: dict) -> Any:
         """Run the generator for one reader step on placeholders; return what it yields."""
         generator = self._function(*args, **kwargs)
@@ -479,16 +515,17 @@ class CompiledFunction:
             if _dali.rng_snapshot(rng) != snapshot:
                 _dali.rng_restore(rng, snapshot)
 
-    def _break_entry(self, entry: Entry, record: GraphBreakRecord) -> Entry:
+    def _break_entry(self, entry: Entry, record: GraphBreakRecord, path: str = "") -> Entry:
         entry.breaks.append(record)
         entry.eager_reason = f"graph break: {record}"
+        entry.path = path or ("transparent mode" if self.fallback == "lazy" else "eager")
         if self.fullgraph:
             error = GraphBreakError(record.reason, record.loc, self.__qualname__)
             error.filename, error.lineno = record.filename, record.lineno
             raise_at(error, record.loc)
+        then = self._fallback_text() if path != "checked loop" else _CHECKED_LOOP_TEXT
         self._warn_once(f"ndd_trace: `{self.__qualname__}` cannot be compiled whole: "
-                        f"{record.reason}. It {self._fallback_text()}. See ndd_trace.explain().",
-                        record.loc)
+                        f"{record.reason}. It {then}. See ndd_trace.explain().", record.loc)
         return entry
 
     def _fallback_text(self) -> str:
@@ -513,6 +550,7 @@ class CompiledFunction:
         entry.graph = graph
         entry.output_tree = tracer.output_tree
         entry.lowered = lower(graph)
+        entry.path = "compiled loop" if tracer.loop_mode else "one pipeline"
         if tracer.loop_mode:
             options = dataclasses.replace(self._options(),
                                           prefetch_queue_depth=self.prefetch_queue_depth)
@@ -621,12 +659,15 @@ class Explanation:
     cache: CacheInfo
     num_ops: int
     miss_reason: str | None
+    path: str = ""
 
     def __str__(self) -> str:
         lines = [f"ndd_trace.explain: `{self.function_name}`"]
         status = f"not compiled whole ({self.eager_reason})" if self.eager_reason else \
             f"compiled: {self.num_ops} ndd calls -> one DALI pipeline"
         lines.append(f"  status: {status}")
+        if self.path:
+            lines.append(f"  runs as: {self.path}")
         lines.append(f"  cache: {self.cache}")
         if self.miss_reason:
             lines.append(f"  last cache miss: {self.miss_reason}")
@@ -674,4 +715,5 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         cache=compiled.cache_info(),
         num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
+        path=entry.path,
     )

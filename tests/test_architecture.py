@@ -12,7 +12,7 @@ LAYERS = [
     {"source", "errors"},
     {"ir"},
     {"_dali"},
-    {"trace", "passes", "guards", "interpret"},
+    {"trace", "passes", "guards", "interpret", "stepcheck"},
     {"lower"},
     {"runtime"},
     {"loop"},
