@@ -56,6 +56,24 @@ class PipelineError(NddTraceError, RuntimeError):
         super().__init__(f"{what} failed: {message}")
 
 
+_AS_BUILTIN: dict[type, type] = {}
+
+
+def pipeline_error_type(builtin: type[BaseException]) -> type[PipelineError]:
+    """The PipelineError that is also the built-in exception eager ndd raises for the same
+    failure (RuntimeError, IndexError, ValueError, ...), and carries its name, as eager ndd's
+    "An error happened during asynchronous execution" does: `except RuntimeError`,
+    `except ndd_trace.PipelineError` and `type(error).__name__` all keep working."""
+    if issubclass(PipelineError, builtin):
+        builtin = RuntimeError
+    found = _AS_BUILTIN.get(builtin)
+    if found is None:
+        found = type(builtin.__name__, (PipelineError, builtin),
+                     {"__module__": __name__, "__doc__": PipelineError.__doc__})
+        _AS_BUILTIN[builtin] = found
+    return found
+
+
 class _GraphBreak(BaseException):
     """Internal signal: abort the trace. A BaseException so user `except Exception` misses it;
     a bare `except:` could still swallow it, so every instance is also noted in `raised`."""

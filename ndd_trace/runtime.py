@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 from . import _dali
-from .errors import PipelineError
+from .errors import PipelineError, pipeline_error_type
 from .ir import Graph, Node, NodeKind
 from .lower import Lowered
 from .source import SourceLoc, raise_at
@@ -46,6 +46,18 @@ def _dali_message(error: BaseException) -> str:
              if line.strip() and "pipeline object is no longer valid" not in line
              and not line.startswith("Critical error in pipeline")]
     return " ".join(lines[:3]) or repr(error)
+
+
+def _operator_error(error: BaseException) -> BaseException | None:
+    """The operator's own error inside a pipeline's report, as eager ndd raises it for the
+    same call (same text, without the pipeline's framing and C++ context); None if the report
+    holds none."""
+    text = str(error)
+    if "encountered:" not in text:
+        return None
+    text = text.split("encountered:", 1)[1].split("\nC++ context:", 1)[0]
+    text = text.split("\nCurrent pipeline object is no longer valid.", 1)[0].strip()
+    return RuntimeError(text) if text else None
 
 
 class _PendingRun:
@@ -169,8 +181,19 @@ class Executable:
         loc: SourceLoc | None = node.loc if node is not None else None
         name = f"ndd.{node.name}" if node is not None else None
         message = _dali_message(error)
-        wrapped = PipelineError(f"{message} (while {stage} the compiled pipeline)", loc, name)
-        wrapped.__cause__ = error
+        cause = _operator_error(error)
+        kind = type(cause) if cause is not None else RuntimeError
+        wrapped = pipeline_error_type(kind)(
+            f"{message} (while {stage} the compiled pipeline)", loc, name)
+        if cause is None:
+            wrapped.__cause__ = error
+            return wrapped
+        # as eager ndd: the cause is the operator's own error, its traceback at the user's call
+        cause.__cause__ = error
+        try:
+            raise_at(cause, loc)
+        except BaseException as raised:  # noqa: BLE001 (it is `cause`, with its traceback)
+            wrapped.__cause__ = raised
         return wrapped
 
     # -- building ------------------------------------------------------------------------------
