@@ -229,6 +229,16 @@ class _LazyHandle(LazyResult):
     def _batch_size(self) -> int:
         return int(self._ref.node.batch_size)
 
+    @property
+    def _invocation(self) -> _LazyHandle:
+        """ndd's `InvocationResult._invocation`: the call record, here the handle itself."""
+        return self
+
+    @property
+    def _results(self) -> list | None:
+        """ndd's `Invocation._results`: None until the call has run, then its outputs."""
+        return self._ref.node.results
+
 
 class LazyBatch(_LazyMixin, TracedBatch):
     """A lazy ndd.Batch of transparent mode; consumed, it runs its pending region."""
