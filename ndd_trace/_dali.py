@@ -467,6 +467,27 @@ def claim_reader(reader: Any, batch_size: int) -> Any:
     return reader._op_backend
 
 
+def reader_has_operator(reader: Any) -> bool:
+    """Whether the reader's operator exists already (it has read batches, eagerly or not)."""
+    return reader._op_backend is not None
+
+
+def reader_recreate(reader: Any, batch_size: int, batches_read: int) -> None:
+    """Give a reader whose operator died with a failed pipeline a new operator, in the state
+    the old one had after `batches_read` batches: built from the same arguments (same seed,
+    same shard), then run that many times (reading files, decoding nothing). Exact, because a
+    reader's sequence depends on its arguments and on how many batches it gave."""
+    reader._op_backend = None
+    reader._op_spec = None
+    reader._transferred = False
+    reader._disabled = False
+    ctx = ndd.EvalContext.current()
+    tensor_args = reader._process_tensor_args(batch_size)
+    reader._init_backend(ctx, (), tensor_args)
+    for _ in range(batches_read):
+        reader._run_unchecked(ctx, batch_size=batch_size, **tensor_args)
+
+
 def transfer_reader(pipe: Pipeline, reader: Any, backend_op: Any) -> None:
     pipe._transfer_operator(reader._name, backend_op)
     reader._transferred = True

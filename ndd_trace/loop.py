@@ -60,6 +60,12 @@ class LoopExecutable(Executable):
         self._epoch_lock = threading.Lock()
         self._done = 0  # steps consumed in the current epoch
         self._resume_at = 0  # a restored checkpoint starts its first epoch here
+        # after a failed run (a corrupt file), the readers get new operators replayed to where
+        # the consumer is: possible when the loop made them (their whole history is its steps)
+        self._replayable: bool | None = None
+        self._taken = 0  # steps consumed since the readers' operators were made
+        self._replay_pulled: list[dict] = []  # ExternalSource items of runs lost in a failure
+        self._lost: LoopError | None = None
 
     # -- building ------------------------------------------------------------------------------
 
@@ -71,6 +77,9 @@ class LoopExecutable(Executable):
         pipe = _dali.make_pipeline(batch_size, options.num_threads, options.device_id,
                                    options.prefetch_queue_depth, checkpointing,
                                    restore[1] if restore else None)
+        if self._replayable is None:
+            self._replayable = restore is None and not any(
+                _dali.reader_has_operator(reader) for reader in self.readers)
         if restore is not None:
             self._resume_at = int(restore[0]["steps_done"])
             for reader in self.readers:
@@ -134,6 +143,8 @@ class LoopExecutable(Executable):
 
     def _pull(self) -> dict[int, Any] | None:
         """One item of every ExternalSource of the loop, or None at the end of one."""
+        if self._replay_pulled:  # pulled for runs a failure dropped: eager pulls them now
+            return self._replay_pulled.pop(0)
         pulled: dict[int, Any] = {}
         for source, nodes in self.external_sources.values():
             try:
@@ -190,6 +201,8 @@ class LoopExecutable(Executable):
             self._epoch_lock.release()
 
     def _epoch(self, bound: dict) -> Iterator[_PendingRun]:
+        if self._lost is not None:
+            raise self._lost
         with self._lock:
             if self.pipeline is None:
                 self.ensure_built(self.batch_size)
@@ -205,6 +218,8 @@ class LoopExecutable(Executable):
                 with self._lock:
                     # runs on into the next epoch too: the reader reads on seamlessly, and a
                     # reseed in between is handled by recomputing the batches read ahead
+                    if self.pipeline is None and not self._carry:  # rebuilt after a failure
+                        self.ensure_built(self.batch_size)
                     while len(self._carry) < self.options.prefetch_queue_depth and \
                             not self._exhausted:
                         run = self._schedule(bound)
@@ -217,8 +232,15 @@ class LoopExecutable(Executable):
                                 "before its readers' epoch; make them the same length")
                         break
                     run = self._carry.pop(0)
-                    run.result()
-                    self._consume_rng(bound)
+                    try:
+                        run.result()
+                        failed = False
+                    except Exception:
+                        failed = True
+                    self._consume_rng(bound)  # eager called every op of the step
+                    self._taken += 1
+                    if failed:
+                        self._after_failure(bound)
                 done += 1
                 self._done = done
                 yield run
@@ -228,6 +250,28 @@ class LoopExecutable(Executable):
                 for reader in self.readers:
                     _dali.advance_shard(reader)
 
+
+    def _after_failure(self, bound: dict) -> None:
+        """A step's run failed (its error reaches the consumer with that step's outputs, where
+        eager raises it). The pipeline, and the readers' operators in it, are gone: the runs
+        read ahead are dropped, the readers get new operators positioned after the failed
+        batch, and the loop goes on from there, as the eager loop does."""
+        self.pipeline = None
+        self._pending.clear()
+        self._replay_pulled = [run.pulled for run in self._carry if run.pulled] + \
+            self._replay_pulled
+        self._carry = []
+        self._clones.clear()
+        self._expected.clear()
+        self._sync_clones(bound)
+        if not self._replayable:
+            self._lost = LoopError(
+                f"a run of compiled loop `{self.owner_name}` failed, and its readers' operators "
+                "(which had read batches before the loop took them over, or were restored from "
+                "a checkpoint) cannot be put back where they were; create new readers")
+            return
+        for reader in self.readers:
+            _dali.reader_recreate(reader, self.batch_size, self._taken)
 
     def _recompute_carry(self, bound: dict) -> None:
         """The generator moved (reseeded between epochs, or drawn from after a break) while

@@ -1,0 +1,129 @@
+"""Faults do not poison state: after a corrupt file, a compiled loop goes on as the eager loop does.
+
+Each scenario runs a reader loop eagerly and through a compiled generator, with a truncated JPEG
+among real photos, and compares what the consumer sees step by step: the steps that decode, the
+values, the step that raises (and the exception type), and the loops of later epochs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+import pytest
+
+import ndd_trace
+from benchmarks._data import jpeg_paths
+
+
+@pytest.fixture
+def corrupt_dir(jpeg_dir, tmp_path):
+    """The photo folder with one file cut short (it fails to decode, every epoch)."""
+    root = tmp_path / "photos"
+    shutil.copytree(jpeg_dir, root)
+    victim = sorted(jpeg_paths(str(root)))[5]
+    with open(victim, "rb") as file:
+        data = file.read()
+    with open(victim, "wb") as file:
+        file.write(data[: len(data) // 3])
+    return str(root)
+
+
+def _body(reader):
+    for jpegs, labels in reader.next_epoch(batch_size=4):
+        images = ndd.resize(ndd.decoders.image(jpegs), size=[24, 24])
+        noise = ndd.random.uniform(batch_size=images.batch_size, range=[0, 1])
+        yield ndd.cast(images, dtype=ndd.float32) + noise, labels
+
+
+def _consume(generator_function, reader, epochs, skip_errors):
+    """What the consumer sees: per step, the values or the exception type; per epoch, its end."""
+    seen = []
+    for _ in range(epochs):
+        try:
+            for images, labels in generator_function(reader):
+                try:
+                    seen.append(("ok", np.stack([np.asarray(s) for s in images.cpu()]),
+                                 np.asarray(ndd.as_tensor(labels)).copy()))
+                except RuntimeError as error:
+                    seen.append(("error", "RuntimeError"))  # eager: DALI's RuntimeError
+                    if not skip_errors:
+                        raise
+        except RuntimeError:
+            seen.append(("epoch ended by the error",))
+            continue
+        seen.append(("epoch done",))
+    return seen
+
+
+def _same(eager, compiled):
+    assert len(eager) == len(compiled), (eager, compiled)
+    for a, b in zip(eager, compiled):
+        assert a[0] == b[0], (a, b)
+        for x, y in zip(a[1:], b[1:]):
+            if isinstance(x, np.ndarray):
+                np.testing.assert_array_equal(x, y)
+            else:
+                assert x == y
+
+
+@pytest.mark.parametrize("skip_errors", [False, True], ids=["error-ends-epoch", "skip-bad-batch"])
+def test_corrupt_file_in_compiled_loop(corrupt_dir, skip_errors):
+    results = []
+    for function in (_body, ndd.compile(_body)):
+        ndd.random.set_seed(7)
+        reader = ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+            results.append(_consume(function, reader, epochs=3, skip_errors=skip_errors))
+        results[-1].append(str(ndd.random.get_default_rng().state))
+    eager, compiled = results
+    assert ("error", "RuntimeError") in [e[:2] for e in eager]
+    assert eager[-1] == compiled[-1]  # the generator's state after the three epochs
+    _same(eager[:-1], compiled[:-1])
+
+
+def test_corrupt_file_in_transparent_reader_loop(corrupt_dir):
+    def run():
+        reader = ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=3)
+        return _consume(_body, reader, epochs=2, skip_errors=True)
+
+    ndd.random.set_seed(7)
+    eager = run()
+    ndd.random.set_seed(7)
+    with ndd_trace.enabled():
+        lazy = run()
+    _same(eager, lazy)
+
+
+def test_reader_used_eagerly_first_cannot_be_replayed(corrupt_dir):
+    """A reader that read batches before a compiled loop took it over cannot be put back after
+    a failure: the next epoch says so (a RuntimeError, as eager's reader errors)."""
+    compiled = ndd.compile(_body)
+    reader = ndd.readers.File(file_root=corrupt_dir)
+    for _ in reader.next_epoch(batch_size=4):
+        break
+    with pytest.raises(RuntimeError):
+        for images, _ in compiled(reader):
+            images.torch()
+    with pytest.raises(ndd_trace.NddTraceError, match="cannot be put back"):
+        for _ in compiled(reader):
+            pass
+
+
+def test_corrupt_file_in_compiled_function(corrupt_dir):
+    """A compiled step fed a corrupt batch raises at consumption; the next calls work."""
+    step = ndd.compile(lambda jpegs: ndd.resize(ndd.decoders.image(jpegs), size=[16, 16]))
+    files = sorted(jpeg_paths(corrupt_dir))
+    good = ndd.as_batch([np.fromfile(f, dtype=np.uint8) for f in files[:4]])
+    bad = ndd.as_batch([np.fromfile(f, dtype=np.uint8) for f in files[4:8]])
+    expected = [np.asarray(s) for s in ndd.resize(ndd.decoders.image(good), size=[16, 16])]
+    step(good).evaluate()
+    with pytest.raises(RuntimeError):
+        step(bad).evaluate()
+    for a, b in zip(expected, step(good).cpu()):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    assert os.path.isdir(corrupt_dir)
