@@ -26,10 +26,20 @@ from .source import is_internal_file
 _MAX_DEPTH = 4
 
 
+class _FloatText(str):
+    """A float in a key: its shortest round-trip text (repr), which tells -0.0 from 0.0 and
+    makes nan equal itself, printed without quotes, as the user wrote it (`128.0`, `0.1`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str.__str__(self)
+
+
 def freeze(value: Any, depth: int = 0) -> Any:
     """A hashable summary of `value` that changes whenever the value does."""
     if isinstance(value, float):
-        return ("float", value.hex())  # -0.0 and 0.0 differ; nan equals itself
+        return ("float", _FloatText(repr(value)))
     if value is None or isinstance(value, (bool, int, str, bytes, complex)):
         return (type(value).__name__, value)
     if isinstance(value, (_dali.Batch, _dali.Tensor)):

@@ -54,6 +54,22 @@ class Region:
     eager_reason: str | None = None
     ahead: int = 0  # runs served by a run launched ahead on batches read ahead
 
+    @property
+    def parts(self) -> list[str]:
+        """The region's structure key, one readable line per fed input and op call."""
+        return _describe_key(self.key)
+
+    @property
+    def op_chain(self) -> str:
+        """The op calls of the region, in call order (`decoders.image[cpu] -> resize[cpu]`)."""
+        return " -> ".join(part.split("(")[0][3:] for part in self.parts
+                           if part.startswith("op "))
+
+    @property
+    def input_kinds(self) -> list[str]:
+        """What the region is fed: data (device, dtype, ndim, layout) and random states."""
+        return [part[6:] for part in self.parts if part.startswith("input ")]
+
 
 @dataclasses.dataclass
 class Report:
@@ -65,6 +81,7 @@ class Report:
     readers: Counter  # (reader, file:line) -> epochs read through a reader pipeline
 
     def as_dict(self) -> dict:
+        splits = _splits(self.regions)
         return {
             "ops_recorded": self.ops_recorded,
             "ops_eager": sum(self.eager_ops.values()),
@@ -73,7 +90,8 @@ class Report:
                  "cache_hits": r.hits, "run_ahead": r.ahead,
                  "builds": 1 if r.executable is not None else 0,
                  "build_s": round(r.build_s, 4), "record_s": round(r.record_s, 4),
-                 "eager_reason": r.eager_reason}
+                 "eager_reason": r.eager_reason, "op_chain": r.op_chain,
+                 "inputs": r.input_kinds, "split_by": splits.get(id(r))}
                 for r in self.regions
             ],
             "eager_ops": [
@@ -91,6 +109,7 @@ class Report:
                  f"  ndd calls recorded: {self.ops_recorded}, "
                  f"run eagerly: {sum(self.eager_ops.values())}",
                  f"  compiled regions: {len(self.regions)}"]
+        splits = _splits(self.regions)
         for r in sorted(self.regions, key=lambda r: -r.runs):
             where = r.loc.short if r.loc else "?"
             status = f"eager ({r.eager_reason})" if r.eager_reason else "pipeline"
@@ -98,6 +117,10 @@ class Report:
                          f"cache hits {r.hits:6d}  run ahead {r.ahead:6d}  "
                          f"build {r.build_s * 1000:7.1f} ms  record {r.record_s * 1000:7.1f} ms  "
                          f"{status}")
+            if id(r) in splits:  # several regions start at this line: say what tells them apart
+                lines.append(f"      ops: {r.op_chain}")
+                lines.append(f"      inputs: {', '.join(r.input_kinds) or '-'}")
+                lines.append(f"      split by: {splits[id(r)]}")
         if self.readers:
             lines.append("  readers in a read-ahead pipeline:")
             for (reader, where), epochs in sorted(self.readers.items()):
@@ -107,6 +130,81 @@ class Report:
             for (op, reason, where), count in sorted(self.eager_ops.items()):
                 lines.append(f"    {where}: ndd.{op} x{count}: {reason}")
         return "\n".join(lines)
+
+
+def _splits(regions: list[Region]) -> dict[int, str]:
+    """For regions sharing a `file:line`: id(region) -> the key part where it differs from the
+    first of them (the most run), as "op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0,
+    size=[8, 8])" or "input in0: batch<cpu, UINT8, ...>  ->  input in0: batch<cpu, FLOAT, ...>"."""
+    groups: dict[str, list[Region]] = {}
+    for region in sorted(regions, key=lambda r: -r.runs):
+        groups.setdefault(str(region.loc) if region.loc else "?", []).append(region)
+    splits: dict[int, str] = {}
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        first = group[0].parts
+        splits[id(group[0])] = "(the first region there)"
+        for region in group[1:]:
+            parts = region.parts
+            at = next((i for i, (a, b) in enumerate(zip(first, parts)) if a != b),
+                      min(len(first), len(parts)))
+            if len(first) == len(parts) == at:
+                splits[id(region)] = (
+                    "the values still held when it ran (its outputs)"
+                    if region.key[-1] != group[0].key[-1] else "implicit copies or casts")
+            elif at >= len(first) or at >= len(parts):
+                longer = parts if len(parts) > len(first) else first
+                word = "more" if len(parts) > len(first) else "fewer"
+                splits[id(region)] = f"{word} steps, from: {longer[at]}"
+            else:
+                splits[id(region)] = f"{first[at]}  ->  {parts[at]}"
+    return splits
+
+
+def _thaw(frozen: Any) -> Any:
+    """Back from passes._freeze to a value that prints as the user wrote it."""
+    if isinstance(frozen, tuple) and len(frozen) == 2 and isinstance(frozen[0], str):
+        kind, value = frozen
+        if kind == "float":
+            return float.fromhex(value)
+        if kind in ("list", "tuple") and isinstance(value, tuple):
+            items = [_thaw(v) for v in value]
+            return items if kind == "list" else tuple(items)
+        if kind == "id":
+            return f"<object {value:#x}>"
+        return value
+    return frozen
+
+
+def _describe_key(key: tuple) -> list[str]:
+    """Readable lines for a region key (built by _region_view: fed leaves and op calls in
+    order, then the outputs)."""
+    lines: list[str] = []
+    names: list[str] = []  # what each key position is called in later lines
+    ops = inputs = 0
+    for item in key[:-1]:
+        if len(item) == 4:  # a fed leaf: (kind, meta, is_batch, no_copy)
+            kind, meta, is_batch, _ = item
+            if kind == NodeKind.RANDOM_STATE.value:
+                text = "random state"
+            else:
+                text = (f"{'batch' if is_batch else 'tensor'}<{meta.device}, {meta.dtype}, "
+                        f"ndim={meta.ndim}" + (f", {meta.layout}" if meta.layout else "") + ">")
+            names.append(f"in{inputs}")
+            lines.append(f"input in{inputs}: {text}")
+            inputs += 1
+            continue
+        name, backend, _, static, positional, _, arg_inputs, _ = item
+        arguments = [names[at] + (f"[{index}]" if index else "") for at, index in positional]
+        arguments += [f"{arg}={names[at]}" for arg, at, _ in arg_inputs]
+        if isinstance(static, tuple):
+            arguments += [f"{arg}={_thaw(value)!r}" for arg, value in static
+                          if isinstance(arg, str) and not arg.startswith("_")]
+        names.append(f"op{ops}")
+        lines.append(f"op {name}[{backend}]({', '.join(arguments)})")
+        ops += 1
+    return lines
 
 
 class _State:

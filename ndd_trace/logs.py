@@ -1,0 +1,89 @@
+"""Logging: one `logging.getLogger("ndd_trace")` hierarchy, one channel per kind of event.
+
+    NDD_TRACE_LOGS=recompiles,breaks python train.py      # re-traces with their reason, breaks
+    NDD_TRACE_LOGS=all python -m ndd_trace train.py        # every channel at INFO
+    NDD_TRACE_LOGS=+builds,-runtime python train.py        # builds at DEBUG, runtime quiet
+
+    import logging                                         # or standard configuration
+    logging.basicConfig()
+    logging.getLogger("ndd_trace.recompiles").setLevel(logging.INFO)
+
+Channels (loggers `ndd_trace.<channel>`): `trace` (traces and their op counts), `recompiles`
+(re-traces with what changed), `breaks` (graph breaks), `fallbacks` (calls not compiled whole:
+transparent mode or eager), `builds` (pipeline builds and their times), `runtime` (compiled
+calls and loop epochs), `transparent` (regions of transparent mode, calls it ran eagerly,
+readers read ahead). Warnings stay warnings; these logs are for the curious. Nothing is printed
+unless NDD_TRACE_LOGS is set or the application configures logging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+CHANNELS = ("trace", "recompiles", "breaks", "fallbacks", "builds", "runtime", "transparent")
+_ALIASES = {"recompile": "recompiles", "break": "breaks", "graph_breaks": "breaks",
+            "fallback": "fallbacks", "build": "builds", "traces": "trace"}
+ENV_VAR = "NDD_TRACE_LOGS"
+
+root = logging.getLogger("ndd_trace")
+root.addHandler(logging.NullHandler())  # a library prints nothing unless asked
+trace = logging.getLogger("ndd_trace.trace")
+recompiles = logging.getLogger("ndd_trace.recompiles")
+breaks = logging.getLogger("ndd_trace.breaks")
+fallbacks = logging.getLogger("ndd_trace.fallbacks")
+builds = logging.getLogger("ndd_trace.builds")
+runtime = logging.getLogger("ndd_trace.runtime")
+transparent = logging.getLogger("ndd_trace.transparent")
+
+_handler: logging.Handler | None = None
+
+
+def parse(text: str) -> dict[str, int]:
+    """Channel -> level from an NDD_TRACE_LOGS value, in the spirit of TORCH_LOGS:
+    `name` logs at INFO, `+name` at DEBUG, `-name` only errors; `all` names every channel.
+    Raises ValueError naming an unknown channel and listing the known ones."""
+    levels: dict[str, int] = {}
+    for item in (part.strip() for part in text.replace(";", ",").split(",")):
+        if not item:
+            continue
+        level = logging.INFO
+        if item[0] in "+-":
+            level = logging.DEBUG if item[0] == "+" else logging.ERROR
+            item = item[1:].strip()
+        name = _ALIASES.get(item.lower(), item.lower())
+        if name == "all":
+            levels.update(dict.fromkeys(CHANNELS, level))
+        elif name in CHANNELS:
+            levels[name] = level
+        else:
+            raise ValueError(f"{ENV_VAR}: unknown channel {item!r}; known: all, "
+                             f"{', '.join(CHANNELS)} (prefix + for DEBUG, - to silence)")
+    return levels
+
+
+def configure(levels: dict[str, int], stream: object | None = None) -> None:
+    """Set the channels' levels and print them on `stream` (stderr), one line per event."""
+    global _handler
+    for name, level in levels.items():
+        logging.getLogger(f"ndd_trace.{name}").setLevel(level)
+    if _handler is None:
+        _handler = logging.StreamHandler(stream or sys.stderr)
+        _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        root.addHandler(_handler)
+        root.propagate = False  # printed once, even when the application also logs to stderr
+
+
+def configure_from_environment() -> None:
+    """Apply NDD_TRACE_LOGS, if set (an unknown channel is a warning, not a crash)."""
+    text = os.environ.get(ENV_VAR, "")
+    if not text.strip():
+        return
+    try:
+        levels = parse(text)
+    except ValueError as error:
+        warnings.warn(str(error), stacklevel=2)
+        return
+    configure(levels)
