@@ -13,13 +13,15 @@
         images = preprocess(jpegs)         # traced and built once, then one pipeline run a call
         train_step(images.torch(), labels.torch())
 
-Same results as eager, bit for bit (random ops included); what cannot be compiled runs eagerly
-with a warning at the user's line. `ndd_trace.explain(fn, *args)` shows what happens and why.
+Same results as eager, bit for bit (random ops included); what cannot be compiled whole runs in
+transparent mode (cached pipeline regions around the break) with a warning at the user's line.
+`ndd_trace.explain(fn, *args)` shows what happens and why. NDD_TRACE_LOGS=recompiles,breaks (or
+standard logging configuration of the "ndd_trace" logger) logs traces, breaks and builds.
 """
 
 from __future__ import annotations
 
-from . import _dali
+from . import _dali, logs
 from .api import CacheInfo, CompiledFunction, Explanation, NddTraceWarning, compile, explain
 from .errors import GraphBreakError, NddTraceError, PipelineError, TraceError
 from .lazy import disable, enable, enabled, is_enabled, report, reset_report
@@ -47,3 +49,4 @@ __all__ = [
 
 # The one documented addition to DALI's namespace: `ndd.compile` is `ndd_trace.compile`.
 _dali.ndd.compile = compile
+logs.configure_from_environment()

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from . import _dali, guards, lazy, passes, stepcheck
+from . import _dali, guards, lazy, logs, passes, stepcheck
 from .errors import GraphBreakError, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import LoopExecutable
@@ -191,6 +191,7 @@ class CompiledFunction:
         """Run a call that cannot be compiled whole: in transparent mode by default (its ndd
         calls still run as cached pipeline regions, split where Python needs data, with the
         same results as eager), or plainly eagerly with fallback="eager"."""
+        logs.fallbacks.debug("`%s`: this call %s", self.__qualname__, self._fallback_text())
         if self.fallback != "lazy" or lazy.is_enabled():
             return self._function(*args, **kwargs)
         with lazy.enabled():
@@ -225,6 +226,9 @@ class CompiledFunction:
                 return entry, "hit"
             self._counters.misses += 1
             self.last_miss_reason = guards.explain_miss(key, self._last_key)
+            (logs.recompiles if self._entries else logs.trace).info(
+                "`%s`: cache miss (%d of cache_limit %d entries held): %s", self.__qualname__,
+                len(self._entries), self.cache_limit, self.last_miss_reason)
             if len(self._entries) >= self.cache_limit:
                 self._warn_storm()
                 self._counters.fallbacks += 1
@@ -277,6 +281,7 @@ class CompiledFunction:
         """Cache a variant whose trace raised as not compiled, and warn at the user's line."""
         record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})",
                                   _user_loc_of(error))
+        logs.fallbacks.info("`%s`: %s", self.__qualname__, record)
         self._entries[key] = self._break_entry(Entry(key=key), record)
 
     def _normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -302,6 +307,7 @@ class CompiledFunction:
             yield from self._fallback_epoch(args, kwargs)
             return
         bound = self._bind(args, kwargs)
+        logs.runtime.debug("`%s`: compiled loop epoch starts", self.__qualname__)
         for run in entry.executable.epoch(bound):
             yield self._unflatten(entry.output_tree, run, entry, bound, run.batch_size)
 
@@ -348,6 +354,8 @@ class CompiledFunction:
                                 self._positional_names)
 
     def _warn_storm(self) -> None:
+        logs.fallbacks.info("`%s`: past cache_limit (%d), this variant is not compiled: %s",
+                            self.__qualname__, self.cache_limit, self.last_miss_reason)
         if not self._storm_warned:
             self._storm_warned = True
             loc = user_location()
@@ -519,6 +527,8 @@ class CompiledFunction:
         entry.breaks.append(record)
         entry.eager_reason = f"graph break: {record}"
         entry.path = path or ("transparent mode" if self.fallback == "lazy" else "eager")
+        logs.breaks.info("`%s`: graph break at %s: %s", self.__qualname__, record.loc or "?",
+                         record.reason)
         if self.fullgraph:
             error = GraphBreakError(record.reason, record.loc, self.__qualname__)
             error.filename, error.lineno = record.filename, record.lineno
@@ -529,10 +539,14 @@ class CompiledFunction:
         return entry
 
     def _fallback_text(self) -> str:
+        if self.fallback == "lazy" and self.is_generator:
+            return ("runs as a plain loop instead, each step in transparent mode: its reader "
+                    "reads ahead and its ndd calls run as cached pipeline regions, with the "
+                    "same results")
         if self.fallback == "lazy":
             return ("runs in transparent mode instead: its ndd calls run as cached pipeline "
                     "regions around the break, with the same results")
-        return "runs eagerly"
+        return "runs eagerly (plain ndd, fallback=\"eager\"), with the same results"
 
     def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
         graph = tracer.graph
@@ -551,6 +565,8 @@ class CompiledFunction:
         entry.output_tree = tracer.output_tree
         entry.lowered = lower(graph)
         entry.path = "compiled loop" if tracer.loop_mode else "one pipeline"
+        logs.trace.info("`%s` traced: %d ndd calls -> %s (%d ops after passes)", self.__qualname__,
+                        entry.num_ops, entry.lowered.filename, len(graph.nodes_of(NodeKind.OP)))
         if tracer.loop_mode:
             options = dataclasses.replace(self._options(),
                                           prefetch_queue_depth=self.prefetch_queue_depth)
@@ -582,6 +598,7 @@ class CompiledFunction:
                             f"{reason} (a pipeline runs one batch size per iteration)",
                             user_location())
             self._counters.fallbacks += 1
+            logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
             return self._function(*args, **kwargs)
         executable = entry.executable
         try:
@@ -594,8 +611,12 @@ class CompiledFunction:
                 self._warn(f"ndd_trace: `{self.__qualname__}` runs eagerly: the pipeline could "
                            f"not be built ({error}).", loc)
                 self._counters.fallbacks += 1
+                logs.fallbacks.info("`%s`: pipeline build failed, runs eagerly: %s",
+                                    self.__qualname__, error)
                 return self._function(*args, **kwargs)
             raise
+        logs.runtime.debug("`%s`: pipeline run scheduled (batch size %d)", self.__qualname__,
+                           batch_size)
         return self._unflatten(entry.output_tree, run, entry, bound, batch_size)
 
     def _unflatten(self, tree: Any, run: Any, entry: Entry, bound: dict, batch_size: int) -> Any:

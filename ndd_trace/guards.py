@@ -39,7 +39,7 @@ class _FloatText(str):
 def freeze(value: Any, depth: int = 0) -> Any:
     """A hashable summary of `value` that changes whenever the value does."""
     if isinstance(value, float):
-        return ("float", _FloatText(repr(value)))
+        return ("float", _FloatText(repr(float(value))))
     if value is None or isinstance(value, (bool, int, str, bytes, complex)):
         return (type(value).__name__, value)
     if isinstance(value, (_dali.Batch, _dali.Tensor)):

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import _dali
+from . import _dali, logs
 from .errors import _GraphBreak
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind, Ref, TensorMeta
@@ -438,6 +438,8 @@ class LazyTracer(Tracer):
                     loc = user_location()
                     with _state.lock:
                         _state.readers[(type(obj).__name__, str(loc) if loc else "?")] += 1
+                    logs.transparent.debug("%s.next_epoch(batch_size=%s) at %s: read ahead",
+                                           type(obj).__name__, batch_size, loc or "?")
                     return reader_epoch(obj, batch_size, self.options,
                                         self.speculator.note_batch)
                 reason = ("DALI's capture mode runs this loop (capture=True)"
@@ -483,6 +485,7 @@ class LazyTracer(Tracer):
         loc = user_location()
         with _state.lock:
             _state.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
+        logs.transparent.debug("ndd.%s at %s runs eagerly: %s", name, loc or "?", reason)
         for value in (*inputs, *kwargs.values()):
             if _is_lazy(value):
                 value._materialize()
@@ -514,6 +517,8 @@ class LazyTracer(Tracer):
                     not n.is_batch and "_random_state" in n.arg_inputs for n in region_ops))
                 region = self._new_region(key, region_ops, target, unpipelinable)
                 _state.regions[key] = region
+                logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
+                                      region.op_chain, region.eager_reason or "pipeline")
             else:
                 region.hits += 1
             region.runs += 1
@@ -542,7 +547,11 @@ class LazyTracer(Tracer):
                     raise
                 region.executable = None  # the pipeline cannot be built: interpret from now on
                 region.eager_reason = "pipeline build failed"
+                logs.fallbacks.info("region at %s: pipeline build failed, interpreted eagerly",
+                                    region.loc or "?")
                 return self._run_region(target)
+        logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
+                               "run ahead" if ahead is not None else f"run {region.runs}")
         if observation is not None and region.executable is not None:
             self.speculator.learn(key, region.executable, observation, batch_size)
         for (original, index), output in zip(view.outputs, outputs):

@@ -21,10 +21,11 @@ recomputed eagerly from their reader batches with the new states, so nothing is 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from . import _dali
+from . import _dali, logs
 from .errors import NddTraceError
 from .interpret import interpret
 from .ir import Graph, NodeKind
@@ -70,6 +71,7 @@ class LoopExecutable(Executable):
     # -- building ------------------------------------------------------------------------------
 
     def _build(self, batch_size: int) -> None:
+        started = time.perf_counter()
         options = self.options
         checkpointing = any(_dali.reader_checkpointing(r) for r in self.readers)
         restore = next((r._ndd_trace_restore for r in self.readers
@@ -95,6 +97,8 @@ class LoopExecutable(Executable):
         self.pipeline = pipe
         self.max_batch_size = batch_size
         self.builds += 1
+        logs.builds.info("built compiled loop %s for batch size %d in %.1f ms",
+                         self.lowered.filename, batch_size, (time.perf_counter() - started) * 1000)
 
     # -- random states ---------------------------------------------------------------------------
 

@@ -16,9 +16,10 @@ import collections
 import dataclasses
 import re
 import threading
+import time
 from typing import Any
 
-from . import _dali
+from . import _dali, logs
 from .errors import PipelineError, pipeline_error_type
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind
@@ -227,6 +228,7 @@ class Executable:
     # -- building ------------------------------------------------------------------------------
 
     def _build(self, batch_size: int) -> None:
+        started = time.perf_counter()
         self.pipeline = None
         options = self.options
         pipe = _dali.make_pipeline(batch_size, options.num_threads, options.device_id,
@@ -238,6 +240,8 @@ class Executable:
         self.pipeline = pipe
         self.max_batch_size = batch_size
         self.builds += 1
+        logs.builds.info("built %s for batch size %d in %.1f ms", self.lowered.filename,
+                         batch_size, (time.perf_counter() - started) * 1000)
 
     def ensure_built(self, batch_size: int) -> None:
         """Build for `batch_size` (a smaller batch later reuses it; a larger one rebuilds)."""

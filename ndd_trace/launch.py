@@ -1,0 +1,71 @@
+"""Transparent mode switched on from outside the program: NDD_TRACE=1, NDD_TRACE_REPORT=path.
+
+    NDD_TRACE=1 python train.py                              # transparent mode, no code change
+    NDD_TRACE=1 torchrun --nproc_per_node=8 train.py         # every rank
+    NDD_TRACE=1 NDD_TRACE_REPORT=report.json torchrun --nproc_per_node=2 train.py
+    # at exit: report.rank0.json and report.rank1.json (ndd_trace.report().as_dict())
+
+`ndd_trace.pth` (installed with the package) runs `_ndd_trace_hook` at start-up when NDD_TRACE
+is set; it calls `enable_from_environment()` once the process imports DALI's dynamic mode.
+`python -m ndd_trace` writes NDD_TRACE_REPORT the same way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+
+from . import lazy, logs
+
+REPORT_ENV_VAR = "NDD_TRACE_REPORT"
+_registered: set[str] = set()
+
+
+def rank() -> str | None:
+    """This process's rank as launchers set it (torchrun: RANK, then LOCAL_RANK), or None."""
+    for name in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def report_path(path: str) -> str:
+    """`path` for this rank: "{rank}" in it is replaced; else `.rank<N>` goes before the
+    extension (report.json -> report.rank3.json); without a rank, `path` as it is."""
+    this_rank = rank()
+    if "{rank}" in path:
+        return path.replace("{rank}", this_rank if this_rank is not None else "0")
+    if this_rank is None:
+        return path
+    root, extension = os.path.splitext(path)
+    return f"{root}.rank{this_rank}{extension}"
+
+
+def write_report(path: str) -> str:
+    """Write `ndd_trace.report()` as JSON to this rank's `path`; return the file written."""
+    target = report_path(path)
+    directory = os.path.dirname(target)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(target, "w") as file:
+        json.dump({"rank": rank(), **lazy.report().as_dict()}, file, indent=2)
+    return target
+
+
+def write_report_at_exit(path: str | None = None) -> None:
+    """Write the JSON report to `path` (default: $NDD_TRACE_REPORT) when the process exits."""
+    path = path or os.environ.get(REPORT_ENV_VAR, "").strip()
+    if path and path not in _registered:
+        _registered.add(path)
+        atexit.register(write_report, path)
+
+
+def enable_from_environment() -> None:
+    """NDD_TRACE=1: transparent mode for the calling thread, the report written at exit."""
+    lazy.enable()
+    logs.transparent.info("NDD_TRACE: transparent mode on (thread %s)",
+                          threading.current_thread().name)
+    write_report_at_exit()
