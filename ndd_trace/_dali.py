@@ -108,6 +108,12 @@ def _plumbing(function: Callable) -> Callable:
     return _call_site.mark_transparent(function)
 
 
+# Transparent mode's handlers sit between the user's call and the eager op call: marked, DALI's
+# call-site analysis of an eager call (constant arguments, a libcst parse of the caller's module)
+# looks at the user's line, as a plain eager call does, not at ndd_trace's module (1-2 s).
+plumbing = _plumbing
+
+
 class _Interceptor:
     """Swaps each operator function's implementation for a hook, reference-counted per process.
 

@@ -457,6 +457,7 @@ class LazyTracer(Tracer):
     def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
         return ("pending", _dali.resolve_rng(rng))
 
+    @_dali.plumbing
     def handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
         name = _dali.op_path(op_class)
         if _dali.eval_mode_is_sync():
@@ -481,6 +482,7 @@ class LazyTracer(Tracer):
             _state.ops_recorded += 1
         return result
 
+    @_dali.plumbing
     def _eager(self, original: Any, inputs: tuple, kwargs: dict, name: str, reason: str) -> Any:
         loc = user_location()
         with _state.lock:
