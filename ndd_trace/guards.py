@@ -63,7 +63,7 @@ def freeze(value: Any, depth: int = 0) -> Any:
     if isinstance(value, np.ndarray):
         return ("ndarray", value.dtype.str, value.shape, hash(value.tobytes()))
     if isinstance(value, np.generic):
-        return ("npscalar", value.dtype.str, value.item())
+        return ("npscalar", value.dtype.str, freeze(value.item(), depth))  # -0.0 is not 0.0
     if depth >= _MAX_DEPTH:
         return ("id", id(value))
     if isinstance(value, (list, tuple)):
