@@ -41,6 +41,9 @@ class NddTraceWarning(UserWarning):
 
 
 class CacheInfo(NamedTuple):
+    """Counters of a compiled function's cache (`fn.cache_info()`): hits, misses, traces,
+    fallbacks (calls not compiled whole) and the entries held."""
+
     hits: int
     misses: int
     traces: int

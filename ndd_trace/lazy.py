@@ -721,6 +721,7 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
+    """Whether this thread's ndd calls are recorded by transparent mode."""
     return getattr(_local(), "context", None) is not None
 
 
@@ -744,6 +745,7 @@ def report() -> Report:
 
 
 def reset_report() -> None:
+    """Forget the regions, eager calls and readers counted so far (all threads)."""
     with _state.lock:
         _state.regions.clear()
         _state.eager_ops.clear()

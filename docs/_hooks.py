@@ -1,0 +1,76 @@
+"""mkdocs hooks: the API reference page is generated from `ndd_trace.__all__` (read from the
+source, nothing imported), so every public name has its entry; the benchmark chart
+(benchmarks/ratios.png, made by the benchmark scripts) and the measured results
+(benchmarks/RESULTS.md) go into the site as img/ratios.png and results.md, without copies in docs/.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+
+from mkdocs.structure.files import File
+
+CHART = os.path.join("benchmarks", "ratios.png")
+log = logging.getLogger("mkdocs.hooks.ndd_trace")
+
+
+def on_files(files, config):  # noqa: ANN001, ANN201 (mkdocs' hook signature)
+    root = os.path.dirname(config.config_file_path)
+    source = os.path.join(root, CHART)
+    if os.path.exists(source):
+        files.append(File.generated(config, "img/ratios.png", abs_src_path=source))
+    else:
+        # the build must not fail on a fresh clone before the benchmarks ran: a stand-in says so
+        log.info("%s not found: the site shows a placeholder chart", CHART)
+        files.append(File.generated(config, "img/ratios.png", content=_PLACEHOLDER))
+    files.append(File.generated(config, "api.md", content=_api_page(root)))
+    files.append(File.generated(config, "results.md",
+                                abs_src_path=os.path.join(root, "benchmarks", "RESULTS.md")))
+    return files
+
+
+# a 1x1 transparent PNG
+_PLACEHOLDER = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6300010000050001"
+    "0d0a2db40000000049454e44ae426082")
+
+
+_API_INTRO = """# API reference
+
+Everything in `ndd_trace.__all__`, from the docstrings. `import ndd_trace` also makes
+`ndd.compile` available (the same object as `ndd_trace.compile`).
+"""
+
+_ALSO = """
+## Also returned or raised
+
+::: ndd_trace.lazy.Report
+
+::: ndd_trace.lazy.Region
+
+::: ndd_trace.loop.LoopError
+"""
+
+
+def public_names(root: str) -> list[str]:
+    """`ndd_trace.__all__`, read from ndd_trace/__init__.py without importing it."""
+    with open(os.path.join(root, "ndd_trace", "__init__.py")) as file:
+        tree = ast.parse(file.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise RuntimeError("ndd_trace/__init__.py defines no __all__")
+
+
+def _api_page(root: str) -> str:
+    functions = [name for name in public_names(root) if name[0].islower()]
+    classes = [name for name in public_names(root) if name[0].isupper()]
+    lines = [_API_INTRO, "## Functions", ""]
+    lines += [f"::: ndd_trace.{name}\n" for name in functions]
+    lines += ["## Classes and exceptions", ""]
+    lines += [f"::: ndd_trace.{name}\n" for name in classes]
+    return "\n".join(lines) + _ALSO
