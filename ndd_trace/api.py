@@ -548,7 +548,7 @@ class CompiledFunction:
                     "same results")
         if self.fallback == "lazy":
             return ("runs in transparent mode instead: its ndd calls run as cached pipeline "
-                    "regions around the break, with the same results")
+                    "regions (split where Python needs data), with the same results")
         return "runs eagerly (plain ndd, fallback=\"eager\"), with the same results"
 
     def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
