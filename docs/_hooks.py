@@ -16,7 +16,7 @@ CHART = os.path.join("benchmarks", "ratios.png")
 log = logging.getLogger("mkdocs.hooks.ndd_trace")
 
 
-def on_files(files, config):  # noqa: ANN001, ANN201 (mkdocs' hook signature)
+def on_files(files, config):
     root = os.path.dirname(config.config_file_path)
     source = os.path.join(root, CHART)
     if os.path.exists(source):

@@ -128,6 +128,17 @@ def test_ndd_trace_report_one_file_per_rank(tmp_path):
     assert not report.exists()
 
 
+def test_launcher_writes_ndd_trace_report_per_rank(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    completed = _python(["-m", "ndd_trace", "--report-json", str(tmp_path / "explicit.json"),
+                         str(script)], tmp_path, NDD_TRACE_REPORT=str(tmp_path / "env.json"),
+                        RANK="1")
+    assert completed.returncode == 0, completed.stderr
+    for name in ("explicit.rank1.json", "env.rank1.json"):
+        assert json.loads((tmp_path / name).read_text())["ops_recorded"] == 3
+
+
 def test_report_path_naming(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
