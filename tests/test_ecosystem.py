@@ -1,4 +1,4 @@
-"""Launchers and switches (-m, NDD_TRACE=1, NDD_TRACE_REPORT), logging, readable keys and reports."""
+"""Launchers and switches (-m, NDD_TRACE=1, NDD_TRACE_REPORT), logging, readable keys, reports."""
 
 from __future__ import annotations
 
