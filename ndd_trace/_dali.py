@@ -668,9 +668,25 @@ def current_device_id() -> int | None:
 def make_pipeline(batch_size: int, num_threads: int, device_id: int | None,
                   prefetch_queue_depth: int, checkpointing: bool = False,
                   checkpoint: bytes | None = None) -> Pipeline:
+    return Pipeline(**pipeline_options(batch_size, num_threads, device_id, prefetch_queue_depth,
+                                       checkpointing, checkpoint))
+
+
+def pipeline_options(batch_size: int, num_threads: int, device_id: int | None,
+                     prefetch_queue_depth: int, checkpointing: bool = False,
+                     checkpoint: bytes | None = None) -> dict[str, Any]:
+    """The Pipeline arguments of a compiled function's pipeline (for a `@pipeline_def`)."""
     extra = {"enable_checkpointing": True, "checkpoint": checkpoint} if checkpointing else {}
-    return Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
-                    prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True, **extra)
+    return dict(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
+                prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True, **extra)
+
+
+def host_array(value: Any) -> np.ndarray:
+    """A host copy of a concrete Tensor's data (a constant written into generated code)."""
+    storage = value.evaluate()._storage
+    if isinstance(storage, backend.TensorGPU):
+        storage = storage.as_cpu()
+    return np.array(storage)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -512,7 +512,7 @@ class CompiledFunction:
         passes.eliminate_dead_code(graph)
         entry.graph = graph
         entry.output_tree = tracer.output_tree
-        entry.lowered = lower(graph)
+        entry.lowered = lower(graph, inline_constants=True)
         if tracer.loop_mode:
             options = dataclasses.replace(self._options(),
                                           prefetch_queue_depth=self.prefetch_queue_depth)
