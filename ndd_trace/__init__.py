@@ -22,6 +22,7 @@ from __future__ import annotations
 from . import _dali
 from .api import CacheInfo, CompiledFunction, Explanation, NddTraceWarning, compile, explain
 from .errors import GraphBreakError, NddTraceError, PipelineError, TraceError
+from .export import ExportError, export
 from .lazy import disable, enable, enabled, is_enabled, report, reset_report
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CacheInfo",
     "CompiledFunction",
+    "ExportError",
     "Explanation",
     "GraphBreakError",
     "NddTraceError",
@@ -40,6 +42,7 @@ __all__ = [
     "enable",
     "enabled",
     "explain",
+    "export",
     "is_enabled",
     "report",
     "reset_report",

@@ -375,7 +375,13 @@ class _Emitter:
         return None
 
     def reader(self, node: Node) -> ast.Call:
-        keywords = {key: self.static(value, node) for key, value in sorted(node.static.items())}
+        static = dict(node.static)
+        if self.standalone:
+            # the instance name only matters to the runtime (it moves ndd's reader in by name);
+            # `checkpointing` is ndd's own flag, the pipeline's enable_checkpointing in DALI
+            static["name"] = self.names[id(node)]
+            static.pop("checkpointing", None)
+        keywords = {key: self.static(value, node) for key, value in sorted(static.items())}
         return _call(node.name, [], keywords)
 
 
@@ -456,11 +462,11 @@ def lower(graph: Graph, *, inline_constants: bool = False, random_states: str = 
             value = emitter.constant(node) if inline_constants and \
                 node.kind is NodeKind.CONSTANT else None
             if value is None:
-                if standalone and node.kind is not NodeKind.INPUT:
-                    what = {NodeKind.CONSTANT: "concrete data (a constant batch or a large "
-                            "tensor) met while tracing, fed on every call",
-                            NodeKind.EXTERNAL: "an ndd.ExternalSource (a Python callback)",
-                            NodeKind.RANDOM_STATE: "a random state fed per call"}[node.kind]
+                if standalone and node.kind in (NodeKind.CONSTANT, NodeKind.EXTERNAL):
+                    what = ("concrete data that cannot be written exactly into the code (a "
+                            "constant batch, or values a DALI constant cannot hold)"
+                            if node.kind is NodeKind.CONSTANT else
+                            "an ndd.ExternalSource (a Python callback)")
                     raise ExportError(f"the pipeline uses {what}", node)
                 value = emitter.external_source(node, names[id(node)])
                 external.append(node)
