@@ -56,6 +56,7 @@ class PerSampleError(NddTraceError):
         self.filename = loc.filename if loc else None
         self.lineno = loc.lineno if loc else None
         super().__init__(f"{loc}: {message}" if loc else message)
+        _scope.raised = self  # DALI's AutoGraph re-raises it wrapped: unwrapped where caught
 
 
 class _EagerLoop(Exception):
@@ -65,6 +66,7 @@ class _EagerLoop(Exception):
         super().__init__(reason)
         self.reason = reason
         self.loc = loc
+        _scope.raised = self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +224,7 @@ def convert(function: Callable) -> Converted:
 
 class _Scope(threading.local):
     definition: Any = None
+    raised: Exception | None = None
 
 
 _scope = _Scope()
@@ -579,17 +582,18 @@ class PerSampleFunction:
         if variant is not None and (variant.eager_reason or batch_size <= variant.max_batch_size):
             return variant
         variant = _Variant()
+        _scope.raised = None
         try:
-            pipe, definition = self._define(args, max(batch_size, 1))
-            pipe.build()
+            try:
+                pipe, definition = self._define(args, max(batch_size, 1))
+                pipe.build()
+            except Exception as error:
+                raised, _scope.raised = _scope.raised, None
+                if raised is not None and raised is not error:
+                    raise raised from None  # ours, wrapped by DALI's AutoGraph
+                raise
         except _EagerLoop as reason:
             variant.eager_reason, variant.eager_loc = reason.reason, reason.loc
-        except PerSampleError:
-            raise
-        except Exception as error:
-            if isinstance(getattr(error, "__cause__", None), PerSampleError):
-                raise error.__cause__ from None
-            raise
         else:
             variant.pipeline, variant.definition = pipe, definition
             variant.max_batch_size = batch_size
