@@ -44,6 +44,7 @@ from .errors import NddTraceError
 from .ir import Graph, NodeKind
 from .lower import ExportError as _NotStandalone
 from .lower import lower
+from .per_sample import PerSampleFunction
 from .source import SourceLoc
 
 FORMATS = ("python", "serialized")
@@ -117,40 +118,34 @@ def export(function: Callable, *example_args: Any, path: str, format: str = "pyt
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     if random not in ("pipeline", "inputs"):
         raise ValueError(f"random must be 'pipeline' or 'inputs', got {random!r}")
-    per_sample_export = getattr(function, "_ndd_trace_export", None)
-    if per_sample_export is not None:  # a per-sample function exports its own pipeline
-        lowered, inputs, size, options, num_outputs = per_sample_export(
-            example_args, example_kwargs, batch_size, random, seed)
-        name = function.__name__
-    else:
-        compiled = function if isinstance(function, CompiledFunction) else compile(function)
-        args, kwargs = compiled._normalize(example_args, example_kwargs)
-        entry = _traced_entry(compiled, args, kwargs)
-        graph = _user_graph(entry, compiled.is_generator)
-        options = compiled._options()
-        size = batch_size or compiled._batch_size_of(args, kwargs)[0] or \
-            getattr(entry.executable, "batch_size", None) or entry.static_batch_size or 1
-        pipeline_options = {"batch_size": int(size),
-                            "num_threads": num_threads or options.num_threads,
-                            "device_id": options.device_id}
-        if seed is not None:
-            pipeline_options["seed"] = int(seed)
-        name = compiled.__name__
-        try:
-            lowered = lower(graph, inline_constants=True, inline_limit=None, standalone=True,
-                            random_states="own" if random == "pipeline" else "fed",
-                            decorator_options=pipeline_options,
-                            function_name=f"{name}_pipeline")
-        except _NotStandalone as error:
-            loc = error.node.loc if error.node is not None else None
-            raise ExportError(f"`{compiled.__qualname__}` cannot be exported{{where}}: {error}",
-                              loc) from None
-        inputs = lowered.feed_names
-        num_outputs = len(graph.outputs)
-        options = pipeline_options
-        example = {lowered.feed_names[i]: args_data for i, args_data in enumerate(
-            _input_samples(node, args, kwargs) for node in lowered.external_sources
-            if node.kind is NodeKind.INPUT)}
+    if isinstance(function, PerSampleFunction):
+        return _export_per_sample(function, example_args, str(path), format, random,
+                                  batch_size, num_threads)
+    compiled = function if isinstance(function, CompiledFunction) else compile(function)
+    args, kwargs = compiled._normalize(example_args, example_kwargs)
+    entry = _traced_entry(compiled, args, kwargs)
+    graph = _user_graph(entry, compiled.is_generator)
+    defaults = compiled._options()
+    size = batch_size or compiled._batch_size_of(args, kwargs)[0] or \
+        getattr(entry.executable, "batch_size", None) or entry.static_batch_size or 1
+    options = {"batch_size": int(size), "num_threads": num_threads or defaults.num_threads,
+               "device_id": defaults.device_id}
+    if seed is not None:
+        options["seed"] = int(seed)
+    name = compiled.__name__
+    try:
+        lowered = lower(graph, inline_constants=True, inline_limit=None, standalone=True,
+                        random_states="own" if random == "pipeline" else "fed",
+                        decorator_options=options, function_name=f"{name}_pipeline")
+    except _NotStandalone as error:
+        loc = error.node.loc if error.node is not None else None
+        raise ExportError(f"`{compiled.__qualname__}` cannot be exported{{where}}: {error}",
+                          loc) from None
+    inputs = lowered.feed_names
+    num_outputs = len(graph.outputs)
+    example = {lowered.feed_names[i]: _input_samples(node, args, kwargs)
+               for i, node in enumerate(lowered.external_sources)
+               if node.kind is NodeKind.INPUT}
     exported = Exported(path=str(path), format=format, source=lowered.source, inputs=inputs,
                         num_outputs=num_outputs, batch_size=int(options["batch_size"]),
                         device_id=options["device_id"])
@@ -158,8 +153,6 @@ def export(function: Callable, *example_args: Any, path: str, format: str = "pyt
         pipe = lowered.function()
         pipe.serialize(filename=str(path))
         return exported
-    if per_sample_export is not None:
-        example = function._ndd_trace_examples(example_args, example_kwargs)
     example_path = os.path.splitext(str(path))[0] + "_example.npz"
     if example:
         np.savez(example_path, **{f"{key}__{i}": sample for key, samples in example.items()
@@ -169,6 +162,29 @@ def export(function: Callable, *example_args: Any, path: str, format: str = "pyt
         file.write(_module_text(name, lowered, inputs, os.path.basename(example_path), random,
                                 str(path)))
     return exported
+
+
+def _export_per_sample(function: PerSampleFunction, args: tuple, path: str, format: str,
+                       random: str, batch_size: int | None,
+                       num_threads: int | None) -> Exported:
+    """A per-sample function's conditional pipeline, serialized (its rewritten source calls
+    ndd, so it has no standalone Python form)."""
+    code = function.__wrapped__.__code__
+    loc = SourceLoc(code.co_filename, code.co_firstlineno, code.co_name)
+    if format != "serialized":
+        raise ExportError(f"per-sample function `{function.__qualname__}`{{where}} exports "
+                          "with format='serialized' only (its rewritten source calls ndd)", loc)
+    pipe, inputs, num_outputs, random_sites = function.define_for_export(
+        args, batch_size, num_threads)
+    if random_sites and random == "pipeline":
+        raise ExportError(
+            f"per-sample function `{function.__qualname__}`{{where}} has random ops, whose "
+            "per-sample values are computed before each run and fed; export it with "
+            f"random='inputs' (inputs {', '.join(random_sites)}, one value per sample)", loc)
+    pipe.serialize(filename=path)
+    return Exported(path=path, format=format, source=function.converted_source,
+                    inputs=[*inputs, *random_sites], num_outputs=num_outputs,
+                    batch_size=pipe.max_batch_size, device_id=pipe.device_id)
 
 
 def _input_samples(node: Any, args: tuple, kwargs: dict) -> list[np.ndarray]:

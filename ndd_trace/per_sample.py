@@ -532,7 +532,8 @@ class PerSampleFunction:
                         ("batch",) for value in args)
         return batches, statics, sizes.pop()
 
-    def _define(self, args: tuple, batch_size: int) -> tuple[Any, _Definition]:
+    def _define(self, args: tuple, batch_size: int,
+                num_threads: int | None = None) -> tuple[Any, _Definition]:
         code = self._function.__code__
         definition = _Definition(code.co_filename, code.co_name)
         converted = self._converted.function
@@ -570,11 +571,29 @@ class PerSampleFunction:
         _scope.definition = definition
         try:
             with _dali.intercept(functools.partial(_handler, definition)):
-                pipe = _dali.conditional_pipeline(pipeline_definition,
-                                                  **self._options(batch_size))
+                options = self._options(batch_size)
+                if num_threads:
+                    options["num_threads"] = num_threads
+                pipe = _dali.conditional_pipeline(pipeline_definition, **options)
         finally:
             _scope.definition = previous
         return pipe, definition
+
+    def define_for_export(self, args: tuple, batch_size: int | None,
+                          num_threads: int | None) -> tuple[Any, list[str], int, list[str]]:
+        """The pipeline for these example arguments, unbuilt: (pipeline, data input names,
+        number of outputs, random-value input names)."""
+        batches, _, size = self._split(args)
+        try:
+            pipe, definition = self._define(args, batch_size or size, num_threads)
+        except Exception as error:
+            raised, _scope.raised = _scope.raised, None
+            if raised is not None and raised is not error:
+                raise raised from None
+            raise
+        names = [self._parameters[i] if i < len(self._parameters) else f"arg{i}"
+                 for i, value in enumerate(args) if isinstance(value, _dali.Batch)]
+        return pipe, names, definition.num_outputs, [s.source for s in definition.random_sites]
 
     def _variant(self, args: tuple, batches: list, statics: tuple, batch_size: int) -> _Variant:
         key = self._key(batches, statics)

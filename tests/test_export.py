@@ -207,3 +207,30 @@ def test_command_line(batch, tmp_path):
     expected = to_numpy(ndd.flip(batch, vertical=1) * 2)
     _assert_outputs([expected], _saved(str(tmp_path / "out.npz"), 1))
     assert ROOT  # the child found this checkout through PYTHONPATH
+
+
+def test_per_sample_function_serialized_round_trip(batch, tmp_path):
+    @ndd.compile(per_sample=True)
+    def shrink_big(image):
+        if image.shape[0] > 45:
+            return ndd.resize(image, size=[8, 8])
+        return ndd.resize(ndd.flip(image, horizontal=1), size=[8, 8])
+
+    expected = to_numpy([shrink_big(batch)])
+    exported = ndd_trace.export(shrink_big, batch, path=str(tmp_path / "shrink.dali"),
+                                format="serialized")
+    assert exported.inputs == ["image"]
+    np.savez(tmp_path / "in.npz", **{f"image__{i}": np.asarray(s) for i, s in enumerate(batch)})
+    run_clean(textwrap.dedent("""
+        import numpy as np
+        from nvidia.dali import Pipeline
+        pipe = Pipeline.deserialize(filename="shrink.dali")
+        pipe.build()
+        data = np.load("in.npz")
+        pipe.feed_input("image", [data[f"image__{i}"] for i in range(4)])
+        (out,) = pipe.run()
+        np.savez("out.npz", **{f"out0__{i}": np.array(out[i]) for i in range(len(out))})
+    """), str(tmp_path))
+    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+    with pytest.raises(ndd_trace.ExportError, match="serialized"):
+        ndd_trace.export(shrink_big, batch, path=str(tmp_path / "shrink.py"))
