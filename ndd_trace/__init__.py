@@ -30,8 +30,8 @@ __version__ = "0.1.0"
 __all__ = [
     "CacheInfo",
     "CompiledFunction",
-    "ExportError",
     "Explanation",
+    "ExportError",
     "GraphBreakError",
     "NddTraceError",
     "NddTraceWarning",

@@ -410,7 +410,7 @@ def _expression(value: ast.expr) -> str:
             if depth == 0 and position < len(text) - 1:
                 return text  # the first parenthesis closes early: `(a + b) * c`
         text = text[1:-1]
-        if text.startswith("- ") or text.startswith("~ "):
+        if text.startswith(("- ", "~ ")):
             text = text[0] + text[2:]
     return text
 
@@ -483,7 +483,7 @@ def lower(graph: Graph, *, inline_constants: bool = False, random_states: str = 
     filename = f"<ndd_trace:{safe_name}#{next(_counter)}>"
     register_source(filename, source)
     namespace: dict[str, Any] = {"consts": emitter.consts}
-    exec(compile(source, filename, "exec"), namespace)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our generated code)
     return Lowered(source=source, filename=filename, function=namespace[function_name],
                    function_name=function_name, consts=emitter.consts, line_map=line_map,
                    external_sources=external, feed_names=feed_names, names=names)

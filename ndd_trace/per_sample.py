@@ -39,7 +39,6 @@ from collections.abc import Callable
 from typing import Any
 
 import astunparse
-import numpy as np
 
 from . import _dali
 from .errors import NddTraceError
@@ -195,14 +194,16 @@ def convert(function: Callable) -> Converted:
     if any(isinstance(node, (ast.Yield, ast.YieldFrom)) for node in ast.walk(definition)):
         raise PerSampleError("a per-sample function cannot be a generator",
                              SourceLoc(code.co_filename, definition.lineno, code.co_name))
+    uses_if_exp = any(isinstance(node, ast.IfExp) for node in ast.walk(definition))
     definition = _Rewriter(code.co_filename).visit(definition)
-    body: list[ast.stmt] = [*ast.parse(_HELPERS).body, definition]
+    helpers = ast.parse(_HELPERS).body if uses_if_exp else []
+    body: list[ast.stmt] = [*helpers, definition]
     freevars = code.co_freevars
     if freevars:  # closures: the rewritten function is made inside a factory of its cells
         factory = ast.parse(f"def _ndd_factory({', '.join(freevars)}):\n    pass").body[0]
         factory.body = [definition, ast.Return(value=ast.Name(id=definition.name,
                                                               ctx=ast.Load()))]
-        body = [*ast.parse(_HELPERS).body, factory]
+        body = [*helpers, factory]
     module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
     text = astunparse.unparse(module).strip() + "\n"
     filename = f"<ndd_trace per-sample:{code.co_name}#{next(_counter)}>"
@@ -210,7 +211,7 @@ def convert(function: Callable) -> Converted:
     namespace = dict(function.__globals__)
     namespace.update(_ndd_condition=_ndd_condition, _ndd_loop_condition=_ndd_loop_condition,
                      _ndd_attribute=_ndd_attribute)
-    exec(compile(text, filename, "exec"), namespace)
+    exec(compile(text, filename, "exec"), namespace)  # noqa: S102 (the rewritten function)
     if freevars:
         cells = [cell.cell_contents for cell in function.__closure__]
         converted = namespace["_ndd_factory"](*cells)
@@ -241,7 +242,7 @@ class Item:
     """A per-sample Python number (`x.item()`, `x.shape[i]`): comparisons and truth tests are
     computed as Python computes them (in float64), and the value can be passed to an op."""
 
-    __slots__ = ("node", "lineno")
+    __slots__ = ("lineno", "node")
 
     def __init__(self, node: Any, lineno: int):
         self.node = node
@@ -264,10 +265,10 @@ class Item:
                   "gt": lambda: left > right, "ge": lambda: left >= right}[name]()
         return Item(result, self.lineno)
 
-    def __eq__(self, other: Any) -> Item:  # type: ignore[override]
+    def __eq__(self, other: object) -> Item:  # type: ignore[override]
         return self._compare(other, "eq")
 
-    def __ne__(self, other: Any) -> Item:  # type: ignore[override]
+    def __ne__(self, other: object) -> Item:  # type: ignore[override]
         return self._compare(other, "ne")
 
     def __lt__(self, other: Any) -> Item:
@@ -583,7 +584,7 @@ class PerSampleFunction:
                           num_threads: int | None) -> tuple[Any, list[str], int, list[str]]:
         """The pipeline for these example arguments, unbuilt: (pipeline, data input names,
         number of outputs, random-value input names)."""
-        batches, _, size = self._split(args)
+        _, _, size = self._split(args)
         try:
             pipe, definition = self._define(args, batch_size or size, num_threads)
         except Exception as error:
@@ -654,7 +655,7 @@ class PerSampleFunction:
     def eager(self, *args: Any) -> Any:
         """The eager per-sample loop: the function on each sample, results gathered into
         Batches (what the compiled call gives, value for value)."""
-        batches, _, batch_size = self._split(args)
+        _, _, batch_size = self._split(args)
         results = []
         for index in range(batch_size):
             sample_args = [value.select(index) if isinstance(value, _dali.Batch) else value

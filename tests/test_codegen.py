@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
 import pytest
 from conftest import run_both
 
 import ndd_trace
-import nvidia.dali.experimental.dynamic as ndd
 from ndd_trace.lower import lower
 
 SCALE = 3
@@ -88,7 +88,7 @@ def test_the_code_runs_standalone(batch):
     """The printed source, executed on its own (DALI only), builds the same pipeline."""
     entry = ndd_trace.compile(lambda x: ndd.math.sqrt(x * 0.5 + 1)).trace((batch,), {})
     namespace: dict = {}
-    exec(compile(entry.lowered.source, "<standalone>", "exec"), namespace)
+    exec(compile(entry.lowered.source, "<standalone>", "exec"), namespace)  # noqa: S102
     function = namespace[entry.lowered.function_name]
     pipe = function(batch_size=batch.batch_size, num_threads=1, device_id=None)
     pipe.build()

@@ -10,11 +10,11 @@ import sys
 import textwrap
 
 import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
 import pytest
 from conftest import ROOT, subprocess_env, to_numpy
 
 import ndd_trace
-import nvidia.dali.experimental.dynamic as ndd
 
 
 def _clean_path() -> list[str]:
@@ -31,7 +31,7 @@ def run_clean(code: str, cwd: str) -> subprocess.CompletedProcess:
         assert importlib.util.find_spec("ndd_trace") is None, "ndd_trace is importable"
     """)
     completed = subprocess.run([sys.executable, "-I", "-S", "-c", prelude + code], cwd=cwd,
-                               capture_output=True, text=True, timeout=300)
+                               capture_output=True, text=True, timeout=300, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return completed
 
@@ -200,7 +200,7 @@ def test_command_line(batch, tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "ndd_trace", "export", "usermod:brighten", "--example", "in.npz",
          "--out", "bright.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env=subprocess_env())
+        env=subprocess_env(), check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "wrote bright.py" in completed.stdout
     run_module("bright.py", str(tmp_path), "--save", "out.npz")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
 import pytest
 from conftest import assert_same
 
 import ndd_trace
-import nvidia.dali.experimental.dynamic as ndd
 from ndd_trace.per_sample import PerSampleError
 
 
