@@ -357,6 +357,8 @@ def _ndd_attribute(value: Any, name: str, lineno: int) -> Any:
         return _Shape(value, lineno)
     if name == "item":
         return lambda: Item(_dali.fn.reshape(value, shape=[]), lineno)
+    if name in ("gpu", "cpu") and hasattr(value, name):
+        return getattr(value, name)  # a transfer inside the pipeline
     raise PerSampleError(f"reads `.{name}` of a per-sample value, which a per-sample pipeline "
                          "does not provide (`.shape` and `.item()` are supported)", _loc(lineno))
 

@@ -234,3 +234,15 @@ def test_per_sample_function_serialized_round_trip(batch, tmp_path):
     _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
     with pytest.raises(ndd_trace.ExportError, match="serialized"):
         ndd_trace.export(shrink_big, batch, path=str(tmp_path / "shrink.py"))
+
+
+@pytest.mark.gpu
+def test_gpu_pipeline_round_trip(batch, tmp_path):
+    def on_gpu(images):
+        return ndd.resize(images.gpu(), size=[8, 8]) * 0.5
+
+    expected = to_numpy([ndd.compile(on_gpu)(batch)])
+    exported = ndd_trace.export(on_gpu, batch, path=str(tmp_path / "gpu.py"))
+    assert exported.device_id is not None
+    run_module("gpu.py", str(tmp_path), "--save", "out.npz")
+    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))

@@ -183,3 +183,16 @@ def test_closures_and_second_batch_size(images):
     smaller = ndd.batch([np.asarray(images.select(i)) for i in range(2)], layout="HWC")
     assert_same(eager_loop(closure, smaller), compiled(smaller))
     assert compiled.builds == 1  # a smaller batch reuses the pipeline
+
+
+@pytest.mark.gpu
+def test_gpu_batch_matches_the_eager_loop(images):
+    def on_gpu(image):
+        flip = ndd.random.coin_flip(probability=0.5)
+        if image.shape[0] > 45:
+            image = ndd.resize(image, size=[16, 16])
+        else:
+            image = ndd.resize(ndd.flip(image, vertical=1), size=[16, 16])
+        return image, flip
+
+    check(on_gpu, images.gpu())
