@@ -531,8 +531,8 @@ class PerSampleFunction:
         if len(sizes) > 1:
             raise ValueError(f"per-sample function `{self.__qualname__}` got batches of "
                              f"different sizes ({sorted(sizes)})")
-        statics = tuple(("static", value) if not isinstance(value, _dali.Batch) else
-                        ("batch",) for value in args)
+        statics = tuple(("static", _hashable(value)) if not isinstance(value, _dali.Batch)
+                        else ("batch",) for value in args)
         return batches, statics, sizes.pop()
 
     def _define(self, args: tuple, batch_size: int,
@@ -677,6 +677,15 @@ class PerSampleFunction:
             warnings.warn(message, self._warning, stacklevel=3)
         else:
             warnings.warn_explicit(message, self._warning, loc.filename, loc.lineno)
+
+
+def _hashable(value: Any) -> Any:
+    """A Python argument as part of the variant key (its repr where it cannot be hashed)."""
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", type(value).__name__, repr(value))
+    return value
 
 
 def _gather(results: list) -> Any:
