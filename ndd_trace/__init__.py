@@ -24,6 +24,7 @@ from __future__ import annotations
 from . import _dali, logs
 from .api import CacheInfo, CompiledFunction, Explanation, NddTraceWarning, compile, explain
 from .errors import GraphBreakError, NddTraceError, PipelineError, TraceError
+from .export import ExportError, export
 from .lazy import disable, enable, enabled, is_enabled, report, reset_report
 
 __version__ = "0.1.0"
@@ -32,6 +33,7 @@ __all__ = [
     "CacheInfo",
     "CompiledFunction",
     "Explanation",
+    "ExportError",
     "GraphBreakError",
     "NddTraceError",
     "NddTraceWarning",
@@ -42,6 +44,7 @@ __all__ = [
     "enable",
     "enabled",
     "explain",
+    "export",
     "is_enabled",
     "report",
     "reset_report",

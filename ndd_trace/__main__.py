@@ -23,6 +23,9 @@ from . import launch, lazy
 
 
 def main(argv: list[str] | None = None) -> None:
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["export"]:  # python -m ndd_trace export
+        from .export import main as export_main
+        return export_main((sys.argv[1:] if argv is None else argv)[1:])
     parser = argparse.ArgumentParser(
         prog="python -m ndd_trace",
         description="Run an ndd script or module with its ndd calls compiled into DALI "

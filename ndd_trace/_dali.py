@@ -735,9 +735,25 @@ def current_device_id() -> int | None:
 def make_pipeline(batch_size: int, num_threads: int, device_id: int | None,
                   prefetch_queue_depth: int, checkpointing: bool = False,
                   checkpoint: bytes | None = None) -> Pipeline:
+    return Pipeline(**pipeline_options(batch_size, num_threads, device_id, prefetch_queue_depth,
+                                       checkpointing, checkpoint))
+
+
+def pipeline_options(batch_size: int, num_threads: int, device_id: int | None,
+                     prefetch_queue_depth: int, checkpointing: bool = False,
+                     checkpoint: bytes | None = None) -> dict[str, Any]:
+    """The Pipeline arguments of a compiled function's pipeline (for a `@pipeline_def`)."""
     extra = {"enable_checkpointing": True, "checkpoint": checkpoint} if checkpointing else {}
-    return Pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
-                    prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True, **extra)
+    return dict(batch_size=batch_size, num_threads=num_threads, device_id=device_id,
+                prefetch_queue_depth=prefetch_queue_depth, exec_dynamic=True, **extra)
+
+
+def host_array(value: Any) -> np.ndarray:
+    """A host copy of a concrete Tensor's data (a constant written into generated code)."""
+    storage = value.evaluate()._storage
+    if isinstance(storage, backend.TensorGPU):
+        storage = storage.as_cpu()
+    return np.array(storage)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -769,3 +785,53 @@ def adopt_loop_state(reader: Any) -> tuple[dict, bytes] | None:
     reader._name = header["name"]
     reader._shard_id = header["shard_id"]
     return header, checkpoint
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-sample pipelines: DALI's conditionals (its AutoGraph fork) on pipeline-mode DataNodes
+
+def is_data_node(value: Any) -> bool:
+    return isinstance(value, DataNode)
+
+
+def conditional_pipeline(definition: Callable, **options: Any) -> Pipeline:
+    """`@pipeline_def(enable_conditionals=True)` applied to `definition`, then instantiated."""
+    return dali.pipeline_def(definition, enable_conditionals=True)(**options)
+
+
+def do_not_convert(function: Callable) -> Callable:
+    """Keep DALI's AutoGraph from rewriting one of our own helpers called from converted code."""
+    return dali.pipeline.do_not_convert(function)
+
+
+def condition_depth() -> int:
+    """How many per-sample `if` scopes the pipeline definition is inside (0: none)."""
+    from nvidia.dali import _conditionals
+
+    if not _conditionals.conditionals_enabled():
+        return 0
+    return _conditionals.this_condition_stack().stack_depth() - 1
+
+
+def fn_function(op_class: type, device: str | None) -> tuple[Callable, str | None]:
+    """The pipeline-mode function of an ndd operator, and its device argument (ndd's "gpu"
+    decoders are "mixed" in a pipeline)."""
+    function: Any = fn
+    for part in op_class._fn_path.split("."):
+        function = getattr(function, part)
+    if device == "gpu" and "mixed" in op_class._supported_backends:
+        device = "mixed"
+    return function, device
+
+
+def float64_constant(value: float) -> Any:
+    return types.Constant(float(value), dtype=types.DALIDataType.FLOAT64)
+
+
+def random_state_source(name: str) -> DataNode:
+    return fn.external_source(name=name, device="cpu", dtype=types.DALIDataType.UINT32, ndim=1)
+
+
+def stack_states(states: list[np.ndarray]) -> Any:
+    """One random op's states, one per sample, as the TensorList a state source is fed."""
+    return backend.TensorListCPU(np.stack(states))

@@ -26,6 +26,7 @@ from .errors import GraphBreakError, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import LoopExecutable
 from .lower import Lowered, lower
+from .per_sample import PerSampleFunction
 from .runtime import Executable, LazyOutput, Options
 from .source import SourceLoc, is_internal_file, raise_at, user_location
 from .trace import GraphBreakRecord, Tracer
@@ -566,7 +567,7 @@ class CompiledFunction:
         passes.eliminate_dead_code(graph)
         entry.graph = graph
         entry.output_tree = tracer.output_tree
-        entry.lowered = lower(graph)
+        entry.lowered = lower(graph, inline_constants=True)
         entry.path = "compiled loop" if tracer.loop_mode else "one pipeline"
         logs.trace.info("`%s` traced: %d ndd calls -> %s (%d ops after passes)", self.__qualname__,
                         entry.num_ops, entry.lowered.filename, len(graph.nodes_of(NodeKind.OP)))
@@ -652,14 +653,17 @@ class CompiledFunction:
 def compile(function: Callable | None = None, *, fullgraph: bool = False,
             num_threads: int | None = None, device_id: Any = "current",
             prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
-            fallback: str = "lazy") -> Any:
+            fallback: str = "lazy", per_sample: bool = False) -> Any:
     """Compile a function that calls ndd operators into cached DALI pipelines.
 
     Use as `@ndd.compile` or `@ndd.compile(fullgraph=True, num_threads=4, ...)`. Defaults come
     from ndd's current settings (`ndd.set_num_threads`, the current device). A call that cannot
     be compiled whole runs in transparent mode (`fallback="lazy"`) or eagerly
-    (`fallback="eager"`), with a warning either way.
+    (`fallback="eager"`), with a warning either way. `per_sample=True`: the function is
+    written for one sample and runs on each sample of a batch (see ndd_trace.per_sample).
     """
+    if per_sample:
+        return _per_sample_compile(function, num_threads, device_id)
     options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
                    prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit,
                    fallback=fallback)
@@ -668,6 +672,15 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
     if isinstance(function, CompiledFunction):
         function = function.__wrapped__  # compiling again applies the new options
     return CompiledFunction(function, **options)
+
+
+def _per_sample_compile(function: Callable | None, num_threads: int | None,
+                        device_id: Any) -> Any:
+    def make(f: Callable) -> PerSampleFunction:
+        return PerSampleFunction(getattr(f, "__wrapped__", f), num_threads=num_threads,
+                                 device_id=device_id, warning=NddTraceWarning)
+
+    return make if function is None else make(function)
 
 
 @dataclasses.dataclass
@@ -711,6 +724,9 @@ class Explanation:
 
 def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `function` for these arguments (running nothing) and report what would happen."""
+    if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
+        return Explanation(function.__qualname__, "", function.converted_source, [], [], None,
+                           CacheInfo(0, 0, 0, 0, len(function._variants)), 0, None)
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     args, kwargs = compiled._normalize(args, kwargs)
     counters = compiled._counters

@@ -76,9 +76,9 @@ class LoopExecutable(Executable):
         checkpointing = any(_dali.reader_checkpointing(r) for r in self.readers)
         restore = next((r._ndd_trace_restore for r in self.readers
                         if getattr(r, "_ndd_trace_restore", None)), None)
-        pipe = _dali.make_pipeline(batch_size, options.num_threads, options.device_id,
-                                   options.prefetch_queue_depth, checkpointing,
-                                   restore[1] if restore else None)
+        pipe = self.lowered.function(**_dali.pipeline_options(
+            batch_size, options.num_threads, options.device_id, options.prefetch_queue_depth,
+            checkpointing, restore[1] if restore else None))
         if self._replayable is None:
             self._replayable = restore is None and not any(
                 _dali.reader_has_operator(reader) for reader in self.readers)
@@ -86,9 +86,6 @@ class LoopExecutable(Executable):
             self._resume_at = int(restore[0]["steps_done"])
             for reader in self.readers:
                 reader._ndd_trace_restore = None
-        with pipe:
-            outputs = self.lowered.function(_dali.fn, _dali.types, self.lowered.consts)
-            pipe.set_outputs(*outputs)
         for reader in self.readers:
             backend_op = _dali.claim_reader(reader, batch_size)
             _dali.transfer_reader(pipe, reader, backend_op)

@@ -231,11 +231,9 @@ class Executable:
         started = time.perf_counter()
         self.pipeline = None
         options = self.options
-        pipe = _dali.make_pipeline(batch_size, options.num_threads, options.device_id,
-                                   options.prefetch_queue_depth)
-        with pipe:
-            outputs = self.lowered.function(_dali.fn, _dali.types, self.lowered.consts)
-            pipe.set_outputs(*outputs)
+        # the generated @pipeline_def itself (what `explain` shows is what runs)
+        pipe = self.lowered.function(**_dali.pipeline_options(
+            batch_size, options.num_threads, options.device_id, options.prefetch_queue_depth))
         pipe.build()
         self.pipeline = pipe
         self.max_batch_size = batch_size
@@ -368,8 +366,8 @@ class Executable:
 
     def _feed(self, data: list) -> None:
         """Feed one iteration's external sources (in lowering order), keeping the data alive."""
-        for node, item in zip(self.lowered.external_sources, data):
-            _dali.feed(self.pipeline, node.var, item)
+        for name, item in zip(self.lowered.feed_names, data):
+            _dali.feed(self.pipeline, name, item)
         self._fed.append(data)
 
     def fetch(self, run: _PendingRun) -> None:

@@ -18,7 +18,9 @@ LAYERS = [
     {"loop"},
     {"readahead"},
     {"lazy"},
+    {"per_sample"},
     {"api"},
+    {"export"},
     {"__init__", "__main__", "launch"},
 ]
 

@@ -290,13 +290,18 @@ graph golden:
   return v4"""
 
 GOLDEN_CODE = """\
-def golden_pipeline(fn, types, consts):
-    in0 = fn.external_source(name='in0', device='cpu', dtype=types.DALIDataType.UINT8, ndim=3, layout='HWC')
-    v1 = fn.resize(in0, device='cpu', size=[8, 8])  # LOC
-    rng2 = fn.external_source(name='rng2', device='cpu', no_copy=True, dtype=types.DALIDataType.UINT32, ndim=1)  # LOC
-    v3 = fn.random.coin_flip(device='cpu', _random_state=rng2)  # LOC
-    v4 = fn.crop_mirror_normalize(v1, device='cpu', mean=[0.0], std=[255.0], mirror=v3)  # LOC
-    return (v4,)
+import nvidia.dali as dali
+from nvidia.dali import fn, pipeline_def, types
+
+
+@pipeline_def
+def golden_pipeline():
+    x = fn.external_source(name='x', device='cpu', dtype=types.UINT8, ndim=3, layout='HWC')
+    small = fn.resize(x, size=[8, 8])  # LOC
+    flip_state = fn.external_source(name='flip_state', device='cpu', no_copy=True, dtype=types.UINT32, ndim=1)  # LOC
+    flip = fn.random.coin_flip(_random_state=flip_state)  # LOC
+    crop_mirror_normalize = fn.crop_mirror_normalize(small, mean=[0.0], std=[255.0], mirror=flip)  # LOC
+    return (crop_mirror_normalize,)
 """
 
 

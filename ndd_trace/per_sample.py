@@ -1,0 +1,700 @@
+"""Per-sample functions: code written for one sample runs on a whole batch in one pipeline.
+
+    @ndd.compile(per_sample=True)
+    def augment(image):                              # written for one sample (a Tensor)
+        if ndd.random.coin_flip(probability=0.3).item():
+            image = ndd.flip(image, horizontal=1)
+        if image.shape[0] > 512:                     # per-sample, data-dependent
+            image = ndd.resize(image, resize_shorter=512)
+        return image
+
+    out = augment(batch)                             # a whole Batch, one pipeline run
+    print(augment.converted_source)                  # the rewritten function
+
+The function's AST is rewritten (printed with astunparse): the tests of `if`/`elif`/`while`,
+the operands of `and`/`or`/`not` and conditional expressions go through `_ndd_condition`, which
+turns a per-sample value into the predicate of DALI's conditional execution (Python values pass
+through unchanged); `x.shape`, `x.item()` and friends go through `_ndd_attribute`. The
+rewritten function then runs inside `@pipeline_def(enable_conditionals=True)` (DALI's AutoGraph),
+its ndd calls becoming the same operators in pipeline mode, so each sample takes its own branch.
+
+Random ops: per call, each random op of the function draws one state per sample from its
+generator, sample by sample and in program order within a sample: exactly what the eager loop
+`[augment(sample) for sample in batch]` draws, as long as every sample reaches every random op.
+A random op inside a per-sample branch is reached by some samples only, so the eager loop's
+draws depend on the data: such a function runs as the eager per-sample loop (with a warning).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import itertools
+import textwrap
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import astunparse
+
+from . import _dali
+from .errors import NddTraceError
+from .source import SourceLoc, register_source, user_location
+
+_counter = itertools.count()
+
+
+class PerSampleError(NddTraceError):
+    """A per-sample function uses a construct its pipeline cannot express; names the line."""
+
+    def __init__(self, message: str, loc: SourceLoc | None = None):
+        self.loc = loc
+        self.filename = loc.filename if loc else None
+        self.lineno = loc.lineno if loc else None
+        super().__init__(f"{loc}: {message}" if loc else message)
+        _scope.raised = self  # DALI's AutoGraph re-raises it wrapped: unwrapped where caught
+
+
+class _EagerLoop(Exception):
+    """Internal: this function runs as the eager per-sample loop (the reason, where)."""
+
+    def __init__(self, reason: str, loc: SourceLoc | None):
+        super().__init__(reason)
+        self.reason = reason
+        self.loc = loc
+        _scope.raised = self
+
+
+# ---------------------------------------------------------------------------------------------
+# The AST rewrite
+
+_ATTRIBUTES = {"shape", "item", "dtype", "ndim", "layout", "tolist", "torch", "evaluate",
+               "cpu", "gpu", "select", "batch_size", "size"}
+
+
+class _Rewriter(ast.NodeTransformer):
+    """Routes truth tests and tensor attributes of one function through the runtime helpers."""
+
+    def __init__(self, filename: str):
+        self.filename = filename
+
+    def _wrap(self, test: ast.expr, helper: str = "_ndd_condition") -> ast.expr:
+        if helper == "_ndd_condition" and (isinstance(test, ast.BoolOp) or (
+                isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not))):
+            return test  # its operands are tested already
+        return ast.Call(func=ast.Name(id=helper, ctx=ast.Load()),
+                        args=[test, ast.Constant(test.lineno)], keywords=[])
+
+    def visit_If(self, node: ast.If) -> ast.If:
+        self.generic_visit(node)
+        side_effect = _side_effect_line(node)
+        node.test = self._wrap(node.test)
+        if side_effect is not None:
+            node.test.args.append(ast.Constant(side_effect))
+        return node
+
+    def visit_While(self, node: ast.While) -> ast.While:
+        self.generic_visit(node)
+        node.test = self._wrap(node.test, "_ndd_loop_condition")
+        return node
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.BoolOp:
+        self.generic_visit(node)
+        node.values = [self._wrap(value) for value in node.values]
+        return node
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            node.operand = self._wrap(node.operand)
+        return node
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.expr:
+        self.generic_visit(node)
+
+        def thunk(body: ast.expr) -> ast.Lambda:
+            return ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
+                                                 kw_defaults=[], defaults=[]), body=body)
+
+        return ast.copy_location(ast.Call(
+            func=ast.Name(id="_ndd_if_exp", ctx=ast.Load()),
+            args=[self._wrap(node.test), thunk(node.body), thunk(node.orelse)], keywords=[]),
+            node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
+        self.generic_visit(node)
+        if node.attr in _ATTRIBUTES and isinstance(node.ctx, ast.Load):
+            return ast.copy_location(ast.Call(
+                func=ast.Name(id="_ndd_attribute", ctx=ast.Load()),
+                args=[node.value, ast.Constant(node.attr), ast.Constant(node.lineno)],
+                keywords=[]), node)
+        return node
+
+    def visit_Global(self, node: ast.Global) -> Any:
+        raise PerSampleError("`global` is not supported in a per-sample function",
+                             SourceLoc(self.filename, node.lineno, ""))
+
+    visit_Nonlocal = visit_Global
+
+
+def _side_effect_line(node: ast.If) -> int | None:
+    """The first statement in a branch that changes a Python object (attribute or item
+    assignment, a method call whose result is dropped): both branches of a per-sample `if` run
+    while the pipeline is defined, so its effects would happen for every sample."""
+    for statement in [*node.body, *node.orelse]:
+        for inner in ast.walk(statement):
+            if isinstance(inner, (ast.Assign, ast.AugAssign)) and any(
+                    isinstance(t, (ast.Attribute, ast.Subscript))
+                    for t in getattr(inner, "targets", [getattr(inner, "target", None)])):
+                return inner.lineno
+            if isinstance(inner, ast.Expr) and isinstance(inner.value, ast.Call) and \
+                    isinstance(inner.value.func, ast.Attribute):
+                return inner.lineno
+    return None
+
+
+_HELPERS = '''
+def _ndd_if_exp(condition, if_true, if_false):
+    if condition:
+        value = if_true()
+    else:
+        value = if_false()
+    return value
+'''
+
+
+@dataclasses.dataclass
+class Converted:
+    """A rewritten per-sample function."""
+
+    function: Callable
+    source: str  # the rewritten function (and the conditional-expression helper)
+    filename: str
+
+
+def convert(function: Callable) -> Converted:
+    """Rewrite `function`'s truth tests and tensor attributes (see the module docstring)."""
+    code = function.__code__
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+    except (OSError, TypeError) as error:
+        raise PerSampleError(f"the source of `{function.__qualname__}` is not available "
+                             f"({error}); per-sample functions are rewritten from their source",
+                             SourceLoc(code.co_filename, code.co_firstlineno, code.co_name))
+    tree = ast.parse(source)
+    ast.increment_lineno(tree, code.co_firstlineno - 1)
+    definition = tree.body[0]
+    if not isinstance(definition, ast.FunctionDef):
+        raise PerSampleError("per_sample=True needs a function defined with `def`",
+                             SourceLoc(code.co_filename, code.co_firstlineno, code.co_name))
+    definition.decorator_list = []
+    if any(isinstance(node, (ast.Yield, ast.YieldFrom)) for node in ast.walk(definition)):
+        raise PerSampleError("a per-sample function cannot be a generator",
+                             SourceLoc(code.co_filename, definition.lineno, code.co_name))
+    uses_if_exp = any(isinstance(node, ast.IfExp) for node in ast.walk(definition))
+    definition = _Rewriter(code.co_filename).visit(definition)
+    helpers = ast.parse(_HELPERS).body if uses_if_exp else []
+    body: list[ast.stmt] = [*helpers, definition]
+    freevars = code.co_freevars
+    if freevars:  # closures: the rewritten function is made inside a factory of its cells
+        factory = ast.parse(f"def _ndd_factory({', '.join(freevars)}):\n    pass").body[0]
+        factory.body = [definition, ast.Return(value=ast.Name(id=definition.name,
+                                                              ctx=ast.Load()))]
+        body = [*helpers, factory]
+    module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
+    text = astunparse.unparse(module).strip() + "\n"
+    filename = f"<ndd_trace per-sample:{code.co_name}#{next(_counter)}>"
+    register_source(filename, text)
+    namespace = dict(function.__globals__)
+    namespace.update(_ndd_condition=_ndd_condition, _ndd_loop_condition=_ndd_loop_condition,
+                     _ndd_attribute=_ndd_attribute)
+    exec(compile(text, filename, "exec"), namespace)  # noqa: S102 (the rewritten function)
+    if freevars:
+        cells = [cell.cell_contents for cell in function.__closure__]
+        converted = namespace["_ndd_factory"](*cells)
+    else:
+        converted = namespace[definition.name]
+    return Converted(converted, text, filename)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-sample values while the pipeline is defined
+
+class _Scope(threading.local):
+    definition: Any = None
+    raised: Exception | None = None
+
+
+_scope = _Scope()
+
+
+def _loc(lineno: int) -> SourceLoc | None:
+    definition = _scope.definition
+    if definition is None:
+        return None
+    return SourceLoc(definition.filename, lineno, definition.name)
+
+
+class Item:
+    """A per-sample Python number (`x.item()`, `x.shape[i]`): comparisons and truth tests are
+    computed as Python computes them (in float64), and the value can be passed to an op."""
+
+    __slots__ = ("lineno", "node")
+
+    def __init__(self, node: Any, lineno: int):
+        self.node = node
+        self.lineno = lineno
+
+    def _wide(self) -> Any:
+        return _dali.fn.cast(self.node, dtype=_dali.types.DALIDataType.FLOAT64)
+
+    def _compare(self, other: Any, name: str) -> Item:
+        if isinstance(other, Item):
+            right = other._wide()
+        elif isinstance(other, (bool, int, float)) and not isinstance(other, Item):
+            right = _dali.float64_constant(other)
+        else:
+            raise PerSampleError(f"compares a per-sample number with {type(other).__name__}",
+                                 _loc(self.lineno))
+        left = self._wide()
+        result = {"eq": lambda: left == right, "ne": lambda: left != right,
+                  "lt": lambda: left < right, "le": lambda: left <= right,
+                  "gt": lambda: left > right, "ge": lambda: left >= right}[name]()
+        return Item(result, self.lineno)
+
+    def __eq__(self, other: object) -> Item:  # type: ignore[override]
+        return self._compare(other, "eq")
+
+    def __ne__(self, other: object) -> Item:  # type: ignore[override]
+        return self._compare(other, "ne")
+
+    def __lt__(self, other: Any) -> Item:
+        return self._compare(other, "lt")
+
+    def __le__(self, other: Any) -> Item:
+        return self._compare(other, "le")
+
+    def __gt__(self, other: Any) -> Item:
+        return self._compare(other, "gt")
+
+    def __ge__(self, other: Any) -> Item:
+        return self._compare(other, "ge")
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _no_python(self, *args: Any) -> Any:
+        raise PerSampleError(
+            "uses a per-sample number (`.item()`, `.shape[i]`) as a Python value (arithmetic, "
+            "int(), range(), formatting): it differs between the samples of one pipeline run. "
+            "Compare it, branch on it, or pass it to an ndd op; compute with ndd ops on the "
+            "tensor instead", _loc(self.lineno))
+
+    for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+                  "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
+                  "__rmod__", "__pow__", "__rpow__", "__neg__", "__abs__", "__int__",
+                  "__float__", "__index__", "__str__", "__format__", "__len__", "__iter__"):
+        locals()[_name] = _no_python
+    del _name
+
+    def __repr__(self) -> str:
+        return "<per-sample number>"
+
+
+class _Shape:
+    """`x.shape` of a per-sample value: its items are per-sample numbers."""
+
+    def __init__(self, node: Any, lineno: int):
+        self._node = node.shape(dtype=_dali.types.DALIDataType.INT64)
+        self._lineno = lineno
+
+    def __getitem__(self, index: Any) -> Item:
+        if not isinstance(index, int):
+            raise PerSampleError("indexes a per-sample shape with something other than an int",
+                                 _loc(self._lineno))
+        return Item(self._node[index], self._lineno)
+
+    def __len__(self) -> int:
+        raise PerSampleError("takes len() of a per-sample shape (use x.ndim)", _loc(self._lineno))
+
+
+def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> Any:
+    """A truth test: Python values pass through; a per-sample number becomes the predicate of
+    DALI's conditional execution; a tensor is refused (eager's `if tensor:` is always true)."""
+    if isinstance(value, Item):
+        if side_effect is not None:
+            raise PerSampleError(
+                f"changes a Python object at line {side_effect} inside a per-sample branch: "
+                "both branches are run once to build the pipeline, so the change would happen "
+                "for every sample; keep per-sample branches to ndd ops on local variables",
+                _loc(lineno))
+        return _dali.fn.cast(value.node, dtype=_dali.types.DALIDataType.BOOL)
+    if _dali.is_data_node(value):
+        raise PerSampleError(
+            "uses a tensor as a Python bool (`if tensor:`): in eager ndd a Tensor has no "
+            "truth value of its own, so such a test is always true. Test its value with "
+            "`.item()` (e.g. `if flip.item():`), or a comparison of `.item()`", _loc(lineno))
+    return value
+
+
+def _ndd_loop_condition(value: Any, lineno: int) -> Any:
+    if isinstance(value, Item) or _dali.is_data_node(value):
+        raise PerSampleError("a `while` loop on a per-sample value is not supported (a "
+                             "pipeline runs the same number of ops for every sample); loop a "
+                             "fixed number of times, or branch with `if`", _loc(lineno))
+    return value
+
+
+def _ndd_attribute(value: Any, name: str, lineno: int) -> Any:
+    """`x.shape`, `x.item()`, ... of a per-sample value; other objects' attributes as usual."""
+    if isinstance(value, Item) and name == "item":
+        return lambda: value
+    if not _dali.is_data_node(value):
+        return getattr(value, name)
+    if name == "shape":
+        return _Shape(value, lineno)
+    if name == "item":
+        return lambda: Item(_dali.fn.reshape(value, shape=[]), lineno)
+    if name in ("gpu", "cpu") and hasattr(value, name):
+        return getattr(value, name)  # a transfer inside the pipeline
+    raise PerSampleError(f"reads `.{name}` of a per-sample value, which a per-sample pipeline "
+                         "does not provide (`.shape` and `.item()` are supported)", _loc(lineno))
+
+
+for _helper in (_ndd_condition, _ndd_loop_condition, _ndd_attribute):
+    _dali.do_not_convert(_helper)
+del _helper
+
+
+# ---------------------------------------------------------------------------------------------
+# Defining the pipeline: ndd calls become pipeline-mode calls
+
+@dataclasses.dataclass
+class _Definition:
+    """What defining the pipeline of one input signature found."""
+
+    filename: str
+    name: str
+    random_sites: list[_RandomSite] = dataclasses.field(default_factory=list)
+    output_tree: Any = None
+    num_outputs: int = 0
+
+
+def _to_node(value: Any, cast: str | None = None) -> Any:
+    if isinstance(value, Item):
+        value = value.node
+    if cast is not None and _dali.is_data_node(value):
+        value = _dali.fn.cast(value, dtype=getattr(_dali.types.DALIDataType, cast))
+    return value
+
+
+def _handler(definition: _Definition, op_class: type, original: Any, inputs: tuple,
+             kwargs: dict) -> Any:
+    loc = user_location()
+    if _dali.is_stateful(op_class):
+        raise PerSampleError(f"calls stateful operator `{_dali.op_path(op_class)}` in a "
+                             "per-sample function", loc)
+    kwargs = {key: value for key, value in kwargs.items()
+              if value is not None and key not in ("_caller_frame", "_backend")}
+    if kwargs.pop("batch_size", None) is not None:
+        raise PerSampleError("passes batch_size= in a per-sample function (it works on one "
+                             "sample)", loc)
+    function, device = _dali.fn_function(op_class, kwargs.pop("device", None))
+    if device is not None:
+        kwargs["device"] = _dali.decay_static(device)
+    if _dali.is_random(op_class):
+        rng = kwargs.pop("rng", None)
+        rng = _dali.resolve_rng(rng) if rng is not None else _dali.default_rng()
+        return _random_site(definition, op_class, inputs, kwargs, rng, loc)
+    args = [_to_node(value) for value in inputs if value is not None]
+    converted = {}
+    for key, value in kwargs.items():
+        cast = _dali.argument_dtype(op_class, key) if isinstance(value, Item) or \
+            _dali.is_data_node(value) else None
+        converted[key] = _to_node(value, cast) if key != "_random_state" else value
+        if not (isinstance(value, Item) or _dali.is_data_node(value)):
+            converted[key] = _dali.decay_static(value)
+    return function(*args, **converted)
+
+
+def _random_site(definition: _Definition, op_class: type, inputs: tuple, kwargs: dict,
+                 rng: Any, loc: SourceLoc | None) -> Any:
+    """A random op: its value for each sample is computed before the run, by the eager op with
+    the eager loop's draws, and fed to the pipeline. A pipeline's random op cannot give those
+    values itself: it reads one state per batch and derives each sample's stream from the
+    sample's position in the batch, while the eager loop draws a new state per sample."""
+    name = f"ndd.{_dali.op_path(op_class)}"
+    if _dali.condition_depth() > 0:
+        raise _EagerLoop(f"calls random op `{name}` inside a per-sample branch (the eager loop "
+                         "draws only for the samples that take the branch)", loc)
+    if any(value is not None for value in inputs) or any(
+            isinstance(value, Item) or _dali.is_data_node(value) for value in kwargs.values()):
+        raise _EagerLoop(f"calls random op `{name}` on per-sample data (its values are "
+                         "computed before the run, from Python arguments only)", loc)
+    static = {key: _dali.decay_static(value) for key, value in kwargs.items()
+              if key != "device"}
+    if kwargs.get("device") not in (None, "cpu"):
+        raise _EagerLoop(f"calls random op `{name}` on the GPU in a per-sample function", loc)
+    source = f"_random_{len(definition.random_sites)}"
+    definition.random_sites.append(_RandomSite(source, op_class, static, rng, loc))
+    return _dali.fn.external_source(name=source, device="cpu")  # typed by what it is fed
+
+
+@dataclasses.dataclass
+class _RandomSite:
+    """One random op call of a per-sample function (its values are fed per call)."""
+
+    source: str
+    op_class: type
+    static: dict[str, Any]
+    rng: Any
+    loc: SourceLoc | None
+
+
+def _flatten(value: Any, outputs: list) -> Any:
+    if isinstance(value, Item):
+        value = value.node
+    if _dali.is_data_node(value):
+        outputs.append(value)
+        return ("out", len(outputs) - 1)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, [_flatten(v, outputs) for v in value])
+    if isinstance(value, dict):
+        return ("dict", [(k, _flatten(v, outputs)) for k, v in value.items()])
+    return ("static", value)
+
+
+def _unflatten(tree: Any, batches: list) -> Any:
+    tag = tree[0]
+    if tag == "out":
+        return batches[tree[1]]
+    if tag == "static":
+        return tree[1]
+    if tag == "dict":
+        return {k: _unflatten(v, batches) for k, v in tree[1]}
+    items = [_unflatten(v, batches) for v in tree[1]]
+    return tuple(items) if tag == "tuple" else items
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled per-sample function
+
+@dataclasses.dataclass
+class _Variant:
+    """One input signature's pipeline (or the decision to run the eager loop)."""
+
+    pipeline: Any = None
+    definition: _Definition | None = None
+    max_batch_size: int = 0
+    eager_reason: str | None = None
+    eager_loc: SourceLoc | None = None
+
+
+class PerSampleFunction:
+    """A function written for one sample, run on every sample of a batch in one pipeline."""
+
+    def __init__(self, function: Callable, *, num_threads: int | None = None,
+                 device_id: Any = "current", warning: type = UserWarning):
+        functools.update_wrapper(self, function)
+        self._function = function
+        self._num_threads = num_threads
+        self._device_id = device_id
+        self._converted = convert(function)
+        self.converted_source = self._converted.source
+        self._variants: dict[tuple, _Variant] = {}
+        self._lock = threading.RLock()
+        self.builds = 0
+        self._warned: set = set()
+        self._warning = warning
+        self._parameters = list(inspect.signature(function).parameters)
+
+    def __repr__(self) -> str:
+        return f"<ndd_trace per-sample function {self.__qualname__}>"
+
+    def _options(self, batch_size: int) -> dict[str, Any]:
+        num_threads = self._num_threads or _dali.current_num_threads()
+        device_id = _dali.current_device_id() if self._device_id == "current" \
+            else self._device_id
+        return _dali.pipeline_options(batch_size, num_threads, device_id, 1)
+
+    def _key(self, batches: list, statics: tuple) -> tuple:
+        return (tuple(_dali.meta_of(batch) for batch in batches), statics)
+
+    def _split(self, args: tuple) -> tuple[list, tuple, int]:
+        batches = [value for value in args if isinstance(value, _dali.Batch)]
+        if not batches:
+            raise TypeError(f"per-sample function `{self.__qualname__}` takes ndd Batches "
+                            "(it runs once per sample of them)")
+        sizes = {batch.batch_size for batch in batches}
+        if len(sizes) > 1:
+            raise ValueError(f"per-sample function `{self.__qualname__}` got batches of "
+                             f"different sizes ({sorted(sizes)})")
+        statics = tuple(("static", _hashable(value)) if not isinstance(value, _dali.Batch)
+                        else ("batch",) for value in args)
+        return batches, statics, sizes.pop()
+
+    def _define(self, args: tuple, batch_size: int,
+                num_threads: int | None = None) -> tuple[Any, _Definition]:
+        code = self._function.__code__
+        definition = _Definition(code.co_filename, code.co_name)
+        converted = self._converted.function
+        parameters = self._parameters
+
+        def make_inputs() -> list:
+            values = []
+            for index, value in enumerate(args):
+                if isinstance(value, _dali.Batch):
+                    meta = _dali.meta_of(value)
+                    name = parameters[index] if index < len(parameters) else f"arg{index}"
+                    values.append(_dali.fn.external_source(
+                        name=name, device=meta.device,
+                        dtype=getattr(_dali.types.DALIDataType, meta.dtype),
+                        ndim=meta.ndim, layout=meta.layout or None))
+                else:
+                    values.append(value)
+            return values
+
+        def outputs(result: Any) -> tuple:
+            flat: list = []
+            definition.output_tree = _flatten(result, flat)
+            definition.num_outputs = len(flat)
+            if not flat:
+                raise PerSampleError("the per-sample function returns no ndd value")
+            return tuple(flat)
+
+        _dali.do_not_convert(make_inputs)
+        _dali.do_not_convert(outputs)
+
+        def pipeline_definition():
+            return outputs(converted(*make_inputs()))
+
+        previous = _scope.definition
+        _scope.definition = definition
+        try:
+            with _dali.intercept(functools.partial(_handler, definition)):
+                options = self._options(batch_size)
+                if num_threads:
+                    options["num_threads"] = num_threads
+                pipe = _dali.conditional_pipeline(pipeline_definition, **options)
+        finally:
+            _scope.definition = previous
+        return pipe, definition
+
+    def define_for_export(self, args: tuple, batch_size: int | None,
+                          num_threads: int | None) -> tuple[Any, list[str], int, list[str]]:
+        """The pipeline for these example arguments, unbuilt: (pipeline, data input names,
+        number of outputs, random-value input names)."""
+        _, _, size = self._split(args)
+        try:
+            pipe, definition = self._define(args, batch_size or size, num_threads)
+        except Exception as error:
+            raised, _scope.raised = _scope.raised, None
+            if raised is not None and raised is not error:
+                raise raised from None
+            raise
+        names = [self._parameters[i] if i < len(self._parameters) else f"arg{i}"
+                 for i, value in enumerate(args) if isinstance(value, _dali.Batch)]
+        return pipe, names, definition.num_outputs, [s.source for s in definition.random_sites]
+
+    def _variant(self, args: tuple, batches: list, statics: tuple, batch_size: int) -> _Variant:
+        key = self._key(batches, statics)
+        variant = self._variants.get(key)
+        if variant is not None and (variant.eager_reason or batch_size <= variant.max_batch_size):
+            return variant
+        variant = _Variant()
+        _scope.raised = None
+        try:
+            try:
+                pipe, definition = self._define(args, max(batch_size, 1))
+                pipe.build()
+            except Exception as error:
+                raised, _scope.raised = _scope.raised, None
+                if raised is not None and raised is not error:
+                    raise raised from None  # ours, wrapped by DALI's AutoGraph
+                raise
+        except _EagerLoop as reason:
+            variant.eager_reason, variant.eager_loc = reason.reason, reason.loc
+        else:
+            variant.pipeline, variant.definition = pipe, definition
+            variant.max_batch_size = batch_size
+            self.builds += 1
+        self._variants[key] = variant
+        return variant
+
+    def __call__(self, *args: Any) -> Any:
+        batches, statics, batch_size = self._split(args)
+        with self._lock:
+            variant = self._variant(args, batches, statics, batch_size)
+            if variant.eager_reason is not None:
+                self._warn_eager(variant)
+                return self.eager(*args)
+            definition = variant.definition
+            states = self._draw(definition, batch_size)
+            pipe = variant.pipeline
+            for index, value in enumerate(args):
+                if isinstance(value, _dali.Batch):
+                    name = self._parameters[index] if index < len(self._parameters) \
+                        else f"arg{index}"
+                    _dali.feed(pipe, name, _dali.storage_of(value))
+            for site, values in zip(definition.random_sites, states):
+                _dali.feed(pipe, site.source, values)
+            outputs = pipe.run()
+        return _unflatten(definition.output_tree, [_dali.wrap_batch(o) for o in outputs])
+
+    @staticmethod
+    def _draw(definition: _Definition, batch_size: int) -> list:
+        """Each random op's values, computed sample by sample and, within a sample, in program
+        order, each drawing its state from its generator: the eager per-sample loop's draws."""
+        per_site: list[list] = [[] for _ in definition.random_sites]
+        functions = [_dali.op_function_of(site.op_class) for site in definition.random_sites]
+        for _ in range(batch_size):
+            for values, site, function in zip(per_site, definition.random_sites, functions):
+                values.append(function(**site.static, rng=site.rng))
+        return [_dali.storage_of(_dali.ndd.batch(values)) for values in per_site]
+
+    def eager(self, *args: Any) -> Any:
+        """The eager per-sample loop: the function on each sample, results gathered into
+        Batches (what the compiled call gives, value for value)."""
+        _, _, batch_size = self._split(args)
+        results = []
+        for index in range(batch_size):
+            sample_args = [value.select(index) if isinstance(value, _dali.Batch) else value
+                           for value in args]
+            results.append(self._function(*sample_args))
+        return _gather(results)
+
+    def _warn_eager(self, variant: _Variant) -> None:
+        loc = variant.eager_loc
+        site = (loc.filename, loc.lineno) if loc else None
+        if site in self._warned:
+            return
+        self._warned.add(site)
+        message = (f"ndd_trace: per-sample function `{self.__qualname__}` runs as the eager "
+                   f"per-sample loop: it {variant.eager_reason}.")
+        if loc is None:
+            warnings.warn(message, self._warning, stacklevel=3)
+        else:
+            warnings.warn_explicit(message, self._warning, loc.filename, loc.lineno)
+
+
+def _hashable(value: Any) -> Any:
+    """A Python argument as part of the variant key (its repr where it cannot be hashed)."""
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", type(value).__name__, repr(value))
+    return value
+
+
+def _gather(results: list) -> Any:
+    first = results[0]
+    if isinstance(first, _dali.Tensor):
+        return _dali.ndd.batch(results)
+    if isinstance(first, (tuple, list)):
+        gathered = [_gather([r[i] for r in results]) for i in range(len(first))]
+        return type(first)(gathered) if isinstance(first, tuple) else gathered
+    if isinstance(first, dict):
+        return {k: _gather([r[k] for r in results]) for k in first}
+    return first

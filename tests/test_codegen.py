@@ -1,0 +1,153 @@
+"""Generated code: a real `@pipeline_def`, golden text, operator syntax with eager's exact types."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+import pytest
+from conftest import run_both
+
+import ndd_trace
+from ndd_trace.lower import lower
+
+SCALE = 3
+
+GOLDEN = """\
+import nvidia.dali as dali
+from nvidia.dali import fn, pipeline_def, types
+
+
+@pipeline_def
+def golden_pipeline():
+    x = fn.external_source(name='x', device='cpu', dtype=types.UINT8, ndim=3, layout='HWC')
+    small = fn.resize(x, size=[8, 8])  # LOC
+    flip_state = fn.external_source(name='flip_state', device='cpu', no_copy=True, dtype=types.UINT32, ndim=1)  # LOC
+    flip = fn.random.coin_flip(_random_state=flip_state)  # LOC
+    normalized = fn.crop_mirror_normalize(small, mean=[0.0], std=[255.0], mirror=flip)  # LOC
+    mul = normalized * 2.5  # LOC
+    scaled = mul + 1  # LOC
+    root = dali.math.sqrt(scaled)  # LOC
+    const = fn.constant(idata=[3], shape=[], dtype=types.INT32)  # LOC
+    times = root * const  # LOC
+    const_2 = fn.constant(fdata=[0.5], shape=[], dtype=types.FLOAT)  # LOC
+    bright = times > const_2  # LOC
+    clamped = dali.math.clamp(times, 0, 1)  # LOC
+    minus = -times  # LOC
+    return (minus, bright, clamped)
+"""
+
+
+def golden(x):
+    small = ndd.resize(x, size=[8, 8])
+    flip = ndd.random.coin_flip(batch_size=x.batch_size)
+    normalized = ndd.crop_mirror_normalize(small, mirror=flip, mean=[0.0], std=[255.0])
+    scaled = normalized * 2.5 + 1
+    root = ndd.math.sqrt(scaled)
+    times = root * SCALE
+    bright = times > 0.5
+    clamped = ndd.math.clamp(times, 0, 1)
+    return -times, bright, clamped
+
+
+def _normalized(source: str) -> str:
+    return re.sub(r"  # \S+:\d+", "  # LOC", source)
+
+
+def test_golden_pipeline_def(batch):
+    """User variable names where a line assigns one value (`small`, `times`), op names for
+    intermediates (`mul`) and unassigned results (`minus`); a Python scalar that eager ndd
+    types as a constant is written inline (`* 2.5`), one it feeds as a tensor (`SCALE`, the
+    comparison's 0.5) becomes an `fn.constant` of the same type."""
+    entry = ndd_trace.compile(golden).trace((batch,), {})
+    assert _normalized(entry.lowered.source) == GOLDEN
+
+
+def test_comments_point_at_user_lines(batch):
+    entry = ndd_trace.compile(golden).trace((batch,), {})
+    line = golden.__code__.co_firstlineno + 1
+    assert entry.lowered.source.splitlines()[7].endswith(f"test_codegen.py:{line}")
+
+
+def test_explain_shows_what_runs(batch):
+    compiled = ndd_trace.compile(golden)
+    code = ndd_trace.explain(compiled, batch).code
+    ndd.random.set_seed(3)
+    compiled(batch)
+    assert compiled.entries[0].lowered.source == code
+    assert code.startswith("import nvidia.dali as dali\n")
+    assert "_arithmetic_generic_op" not in code and "consts" not in code
+
+
+def test_golden_runs_and_matches_eager(batch):
+    run_both(golden, batch, calls=2)
+
+
+def test_the_code_runs_standalone(batch):
+    """The printed source, executed on its own (DALI only), builds the same pipeline."""
+    entry = ndd_trace.compile(lambda x: ndd.math.sqrt(x * 0.5 + 1)).trace((batch,), {})
+    namespace: dict = {}
+    exec(compile(entry.lowered.source, "<standalone>", "exec"), namespace)  # noqa: S102
+    function = namespace[entry.lowered.function_name]
+    pipe = function(batch_size=batch.batch_size, num_threads=1, device_id=None)
+    pipe.build()
+    pipe.feed_input("x", [np.asarray(sample) for sample in batch])
+    (out,) = pipe.run()
+    expected = ndd.math.sqrt(batch * 0.5 + 1)
+    for a, b in zip(out, expected):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# float16 arithmetic has no CPU implementation in DALI (eager fails too)
+DTYPES = [np.uint8, np.int16, np.int32, np.int64, np.float32, np.float64]
+
+
+def _operands(dtype):
+    rng = np.random.default_rng(0)
+    if dtype is np.bool_:
+        return [rng.integers(0, 2, size=(3, 4)).astype(dtype) for _ in range(2)]
+    return [(rng.uniform(-50, 200, size=(3, 4)) if np.issubdtype(dtype, np.floating)
+             else rng.integers(0, 100, size=(3, 4))).astype(dtype) for _ in range(2)]
+
+
+def _arithmetic(x, y):
+    return (x * 2.5, x + 1, 1 - x, x / 3, x * 2, x - True, x > 0.5, x <= 3, x == y, -x,
+            x * y, ndd.math.abs(x), ndd.math.clamp(x, 0, 100), ndd.math.max(x, 7.25),
+            x * np.float64(0.1), 3 ** (x * 0 + 1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_operator_syntax_keeps_eager_types(dtype):
+    x = ndd.batch(_operands(dtype))
+    y = ndd.batch(_operands(dtype)[::-1])
+    compiled = run_both(_arithmetic, x, y)
+    code = compiled.entries[0].lowered.source
+    assert "x * 2.5" in code and "dali.math.clamp(x, 0, 100)" in code
+
+
+def test_boolean_operators_keep_eager_types():
+    x, y = (ndd.batch(values) for values in (_operands(np.bool_), _operands(np.bool_)[::-1]))
+    run_both(lambda a, b: (a * 2.5, a & b, a | True, a ^ b, a == b, a * b, a + 1), x, y)
+
+
+def test_constants_inline_exactly_or_fed():
+    small = np.float64(0.1)  # not a float32 value: fed, as its value must stay exact
+    table = np.arange(6, dtype=np.int32).reshape(2, 3)
+
+    def function(x):
+        return x * np.float32(0.5), x + small, x + ndd.as_tensor(table)
+
+    x = ndd.batch([np.ones((2, 3), np.float32)] * 2)
+    compiled = run_both(function, x)
+    lowered = compiled.entries[0].lowered
+    assert "fn.constant(fdata=[0.5], shape=[], dtype=types.FLOAT)" in lowered.source
+    assert "fn.constant(idata=[0, 1, 2, 3, 4, 5], shape=[2, 3], dtype=types.INT32)" in \
+        lowered.source
+    assert [node.kind.value for node in lowered.external_sources] == ["input", "constant"]
+
+
+def test_transparent_regions_feed_their_constants(batch):
+    entry = ndd_trace.compile(lambda x: x * np.float32(0.5)).trace((batch,), {})
+    region = lower(entry.graph)  # a transparent-mode region: keyed without data
+    assert "fn.external_source(name='const'" in region.source
