@@ -152,6 +152,9 @@ class Executable:
         # consumed and `prefetch_queue_depth` more iterations have run; keep them alive so long.
         self._fed: collections.deque = collections.deque(
             maxlen=2 * options.prefetch_queue_depth + 2)
+        # per call, in lowering order: (external source name, how its data is found)
+        self._names = [node.var for node in lowered.external_sources]
+        self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -232,19 +235,41 @@ class Executable:
             states[id(node)] = _dali.draw_state(self._resolve_rng(slot, bound))
         return states
 
+    def call_data(self, bound: dict, states: dict[int, Any], batch_size: int) -> list:
+        """What one call feeds, one item per external source in lowering order."""
+        data = []
+        for node in self.lowered.external_sources:
+            kind = node.kind
+            if kind is NodeKind.INPUT:
+                value = bound[node.payload]
+                if type(value) is _dali.Batch:
+                    data.append(_dali.storage_of(value))
+                    continue
+            elif kind is NodeKind.RANDOM_STATE and not (
+                    isinstance(node.payload, tuple) and node.payload[0] == "drawn"):
+                data.append(_dali.broadcast_state(states[id(node)], batch_size))
+                continue
+            data.append(self._data_for(node, bound, states, batch_size))
+        return data
+
+    def output_device(self, index: int) -> Any:
+        """The ndd Device of output `index` (one object per entry, made once)."""
+        device = self._devices.get(index)
+        if device is None:
+            meta = self.graph.outputs[index].node.meta[self.graph.outputs[index].index]
+            device = self._devices[index] = _dali.device(
+                meta.device, self.options.device_id if meta.device == "gpu" else None)
+        return device
+
     def run(self, bound: dict, batch_size: int) -> _PendingRun | None:
         """Draw, feed and schedule one iteration; outputs are fetched when first used."""
         if not self.graph.outputs:
             with self._lock:
                 self.draw_states(bound)  # nothing to run, but the generators advance as eagerly
             return None
-
-        def data() -> list:
-            states = self.draw_states(bound)  # after the build: a failed one draws nothing
-            return [self._data_for(node, bound, states, batch_size)
-                    for node in self.lowered.external_sources]
-
-        return self._start(batch_size, data)
+        # drawn after the build: a failed one draws nothing
+        return self._start(batch_size,
+                           lambda: self.call_data(bound, self.draw_states(bound), batch_size))
 
     def run_leaves(self, leaves: list[Node], batch_size: int) -> _PendingRun:
         """Run with the data of `leaves` (a structurally equal graph's leaves, in order)."""
@@ -298,8 +323,9 @@ class Executable:
 
     def _feed(self, data: list) -> None:
         """Feed one iteration's external sources (in lowering order), keeping the data alive."""
-        for node, item in zip(self.lowered.external_sources, data):
-            _dali.feed(self.pipeline, node.var, item)
+        pipeline = self.pipeline
+        for name, item in zip(self._names, data):
+            _dali.feed(pipeline, name, item)
         self._fed.append(data)
 
     def fetch(self, run: _PendingRun) -> None:
@@ -312,7 +338,7 @@ class Executable:
     def _fetch_oldest(self) -> None:
         oldest = self._pending.pop(0)
         try:
-            oldest.outputs = tuple(self.pipeline.outputs())
+            oldest.outputs = _dali.pipeline_outputs(self.pipeline)
         except Exception as error:
             self.pipeline = None  # a failed pipeline is rebuilt on the next call
             wrapped = self._pipeline_error(error, "running")
