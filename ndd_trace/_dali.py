@@ -701,6 +701,32 @@ def eval_mode_is_sync() -> bool:
     return EvalMode.current().value >= EvalMode.sync_cpu.value
 
 
+_LAZY_BATCH_FIELDS = {"_wraps_external_data": False, "_tensors": None, "_storage": None,
+                      "_dtype": None, "_device": None, "_layout": None, "_ndim": None}
+_lazy_batch_checked: bool | None = None
+
+
+def lazy_batch(invocation_result: Any) -> Batch:
+    """`Batch(invocation_result=...)` without its argument normalization (the constructor's
+    cost dominates a small compiled call): the same fields, checked once against the real
+    constructor; the real one is used if they differ (another DALI release) or in a
+    synchronous EvalMode (where the constructor evaluates)."""
+    global _lazy_batch_checked
+    if EvalMode.current().value > EvalMode.eager.value:
+        return Batch(invocation_result=invocation_result)
+    if _lazy_batch_checked is None:
+        reference = Batch(invocation_result=invocation_result)
+        fields = dict(_LAZY_BATCH_FIELDS, _invocation_result=invocation_result)
+        _lazy_batch_checked = vars(reference) == fields
+        return reference
+    if not _lazy_batch_checked:
+        return Batch(invocation_result=invocation_result)
+    batch = Batch.__new__(Batch)
+    batch.__dict__.update(_LAZY_BATCH_FIELDS)
+    batch._invocation_result = invocation_result
+    return batch
+
+
 def wrap_batch(tensor_list: Any) -> Batch:
     return Batch(tensor_list)
 

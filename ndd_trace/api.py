@@ -614,7 +614,7 @@ class CompiledFunction:
             is_batch = tree[2]
             lazy = LazyOutput(run, index, is_batch, entry.executable.output_device(index))
             if is_batch:
-                return _dali.Batch(invocation_result=lazy)
+                return _dali.lazy_batch(lazy)
             return _dali.Tensor(invocation_result=lazy)
         if tag == "static":
             return tree[1]
