@@ -646,6 +646,7 @@ def run_call(executable: Executable, key: tuple, bound: dict,
     if outputs is not None:
         run = _PendingRun(executable, batch_size)
         run.outputs = tuple(outputs)
+        executable.ahead += 1
     else:
         run = executable._start(
             batch_size, lambda: executable.call_data(bound, states, batch_size))

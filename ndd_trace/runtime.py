@@ -155,6 +155,7 @@ class Executable:
         # per call, in lowering order: (external source name, how its data is found)
         self._names = [node.var for node in lowered.external_sources]
         self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
+        self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
 
     # -- errors --------------------------------------------------------------------------------
 
