@@ -420,7 +420,8 @@ def pipeline_percall_steps(workload, options, data) -> Iterator:
         yield
 
 
-def measure(steps: Iterator, step_count: int, warmup_count: int, train_s: float = 0.0) -> dict:
+def measure(steps: Iterator, step_count: int, warmup_count: int, train_s: float = 0.0,
+            on_timed_start: Callable | None = None) -> dict:
     """Time the first step, skip `warmup_count` more, then time `step_count` steps, each
     followed by a simulated training step of `train_s` seconds (data loading can overlap it)."""
     start = time.perf_counter()
@@ -431,6 +432,8 @@ def measure(steps: Iterator, step_count: int, warmup_count: int, train_s: float 
         if train_s:
             time.sleep(train_s)
     warmup_s = time.perf_counter() - start
+    if on_timed_start is not None:
+        on_timed_start()
     timed_start = time.perf_counter()
     for _ in range(step_count):
         next(steps)
@@ -500,13 +503,28 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         steps = dynamic_mode_steps(workload, options, data, "eager", notes)
     else:
         steps = dynamic_mode_steps(workload, options, data, mode, notes)
-    timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0)
+    before: dict = {}
+    on_timed_start = None
+    if mode == "transparent":
+        def on_timed_start():
+            before.update(ndd_trace.lazy.step_breakdown())
+    timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0,
+                     on_timed_start)
+    if mode == "transparent":  # where a step's time goes (ms per timed step)
+        after = ndd_trace.lazy.step_breakdown()
+        breakdown = {stage: (after[stage] - before.get(stage, 0.0)) * 1000 / options.steps
+                     for stage in after}
+        breakdown["step"] = 1000 / timing["steps_per_s"]
+        result.extra["breakdown_ms"] = breakdown
+        notes["breakdown"] = ", ".join(f"{stage} {ms:.2f}" for stage, ms in breakdown.items())
 
     result.steps, result.warmup = options.steps, options.warmup
     result.steps_per_s = timing["steps_per_s"]
     result.samples_per_s = timing["steps_per_s"] * options.batch_size
     result.first_batch_s = timing["first_batch_s"]
     result.warmup_s = timing["warmup_s"]
+    if "breakdown" in notes:
+        result.notes = f"ms/step: {notes['breakdown']}"
     if "captured_ops" in notes:
         names = notes["captured_ops"]
         result.notes = f"captured {len(names)} ops: {', '.join(names)}"

@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import re
 import threading
+import time
 from typing import Any
 
 from . import _dali
@@ -146,7 +147,7 @@ class Executable:
         self.builds = 0
         self._pending: list[_PendingRun] = []
         self._lock = threading.RLock()
-        self._constants: dict[tuple[int, int], Any] = {}
+        self._constants: dict[tuple, Any] = {}
         self.cache_constants = True  # off where each run brings new constant nodes
         # Fed with no_copy: DALI reads the buffers in place until the iteration's outputs are
         # consumed and `prefetch_queue_depth` more iterations have run; keep them alive so long.
@@ -156,6 +157,7 @@ class Executable:
         self._names = [node.var for node in lowered.external_sources]
         self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
+        self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -219,13 +221,19 @@ class Executable:
             value = node.payload
         if isinstance(value, _dali.Batch):
             return _dali.storage_of(value)
-        key = (id(node), batch_size)
+        key: tuple = (id(node), batch_size)
         cache = self.cache_constants and node.kind is NodeKind.CONSTANT
+        if not cache and type(value) in (int, float, bool):
+            # a Python scalar (a fresh constant node per run in transparent mode): the same
+            # value gives the same data; repr tells -0.0 from 0.0 and keeps nan equal to nan
+            key, cache = (type(value), repr(value), batch_size), True
         cached = self._constants.get(key) if cache else None
         if cached is not None:
             return cached
         data = _dali.storage_of(_dali.to_batch(value, batch_size))
         if cache:
+            if len(self._constants) >= 256:  # scalars that change every run: keep it bounded
+                self._constants.clear()
             self._constants[key] = data
         return data
 
@@ -291,7 +299,9 @@ class Executable:
             run = _PendingRun(self, batch_size)
             try:
                 self._feed(data())
+                started = time.perf_counter()
                 _dali.schedule_one(self.pipeline)
+                self.run_s += time.perf_counter() - started
             except Exception as error:
                 self.pipeline = None
                 wrapped = self._pipeline_error(error, "feeding")
