@@ -408,9 +408,11 @@ class Speculator:
 
     # -- using and launching runs ahead --------------------------------------------------------
 
-    def take(self, key: tuple, observation: Observation) -> tuple | None:
+    def take(self, key: tuple, observation: Observation,
+             executable: Executable | None = None) -> tuple | None:
         """The outputs of the run launched for this observation, if it was fed exactly what the
-        script's calls produced; None otherwise (the region then runs as usual)."""
+        script's calls produced (and, given `executable`, launched on it); None otherwise (the
+        region then runs as usual)."""
         pattern = self._patterns.get((key, observation.shape))
         if pattern is None or not pattern.launched:
             return None
@@ -419,7 +421,8 @@ class Speculator:
         launch = pattern.launched.pop(observation.count, None)
         if launch is None:
             return None
-        if all(_same(leaf, fed) for leaf, fed in zip(observation.leaves, launch.fed)):
+        if (executable is None or launch.run._executable is executable) and \
+                all(_same(leaf, fed) for leaf, fed in zip(observation.leaves, launch.fed)):
             try:
                 outputs = launch.run.result()
             except Exception:  # the region runs as usual, and reports a real error itself
@@ -642,7 +645,9 @@ def run_call(executable: Executable, key: tuple, bound: dict,
             item = ("value", node.payload, node)
         items.append(item)
     observation = speculator.describe(items) if items is not None else None
-    outputs = speculator.take(key, observation) if observation is not None else None
+    key = (id(executable), key)  # two functions' entries may have equal guard keys
+    outputs = (speculator.take(key, observation, executable) if observation is not None
+               else None)
     if outputs is not None:
         run = _PendingRun(executable, batch_size)
         run.outputs = tuple(outputs)

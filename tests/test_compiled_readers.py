@@ -205,3 +205,22 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_two_compiled_steps_on_one_reader(jpeg_dir):
+    """Two functions with equal guard keys fed the same batches: each uses its own runs."""
+    def flip(jpegs):
+        images = ndd.resize(ndd.decoders.image(jpegs), size=[10, 10])
+        return ndd.flip(images, horizontal=ndd.random.coin_flip(batch_size=images.batch_size))
+
+    def scenario(reader, steps):
+        first, second = steps
+        return [[first(jpegs), second(jpegs)] for _ in range(4)
+                for jpegs, _ in reader.next_epoch(batch_size=4)]
+
+    ndd.random.set_seed(3)
+    eager = to_numpy(scenario(_reader(jpeg_dir), (_augment, flip)))
+    ndd.random.set_seed(3)
+    steps = (ndd.compile(_augment), ndd.compile(flip))
+    assert_same(eager, to_numpy(scenario(_reader(jpeg_dir), steps)))
+    assert all(_ahead(step) > 0 for step in steps)
