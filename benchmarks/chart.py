@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     modes = [mode for mode in MODE_ORDER if any(mode in r for r in ratios.values())]
     width = 0.8 / len(modes)
-    figure, axes = plt.subplots(figsize=(max(6.0, 2.2 * len(ratios) + 2), 4.8))
+    figure, axes = plt.subplots(figsize=(max(7.0, 2.2 * len(ratios) + 2), 5.2))
     for index, mode in enumerate(modes):
         xs = [group + (index - (len(modes) - 1) / 2) * width for group in range(len(ratios))]
         heights = [r.get(mode, 0.0) for r in ratios.values()]
@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     axes.set_xticks(range(len(ratios)), list(ratios), fontsize=8)
     axes.set_ylabel("steps/s relative to @pipeline_def")
     axes.set_title(options.title, fontsize=10)
-    axes.legend(fontsize=7, ncols=2)
+    top = max(max(r.values()) for r in ratios.values())
+    axes.set_ylim(0, max(1.15, top * 1.15))
+    axes.legend(fontsize=7, ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     figure.tight_layout()
     figure.savefig(options.output, dpi=120)
     print(f"chart written to {options.output}")
