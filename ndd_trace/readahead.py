@@ -19,6 +19,10 @@ used only if what it was fed is identical to what the script's own calls produce
 reader batch object, bit-equal random states, equal constants); otherwise it is dropped and the
 region runs as usual. Results are therefore always the plain run's; a loop that does not repeat
 itself only loses the running ahead (a region that mostly misses is no longer tried).
+
+The same streams and the same Speculator serve compiled functions called from an eager reader
+loop (`run_call`, at the end of this module): a reader whose eager batches fed a compiled
+function streams from its next epoch, and the function's calls run ahead by the same rules.
 """
 
 from __future__ import annotations
