@@ -6,7 +6,7 @@
 # each table and then the ratios to the hand-written pipeline for all of them. Make the chart
 # elsewhere (matplotlib): python benchmarks/chart.py $OUT/bench_*.json
 #
-#     OUT=/tmp/out bash benchmarks/run_gpu_all.sh          # STEPS=300 by default
+#     OUT=/tmp/out bash benchmarks/run_gpu_all.sh   # STEPS=300 by default; BENCH_ONLY=1: no tests
 set -u
 OUT=${OUT:-/tmp/ndd_trace_gpu_out}
 STEPS=${STEPS:-300}
@@ -14,6 +14,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c 'import nvidia.dali as d, torch; print("DALI", d.__version__, "torch", torch.__version__)'
+if [ -z "${BENCH_ONLY:-}" ]; then  # the new differential tests first (~20 s)
+    python3 -m pytest -q tests/test_compiled_readers.py -p no:cacheprovider 2>&1 | tail -3 \
+        | tee "$OUT/compiled_readers_tests.log"
+fi
 python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps "$STEPS" --warmup 30 \
     --threads 4 --modes eager,capture,ndd_trace,transparent,pipeline_percall,pipeline \
     --json "$OUT/bench_small_ops.json" 2>&1 | tail -10 | tee "$OUT/bench_small_ops.log"
