@@ -16,6 +16,12 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
 - ``dataloader``: a torchvision ``DataLoader`` doing the same work (``decode_rrc_cmn``).
 - ``pipeline``: a hand-written ``@pipeline_def`` with the same operators, fed the same data
   (``fn.external_source`` over the same in-memory batches, or ``fn.readers.file``).
+- ``pipeline_percall``: the same hand-written pipeline, built by hand with a named
+  ``fn.external_source`` and driven one step at a time from Python (``feed_input`` + ``run``, no
+  prefetching): the floor of a per-call function (``small_ops`` only).
+
+On ``decode_rrc_cmn``, ``ndd_trace`` is the README's pattern: a compiled step called from the
+user's eager reader loop (``for jpegs, _ in reader.next_epoch(...): step(jpegs)``).
 
 Workloads:
 
@@ -66,8 +72,8 @@ if str(BENCHMARK_DIR) not in sys.path:
 
 from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
-MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "transparent", "pipeline",
-         "dataloader")
+MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "transparent", "pipeline_percall",
+         "pipeline", "dataloader")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -163,8 +169,9 @@ def workload_function(workload: str, device: str) -> Callable:
 # --------------------------------------------------------------------------------------------
 
 
-def build_pipeline(workload: str, options: argparse.Namespace, inputs):
-    """Build the hand-written pipeline of `workload` (`inputs`: batches or a JPEG directory)."""
+def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: bool = False):
+    """Build the hand-written pipeline of `workload` (`inputs`: batches or a JPEG directory);
+    `percall`: small_ops with a named external source fed by `feed_input`, no prefetching."""
 
     @pipeline_def
     def small_ops_pipeline():
@@ -205,6 +212,33 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs):
             std=[58.395, 57.12, 57.375],
         )
 
+    @pipeline_def
+    def small_ops_percall_pipeline():
+        images = fn.external_source(name="images", layout="HWC", device=options.device)
+        return small_ops_pipeline_body(images)
+
+    def small_ops_pipeline_body(images):
+        angle = fn.random.uniform(range=[-15.0, 15.0])
+        images = fn.flip(images, horizontal=1)
+        images = fn.crop(images, crop=[56, 56])
+        images = fn.resize(images, size=[48, 48])
+        images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0)
+        images = fn.hsv(images, hue=10.0, saturation=1.2)
+        images = fn.brightness_contrast(images, brightness=1.1, contrast=0.9)
+        images = fn.cast(images, dtype=types.FLOAT)
+        images = images * (1 / 255)
+        images = images - 0.5
+        images = fn.normalize(images, mean=0.0, stddev=0.25)
+        images = fn.transpose(images, perm=[2, 0, 1])
+        return images[:, 4:44, 4:44]
+
+    if percall:
+        pipe = small_ops_percall_pipeline(
+            batch_size=options.batch_size, num_threads=options.threads,
+            device_id=0 if options.device == "gpu" else None, seed=options.seed,
+            prefetch_queue_depth=1)
+        pipe.build()
+        return pipe
     definition = small_ops_pipeline if workload == "small_ops" else decode_rrc_cmn_pipeline
     pipe = definition(
         batch_size=options.batch_size,
@@ -373,7 +407,21 @@ def pipeline_mode_steps(workload, options, data) -> Iterator:
         yield
 
 
-def measure(steps: Iterator, step_count: int, warmup_count: int, train_s: float = 0.0) -> dict:
+def pipeline_percall_steps(workload, options, data) -> Iterator:
+    """Yield once per batch of the hand-built per-call pipeline: `feed_input` + `run` per step
+    (what a per-call compiled function does at best)."""
+    from nvidia.dali.tensors import TensorListCPU
+
+    pipe = build_pipeline(workload, options, data, percall=True)
+    batches = [TensorListCPU(np.stack(batch), "HWC") for batch in data]
+    for batch in itertools.cycle(batches):
+        pipe.feed_input("images", batch)
+        pipe.run()  # outputs are synchronized with the host
+        yield
+
+
+def measure(steps: Iterator, step_count: int, warmup_count: int, train_s: float = 0.0,
+            on_timed_start: Callable | None = None) -> dict:
     """Time the first step, skip `warmup_count` more, then time `step_count` steps, each
     followed by a simulated training step of `train_s` seconds (data loading can overlap it)."""
     start = time.perf_counter()
@@ -384,6 +432,8 @@ def measure(steps: Iterator, step_count: int, warmup_count: int, train_s: float 
         if train_s:
             time.sleep(train_s)
     warmup_s = time.perf_counter() - start
+    if on_timed_start is not None:
+        on_timed_start()
     timed_start = time.perf_counter()
     for _ in range(step_count):
         next(steps)
@@ -422,7 +472,13 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     ndd.random.set_seed(options.seed)
 
     notes: dict = {}
-    if mode == "pipeline":
+    if mode == "pipeline_percall":
+        if workload != "small_ops":
+            result.status = "unavailable"
+            result.error = "n/a: the per-call hand-built pipeline is for small_ops"
+            return result
+        steps = pipeline_percall_steps(workload, options, data)
+    elif mode == "pipeline":
         steps = pipeline_mode_steps(workload, options, data)
     elif mode == "dataloader":
         try:
@@ -447,13 +503,28 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         steps = dynamic_mode_steps(workload, options, data, "eager", notes)
     else:
         steps = dynamic_mode_steps(workload, options, data, mode, notes)
-    timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0)
+    before: dict = {}
+    on_timed_start = None
+    if mode == "transparent":
+        def on_timed_start():
+            before.update(ndd_trace.lazy.step_breakdown())
+    timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0,
+                     on_timed_start)
+    if mode == "transparent":  # where a step's time goes (ms per timed step)
+        after = ndd_trace.lazy.step_breakdown()
+        breakdown = {stage: (after[stage] - before.get(stage, 0.0)) * 1000 / options.steps
+                     for stage in after}
+        breakdown["step"] = 1000 / timing["steps_per_s"]
+        result.extra["breakdown_ms"] = breakdown
+        notes["breakdown"] = ", ".join(f"{stage} {ms:.2f}" for stage, ms in breakdown.items())
 
     result.steps, result.warmup = options.steps, options.warmup
     result.steps_per_s = timing["steps_per_s"]
     result.samples_per_s = timing["steps_per_s"] * options.batch_size
     result.first_batch_s = timing["first_batch_s"]
     result.warmup_s = timing["warmup_s"]
+    if "breakdown" in notes:
+        result.notes = f"ms/step: {notes['breakdown']}"
     if "captured_ops" in notes:
         names = notes["captured_ops"]
         result.notes = f"captured {len(names)} ops: {', '.join(names)}"
@@ -531,8 +602,8 @@ def ratio(value: float | None, base: float | None) -> str:
 def print_table(results: list[Result]) -> None:
     """Print one block per workload: steps/s, samples/s, ratios and time to first batch."""
     header = (
-        f"{'mode':<10} {'steps/s':>9} {'samples/s':>10} {'vs eager':>9} {'vs pipeline':>12} "
-        f"{'first batch':>12} {'warm-up':>9}  notes"
+        f"{'mode':<16} {'steps/s':>9} {'samples/s':>10} {'vs eager':>9} {'vs pipeline':>12} "
+        f"{'vs per-call pipe':>17} {'first batch':>12} {'warm-up':>9}  notes"
     )
     for workload in dict.fromkeys(result.workload for result in results):
         rows = [result for result in results if result.workload == workload]
@@ -549,9 +620,10 @@ def print_table(results: list[Result]) -> None:
                 print(f"{result.mode}: {result.status} ({result.error})")
                 continue
             print(
-                f"{result.mode:<10} {result.steps_per_s:>9.1f} {result.samples_per_s:>10.1f} "
+                f"{result.mode:<16} {result.steps_per_s:>9.1f} {result.samples_per_s:>10.1f} "
                 f"{ratio(result.steps_per_s, by_mode.get('eager')):>9} "
                 f"{ratio(result.steps_per_s, by_mode.get('pipeline')):>12} "
+                f"{ratio(result.steps_per_s, by_mode.get('pipeline_percall')):>17} "
                 f"{result.first_batch_s * 1000:>10.1f}ms {result.warmup_s:>8.2f}s  {result.notes}"
             )
 

@@ -237,6 +237,33 @@ class _Interceptor:
 _interceptor = _Interceptor()
 
 
+def watch_reader_epochs(callback: Callable) -> None:
+    """From now on, `reader.next_epoch(*args, **kwargs)` outside any trace returns
+    `callback(reader, original, args, kwargs)` (`original`: ndd's own method). Installed once,
+    by the first compiled function; the interceptor's own hook goes on top of it while tracing
+    (this one is not marked as ndd_trace's, so the interceptor does not skip its install)."""
+    current = _ops.Reader.next_epoch
+    original = getattr(current, "_ndd_trace_original", current)
+    if getattr(original, "_ndd_trace_watch", False):
+        return
+
+    def next_epoch(reader: Any, *args: Any, **kwargs: Any) -> Any:
+        if _interceptor.handler() is not None:
+            return original(reader, *args, **kwargs)
+        return callback(reader, original, args, kwargs)
+
+    next_epoch._ndd_trace_watch = True  # type: ignore[attr-defined]
+    next_epoch.__name__, next_epoch.__doc__ = original.__name__, original.__doc__
+    next_epoch.__wrapped__ = original  # type: ignore[attr-defined]
+    with _interceptor._lock:
+        if current is original:
+            _ops.Reader.next_epoch = next_epoch
+        else:  # the interceptor's hook is on top: it restores the watch when it goes
+            _interceptor._patched = [
+                (owner, name, next_epoch if saved is original else saved)
+                for owner, name, saved in _interceptor._patched]
+
+
 def intercept(handler: Callable, on_reader: Callable | None = None) -> Any:
     """Context manager: while active, this thread's ndd operator calls go to `handler`, and
     `reader.next_epoch()` calls to `on_reader(reader)`."""
@@ -552,14 +579,39 @@ def advance_shard(reader: Any) -> None:
 
 
 def feed(pipe: Pipeline, name: str, data: Any) -> None:
-    """`pipe.feed_input(name, data)` without its per-call search of the graph for a source
-    callback (our external sources never have one)."""
-    pipe._feed_input(name, data)
+    """`pipe.feed_input(name, data)` for a TensorList, without its per-call search of the graph
+    for a source callback (our external sources never have one) or its argument checks (the
+    data is a TensorList already, fed without a layout, as `_feed_input` would pass it on)."""
+    if type(data) is backend.TensorListCPU:
+        pipe._pipe.SetExternalTLInput(name, data, None, False)
+    elif type(data) is backend.TensorListGPU:
+        stream = data.stream
+        pointer = types._raw_cuda_stream_ptr(stream) if stream is not None else None
+        pipe._pipe.SetExternalTLInput(name, data, pointer, False)
+    else:
+        pipe._feed_input(name, data)
 
 
 def schedule_one(pipe: Pipeline) -> None:
-    """Schedule exactly one iteration (Pipeline.schedule_run prefetches a whole queue at first)."""
-    pipe._run_once()
+    """Schedule exactly one iteration (Pipeline.schedule_run prefetches a whole queue at first).
+    Our pipelines have no source callbacks and no `iter_setup`, and run asynchronously: this is
+    `Pipeline._run_once` without its per-call API-scope object and callback scan."""
+    if pipe._input_callbacks or not pipe._exec_async or type(pipe).iter_setup is not \
+            Pipeline.iter_setup:
+        pipe._run_once()
+        return
+    pipe._batches_to_consume += 1
+    pipe._pipe.Run()
+
+
+def pipeline_outputs(pipe: Pipeline) -> tuple:
+    """`pipe.outputs()` (the oldest scheduled iteration's outputs, synchronized with the host)
+    without the per-call API-scope object."""
+    if pipe._batches_to_consume == 0:
+        raise StopIteration
+    pipe._consumer_iter += 1
+    pipe._batches_to_consume -= 1
+    return tuple(pipe._pipe.Outputs(None))
 
 
 ExternalSource = ndd.ExternalSource
@@ -714,6 +766,32 @@ def synchronous() -> Any:
 
 def eval_mode_is_sync() -> bool:
     return EvalMode.current().value >= EvalMode.sync_cpu.value
+
+
+_LAZY_BATCH_FIELDS = {"_wraps_external_data": False, "_tensors": None, "_storage": None,
+                      "_dtype": None, "_device": None, "_layout": None, "_ndim": None}
+_lazy_batch_checked: bool | None = None
+
+
+def lazy_batch(invocation_result: Any) -> Batch:
+    """`Batch(invocation_result=...)` without its argument normalization (the constructor's
+    cost dominates a small compiled call): the same fields, checked once against the real
+    constructor; the real one is used if they differ (another DALI release) or in a
+    synchronous EvalMode (where the constructor evaluates)."""
+    global _lazy_batch_checked
+    if EvalMode.current().value > EvalMode.eager.value:
+        return Batch(invocation_result=invocation_result)
+    if _lazy_batch_checked is None:
+        reference = Batch(invocation_result=invocation_result)
+        fields = dict(_LAZY_BATCH_FIELDS, _invocation_result=invocation_result)
+        _lazy_batch_checked = vars(reference) == fields
+        return reference
+    if not _lazy_batch_checked:
+        return Batch(invocation_result=invocation_result)
+    batch = Batch.__new__(Batch)
+    batch.__dict__.update(_LAZY_BATCH_FIELDS)
+    batch._invocation_result = invocation_result
+    return batch
 
 
 def wrap_batch(tensor_list: Any) -> Batch:

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from . import _dali, guards, lazy, logs, passes, stepcheck
+from . import _dali, guards, lazy, logs, passes, readahead, stepcheck
 from .errors import GraphBreakError, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import LoopExecutable
@@ -127,6 +127,12 @@ class CompiledFunction:
             name for name, parameter in self._signature.parameters.items()
             if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
                                   inspect.Parameter.POSITIONAL_OR_KEYWORD))
+        # the number of parameters when all are positional ones (else -1): a call passing
+        # exactly that many positional arguments needs no normalizing
+        kinds = [p.kind for p in self._signature.parameters.values()]
+        self._simple_arity = len(kinds) if all(
+            kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            for kind in kinds) else -1
         self._entries: OrderedDict[tuple, Entry] = OrderedDict()
         self._counters = _Counters()
         self._lock = threading.RLock()
@@ -138,6 +144,8 @@ class CompiledFunction:
         self._failure_note: str | None = None
         self._trace_exception: BaseException | None = None
         self._loop_finding: stepcheck.Finding | None | bool = False  # False: not checked yet
+        if not self.is_generator:
+            readahead.watch_reader_epochs(self)  # see readahead.run_call
 
     # -- public --------------------------------------------------------------------------------
 
@@ -168,8 +176,9 @@ class CompiledFunction:
     def _options(self) -> Options:
         num_threads = self._num_threads or _dali.current_num_threads()
         device_id = _dali.current_device_id() if self._device_id == "current" else self._device_id
-        # A per-call pipeline is fed once per call, so it can only run one iteration ahead.
-        return Options(num_threads, device_id, 1)
+        # A per-call pipeline is fed once per call; fed reader batches, it also runs
+        # readahead.RUN_AHEAD calls ahead of the caller (readahead.run_call).
+        return Options(num_threads, device_id, 1 + readahead.RUN_AHEAD)
 
     # -- calling -------------------------------------------------------------------------------
 
@@ -291,6 +300,8 @@ class CompiledFunction:
     def _normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """One spelling per call: defaults applied, parameters passed by position where they can
         be, so `f(b)`, `f(b, 16)` and `f(b, size=16)` share a cache entry."""
+        if not kwargs and len(args) == self._simple_arity:
+            return args, kwargs  # every parameter passed by position: already one spelling
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError:
@@ -588,15 +599,16 @@ class CompiledFunction:
     # -- running -------------------------------------------------------------------------------
 
     def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
-        bound = self._bind(args, kwargs)
-        batch_size, consistent = self._batch_size_of(args, kwargs)
+        bound, sizes = self._bind_sizes(args, kwargs)
+        batch_size = max(sizes) if sizes else None
+        consistent = len(sizes) <= 1
         if batch_size is None:
             batch_size = entry.static_batch_size or 1
         elif entry.static_batch_size is not None and entry.static_batch_size != batch_size:
             consistent = False
         if not consistent or batch_size == 0:  # a pipeline cannot run an empty batch
             reason = ("an empty batch" if batch_size == 0 and consistent else
-                      f"batches of different sizes ({sorted(self._batch_sizes(args, kwargs))}, "
+                      f"batches of different sizes ({sorted(sizes)}, "
                       f"traced with {entry.static_batch_size})")
             self._warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
                             f"{reason} (a pipeline runs one batch size per iteration)",
@@ -606,7 +618,7 @@ class CompiledFunction:
             return self._function(*args, **kwargs)
         executable = entry.executable
         try:
-            run = executable.run(bound, batch_size)
+            run = readahead.run_call(executable, entry.key, bound, batch_size)
         except Exception as error:
             if executable.builds == 0:
                 # The pipeline could not be built: this variant runs eagerly from now on.
@@ -623,20 +635,49 @@ class CompiledFunction:
                            batch_size)
         return self._unflatten(entry.output_tree, run, entry, bound, batch_size)
 
+    @staticmethod
+    def _bind_sizes(args: tuple, kwargs: dict) -> tuple[dict[tuple, Any], set[int]]:
+        """`_bind` and the batch sizes of the Batch arguments, in one walk (the common case of
+        plain Batch/Tensor positional arguments without nesting is walked inline)."""
+        bound: dict[tuple, Any] = {}
+        sizes: set[int] = set()
+        batch, tensor, rng = _dali.Batch, _dali.Tensor, _dali.RNG
+        for index, value in enumerate(args):
+            kind = type(value)
+            if kind is batch:
+                bound[("args", index)] = value
+                sizes.add(value.batch_size)
+            elif kind is tensor or kind is rng:
+                bound[("args", index)] = value
+            elif isinstance(value, (list, tuple, dict, batch, tensor, rng)):
+                break
+        else:
+            if not kwargs:
+                return bound, sizes
+        bound.clear()
+        sizes.clear()
+
+        def visit(path: tuple, value: Any) -> Any:
+            bound[path] = value
+            if isinstance(value, _dali.Batch):
+                sizes.add(value.batch_size)
+            return value
+
+        _walk_data(args, ("args",), visit)
+        _walk_data(kwargs, ("kwargs",), visit)
+        return bound, sizes
+
     def _unflatten(self, tree: Any, run: Any, entry: Entry, bound: dict, batch_size: int) -> Any:
         tag = tree[0]
         if tag == "out":
-            ref: Ref = entry.graph.outputs[tree[1]]
+            index = tree[1]
+            ref: Ref = entry.graph.outputs[index]
             if ref.node.kind is NodeKind.INPUT:
                 return bound[ref.node.payload]
-            node_meta = ref.node.meta[ref.index]
             is_batch = tree[2]
-            device = _dali.Device(node_meta.device,
-                                  entry.executable.options.device_id
-                                  if node_meta.device == "gpu" else None)
-            lazy = LazyOutput(run, tree[1], is_batch, device)
+            lazy = LazyOutput(run, index, is_batch, entry.executable.output_device(index))
             if is_batch:
-                return _dali.Batch(invocation_result=lazy)
+                return _dali.lazy_batch(lazy)
             return _dali.Tensor(invocation_result=lazy)
         if tag == "static":
             return tree[1]

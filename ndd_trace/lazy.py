@@ -217,6 +217,10 @@ class _State:
         self.readers: Counter = Counter()
         self.ops_recorded = 0
         self.local = threading.local()
+        # seconds spent per stage, all threads: record (ndd calls), key (a region's cone and
+        # structure), check (run-ahead: observe, use, launch), feed (building, feeding), run
+        # (DALI's Run), fetch (waiting for the outputs); see step_breakdown()
+        self.times = dict.fromkeys(("record", "key", "check", "feed", "run", "fetch"), 0.0)
 
 
 _state = _State()
@@ -459,6 +463,13 @@ class LazyTracer(Tracer):
 
     @_dali.plumbing
     def handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
+        started = time.perf_counter()
+        try:
+            return self._handle(op_class, original, inputs, kwargs)
+        finally:
+            _state.times["record"] += time.perf_counter() - started
+
+    def _handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
         name = _dali.op_path(op_class)
         if _dali.eval_mode_is_sync():
             return self._eager(original, inputs, kwargs, name, "a synchronous EvalMode is active")
@@ -525,9 +536,14 @@ class LazyTracer(Tracer):
                 region.hits += 1
             region.runs += 1
             region.record_s += record_s
+        times = _state.times
+        checked = time.perf_counter()
+        times["key"] += checked - started
         observation = (self.speculator.observe(view.leaves, view.computed)
                        if region.executable is not None else None)
         ahead = self.speculator.take(key, observation) if observation is not None else None
+        fed = time.perf_counter()
+        times["check"] += fed - checked
         if ahead is not None:
             outputs = list(ahead)
             with _state.lock:
@@ -539,11 +555,17 @@ class LazyTracer(Tracer):
         else:
             try:
                 builds = region.executable.builds
+                run_s = region.executable.run_s
                 started = time.perf_counter()
                 run = region.executable.run_leaves(view.leaves, batch_size)
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
+                waited = time.perf_counter()
+                scheduled = region.executable.run_s - run_s
+                times["feed"] += waited - fed - scheduled
+                times["run"] += scheduled
                 outputs = list(run.result())
+                times["fetch"] += time.perf_counter() - waited
             except Exception:
                 if region.executable.builds:
                     raise
@@ -555,7 +577,9 @@ class LazyTracer(Tracer):
         logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
                                "run ahead" if ahead is not None else f"run {region.runs}")
         if observation is not None and region.executable is not None:
+            learned = time.perf_counter()
             self.speculator.learn(key, region.executable, observation, batch_size)
+            times["check"] += time.perf_counter() - learned
         for (original, index), output in zip(view.outputs, outputs):
             if original.results is None:
                 original.results = [None] * original.num_outputs
@@ -744,9 +768,20 @@ def report() -> Report:
                       _state.ops_recorded, Counter(_state.readers))
 
 
+def step_breakdown() -> dict[str, float]:
+    """Seconds transparent mode spent so far (all threads): `record` (recording ndd calls),
+    `key` (a region's cone and structure key), `check` (run-ahead: describing the fed leaves,
+    using a run launched ahead, which may wait for it, and launching the next), `feed`
+    (building, feeding), `run` (DALI's Run of the region's own runs), `fetch` (waiting for
+    their outputs)."""
+    with _state.lock:
+        return dict(_state.times)
+
+
 def reset_report() -> None:
     """Forget the regions, eager calls and readers counted so far (all threads)."""
     with _state.lock:
+        _state.times = dict.fromkeys(_state.times, 0.0)
         _state.regions.clear()
         _state.eager_ops.clear()
         _state.readers.clear()

@@ -19,6 +19,10 @@ used only if what it was fed is identical to what the script's own calls produce
 reader batch object, bit-equal random states, equal constants); otherwise it is dropped and the
 region runs as usual. Results are therefore always the plain run's; a loop that does not repeat
 itself only loses the running ahead (a region that mostly misses is no longer tried).
+
+The same streams and the same Speculator serve compiled functions called from an eager reader
+loop (`run_call`, at the end of this module): a reader whose eager batches fed a compiled
+function streams from its next epoch, and the function's calls run ahead by the same rules.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ class ReaderStream:
         def next_epoch(*args: Any, **kwargs: Any) -> Any:
             if _dali.tracing_active():  # transparent mode decides
                 return type(stream.reader).next_epoch(stream.reader, *args, **kwargs)
-            return stream.epoch(stream.request(args, kwargs), None)
+            # outside transparent mode, compiled functions fed these batches run ahead on them
+            return stream.epoch(stream.request(args, kwargs), _note_for_calls)
 
         def get_metadata(*args: Any, **kwargs: Any) -> dict:
             return dict(stream._meta)
@@ -360,8 +365,7 @@ class Speculator:
         can be predicted (values computed by an earlier region cannot)."""
         if not self.active:
             return None
-        described: list[_Leaf] = []
-        first: tuple[ReaderStream, int] | None = None
+        items: list[tuple] = []
         for leaf, was_computed in zip(leaves, computed):
             if was_computed:
                 return None
@@ -370,17 +374,35 @@ class Speculator:
                 entry = self._draws.get(id(words))
                 if entry is None or entry[0] is not words:
                     return None
-                described.append(_Leaf("state", words, rng=entry[1], position=entry[2]))
+                items.append(("state", words, entry[1], entry[2]))
+            else:
+                items.append(("value", leaf.payload, leaf))
+        return self.describe(items)
+
+    def describe(self, items: list[tuple]) -> Observation | None:
+        """An observation of one run's fed leaves, in feeding order: `("state", words, rng,
+        position)` for a random state drawn from `rng` at `position`, `("value", value, node)`
+        for data (a reader batch, or a constant fed from `node`), `("input", value)` for a
+        caller's argument (predictable only as a reader batch). None without reader batches."""
+        described: list[_Leaf] = []
+        first: tuple[weakref.ref, int] | None = None
+        batches = self._batches
+        for item in items:
+            if item[0] == "state":
+                described.append(_Leaf("state", item[1], rng=item[2], position=item[3]))
                 continue
-            entry = self._batches.get(id(leaf.payload))
-            if entry is not None and entry[0] is leaf.payload:
+            value = item[1]
+            entry = batches.get(id(value))
+            if entry is not None and entry[0] is value:
                 _, stream, count, index = entry
                 if first is None:
                     first = (stream, count)
-                described.append(_Leaf("reader", leaf.payload, stream=stream, index=index,
+                described.append(_Leaf("reader", value, stream=stream, index=index,
                                        offset=count - first[1]))
+            elif item[0] == "input":
+                return None  # the caller's own data: not predictable
             else:
-                described.append(_Leaf("const", leaf.payload, node=leaf))
+                described.append(_Leaf("const", value, node=item[2]))
         if first is None:
             return None
         shape = tuple(
@@ -391,9 +413,11 @@ class Speculator:
 
     # -- using and launching runs ahead --------------------------------------------------------
 
-    def take(self, key: tuple, observation: Observation) -> tuple | None:
+    def take(self, key: tuple, observation: Observation,
+             executable: Executable | None = None) -> tuple | None:
         """The outputs of the run launched for this observation, if it was fed exactly what the
-        script's calls produced; None otherwise (the region then runs as usual)."""
+        script's calls produced (and, given `executable`, launched on it); None otherwise (the
+        region then runs as usual)."""
         pattern = self._patterns.get((key, observation.shape))
         if pattern is None or not pattern.launched:
             return None
@@ -402,7 +426,8 @@ class Speculator:
         launch = pattern.launched.pop(observation.count, None)
         if launch is None:
             return None
-        if all(_same(leaf, fed) for leaf, fed in zip(observation.leaves, launch.fed)):
+        if (executable is None or launch.run._executable is executable) and \
+                all(_same(leaf, fed) for leaf, fed in zip(observation.leaves, launch.fed)):
             try:
                 outputs = launch.run.result()
             except Exception:  # the region runs as usual, and reports a real error itself
@@ -502,3 +527,139 @@ def _same(leaf: _Leaf, fed: Any) -> bool:
     if leaf.kind == "state":
         return leaf.value.shape == fed.shape and bool((leaf.value == fed).all())
     return _dali.same_data(leaf.value, fed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled steps called from an eager reader loop
+#
+#     @ndd.compile
+#     def preprocess(jpegs): ...
+#     for jpegs, labels in reader.next_epoch(batch_size=64):   # eager: the user's own loop
+#         images = preprocess(jpegs)
+#
+# Calling a compiled function is the opt-in. While compiled functions exist, eager batch epochs
+# are watched (their batches remembered weakly, nothing else changes). Once a compiled function
+# is fed a batch of a reader's eager epoch, that reader's *next* batch epochs go through a
+# ReaderStream, exactly as in transparent mode (the same operator, read ahead by a worker
+# thread; epoch lengths, breaks and shards as eagerly; checkpointing readers, readers with
+# tensor arguments or owned by a compiled loop stay eager). The compiled function is then run
+# ahead on the batches read ahead by the same Speculator as transparent mode's regions: a
+# launched run is used only if the call is fed exactly what was predicted (the same reader
+# batch object, bit-equal random states, the same constants); otherwise the call runs as usual.
+
+_calls = threading.local()  # .speculator: this thread's Speculator for compiled calls
+_compiled: weakref.WeakSet = weakref.WeakSet()  # live compiled functions (the watch's owners)
+_tagged: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(batch) -> (batch, reader) refs
+_watching = False
+
+
+def _call_speculator() -> Speculator:
+    speculator = getattr(_calls, "speculator", None)
+    if speculator is None:
+        speculator = _calls.speculator = Speculator()
+    return speculator
+
+
+def _note_for_calls(stream: ReaderStream, count: int, batches: tuple) -> None:
+    _call_speculator().note_batch(stream, count, batches)
+
+
+def watch_reader_epochs(owner: Any) -> None:
+    """Called for each compiled function made: eager batch epochs are watched while one lives."""
+    global _watching
+    _compiled.add(owner)
+    if not _watching:
+        _watching = True
+        _dali.watch_reader_epochs(_on_epoch)
+
+
+def _on_epoch(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
+    """`reader.next_epoch(*args, **kwargs)` outside any trace, while compiled functions exist:
+    a reader whose batches fed a compiled function streams; other epochs run eagerly, their
+    batches remembered weakly (so that a compiled call can tell it was fed one)."""
+    if not _compiled:
+        return original(reader, *args, **kwargs)
+    if getattr(reader, "_ndd_trace_feeds_calls", False) and can_stream(reader) is None:
+        batch_size = _dali.reader_epoch_request(reader, args, kwargs)
+        if batch_size is not None:
+            options = Options(_dali.current_num_threads(), _dali.current_device_id(), READ_AHEAD)
+            return reader_epoch(reader, batch_size, options, _note_for_calls)
+    epoch = original(reader, *args, **kwargs)
+    if kwargs.get("capture") or len(args) > 2 and args[2]:
+        return epoch
+    return _tag_epoch(reader, epoch)
+
+
+def _tag_epoch(reader: Any, epoch: Iterator[Any]) -> Iterator[Any]:
+    ref = weakref.ref(reader)
+    for item in epoch:
+        if isinstance(item, tuple):
+            for batch in item:
+                _tag(batch, ref)
+        elif isinstance(item, dict):
+            for batch in item.values():
+                _tag(batch, ref)
+        yield item
+
+
+def _tag(batch: Any, reader: weakref.ref) -> None:
+    if isinstance(batch, _dali.Batch):
+        key = id(batch)
+        _tagged[key] = (weakref.ref(batch, lambda _: _tagged.pop(key, None)), reader)
+
+
+def _note_inputs(bound: dict) -> None:
+    """A compiled call was fed these arguments: readers whose eager batches are among them
+    stream from their next epoch on."""
+    for value in bound.values():
+        entry = _tagged.get(id(value))
+        if entry is not None and entry[0]() is value:
+            reader = entry[1]()
+            if reader is not None:
+                reader._ndd_trace_feeds_calls = True
+
+
+def run_call(executable: Executable, key: tuple, bound: dict,
+             batch_size: int) -> _PendingRun | None:
+    """One call of a compiled function: a run launched ahead if the call is fed exactly what
+    it was launched with, else a run of its own (and the next ones launched ahead once the
+    calls follow a reader steadily)."""
+    if _tagged:
+        _note_inputs(bound)
+    speculator = getattr(_calls, "speculator", None)
+    if speculator is None or not speculator.active or executable.pipeline is None or \
+            batch_size > executable.max_batch_size or not executable.graph.outputs:
+        return executable.run(bound, batch_size)
+    states: dict[int, Any] = {}
+    drawn: dict[int, tuple] = {}
+    for slot, node in executable.draws:  # in eager call order, from the caller's generators
+        rng = executable._resolve_rng(slot, bound)
+        position = _dali.rng_position(rng)
+        words = states[id(node)] = _dali.draw_state(rng)
+        drawn[id(node)] = ("state", words, rng, position)
+    items: list[tuple] | None = []
+    for node in executable.lowered.external_sources:
+        if node.kind is NodeKind.RANDOM_STATE:
+            item = drawn.get(id(node))
+            if item is None:  # not drawn per call: not predicted
+                items = None
+                break
+        elif node.kind is NodeKind.INPUT:
+            item = ("input", bound[node.payload])
+        else:
+            item = ("value", node.payload, node)
+        items.append(item)
+    observation = speculator.describe(items) if items is not None else None
+    key = (id(executable), key)  # two functions' entries may have equal guard keys
+    outputs = (speculator.take(key, observation, executable) if observation is not None
+               else None)
+    if outputs is not None:
+        run = _PendingRun(executable, batch_size)
+        run.outputs = tuple(outputs)
+        executable.ahead += 1
+    else:
+        run = executable._start(
+            batch_size, lambda: executable.call_data(bound, states, batch_size))
+    if observation is not None:
+        speculator.learn(key, executable, observation, batch_size)
+    return run

@@ -161,12 +161,17 @@ class Executable:
         self.builds = 0
         self._pending: list[_PendingRun] = []
         self._lock = threading.RLock()
-        self._constants: dict[tuple[int, int], Any] = {}
+        self._constants: dict[tuple, Any] = {}
         self.cache_constants = True  # off where each run brings new constant nodes
         # Fed with no_copy: DALI reads the buffers in place until the iteration's outputs are
         # consumed and `prefetch_queue_depth` more iterations have run; keep them alive so long.
         self._fed: collections.deque = collections.deque(
             maxlen=2 * options.prefetch_queue_depth + 2)
+        # per call, in lowering order: (external source name, how its data is found)
+        self._names = list(lowered.feed_names)
+        self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
+        self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
+        self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -268,13 +273,19 @@ class Executable:
             value = node.payload
         if isinstance(value, _dali.Batch):
             return _dali.storage_of(value)
-        key = (id(node), batch_size)
+        key: tuple = (id(node), batch_size)
         cache = self.cache_constants and node.kind is NodeKind.CONSTANT
+        if not cache and type(value) in (int, float, bool):
+            # a Python scalar (a fresh constant node per run in transparent mode): the same
+            # value gives the same data; repr tells -0.0 from 0.0 and keeps nan equal to nan
+            key, cache = (type(value), repr(value), batch_size), True
         cached = self._constants.get(key) if cache else None
         if cached is not None:
             return cached
         data = _dali.storage_of(_dali.to_batch(value, batch_size))
         if cache:
+            if len(self._constants) >= 256:  # scalars that change every run: keep it bounded
+                self._constants.clear()
             self._constants[key] = data
         return data
 
@@ -284,6 +295,32 @@ class Executable:
         for slot, node in self.draws:
             states[id(node)] = _dali.draw_state(self._resolve_rng(slot, bound))
         return states
+
+    def call_data(self, bound: dict, states: dict[int, Any], batch_size: int) -> list:
+        """What one call feeds, one item per external source in lowering order."""
+        data = []
+        for node in self.lowered.external_sources:
+            kind = node.kind
+            if kind is NodeKind.INPUT:
+                value = bound[node.payload]
+                if type(value) is _dali.Batch:
+                    data.append(_dali.storage_of(value))
+                    continue
+            elif kind is NodeKind.RANDOM_STATE and not (
+                    isinstance(node.payload, tuple) and node.payload[0] == "drawn"):
+                data.append(_dali.broadcast_state(states[id(node)], batch_size))
+                continue
+            data.append(self._data_for(node, bound, states, batch_size))
+        return data
+
+    def output_device(self, index: int) -> Any:
+        """The ndd Device of output `index` (one object per entry, made once)."""
+        device = self._devices.get(index)
+        if device is None:
+            meta = self.graph.outputs[index].node.meta[self.graph.outputs[index].index]
+            device = self._devices[index] = _dali.device(
+                meta.device, self.options.device_id if meta.device == "gpu" else None)
+        return device
 
     def run(self, bound: dict, batch_size: int) -> _PendingRun | None:
         """Draw, feed and schedule one iteration; outputs are fetched when first used."""
@@ -295,10 +332,9 @@ class Executable:
         drawn: dict = {}
 
         def data() -> list:
-            states = drawn["states"] = self.draw_states(bound)  # after the build: a failed
-            # one draws nothing
-            return [self._data_for(node, bound, states, batch_size)
-                    for node in self.lowered.external_sources]
+            # drawn after the build: a failed one draws nothing
+            states = drawn["states"] = self.draw_states(bound)
+            return self.call_data(bound, states, batch_size)
 
         run = self._start(batch_size, data)
         run.replay = lambda: self._eager_error(self._leaves_of(bound, drawn["states"]))
@@ -333,7 +369,9 @@ class Executable:
             run = _PendingRun(self, batch_size)
             try:
                 self._feed(data())
+                started = time.perf_counter()
                 _dali.schedule_one(self.pipeline)
+                self.run_s += time.perf_counter() - started
             except Exception as error:
                 self.pipeline = None
                 wrapped = self._pipeline_error(error, "feeding")
@@ -366,8 +404,9 @@ class Executable:
 
     def _feed(self, data: list) -> None:
         """Feed one iteration's external sources (in lowering order), keeping the data alive."""
-        for name, item in zip(self.lowered.feed_names, data):
-            _dali.feed(self.pipeline, name, item)
+        pipeline = self.pipeline
+        for name, item in zip(self._names, data):
+            _dali.feed(pipeline, name, item)
         self._fed.append(data)
 
     def fetch(self, run: _PendingRun) -> None:
@@ -380,7 +419,7 @@ class Executable:
     def _fetch_oldest(self) -> None:
         oldest = self._pending.pop(0)
         try:
-            oldest.outputs = tuple(self.pipeline.outputs())
+            oldest.outputs = _dali.pipeline_outputs(self.pipeline)
         except Exception as error:
             self.pipeline = None  # a failed pipeline is rebuilt on the next call
             eager = oldest.replay() if oldest.replay is not None else None

@@ -1,0 +1,108 @@
+"""Chart the ratios of every mode to the hand-written pipeline, from bench_ops JSON files.
+
+    python benchmarks/chart.py out/bench_small.json out/bench_decode.json   # -> ratios.png
+    python benchmarks/chart.py --output /tmp/ratios.png --title "H200" results/*.json
+
+One group of bars per (workload, batch size, device, training step) found in the files, one
+bar per mode, height = steps/s divided by the `pipeline` mode's steps/s of the same group (1.0
+is the hand-written, prefetching `@pipeline_def`). Needs matplotlib (`pip install .[bench]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MODE_ORDER = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "transparent",
+              "pipeline_percall", "pipeline", "dataloader")
+LABELS = {
+    "eager": "eager ndd",
+    "capture": "DALI capture mode",
+    "ndd_trace": "@ndd.compile step (per call)",
+    "ndd_trace_loop": "compiled generator",
+    "transparent": "transparent mode",
+    "pipeline_percall": "hand-built per-call pipeline",
+    "pipeline": "@pipeline_def",
+    "dataloader": "torch DataLoader",
+}
+
+
+def load_groups(paths: list[str]) -> dict[str, dict[str, float]]:
+    """{group label: {mode: ratio to pipeline}} from bench_ops JSON files."""
+    groups: dict[str, dict[str, float]] = {}
+    for path in paths:
+        report = json.loads(Path(path).read_text())
+        train_ms = report.get("config", {}).get("train_ms", 0) or 0
+        for result in report["results"]:
+            if result["status"] != "ok":
+                continue
+            label = (f"{result['workload']}\nbatch {result['batch_size']}, {result['device']}"
+                     + (f", {train_ms:g} ms step" if train_ms else ""))
+            groups.setdefault(label, {})[result["mode"]] = result["steps_per_s"]
+    ratios = {}
+    for label, rates in groups.items():
+        base = rates.get("pipeline")
+        if base:
+            ratios[label] = {mode: rate / base for mode, rate in rates.items()}
+    return ratios
+
+
+def print_table(ratios: dict[str, dict[str, float]]) -> None:
+    """The ratios to the hand-written pipeline as a markdown table, one row per group."""
+    modes = [mode for mode in MODE_ORDER if any(mode in r for r in ratios.values())]
+    print("| workload | " + " | ".join(modes) + " |")
+    print("|---" * (len(modes) + 1) + "|")
+    for label, row in ratios.items():
+        cells = [f"{row[mode]:.2f}x" if mode in row else "-" for mode in modes]
+        print(f"| {label.replace(chr(10), ', ')} | " + " | ".join(cells) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", nargs="+", help="bench_ops.py --json outputs")
+    parser.add_argument("--output", default=str(Path(__file__).with_name("ratios.png")))
+    parser.add_argument("--title", default="ndd_trace: speed relative to a hand-written pipeline")
+    parser.add_argument("--table", action="store_true",
+                        help="print the ratios as a markdown table only (no matplotlib needed)")
+    options = parser.parse_args(argv)
+    if options.table:
+        print_table(load_groups(options.json))
+        return 0
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = load_groups(options.json)
+    if not ratios:
+        print("chart: no group with a `pipeline` result", file=sys.stderr)
+        return 1
+    modes = [mode for mode in MODE_ORDER if any(mode in r for r in ratios.values())]
+    width = 0.8 / len(modes)
+    figure, axes = plt.subplots(figsize=(max(7.0, 2.2 * len(ratios) + 2), 5.2))
+    for index, mode in enumerate(modes):
+        xs = [group + (index - (len(modes) - 1) / 2) * width for group in range(len(ratios))]
+        heights = [r.get(mode, 0.0) for r in ratios.values()]
+        bars = axes.bar(xs, heights, width, label=LABELS.get(mode, mode))
+        for bar, height in zip(bars, heights):
+            if height:
+                axes.annotate(f"{height:.2f}", (bar.get_x() + bar.get_width() / 2, height),
+                              ha="center", va="bottom", fontsize=7, rotation=90,
+                              xytext=(0, 2), textcoords="offset points")
+    axes.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    axes.set_xticks(range(len(ratios)), list(ratios), fontsize=8)
+    axes.set_ylabel("steps/s relative to @pipeline_def")
+    axes.set_title(options.title, fontsize=10)
+    top = max(max(r.values()) for r in ratios.values())
+    axes.set_ylim(0, max(1.15, top * 1.15))
+    axes.legend(fontsize=7, ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    figure.tight_layout()
+    figure.savefig(options.output, dpi=120)
+    print(f"chart written to {options.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
