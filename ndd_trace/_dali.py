@@ -701,6 +701,11 @@ class ReplayRNG(RNG):
         return self._words.pop(0)
 
 
+def synchronous() -> Any:
+    """Context manager: ndd calls run, and raise, at the call (EvalMode.sync_full)."""
+    return EvalMode.sync_full
+
+
 def eval_mode_is_sync() -> bool:
     return EvalMode.current().value >= EvalMode.sync_cpu.value
 

@@ -45,8 +45,12 @@ class TraceError(NddTraceError):
         super().__init__(where + message)
 
 
-class PipelineError(NddTraceError, RuntimeError):
-    """The compiled pipeline failed while being built or run; points at the op's user line."""
+class PipelineError(NddTraceError):
+    """The compiled pipeline failed while being built or run; points at the op's user line.
+
+    Each one raised is also the built-in exception eager ndd raises for the same failure
+    (`pipeline_error_type`): a RuntimeError for most operator failures, a ValueError for an
+    input layout an operator rejects, and so on; `except PipelineError` catches them all."""
 
     def __init__(self, message: str, loc: SourceLoc | None = None, op_name: str | None = None):
         self.loc = loc
@@ -64,7 +68,7 @@ def pipeline_error_type(builtin: type[BaseException]) -> type[PipelineError]:
     failure (RuntimeError, IndexError, ValueError, ...), and carries its name, as eager ndd's
     "An error happened during asynchronous execution" does: `except RuntimeError`,
     `except ndd_trace.PipelineError` and `type(error).__name__` all keep working."""
-    if issubclass(PipelineError, builtin):
+    if not issubclass(builtin, Exception) or issubclass(builtin, NddTraceError):
         builtin = RuntimeError
     found = _AS_BUILTIN.get(builtin)
     if found is None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from . import _dali
 from .errors import PipelineError, pipeline_error_type
+from .interpret import interpret
 from .ir import Graph, Node, NodeKind
 from .lower import Lowered
 from .source import SourceLoc, raise_at
@@ -69,6 +70,7 @@ class _PendingRun:
         self.outputs: tuple | None = None
         self.error: BaseException | None = None
         self.pulled: dict[int, Any] = {}  # ExternalSource items fed to this run (loops)
+        self.replay: Any = None  # () -> the exception eager ndd raises on this run's data
 
     def result(self) -> tuple:
         if self.outputs is None and self.error is None:
@@ -176,12 +178,37 @@ class Executable:
                     return node
         return None
 
-    def _pipeline_error(self, error: BaseException, stage: str) -> PipelineError:
+    def _eager_error(self, leaves: dict) -> BaseException | None:
+        """What eager ndd raises for a failed run: its graph run op by op on the same data,
+        each call synchronous (a pipeline reports every failure as a RuntimeError; eager ndd
+        raises the operator's own type, a ValueError for a layout it rejects)."""
+        try:
+            with _dali.synchronous():
+                for value in interpret(self.graph, leaves).values():
+                    value.evaluate()
+        except Exception as error:  # noqa: BLE001 (returned as the run's error)
+            return error
+        return None
+
+    def _leaves_of(self, bound: dict, states: dict) -> dict:
+        leaves: dict = {}
+        for node in self.graph.nodes:
+            if node.kind is NodeKind.RANDOM_STATE:
+                drawn = isinstance(node.payload, tuple) and node.payload[0] == "drawn"
+                leaves[id(node)] = node.payload[1] if drawn else states.get(id(node))
+            elif node.kind is NodeKind.CONSTANT:
+                leaves[id(node)] = node.payload
+            elif node.kind is NodeKind.INPUT:
+                leaves[id(node)] = bound[node.payload]
+        return leaves
+
+    def _pipeline_error(self, error: BaseException, stage: str,
+                        eager: BaseException | None = None) -> PipelineError:
         node = self._node_for_error(error)
         loc: SourceLoc | None = node.loc if node is not None else None
         name = f"ndd.{node.name}" if node is not None else None
         message = _dali_message(error)
-        cause = _operator_error(error)
+        cause = eager if eager is not None else _operator_error(error)
         kind = type(cause) if cause is not None else RuntimeError
         wrapped = pipeline_error_type(kind)(
             f"{message} (while {stage} the compiled pipeline)", loc, name)
@@ -190,6 +217,7 @@ class Executable:
             return wrapped
         # as eager ndd: the cause is the operator's own error, its traceback at the user's call
         cause.__cause__ = error
+        cause.__traceback__ = None
         try:
             raise_at(cause, loc)
         except BaseException as raised:  # noqa: BLE001 (it is `cause`, with its traceback)
@@ -262,17 +290,32 @@ class Executable:
                 self.draw_states(bound)  # nothing to run, but the generators advance as eagerly
             return None
 
+        drawn: dict = {}
+
         def data() -> list:
-            states = self.draw_states(bound)  # after the build: a failed one draws nothing
+            states = drawn["states"] = self.draw_states(bound)  # after the build: a failed
+            # one draws nothing
             return [self._data_for(node, bound, states, batch_size)
                     for node in self.lowered.external_sources]
 
-        return self._start(batch_size, data)
+        run = self._start(batch_size, data)
+        run.replay = lambda: self._eager_error(self._leaves_of(bound, drawn["states"]))
+        return run
 
     def run_leaves(self, leaves: list[Node], batch_size: int) -> _PendingRun:
         """Run with the data of `leaves` (a structurally equal graph's leaves, in order)."""
-        return self._start(batch_size,
-                           lambda: [self.leaf_data(leaf, batch_size) for leaf in leaves])
+        run = self._start(batch_size,
+                          lambda: [self.leaf_data(leaf, batch_size) for leaf in leaves])
+
+        def replay() -> BaseException | None:
+            values = self._leaves_of({}, {})
+            for node, leaf in zip(self.lowered.external_sources, leaves):
+                values[id(node)] = leaf.payload[1] if leaf.kind is NodeKind.RANDOM_STATE \
+                    else leaf.payload
+            return self._eager_error(values)
+
+        run.replay = replay
+        return run
 
     def _start(self, batch_size: int, data: Any) -> _PendingRun:
         """Build if needed, then feed `data()` and schedule one iteration."""
@@ -338,7 +381,8 @@ class Executable:
             oldest.outputs = tuple(self.pipeline.outputs())
         except Exception as error:
             self.pipeline = None  # a failed pipeline is rebuilt on the next call
-            wrapped = self._pipeline_error(error, "running")
+            eager = oldest.replay() if oldest.replay is not None else None
+            wrapped = self._pipeline_error(error, "running", eager)
             try:
                 raise_at(wrapped, wrapped.loc)
             except PipelineError as raised:
