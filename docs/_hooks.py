@@ -26,8 +26,10 @@ def on_files(files, config):
         log.info("%s not found: the site shows a placeholder chart", CHART)
         files.append(File.generated(config, "img/ratios.png", content=_PLACEHOLDER))
     files.append(File.generated(config, "api.md", content=_api_page(root)))
-    files.append(File.generated(config, "results.md",
-                                abs_src_path=os.path.join(root, "benchmarks", "RESULTS.md")))
+    with open(os.path.join(root, "benchmarks", "RESULTS.md")) as file:
+        # RESULTS.md sits beside the chart; in the site the chart is img/ratios.png
+        results = file.read().replace("](ratios.png)", "](img/ratios.png)")
+    files.append(File.generated(config, "results.md", content=results))
     return files
 
 
