@@ -1,0 +1,65 @@
+"""The static check that decides whether a compiled generator's loop body may be traced once."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+import pytest
+import stepcheck_cases as cases
+
+import ndd_trace
+from ndd_trace.stepcheck import check_generator
+
+
+@pytest.mark.parametrize("function", [cases.plain, cases.plain_zip_branch_on_argument])
+def test_step_invariant_bodies_are_proved(function):
+    assert check_generator(function) is None
+
+
+@pytest.mark.parametrize("function, reason", [
+    (cases.counter, "reads `i`"),
+    (cases.appends, "out.append"),
+    (cases.augassign_break, "step += 1"),
+    (cases.calls_impure_helper, "print"),
+    (cases.after_loop, "after its reader loop"),
+    (cases.python_random, "random.randint"),
+    (cases.method_of_argument, "self.aug"),
+])
+def test_per_step_python_is_found_with_its_line(function, reason):
+    finding = check_generator(function)
+    assert finding is not None and reason in finding.reason, finding
+    assert finding.loc.filename == cases.__file__
+
+
+def test_checked_loop_is_exact_warned_and_explained(jpeg_dir):
+    def run(function):
+        reader = ndd.readers.File(file_root=jpeg_dir, seed=1)
+        out = []
+        for _ in range(2):
+            out += [np.asarray(ndd.as_tensor(x, pad=True)).copy() for x in function(reader)]
+        return out
+
+    eager = run(cases.counter)
+    compiled = ndd.compile(cases.counter)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="checked mode") as caught:
+        result = run(compiled)
+    assert caught[0].filename == cases.__file__
+    assert len(eager) == len(result)
+    for a, b in zip(eager, result):
+        np.testing.assert_array_equal(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        explanation = ndd_trace.explain(compiled, ndd.readers.File(file_root=jpeg_dir))
+    assert explanation.path == "checked loop" and "runs as: checked loop" in str(explanation)
+
+
+def test_proved_loop_is_compiled(jpeg_dir):
+    compiled = ndd.compile(cases.plain)
+    reader = ndd.readers.File(file_root=jpeg_dir, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+        for _ in compiled(reader):
+            pass
+    assert compiled.entries[0].path == "compiled loop"
