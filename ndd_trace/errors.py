@@ -32,7 +32,8 @@ class GraphBreakError(NddTraceError):
         super().__init__(
             f"graph break in compiled function `{function_name}`{where}: {reason}. "
             "Move this code out of the compiled function, or drop fullgraph=True to let "
-            "ndd_trace run the function eagerly."
+            "ndd_trace run it in transparent mode instead (its ndd calls as cached pipeline "
+            "regions around the break)."
         )
 
 
