@@ -178,19 +178,7 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         images = fn.external_source(
             source=inputs, cycle="quiet", batch=True, layout="HWC", device=options.device
         )
-        angle = fn.random.uniform(range=[-15.0, 15.0])
-        images = fn.flip(images, horizontal=1)
-        images = fn.crop(images, crop=[56, 56])
-        images = fn.resize(images, size=[48, 48])
-        images = fn.rotate(images, angle=angle, keep_size=True, fill_value=0)
-        images = fn.hsv(images, hue=10.0, saturation=1.2)
-        images = fn.brightness_contrast(images, brightness=1.1, contrast=0.9)
-        images = fn.cast(images, dtype=types.FLOAT)
-        images = images * (1 / 255)
-        images = images - 0.5
-        images = fn.normalize(images, mean=0.0, stddev=0.25)
-        images = fn.transpose(images, perm=[2, 0, 1])
-        return images[:, 4:44, 4:44]
+        return small_ops_pipeline_body(images)
 
     @pipeline_def
     def decode_rrc_cmn_pipeline():

@@ -254,9 +254,14 @@ class CompiledFunction:
             self._last_key = key
             return entry, "new"
 
-    def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
+    def _take_failure(self) -> tuple[str | None, BaseException | None]:
+        """The failed trace's note and exception, handed over once."""
         note, self._failure_note = self._failure_note, None
         error, self._trace_exception = self._trace_exception, None
+        return note, error
+
+    def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
+        note, error = self._take_failure()
         try:
             result = self._function(*args, **kwargs)
         except Exception as eager_error:
@@ -272,8 +277,7 @@ class CompiledFunction:
         """The generator version: an error of the user's own (a typo, a KeyError) surfaces as
         itself from the eager epoch; only an epoch that runs eagerly where tracing failed is
         recorded as not compiled (and warned about), at its first step."""
-        note, self._failure_note = self._failure_note, None
-        error, self._trace_exception = self._trace_exception, None
+        note, error = self._take_failure()
         generator = self._function(*args, **kwargs)
         try:
             try:
@@ -781,8 +785,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     key = compiled._key(args, kwargs)
     guard_lines = [f"{label} == {guards._short(value)}" for label, value in key]
     if entry is None:
-        error = compiled._trace_exception
-        compiled._trace_exception = compiled._failure_note = None
+        _, error = compiled._take_failure()
         return Explanation(compiled.__qualname__, "", "", guard_lines, [],
                            f"tracing raised {error!r}; the eager call runs instead",
                            compiled.cache_info(), 0, compiled.last_miss_reason)

@@ -12,19 +12,7 @@ import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
 from ndd_trace.loop import LoopError
 from ndd_trace.readahead import stream_of
-
-
-def _reader(root, **kwargs):
-    kwargs.setdefault("random_shuffle", True)
-    kwargs.setdefault("seed", 7)
-    return ndd.readers.File(file_root=str(root), **kwargs)
-
-
-def _augment(jpegs):
-    images = ndd.decoders.image(jpegs)
-    images = ndd.random_resized_crop(images, size=[24, 24])
-    flip = ndd.random.coin_flip(batch_size=images.batch_size)
-    return ndd.crop_mirror_normalize(images, mirror=flip, mean=[10.0], std=[50.0])
+from test_transparent_readers import _augment, _reader  # the same readers and augmentation
 
 
 def _both(scenario, make_reader, seed=11, function=_augment):
