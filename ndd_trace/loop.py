@@ -30,6 +30,7 @@ from .errors import NddTraceError
 from .interpret import interpret
 from .ir import Graph, NodeKind
 from .lower import Lowered
+from .runahead import StateForecast
 from .runtime import Executable, Options, _PendingRun
 
 
@@ -56,7 +57,11 @@ class LoopExecutable(Executable):
             self.external_sources.setdefault(id(source), (source, []))[1].append(node)
         self._exhausted = False  # an ExternalSource ended: the epoch ends after the carry
         self._carry: list[_PendingRun] = []  # iterations read ahead, not yet consumed
-        self._clones: dict[int, tuple[Any, Any]] = {}  # id(rng) -> (rng, clone)
+        # random states of steps scheduled ahead come from runahead's forecast (clones of the
+        # callers' generators): `_next` is where the next scheduled step draws, `_expected`
+        # where the generator stands once the steps consumed so far were taken
+        self._forecast = StateForecast()
+        self._next: dict[int, list[int]] = {}  # id(rng) -> [draws, version]
         self._expected: dict[int, tuple[int, int]] = {}  # id(rng) -> (draws, version)
         self._epoch_lock = threading.Lock()
         self._done = 0  # steps consumed in the current epoch
@@ -106,24 +111,37 @@ class LoopExecutable(Executable):
             seen[id(rng)] = rng
         return list(seen.values())
 
-    def _sync_clones(self, bound: dict) -> bool:
+    def _sync_forecast(self, bound: dict) -> bool:
         """Start drawing ahead from the callers' generators; False if they moved meanwhile."""
         consistent = True
         for rng in self._rngs(bound):
             expected = self._expected.get(id(rng))
-            if expected is not None and expected != _dali.rng_position(rng):
+            position = _dali.rng_position(rng)
+            if expected is not None and expected != position:
                 consistent = False
-            if expected is None or expected != _dali.rng_position(rng):
-                self._clones[id(rng)] = (rng, _dali.rng_clone(rng))
-                self._expected[id(rng)] = _dali.rng_position(rng)
+            if expected != position:
+                self._next[id(rng)] = list(position)
+                self._expected[id(rng)] = position
         return consistent
 
     def draw_states(self, bound: dict) -> dict[int, Any]:
+        """The states eager draws at the next step scheduled, in eager call order."""
         states: dict[int, Any] = {}
         for slot, node in self.draws:
             rng = self._resolve_rng(slot, bound)
-            states[id(node)] = _dali.draw_state(self._clones[id(rng)][1])
+            position = self._next[id(rng)]
+            words = self._forecast.state_at(rng, position[0], position[1])
+            if words is None:  # reseeded, or drawn from, within the epoch
+                raise self._moved_error()
+            position[0] += _dali.STATE_WORDS
+            states[id(node)] = words
         return states
+
+    def _moved_error(self) -> LoopError:
+        return LoopError(
+            f"the random generator used by compiled loop `{self.owner_name}` was drawn "
+            "from or reseeded while the loop ran; the loop's random ops would no longer "
+            "match eager ones. Reseed between epochs, not inside one.")
 
     def _consume_rng(self, bound: dict) -> None:
         """The consumer takes one step: advance the callers' generators as eager would."""
@@ -133,10 +151,7 @@ class LoopExecutable(Executable):
             words[id(rng)] = words.get(id(rng), 0) + _dali.STATE_WORDS
         for rng in self._rngs(bound):
             if _dali.rng_position(rng) != self._expected[id(rng)]:
-                raise LoopError(
-                    f"the random generator used by compiled loop `{self.owner_name}` was drawn "
-                    "from or reseeded while the loop ran; the loop's random ops would no longer "
-                    "match eager ones. Reseed between epochs, not inside one.")
+                raise self._moved_error()
             _dali.rng_advance(rng, words[id(rng)])
             self._expected[id(rng)] = _dali.rng_position(rng)
 
@@ -207,7 +222,7 @@ class LoopExecutable(Executable):
         with self._lock:
             if self.pipeline is None:
                 self.ensure_built(self.batch_size)
-            consistent = self._sync_clones(bound)
+            consistent = self._sync_forecast(bound)
             if self._carry and not consistent:
                 self._recompute_carry(bound)
             steps = self._epoch_steps()
@@ -262,9 +277,10 @@ class LoopExecutable(Executable):
         self._replay_pulled = [run.pulled for run in self._carry if run.pulled] + \
             self._replay_pulled
         self._carry = []
-        self._clones.clear()
+        self._forecast.clear()
+        self._next.clear()
         self._expected.clear()
-        self._sync_clones(bound)
+        self._sync_forecast(bound)
         if not self._replayable:
             self._lost = LoopError(
                 f"a run of compiled loop `{self.owner_name}` failed, and its readers' operators "

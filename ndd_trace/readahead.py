@@ -40,16 +40,13 @@ from . import _dali
 from .ir import Graph, Node, NodeKind, Ref
 from .loop import LoopError, LoopExecutable
 from .lower import lower
+from .runahead import (KEEP_BATCHES, READ_AHEAD, RUN_AHEAD, StateForecast, fed_as_eager,
+                       gave_up)
 from .runtime import Executable, Options, _PendingRun
 from .trace import add_reader_node
 
-READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
-RUN_AHEAD = 2  # region runs kept launched ahead (the region pipelines' queue depth)
 # a worker thread reads ahead (NDD_TRACE_READER_THREAD=0: the script's thread does, when it takes)
 READ_THREAD = os.environ.get("NDD_TRACE_READER_THREAD", "1") != "0"
-KEEP_BATCHES = READ_AHEAD + RUN_AHEAD + 2  # batches per reader still recognised as its own
-MAX_MISSES = 3  # a region is no longer run ahead once it missed this often, and more than
-# twice as often as it hit
 
 
 class ReaderStream:
@@ -315,7 +312,7 @@ class Speculator:
         self._draws: collections.OrderedDict[int, tuple[Any, Any, tuple[int, int]]] = \
             collections.OrderedDict()
         self._patterns: dict[tuple, _Pattern] = {}
-        self._clones: dict[int, list] = {}  # id(rng) -> [clone, its draws, weakref(rng), version]
+        self._forecast = StateForecast()
         self._recent: dict[weakref.ref, collections.deque] = {}  # stream -> (count, batch ids)
         self.active = False
 
@@ -345,8 +342,7 @@ class Speculator:
             if pattern.previous is None or all(
                 leaf.stream() is not None  # type: ignore[misc]
                 for leaf in pattern.previous.leaves if leaf.kind == "reader")}
-        self._clones = {key: entry for key, entry in self._clones.items()
-                        if entry[2]() is not None}
+        self._forecast.forget_dropped()
 
     def is_reader_batch(self, value: Any) -> bool:
         entry = self._batches.get(id(value))
@@ -427,7 +423,8 @@ class Speculator:
         if launch is None:
             return None
         if (executable is None or launch.run._executable is executable) and \
-                all(_same(leaf, fed) for leaf, fed in zip(observation.leaves, launch.fed)):
+                all(fed_as_eager(leaf.kind, leaf.value, fed)
+                    for leaf, fed in zip(observation.leaves, launch.fed)):
             try:
                 outputs = launch.run.result()
             except Exception:  # the region runs as usual, and reports a real error itself
@@ -462,8 +459,7 @@ class Speculator:
             pattern.strides = None
             pattern.confirmed = False
             pattern.launched.clear()
-        if not pattern.confirmed or (pattern.misses >= MAX_MISSES and
-                                     pattern.misses > 2 * pattern.hits):
+        if not pattern.confirmed or gave_up(pattern.hits, pattern.misses):
             return
         for count in range(observation.count + 1, observation.count + 1 + RUN_AHEAD):
             if count in pattern.launched:
@@ -491,7 +487,7 @@ class Speculator:
                 value = batches[leaf.index]
                 data.append(_dali.storage_of(value))
             elif leaf.kind == "state":
-                value = self._state_at(leaf.rng, leaf.position[0] + steps * stride,
+                value = self._forecast.state_at(leaf.rng, leaf.position[0] + steps * stride,
                                        leaf.position[1])
                 if value is None:
                     return None
@@ -502,31 +498,6 @@ class Speculator:
             fed.append(value)
         run = executable.launch(data, batch_size)
         return _Launch(count, run, fed) if run is not None else None
-
-    def _state_at(self, rng: Any, draws: int, version: int) -> Any:
-        """The state a random op will draw from `rng` once it has made `draws` draws (None if
-        the generator was reseeded or is already past that point). One clone per generator
-        draws ahead, re-cloned when it would have to go back or the generator was reseeded."""
-        now, now_version = _dali.rng_position(rng)
-        if now_version != version or now > draws:
-            return None
-        entry = self._clones.get(id(rng))
-        if entry is None or entry[2]() is not rng or entry[1] > draws or entry[3] != version:
-            entry = self._clones[id(rng)] = [_dali.rng_clone(rng), now, weakref.ref(rng),
-                                             version]
-        clone, position = entry[0], entry[1]
-        if draws > position:
-            _dali.rng_advance(clone, draws - position)
-        entry[1] = draws + _dali.STATE_WORDS
-        return _dali.draw_state(clone)
-
-
-def _same(leaf: _Leaf, fed: Any) -> bool:
-    if leaf.kind == "reader":
-        return leaf.value is fed
-    if leaf.kind == "state":
-        return leaf.value.shape == fed.shape and bool((leaf.value == fed).all())
-    return _dali.same_data(leaf.value, fed)
 
 
 # ---------------------------------------------------------------------------------------------

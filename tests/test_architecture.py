@@ -15,6 +15,7 @@ LAYERS = [
     {"trace", "passes", "guards", "interpret", "stepcheck"},
     {"lower"},
     {"runtime"},
+    {"runahead"},
     {"loop"},
     {"readahead"},
     {"lazy"},

@@ -1,0 +1,108 @@
+"""The one set of rules by which ndd_trace runs DALI work ahead of the Python that asks for it.
+
+    forecast = StateForecast()
+    draws, version = _dali.rng_position(rng)              # where the generator is now
+    words = forecast.state_at(rng, draws + 7, version)    # what the op after next will draw
+    ...                                                   # launch a run fed `words`
+    if fed_as_eager("state", words, words_drawn_by_the_call):
+        use the launched run                              # else: drop it, run as usual
+
+Three ways of using ndd_trace run work ahead, with one engine:
+
+- compiled generators (loop.py): the readers sit inside the generator's pipeline, whose prefetch
+  queue keeps `prefetch_queue_depth` steps scheduled, into the next epoch too;
+- compiled functions called from an eager reader loop, and transparent mode's regions, including
+  the checked mode of compiled generators (readahead.py): each reader streams from a pipeline of
+  its own, `READ_AHEAD` batches deep, and a `Speculator` launches `RUN_AHEAD` runs on them.
+
+The rules they share:
+
+1. **What is read ahead**: reader batches only, from the very operator instance eager ndd would
+   run (the same samples in the same order, epoch lengths, shards and breaks as eager). Items of
+   an `ndd.ExternalSource` are pulled ahead only by compiled generators (eager pulls every one of
+   them in the same order), and re-fed after a failed run.
+2. **How random states are predicted**: never by drawing from the caller's generator, which
+   moves only when eager would have drawn, but from a clone of it at the position eager will have
+   reached (`StateForecast.state_at`); a reseed (a new version) or a draw the forecast did not
+   foresee makes the prediction void.
+3. **When a launched run is used**: only if what it was fed is what eager feeds at that step: the
+   same reader batch, bit-equal random states, equal constants (`fed_as_eager`). A compiled
+   generator, whose loop body stepcheck.py proved step-invariant, checks the states by the
+   generator's position, which is the same test at no cost per state. A run that fails the test
+   is dropped and the step runs as usual; a compiled generator, which owns its readers and cannot
+   drop a batch, recomputes such steps from their reader batches instead.
+4. **When running ahead stops**: a pattern of runs that missed `MAX_MISSES` times and more than
+   twice as often as it hit is no longer launched ahead; a dropped reader's batches, patterns and
+   clones are forgotten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any
+
+from . import _dali
+
+READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
+RUN_AHEAD = 2  # region or call runs kept launched ahead (the region pipelines' queue depth)
+KEEP_BATCHES = READ_AHEAD + RUN_AHEAD + 2  # batches per reader still recognised as its own
+MAX_MISSES = 3  # a pattern is no longer run ahead once it missed this often, and more than
+# twice as often as it hit
+
+
+@dataclasses.dataclass
+class _Clone:
+    """A clone of one generator, drawing ahead of it."""
+
+    clone: Any
+    draws: int  # the position (in words) the clone's next draw comes from
+    owner: weakref.ref
+    version: int
+
+
+class StateForecast:
+    """Random states a generator will give, drawn ahead of it from one clone per generator."""
+
+    def __init__(self) -> None:
+        self._clones: dict[int, _Clone] = {}
+
+    def state_at(self, rng: Any, draws: int, version: int) -> Any:
+        """The state a random op will draw from `rng` once the generator has given `draws`
+        words, in its `version` (None if it was reseeded since, or is already past that point).
+        The clone is made anew when it would have to go back, or the generator was reseeded."""
+        now, now_version = _dali.rng_position(rng)
+        if now_version != version or now > draws:
+            return None
+        entry = self._clones.get(id(rng))
+        if entry is None or entry.owner() is not rng or entry.draws > draws or \
+                entry.version != version:
+            entry = self._clones[id(rng)] = _Clone(_dali.rng_clone(rng), now, weakref.ref(rng),
+                                                   version)
+        if draws > entry.draws:
+            _dali.rng_advance(entry.clone, draws - entry.draws)
+        entry.draws = draws + _dali.STATE_WORDS
+        return _dali.draw_state(entry.clone)
+
+    def forget_dropped(self) -> None:
+        """Drop the clones of generators nobody holds any more."""
+        self._clones = {key: entry for key, entry in self._clones.items()
+                        if entry.owner() is not None}
+
+    def clear(self) -> None:
+        self._clones.clear()
+
+
+def fed_as_eager(kind: str, predicted: Any, fed: Any) -> bool:
+    """Whether a run launched with `predicted` for one of its leaves was fed what the eager
+    call feeds (`fed`): the same reader batch object, bit-equal state words, equal data."""
+    if kind == "reader":
+        return predicted is fed
+    if kind == "state":
+        return predicted.shape == fed.shape and bool((predicted == fed).all())
+    return _dali.same_data(predicted, fed)
+
+
+def gave_up(hits: int, misses: int) -> bool:
+    """Rule 4: a pattern that keeps missing is no longer run ahead."""
+    return misses >= MAX_MISSES and misses > 2 * hits
