@@ -11,6 +11,9 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
 - ``ndd_trace``: the workload function decorated with ``ndd.compile`` (after ``import ndd_trace``),
   called once per batch with the same inputs as ``eager``.
 - ``ndd_trace_loop``: a compiled generator over the reader (``decode_rrc_cmn`` only).
+- ``ndd_trace_checked``: the same compiled generator with per-step Python in its loop body (an
+  ``enumerate`` step counter and a side effect), which ndd_trace cannot prove step-invariant, so
+  it runs in checked mode (each step's Python as written, its ndd calls run ahead and checked).
 - ``transparent``: the ``eager`` code unmodified, under ``ndd_trace.enable()`` (what
   ``python -m ndd_trace`` does to a script): the reader reads ahead, regions run ahead.
 - ``dataloader``: a torchvision ``DataLoader`` doing the same work (``decode_rrc_cmn``).
@@ -72,8 +75,8 @@ if str(BENCHMARK_DIR) not in sys.path:
 
 from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
-MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "transparent", "pipeline_percall",
-         "pipeline", "dataloader")
+MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "ndd_trace_checked", "transparent",
+         "pipeline_percall", "pipeline", "dataloader")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -154,6 +157,14 @@ def decode_rrc_cmn_loop(reader, batch_size, device):
     """One epoch of the decode workload as a generator: compiled, its pipeline owns the reader."""
     for jpegs, _labels in reader.next_epoch(batch_size=batch_size):
         images = ndd.decoders.image(jpegs, device=device)
+        yield _random_resized_crop_mirror_normalize(images)
+
+
+def decode_rrc_cmn_loop_counted(reader, batch_size, device, seen):
+    """The same epoch with per-step Python (a step counter kept in `seen`): checked mode."""
+    for step, (jpegs, _labels) in enumerate(reader.next_epoch(batch_size=batch_size)):
+        images = ndd.decoders.image(jpegs, device=device)
+        seen["steps"] = step + 1
         yield _random_resized_crop_mirror_normalize(images)
 
 
@@ -337,14 +348,25 @@ def dynamic_mode_steps(workload, options, data, mode, notes: dict) -> Iterator:
             close()
 
 
-def compiled_loop_steps(workload, options, data) -> Iterator:
-    """Yield once per batch of a compiled generator that owns the reader (ndd_trace_loop)."""
+def compiled_loop_steps(workload, options, data, checked: bool = False) -> Iterator:
+    """Yield once per batch of a compiled generator over the reader (ndd_trace_loop; with
+    `checked`, the body with per-step Python: ndd_trace_checked)."""
     if workload != "decode_rrc_cmn":
-        raise NotImplementedError("ndd_trace_loop needs a reader loop (decode_rrc_cmn only)")
-    loop = ndd.compile(decode_rrc_cmn_loop)
+        raise NotImplementedError("compiled loops need a reader loop (decode_rrc_cmn only)")
     reader = ndd.readers.File(
         file_root=str(data), random_shuffle=True, seed=options.seed, pad_last_batch=True
     )
+    if checked:
+        import warnings
+
+        warnings.simplefilter("ignore")  # the checked-mode warning, once per process
+        counted = ndd.compile(decode_rrc_cmn_loop_counted)
+        seen = {"steps": 0}
+
+        def loop(reader, batch_size, device):
+            return counted(reader, batch_size, device, seen)
+    else:
+        loop = ndd.compile(decode_rrc_cmn_loop)
     synchronize = options.device == "gpu"
     while True:
         for outputs in loop(reader, options.batch_size, options.device):
@@ -442,7 +464,7 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     if options.device == "gpu":
         require_gpu()
 
-    if mode in ("ndd_trace", "ndd_trace_loop", "transparent"):
+    if mode in ("ndd_trace", "ndd_trace_loop", "ndd_trace_checked", "transparent"):
         if str(REPO_ROOT) not in sys.path:
             sys.path.append(str(REPO_ROOT))  # a checkout without `pip install -e .`
         try:
@@ -480,12 +502,12 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
             result.error = "n/a: the DataLoader comparison is for decode_rrc_cmn"
             return result
         steps = dataloader_steps(workload, options, data)
-    elif mode == "ndd_trace_loop":
+    elif mode in ("ndd_trace_loop", "ndd_trace_checked"):
         if workload != "decode_rrc_cmn":
             result.status = "unavailable"
             result.error = "n/a: a compiled loop needs a reader (decode_rrc_cmn only)"
             return result
-        steps = compiled_loop_steps(workload, options, data)
+        steps = compiled_loop_steps(workload, options, data, mode == "ndd_trace_checked")
     elif mode == "transparent":  # the eager code, unmodified, under ndd_trace.enable()
         ndd_trace.enable()
         steps = dynamic_mode_steps(workload, options, data, "eager", notes)

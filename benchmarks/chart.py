@@ -5,23 +5,26 @@
 
 One group of bars per (workload, batch size, device, training step) found in the files, one
 bar per mode, height = steps/s divided by the `pipeline` mode's steps/s of the same group (1.0
-is the hand-written, prefetching `@pipeline_def`). Needs matplotlib (`pip install .[bench]`).
+is the hand-written, prefetching `@pipeline_def`). A mode measured in several files (rounds of
+the same benchmark) counts with the median of its rates. Needs matplotlib (`pip install .[bench]`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
-MODE_ORDER = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "transparent",
-              "pipeline_percall", "pipeline", "dataloader")
+MODE_ORDER = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "ndd_trace_checked",
+              "transparent", "pipeline_percall", "pipeline", "dataloader")
 LABELS = {
     "eager": "eager ndd",
     "capture": "DALI capture mode",
     "ndd_trace": "@ndd.compile step (per call)",
     "ndd_trace_loop": "compiled generator",
+    "ndd_trace_checked": "compiled generator, checked mode",
     "transparent": "transparent mode",
     "pipeline_percall": "hand-built per-call pipeline",
     "pipeline": "@pipeline_def",
@@ -31,7 +34,7 @@ LABELS = {
 
 def load_groups(paths: list[str]) -> dict[str, dict[str, float]]:
     """{group label: {mode: ratio to pipeline}} from bench_ops JSON files."""
-    groups: dict[str, dict[str, float]] = {}
+    groups: dict[str, dict[str, list[float]]] = {}
     for path in paths:
         report = json.loads(Path(path).read_text())
         train_ms = report.get("config", {}).get("train_ms", 0) or 0
@@ -40,9 +43,11 @@ def load_groups(paths: list[str]) -> dict[str, dict[str, float]]:
                 continue
             label = (f"{result['workload']}\nbatch {result['batch_size']}, {result['device']}"
                      + (f", {train_ms:g} ms step" if train_ms else ""))
-            groups.setdefault(label, {})[result["mode"]] = result["steps_per_s"]
+            groups.setdefault(label, {}).setdefault(result["mode"], []).append(
+                result["steps_per_s"])
     ratios = {}
-    for label, rates in groups.items():
+    for label, runs in groups.items():
+        rates = {mode: statistics.median(values) for mode, values in runs.items()}
         base = rates.get("pipeline")
         if base:
             ratios[label] = {mode: rate / base for mode, rate in rates.items()}

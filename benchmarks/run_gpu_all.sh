@@ -2,14 +2,16 @@
 # Every benchmark mode side by side on the GPU, each in a fresh process (~5-8 minutes on an
 # H200): small_ops (batch 8; the hand-built per-call pipeline included), the decode workload
 # (batch 16; the compiled step in an eager reader loop = `ndd_trace`), and the "train" decode
-# workload (batch 256, 16 threads, 4096 JPEGs). Writes JSON per workload under $OUT, prints
-# each table and then the ratios to the hand-written pipeline for all of them. Make the chart
-# elsewhere (matplotlib): python benchmarks/chart.py $OUT/bench_*.json
+# workload (batch 256, 16 threads, 4096 JPEGs; ROUNDS rounds, 3 by default, the table takes
+# each mode's median). Writes JSON per workload (and round) under $OUT, prints each table and
+# then the ratios to the hand-written pipeline for all of them. Make the chart elsewhere
+# (matplotlib): python benchmarks/chart.py $OUT/bench_*.json
 #
 #     OUT=/tmp/out bash benchmarks/run_gpu_all.sh   # STEPS=300 by default; BENCH_ONLY=1: no tests
 set -u
 OUT=${OUT:-/tmp/ndd_trace_gpu_out}
 STEPS=${STEPS:-300}
+ROUNDS=${ROUNDS:-3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
@@ -22,13 +24,16 @@ python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps "$STE
     --threads 4 --modes eager,capture,ndd_trace,transparent,pipeline_percall,pipeline \
     --json "$OUT/bench_small_ops.json" 2>&1 | tail -10 | tee "$OUT/bench_small_ops.log"
 python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps "$STEPS" \
-    --warmup 30 --threads 4 --modes eager,capture,ndd_trace,ndd_trace_loop,transparent,pipeline \
+    --warmup 30 --threads 4 \
+    --modes eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,transparent,pipeline \
     --json "$OUT/bench_decode.json" 2>&1 | tail -10 | tee "$OUT/bench_decode.log"
-python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 100 \
-    --warmup 40 --threads 16 --batch-size 256 --images 4096 \
-    --modes eager,capture,ndd_trace,ndd_trace_loop,transparent,pipeline \
-    --json "$OUT/bench_train.json" 2>&1 | tail -10 | tee "$OUT/bench_train.log"
+for round in $(seq 1 "$ROUNDS"); do
+    python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 100 \
+        --warmup 40 --threads 16 --batch-size 256 --images 4096 \
+        --modes eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,transparent,pipeline \
+        --json "$OUT/bench_train_r$round.json" 2>&1 | tail -11 | tee "$OUT/bench_train_r$round.log"
+done
 echo
 echo "ratios to the hand-written pipeline (steps/s):"
 python3 benchmarks/chart.py --table "$OUT"/bench_small_ops.json "$OUT"/bench_decode.json \
-    "$OUT"/bench_train.json 2>&1 | tee "$OUT/ratios.md"
+    "$OUT"/bench_train_r*.json 2>&1 | tee "$OUT/ratios.md"
