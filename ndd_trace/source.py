@@ -48,16 +48,24 @@ class SourceLoc:
 
 
 _internal_cache: tuple[str, ...] | None = None
+# filename -> internal or not, once DALI and makefun are imported (every recorded call walks
+# the stack through the same few files)
+_internal_files: dict[str, bool] = {}
 
 
 def is_internal_file(filename: str) -> bool:
     """True for files of ndd_trace, DALI and makefun, and for generated code."""
     global _internal_cache
+    known = _internal_files.get(filename)
+    if known is not None:
+        return known
     if _internal_cache is None or len(_internal_cache) < 3:
         _internal_cache = _internal_dirs()
-    if filename.startswith("<makefun") or filename.startswith("<ndd_trace"):
-        return True
-    return filename.startswith(_internal_cache)
+    internal = filename.startswith(("<makefun", "<ndd_trace")) or \
+        filename.startswith(_internal_cache)
+    if len(_internal_cache) >= 3 and len(_internal_files) < 4096:
+        _internal_files[filename] = internal
+    return internal
 
 
 def user_frame(start: types.FrameType | None = None) -> types.FrameType | None:
