@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "tests"))
 
 from fuzzing import Program, check_program  # noqa: E402
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+
+from _examples import run_examples  # noqa: E402
 
 
 def main() -> None:
@@ -37,11 +37,7 @@ def main() -> None:
     mismatches: list[str] = []
     start = time.perf_counter()
 
-    @seed(args.seed)
-    @settings(max_examples=args.programs, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def run(data):
+    def one(data):
         program = Program.draw(data, max_steps=args.max_steps)
         for name, _, _ in program.steps:
             ops[re.sub(r"\d+(\.\d+)?", "k", name.split("(")[0])] += 1
@@ -51,7 +47,7 @@ def main() -> None:
             outcomes["mismatch"] += 1
             mismatches.append(str(error))
 
-    run()
+    run_examples(one, args.programs, args.seed)
     elapsed = time.perf_counter() - start
     total = sum(outcomes.values())
     mode = "transparent mode" if args.transparent else "@ndd.compile"

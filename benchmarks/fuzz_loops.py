@@ -19,11 +19,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 from loopfuzz import LoopProgram, check_loop_program  # noqa: E402
 
 from benchmarks._data import make_jpeg_dir  # noqa: E402
+from benchmarks._examples import run_examples  # noqa: E402
 
 
 def main() -> None:
@@ -37,18 +36,14 @@ def main() -> None:
     mismatches: list[str] = []
     start = time.perf_counter()
 
-    @seed(args.seed)
-    @settings(max_examples=args.programs, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def run(data):
+    def one(data):
         program = LoopProgram.draw(data)
         try:
             paths[check_loop_program(program, jpeg_dir, folder)] += 1
         except AssertionError as error:
             mismatches.append(f"{program.source}\n{str(error)[:400]}")
 
-    run()
+    run_examples(one, args.programs, args.seed)
     print(f"programs: {sum(paths.values()) + len(mismatches)} in "
           f"{time.perf_counter() - start:.0f} s; paths: {dict(paths)}; "
           f"mismatches: {len(mismatches)}")
