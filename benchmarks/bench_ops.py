@@ -49,6 +49,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import os
@@ -313,23 +314,40 @@ def captured_operator_names(source) -> list[str] | None:
         return None
 
 
-def dynamic_mode_steps(workload, options, data, mode, notes: dict) -> Iterator:
-    """Yield once per consumed batch in the `eager`, `capture` or `ndd_trace` mode."""
+def dynamic_mode_steps(workload, options, data, mode, notes: dict, times: dict) -> Iterator:
+    """Yield once per consumed batch in the `eager`, `capture` or `ndd_trace` mode; add the
+    seconds spent getting the input batch (`source`: the ExternalSource call or the reader /
+    capture-mode iterator step), calling the workload function (`call`) and consuming its
+    result (`consume`: evaluate, and synchronize on the GPU) to `times`."""
     function = workload_function(workload, options.device)
     if mode == "ndd_trace":
         function = ndd.compile(function)
     inputs, source = dynamic_inputs(workload, options, mode == "capture", data)
     synchronize = options.device == "gpu"
+    clock = time.perf_counter
     try:
-        for step_index, batch in enumerate(inputs):
+        step_index = 0
+        while True:
+            started = clock()
+            try:
+                batch = next(inputs)
+            except StopIteration:
+                return
+            called = clock()
             outputs = function(batch)
+            consumed = clock()
             outputs.evaluate()
             if synchronize:
                 ndd.get_current_stream().synchronize()
+            done = clock()
+            times["source"] += called - started
+            times["call"] += consumed - called
+            times["consume"] += done - consumed
             if mode == "capture" and step_index == 2:  # tracing done, pipeline built
                 names = captured_operator_names(source)
                 if names is not None:
                     notes["captured_ops"] = names
+            step_index += 1
             yield
     finally:
         close = getattr(inputs, "close", None)
@@ -395,16 +413,22 @@ def pipeline_mode_steps(workload, options, data) -> Iterator:
         yield
 
 
-def pipeline_percall_steps(workload, options, data) -> Iterator:
+def pipeline_percall_steps(workload, options, data, times: dict) -> Iterator:
     """Yield once per batch of the hand-built per-call pipeline: `feed_input` + `run` per step
-    (what a per-call compiled function does at best)."""
+    (what a per-call compiled function does at best); add the seconds spent in `feed_input`
+    (`feed`) and `run` (`run`) to `times`."""
     from nvidia.dali.tensors import TensorListCPU
 
     pipe = build_pipeline(workload, options, data, percall=True)
     batches = [TensorListCPU(np.stack(batch), "HWC") for batch in data]
+    clock = time.perf_counter
     for batch in itertools.cycle(batches):
+        started = clock()
         pipe.feed_input("images", batch)
+        fed = clock()
         pipe.run()  # outputs are synchronized with the host
+        times["feed"] += fed - started
+        times["run"] += clock() - fed
         yield
 
 
@@ -460,12 +484,13 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     ndd.random.set_seed(options.seed)
 
     notes: dict = {}
+    times: dict = collections.defaultdict(float)
     if mode == "pipeline_percall":
         if workload != "small_ops":
             result.status = "unavailable"
             result.error = "n/a: the per-call hand-built pipeline is for small_ops"
             return result
-        steps = pipeline_percall_steps(workload, options, data)
+        steps = pipeline_percall_steps(workload, options, data, times)
     elif mode == "pipeline":
         steps = pipeline_mode_steps(workload, options, data)
     elif mode == "dataloader":
@@ -488,20 +513,26 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         steps = compiled_loop_steps(workload, options, data)
     elif mode == "transparent":  # the eager code, unmodified, under ndd_trace.enable()
         ndd_trace.enable()
-        steps = dynamic_mode_steps(workload, options, data, "eager", notes)
+        steps = dynamic_mode_steps(workload, options, data, "eager", notes, times)
     else:
-        steps = dynamic_mode_steps(workload, options, data, mode, notes)
+        steps = dynamic_mode_steps(workload, options, data, mode, notes, times)
     before: dict = {}
-    on_timed_start = None
-    if mode == "transparent":
-        def on_timed_start():
+
+    def on_timed_start():
+        times.update(dict.fromkeys(times, 0.0))
+        if mode == "transparent":
             before.update(ndd_trace.lazy.step_breakdown())
+
     timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0,
                      on_timed_start)
-    if mode == "transparent":  # where a step's time goes (ms per timed step)
+    # where a step's time goes (ms per timed step): the loop's own split (source, call, consume;
+    # feed, run for the hand-built per-call pipeline), then transparent mode's stages
+    breakdown = {stage: seconds * 1000 / options.steps for stage, seconds in times.items()}
+    if mode == "transparent":
         after = ndd_trace.lazy.step_breakdown()
-        breakdown = {stage: (after[stage] - before.get(stage, 0.0)) * 1000 / options.steps
-                     for stage in after}
+        breakdown.update({stage: (after[stage] - before.get(stage, 0.0)) * 1000 / options.steps
+                          for stage in after})
+    if breakdown:
         breakdown["step"] = 1000 / timing["steps_per_s"]
         result.extra["breakdown_ms"] = breakdown
         notes["breakdown"] = ", ".join(f"{stage} {ms:.2f}" for stage, ms in breakdown.items())
@@ -515,7 +546,8 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         result.notes = f"ms/step: {notes['breakdown']}"
     if "captured_ops" in notes:
         names = notes["captured_ops"]
-        result.notes = f"captured {len(names)} ops: {', '.join(names)}"
+        captured = f"captured {len(names)} ops: {', '.join(names)}"
+        result.notes = f"{result.notes}; {captured}" if result.notes else captured
         result.extra["captured_ops"] = names
     return result
 
