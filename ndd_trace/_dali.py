@@ -350,6 +350,12 @@ def meta_of(value: Any) -> TensorMeta:
                       value.layout or None)
 
 
+def data_signature(value: Any) -> tuple:
+    """What `meta_of` reads from a concrete Batch or Tensor, unconverted: equal signatures give
+    equal metadata (a cheap check of a call's data against the last call's)."""
+    return value.device.device_type, value.dtype, value.ndim, value.layout
+
+
 def _fake_node(name: str, meta: TensorMeta, device: str) -> DataNode:
     return DataNode(name=name, device=device, source=None,
                     ndim=meta.ndim if meta.ndim is not None else None,
