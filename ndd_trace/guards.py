@@ -2,6 +2,8 @@
 
     key = build_key(args, kwargs, plan)        # a tuple of (label, frozen value) pairs
     explain_miss(new_key, old_key)             # "argument `size`: 224 -> 256"
+    fast = FastGuard.of(args, plan, entry)     # the last call's key, checked without building
+    fast.matches(args)                         # it: identities and data descriptions
 
 Batches and tensors contribute their kind, device, dtype, ndim and layout (not their data or batch
 size); other arguments, module globals and closure values the function reads contribute their
