@@ -33,7 +33,13 @@ Workloads:
 Every mode reports its time to first batch (process-local: from the start of the mode's setup, i.e.
 reader, pipeline or decorator creation, to the first consumed result), then runs ``--warmup`` more
 steps that are not timed, then ``--steps`` timed steps. The parent prints a table with ratios
-against ``eager`` and ``pipeline``.
+against ``eager``, ``pipeline`` and ``pipeline_percall``, and where a step's time went (ms per
+timed step): ``source`` (the ExternalSource call or the reader / capture-mode iterator step),
+``call`` (the workload function) and ``consume`` (evaluate, and synchronize on the GPU) for the
+dynamic modes; ``feed`` and ``run`` for ``pipeline_percall``; transparent mode's own stages
+(``ndd_trace.lazy.step_breakdown()``) after them. ``call`` + ``consume`` of ``ndd_trace`` is
+what the compiled function costs, to set beside the ``step`` of ``pipeline_percall`` (which is
+fed ready-made TensorLists, with no source call).
 
 In DALI 2.4 the first dynamic-mode operator call from a module parses that module with libcst (to
 find constant arguments, in eager mode too), so the first batch of ``eager`` and ``capture``
