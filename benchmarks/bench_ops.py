@@ -10,6 +10,9 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
   ``ndd.readers.File(...).next_epoch(batch_size=N, capture=True)``.
 - ``ndd_trace``: the workload function decorated with ``ndd.compile`` (after ``import ndd_trace``),
   called once per batch with the same inputs as ``eager``.
+- ``ndd_trace_fed``: the ``ndd_trace`` function fed ready-made batches (made once, on the
+  device, before timing) instead of calling the ExternalSource per step: the compiled function's
+  own cost, fed as ``pipeline_percall`` is (``small_ops`` only).
 - ``ndd_trace_loop``: a compiled generator over the reader (``decode_rrc_cmn`` only).
 - ``transparent``: the ``eager`` code unmodified, under ``ndd_trace.enable()`` (what
   ``python -m ndd_trace`` does to a script): the reader reads ahead, regions run ahead.
@@ -79,8 +82,8 @@ if str(BENCHMARK_DIR) not in sys.path:
 
 from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
-MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "transparent", "pipeline_percall",
-         "pipeline", "dataloader")
+MODES = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "transparent",
+         "pipeline_percall", "pipeline", "dataloader")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -326,9 +329,14 @@ def dynamic_mode_steps(workload, options, data, mode, notes: dict, times: dict) 
     capture-mode iterator step), calling the workload function (`call`) and consuming its
     result (`consume`: evaluate, and synchronize on the GPU) to `times`."""
     function = workload_function(workload, options.device)
-    if mode == "ndd_trace":
+    if mode in ("ndd_trace", "ndd_trace_fed"):
         function = ndd.compile(function)
-    inputs, source = dynamic_inputs(workload, options, mode == "capture", data)
+    if mode == "ndd_trace_fed":  # batches made once, on the device, as pipeline_percall's are
+        batches = [ndd.as_batch(batch, layout="HWC", device=options.device).evaluate()
+                   for batch in data]
+        inputs, source = itertools.cycle(batches), None
+    else:
+        inputs, source = dynamic_inputs(workload, options, mode == "capture", data)
     synchronize = options.device == "gpu"
     clock = time.perf_counter
     try:
@@ -472,7 +480,7 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     if options.device == "gpu":
         require_gpu()
 
-    if mode in ("ndd_trace", "ndd_trace_loop", "transparent"):
+    if mode in ("ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "transparent"):
         if str(REPO_ROOT) not in sys.path:
             sys.path.append(str(REPO_ROOT))  # a checkout without `pip install -e .`
         try:
@@ -491,11 +499,11 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
 
     notes: dict = {}
     times: dict = collections.defaultdict(float)
+    if mode in ("pipeline_percall", "ndd_trace_fed") and workload != "small_ops":
+        result.status = "unavailable"
+        result.error = f"n/a: {mode} is for small_ops"
+        return result
     if mode == "pipeline_percall":
-        if workload != "small_ops":
-            result.status = "unavailable"
-            result.error = "n/a: the per-call hand-built pipeline is for small_ops"
-            return result
         steps = pipeline_percall_steps(workload, options, data, times)
     elif mode == "pipeline":
         steps = pipeline_mode_steps(workload, options, data)
