@@ -10,6 +10,9 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
   ``ndd.readers.File(...).next_epoch(batch_size=N, capture=True)``.
 - ``ndd_trace``: the workload function decorated with ``ndd.compile`` (after ``import ndd_trace``),
   called once per batch with the same inputs as ``eager``.
+- ``ndd_trace_fed``: the ``ndd_trace`` function fed ready-made batches (made once, on the
+  device, before timing) instead of calling the ExternalSource per step: the compiled function's
+  own cost, fed as ``pipeline_percall`` is (``small_ops`` only).
 - ``ndd_trace_loop``: a compiled generator over the reader (``decode_rrc_cmn`` only).
 - ``ndd_trace_checked``: the same compiled generator with per-step Python in its loop body (an
   ``enumerate`` step counter and a side effect), which ndd_trace cannot prove step-invariant, so
@@ -36,7 +39,13 @@ Workloads:
 Every mode reports its time to first batch (process-local: from the start of the mode's setup, i.e.
 reader, pipeline or decorator creation, to the first consumed result), then runs ``--warmup`` more
 steps that are not timed, then ``--steps`` timed steps. The parent prints a table with ratios
-against ``eager`` and ``pipeline``.
+against ``eager``, ``pipeline`` and ``pipeline_percall``, and where a step's time went (ms per
+timed step): ``source`` (the ExternalSource call or the reader / capture-mode iterator step),
+``call`` (the workload function) and ``consume`` (evaluate, and synchronize on the GPU) for the
+dynamic modes; ``feed`` and ``run`` for ``pipeline_percall``; transparent mode's own stages
+(``ndd_trace.lazy.step_breakdown()``) after them. ``call`` + ``consume`` of ``ndd_trace`` is
+what the compiled function costs, to set beside the ``step`` of ``pipeline_percall`` (which is
+fed ready-made TensorLists, with no source call).
 
 In DALI 2.4 the first dynamic-mode operator call from a module parses that module with libcst (to
 find constant arguments, in eager mode too), so the first batch of ``eager`` and ``capture``
@@ -52,6 +61,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import os
@@ -75,8 +85,8 @@ if str(BENCHMARK_DIR) not in sys.path:
 
 from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
-MODES = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "ndd_trace_checked", "transparent",
-         "pipeline_percall", "pipeline", "dataloader")
+MODES = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "ndd_trace_checked",
+         "transparent", "pipeline_percall", "pipeline", "dataloader")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -324,23 +334,45 @@ def captured_operator_names(source) -> list[str] | None:
         return None
 
 
-def dynamic_mode_steps(workload, options, data, mode, notes: dict) -> Iterator:
-    """Yield once per consumed batch in the `eager`, `capture` or `ndd_trace` mode."""
+def dynamic_mode_steps(workload, options, data, mode, notes: dict, times: dict) -> Iterator:
+    """Yield once per consumed batch in the `eager`, `capture` or `ndd_trace` mode; add the
+    seconds spent getting the input batch (`source`: the ExternalSource call or the reader /
+    capture-mode iterator step), calling the workload function (`call`) and consuming its
+    result (`consume`: evaluate, and synchronize on the GPU) to `times`."""
     function = workload_function(workload, options.device)
-    if mode == "ndd_trace":
+    if mode in ("ndd_trace", "ndd_trace_fed"):
         function = ndd.compile(function)
-    inputs, source = dynamic_inputs(workload, options, mode == "capture", data)
+    if mode == "ndd_trace_fed":  # batches made once, on the device, as pipeline_percall's are
+        batches = [ndd.as_batch(batch, layout="HWC", device=options.device).evaluate()
+                   for batch in data]
+        inputs, source = itertools.cycle(batches), None
+    else:
+        inputs, source = dynamic_inputs(workload, options, mode == "capture", data)
     synchronize = options.device == "gpu"
+    clock = time.perf_counter
     try:
-        for step_index, batch in enumerate(inputs):
+        step_index = 0
+        while True:
+            started = clock()
+            try:
+                batch = next(inputs)
+            except StopIteration:
+                return
+            called = clock()
             outputs = function(batch)
+            consumed = clock()
             outputs.evaluate()
             if synchronize:
                 ndd.get_current_stream().synchronize()
+            done = clock()
+            times["source"] += called - started
+            times["call"] += consumed - called
+            times["consume"] += done - consumed
             if mode == "capture" and step_index == 2:  # tracing done, pipeline built
                 names = captured_operator_names(source)
                 if names is not None:
                     notes["captured_ops"] = names
+            step_index += 1
             yield
     finally:
         close = getattr(inputs, "close", None)
@@ -417,16 +449,22 @@ def pipeline_mode_steps(workload, options, data) -> Iterator:
         yield
 
 
-def pipeline_percall_steps(workload, options, data) -> Iterator:
+def pipeline_percall_steps(workload, options, data, times: dict) -> Iterator:
     """Yield once per batch of the hand-built per-call pipeline: `feed_input` + `run` per step
-    (what a per-call compiled function does at best)."""
+    (what a per-call compiled function does at best); add the seconds spent in `feed_input`
+    (`feed`) and `run` (`run`) to `times`."""
     from nvidia.dali.tensors import TensorListCPU
 
     pipe = build_pipeline(workload, options, data, percall=True)
     batches = [TensorListCPU(np.stack(batch), "HWC") for batch in data]
+    clock = time.perf_counter
     for batch in itertools.cycle(batches):
+        started = clock()
         pipe.feed_input("images", batch)
+        fed = clock()
         pipe.run()  # outputs are synchronized with the host
+        times["feed"] += fed - started
+        times["run"] += clock() - fed
         yield
 
 
@@ -464,7 +502,8 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     if options.device == "gpu":
         require_gpu()
 
-    if mode in ("ndd_trace", "ndd_trace_loop", "ndd_trace_checked", "transparent"):
+    if mode in ("ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "ndd_trace_checked",
+                "transparent"):
         if str(REPO_ROOT) not in sys.path:
             sys.path.append(str(REPO_ROOT))  # a checkout without `pip install -e .`
         try:
@@ -482,12 +521,13 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     ndd.random.set_seed(options.seed)
 
     notes: dict = {}
+    times: dict = collections.defaultdict(float)
+    if mode in ("pipeline_percall", "ndd_trace_fed") and workload != "small_ops":
+        result.status = "unavailable"
+        result.error = f"n/a: {mode} is for small_ops"
+        return result
     if mode == "pipeline_percall":
-        if workload != "small_ops":
-            result.status = "unavailable"
-            result.error = "n/a: the per-call hand-built pipeline is for small_ops"
-            return result
-        steps = pipeline_percall_steps(workload, options, data)
+        steps = pipeline_percall_steps(workload, options, data, times)
     elif mode == "pipeline":
         steps = pipeline_mode_steps(workload, options, data)
     elif mode == "dataloader":
@@ -510,20 +550,26 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         steps = compiled_loop_steps(workload, options, data, mode == "ndd_trace_checked")
     elif mode == "transparent":  # the eager code, unmodified, under ndd_trace.enable()
         ndd_trace.enable()
-        steps = dynamic_mode_steps(workload, options, data, "eager", notes)
+        steps = dynamic_mode_steps(workload, options, data, "eager", notes, times)
     else:
-        steps = dynamic_mode_steps(workload, options, data, mode, notes)
+        steps = dynamic_mode_steps(workload, options, data, mode, notes, times)
     before: dict = {}
-    on_timed_start = None
-    if mode == "transparent":
-        def on_timed_start():
+
+    def on_timed_start():
+        times.update(dict.fromkeys(times, 0.0))
+        if mode == "transparent":
             before.update(ndd_trace.lazy.step_breakdown())
+
     timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0,
                      on_timed_start)
-    if mode == "transparent":  # where a step's time goes (ms per timed step)
+    # where a step's time goes (ms per timed step): the loop's own split (source, call, consume;
+    # feed, run for the hand-built per-call pipeline), then transparent mode's stages
+    breakdown = {stage: seconds * 1000 / options.steps for stage, seconds in times.items()}
+    if mode == "transparent":
         after = ndd_trace.lazy.step_breakdown()
-        breakdown = {stage: (after[stage] - before.get(stage, 0.0)) * 1000 / options.steps
-                     for stage in after}
+        breakdown.update({stage: (after[stage] - before.get(stage, 0.0)) * 1000 / options.steps
+                          for stage in after})
+    if breakdown:
         breakdown["step"] = 1000 / timing["steps_per_s"]
         result.extra["breakdown_ms"] = breakdown
         notes["breakdown"] = ", ".join(f"{stage} {ms:.2f}" for stage, ms in breakdown.items())
@@ -537,7 +583,8 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         result.notes = f"ms/step: {notes['breakdown']}"
     if "captured_ops" in notes:
         names = notes["captured_ops"]
-        result.notes = f"captured {len(names)} ops: {', '.join(names)}"
+        captured = f"captured {len(names)} ops: {', '.join(names)}"
+        result.notes = f"{result.notes}; {captured}" if result.notes else captured
         result.extra["captured_ops"] = names
     return result
 

@@ -350,6 +350,12 @@ def meta_of(value: Any) -> TensorMeta:
                       value.layout or None)
 
 
+def data_signature(value: Any) -> tuple:
+    """What `meta_of` reads from a concrete Batch or Tensor, unconverted: equal signatures give
+    equal metadata (a cheap check of a call's data against the last call's)."""
+    return value.device.device_type, value.dtype, value.ndim, value.layout
+
+
 def _fake_node(name: str, meta: TensorMeta, device: str) -> DataNode:
     return DataNode(name=name, device=device, source=None,
                     ndim=meta.ndim if meta.ndim is not None else None,
@@ -648,13 +654,14 @@ def resolve_rng(rng: Any) -> RNG:
 def draw_state(rng: RNG) -> np.ndarray:
     """Draw one op call's Philox state exactly as an eager ndd random op does (its
     `_STATE_WORDS` calls of `rng()`, done here in one go for a plain RNG)."""
-    if type(rng) is not RNG:
+    if type(rng) is not RNG or STATE_WORDS != 7:
         return np.array(ndd_random._draw_state(rng), dtype=np.uint32)
     rng._on_draw()  # what each rng() call does first: idempotent (capture mode's hook)
-    rng._flush_pending()
-    generator = rng._rng
-    words = np.array([generator.next() for _ in range(STATE_WORDS)], dtype=np.uint32)
-    rng._draws += STATE_WORDS
+    if rng._pending_draws:
+        rng._flush_pending()
+    word = rng._rng.next
+    words = np.array((word(), word(), word(), word(), word(), word(), word()), dtype=np.uint32)
+    rng._draws += 7
     return words
 
 

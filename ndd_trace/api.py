@@ -140,6 +140,7 @@ class CompiledFunction:
         self._warned: set[tuple] = set()
         self._storm_warned = False
         self._last_key: tuple | None = None
+        self._fast: guards.FastGuard | None = None  # the last entry's guard, checked first
         self.last_miss_reason: str | None = None
         self._failure_note: str | None = None
         self._trace_exception: BaseException | None = None
@@ -159,6 +160,7 @@ class CompiledFunction:
                 if entry.executable is not None:
                     entry.executable.close()
             self._entries.clear()
+            self._fast = None
             self._counters = _Counters()
 
     @property
@@ -189,12 +191,22 @@ class CompiledFunction:
         args, kwargs = self._normalize(args, kwargs)
         if self.is_generator:
             return self._epoch(args, kwargs)
-        key = self._key(args, kwargs)
-        entry, status = self._lookup(key, args, kwargs)
-        if status == "storm":
-            return self._fallback(args, kwargs)
-        if status == "failed":  # tracing raised: run eagerly, which raises the same way
-            return self._eager_after_failed_trace(key, args, kwargs)
+        fast = self._fast
+        if fast is not None and not kwargs and fast.plan is self._plan and \
+                fast.matches(args):  # the last call's entry, without building its key
+            entry = fast.entry
+            with self._lock:
+                self._counters.hits += 1
+                self._last_key = entry.key
+        else:
+            key = self._key(args, kwargs)
+            entry, status = self._lookup(key, args, kwargs)
+            if status == "storm":
+                return self._fallback(args, kwargs)
+            if status == "failed":  # tracing raised: run eagerly, which raises the same way
+                return self._eager_after_failed_trace(key, args, kwargs)
+            if not kwargs and not self._specialize_batch_size:
+                self._fast = guards.FastGuard.of(args, self._plan, entry)
         if entry.eager:
             self._counters.fallbacks += 1
             return self._fallback(args, kwargs)
@@ -495,6 +507,7 @@ class CompiledFunction:
             return self._break_entry(entry, record)
         if tracer.specialized_on_batch_size is not None and not self._specialize_batch_size:
             self._specialize_batch_size = True
+            self._fast = None  # keys hold the batch size from now on
             entry.key = self._key(args, kwargs)
         entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
         return self._finish(entry, tracer)

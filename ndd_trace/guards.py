@@ -2,6 +2,8 @@
 
     key = build_key(args, kwargs, plan)        # a tuple of (label, frozen value) pairs
     explain_miss(new_key, old_key)             # "argument `size`: 224 -> 256"
+    fast = FastGuard.of(args, plan, entry)     # the last call's key, checked without building
+    fast.matches(args)                         # it: identities and data descriptions
 
 Batches and tensors contribute their kind, device, dtype, ndim and layout (not their data or batch
 size); other arguments, module globals and closure values the function reads contribute their
@@ -242,6 +244,103 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
     if aliasing and len(set(aliasing)) < len(aliasing):
         key.append(("RNG arguments that are the same generator", aliasing))
     return tuple(key)
+
+
+_IMMUTABLE = (float, bool, int, str, bytes, complex, type(None), np.number, np.bool_)
+_BY_IDENTITY = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                types.MethodType, enum.Enum)
+
+
+def _same_object_same_guard(value: Any) -> bool:
+    """Whether `freeze(value)` cannot change while `value` stays the same object: immutable
+    values, and what `freeze` guards by identity (code, modules, generators, sources)."""
+    if isinstance(value, _IMMUTABLE):
+        return True
+    if type(value) is tuple:
+        return all(isinstance(v, _IMMUTABLE) for v in value)
+    if isinstance(value, (_dali.Batch, _dali.Tensor, np.ndarray)):
+        return False
+    if isinstance(value, type):
+        return not _is_user_class(value)  # a user class is guarded by its attributes
+    if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource, _dali.DType,
+                          _dali.Device, *_BY_IDENTITY)):
+        return True
+    return hasattr(value, "cache_info")  # a compiled or lru_cache'd helper: by identity
+
+
+class FastGuard:
+    """The last call's key, checked without building it: the same number of positional
+    arguments, Batches/Tensors with the same description, and the very same objects
+    everywhere else (arguments, globals, closure cells), each of a kind whose frozen value
+    cannot change while it stays the same object. A match means `build_key` would give the
+    key this guard was made from; anything else takes the full path."""
+
+    __slots__ = ("plan", "entry", "arity", "arguments", "globals_read", "cells")
+
+    def __init__(self, plan: GuardPlan, entry: Any, arity: int, arguments: tuple,
+                 globals_read: tuple, cells: tuple):
+        self.plan = plan
+        self.entry = entry
+        self.arity = arity
+        self.arguments = arguments  # per argument: (Batch/Tensor type, signature) or (None, obj)
+        self.globals_read = globals_read  # (namespace, name, value or _MISSING, builtin value)
+        self.cells = cells  # (cell, value)
+
+    @staticmethod
+    def of(args: tuple, plan: GuardPlan, entry: Any) -> FastGuard | None:
+        """The fast guard of a call with these positional arguments (no keyword arguments),
+        or None where one of its guarded values could change in place."""
+        arguments = []
+        for value in args:
+            kind = type(value)
+            if kind is _dali.Batch or kind is _dali.Tensor:
+                arguments.append((kind, _dali.data_signature(value)))
+            elif _same_object_same_guard(value) and not isinstance(value, _dali.RNG):
+                arguments.append((None, value))  # (RNG arguments: their aliasing is keyed)
+            else:
+                return None
+        globals_read = []
+        for _, name, namespace in plan.globals_read:
+            value = namespace.get(name, _MISSING)
+            builtin = builtins.__dict__.get(name, _MISSING) if value is _MISSING else None
+            if not _same_object_same_guard(builtin if value is _MISSING else value) and \
+                    (value is not _MISSING or builtin is not _MISSING):
+                return None
+            globals_read.append((namespace, name, value, builtin))
+        cells = []
+        for _, cell in plan.closure:
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                return None
+            if not _same_object_same_guard(value):
+                return None
+            cells.append((cell, value))
+        return FastGuard(plan, entry, len(args), tuple(arguments), tuple(globals_read),
+                         tuple(cells))
+
+    def matches(self, args: tuple) -> bool:
+        if len(args) != self.arity:
+            return False
+        signature = _dali.data_signature
+        for value, (kind, expected) in zip(args, self.arguments):
+            if kind is None:
+                if value is not expected:
+                    return False
+            elif type(value) is not kind or signature(value) != expected:
+                return False
+        for namespace, name, value, builtin in self.globals_read:
+            if namespace.get(name, _MISSING) is not value:
+                return False
+            if value is _MISSING and builtins.__dict__.get(name, _MISSING) is not builtin:
+                return False
+        for cell, value in self.cells:
+            try:
+                if cell.cell_contents is not value:
+                    return False
+            except ValueError:
+                return False
+        return True
 
 
 def _short(value: Any) -> str:

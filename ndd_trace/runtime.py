@@ -27,6 +27,9 @@ from .lower import Lowered
 from .source import SourceLoc, raise_at
 
 
+_FROM_ARGUMENT, _DRAWN_PER_CALL, _OTHER = "argument", "drawn per call", "other"
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """Pipeline settings of a compiled function."""
@@ -127,7 +130,8 @@ class LazyOutput(LazyResult):
     """One output of a scheduled pipeline run."""
 
     def __init__(self, run: _PendingRun, index: int, is_batch: bool, device: Any):
-        super().__init__(is_batch, device)
+        self.is_batch = is_batch  # (LazyResult's fields, set here: one per call's output)
+        self.device = device
         self._run = run
         self._index = index
 
@@ -169,6 +173,9 @@ class Executable:
             maxlen=2 * options.prefetch_queue_depth + 2)
         # per call, in lowering order: (external source name, how its data is found)
         self._names = list(lowered.feed_names)
+        # per external source, in lowering order: what a call feeds it, found without
+        # re-reading the node (an argument's path, a state drawn per call, or anything else)
+        self._sources = [self._source_kind(node) for node in lowered.external_sources]
         self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
@@ -289,6 +296,15 @@ class Executable:
             self._constants[key] = data
         return data
 
+    @staticmethod
+    def _source_kind(node: Node) -> tuple:
+        if node.kind is NodeKind.INPUT:
+            return _FROM_ARGUMENT, node.payload, node
+        if node.kind is NodeKind.RANDOM_STATE and not (
+                isinstance(node.payload, tuple) and node.payload[0] == "drawn"):
+            return _DRAWN_PER_CALL, id(node), node
+        return _OTHER, None, node
+
     def draw_states(self, bound: dict) -> dict[int, Any]:
         """Draw every random op's state, in eager call order, from the caller's generators."""
         states: dict[int, Any] = {}
@@ -299,16 +315,15 @@ class Executable:
     def call_data(self, bound: dict, states: dict[int, Any], batch_size: int) -> list:
         """What one call feeds, one item per external source in lowering order."""
         data = []
-        for node in self.lowered.external_sources:
-            kind = node.kind
-            if kind is NodeKind.INPUT:
-                value = bound[node.payload]
-                if type(value) is _dali.Batch:
+        batch_type = _dali.Batch
+        for kind, where, node in self._sources:
+            if kind is _FROM_ARGUMENT:
+                value = bound[where]
+                if type(value) is batch_type:
                     data.append(_dali.storage_of(value))
                     continue
-            elif kind is NodeKind.RANDOM_STATE and not (
-                    isinstance(node.payload, tuple) and node.payload[0] == "drawn"):
-                data.append(_dali.broadcast_state(states[id(node)], batch_size))
+            elif kind is _DRAWN_PER_CALL:
+                data.append(_dali.broadcast_state(states[where], batch_size))
                 continue
             data.append(self._data_for(node, bound, states, batch_size))
         return data

@@ -156,3 +156,66 @@ def test_tensor_copy_of_traced_tensor(images):
     compiled = ndd.compile(lambda t: ndd.flip(t) * 1)
     assert_same(ndd.flip(tensor) * 1, compiled(tensor))
     np.testing.assert_array_equal(np.asarray(compiled(tensor)), np.asarray(ndd.flip(tensor)))
+
+
+SIZES = [10, 10]
+
+
+class Scale:
+    factor = 2
+
+
+def test_last_call_guard_sees_in_place_changes_and_equal_values(batch):
+    """The check of the last call's guards (without building its key) still re-traces on
+    in-place changes (a global list, a class attribute) and on values equal under `==` but
+    frozen differently (True vs 1, 0.0 vs -0.0); equal values in new objects hit the cache."""
+
+    @ndd.compile
+    def resize(x, flag):
+        return ndd.resize(x, size=SIZES) * Scale.factor + flag
+
+    def check(flag):
+        assert_same(resize.__wrapped__(batch, flag), resize(batch, flag))
+
+    check(1000)
+    check(1000)
+    assert resize.cache_info()[:3] == (1, 1, 1)
+    SIZES[0] = 12  # the same list object, changed in place
+    try:
+        check(1000)
+        assert resize.cache_info().traces == 2
+        assert "global `SIZES`" in resize.last_miss_reason
+    finally:
+        SIZES[0] = 10
+    Scale.factor = 3
+    try:
+        check(1000)
+        assert resize.cache_info().traces == 3
+        assert "Scale" in resize.last_miss_reason
+    finally:
+        Scale.factor = 2
+    hits = resize.cache_info().hits
+    check(int("1000"))  # a new int object equal to 1000: the first entry again
+    assert resize.cache_info()[:3] == (hits + 1, 3, 3)
+    check(1)
+    check(True)  # == 1, but another key
+    check(0.0)
+    check(-0.0)  # == 0.0, but another key
+    assert resize.cache_info().traces == 7
+
+
+def test_repeated_call_skips_building_the_key(batch, monkeypatch):
+    @ndd.compile
+    def flip(x, size=8):
+        return ndd.flip(ndd.resize(x, size=[size, size]), horizontal=1)
+
+    flip(batch)
+    built = []
+    original = ndd_trace.guards.build_key
+    monkeypatch.setattr(ndd_trace.guards, "build_key",
+                        lambda *args, **kwargs: built.append(1) or original(*args, **kwargs))
+    assert_same(flip.__wrapped__(batch), flip(batch))
+    assert_same(flip.__wrapped__(batch, 8), flip(batch, 8))
+    assert not built and flip.cache_info()[:3] == (2, 1, 1)
+    flip(batch, 9)
+    assert built and flip.cache_info().traces == 2

@@ -191,3 +191,19 @@ def test_a_failed_earlier_run_does_not_break_the_next_call(jpeg_bytes):
     assert_same(ndd.resize(ndd.decoders.image(good), size=[8, 8]), result)
     with pytest.raises(Exception):
         failed.evaluate()
+
+
+def test_state_draw_matches_eager_words_and_position():
+    """The per-call state draw gives the words of seven `rng()` calls, and leaves the
+    generator where they do (pending advances applied first, as `rng()` applies them)."""
+    from ndd_trace import _dali
+
+    rng = ndd.random.RNG(seed=1234)
+    rng.advance(5)  # pending: applied by the next draw
+    twin = rng.clone()
+    draws, version = _dali.rng_position(rng)
+    words = _dali.draw_state(rng)
+    assert words.dtype == np.uint32
+    assert [int(w) for w in words] == [twin() for _ in range(7)]
+    assert _dali.rng_position(rng) == (draws + 7, version)
+    assert rng() == twin()
