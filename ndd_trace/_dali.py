@@ -913,3 +913,55 @@ def random_state_source(name: str) -> DataNode:
 def stack_states(states: list[np.ndarray]) -> Any:
     """One random op's states, one per sample, as the TensorList a state source is fed."""
     return backend.TensorListCPU(np.stack(states))
+
+
+def node_key(node: DataNode) -> str:
+    """A hashable name of the value behind a DataNode, seen through the splits DALI's
+    conditionals insert when a branch reads a value from an outer scope."""
+    source = node.source
+    while source is not None and getattr(source._op, "schema_name", None) == \
+            "_conditional__Split":
+        node = source._inputs[0]
+        source = node.source
+    return repr(node)
+
+
+def condition_chain() -> list[tuple[str, bool | None]]:
+    """The per-sample branches the pipeline definition is inside, outermost first: for each,
+    the predicate's `node_key` and whether it is the true branch (None: neither, a merge)."""
+    from nvidia.dali import _conditionals
+
+    if not _conditionals.conditionals_enabled():
+        return []
+    chain = []
+    for entry in _conditionals.this_condition_stack()._stack[1:]:
+        branch = {_conditionals._Branch.TrueBranch: True,
+                  _conditionals._Branch.FalseBranch: False}.get(entry.branch)
+        chain.append((node_key(entry.predicate), branch))
+    return chain
+
+
+def in_this_branch(node: DataNode) -> DataNode:
+    """`node` (produced in an outer scope) restricted to the samples of the current branch."""
+    from nvidia.dali import _conditionals
+
+    return _conditionals.apply_conditional_split(node)
+
+
+def sample_index_source(name: str) -> DataNode:
+    return fn.external_source(name=name, device="cpu", dtype=types.DALIDataType.INT32, ndim=0)
+
+
+def sample_indices(batch_size: int) -> Any:
+    """The TensorList a `sample_index_source` is fed: 0, 1, ..., batch_size - 1."""
+    return backend.TensorListCPU(np.arange(batch_size, dtype=np.int32))
+
+
+def host_ints(tensor_list: Any) -> list[int]:
+    """The scalars of a CPU TensorList (possibly empty), as Python ints."""
+    return [int(np.asarray(sample)) for sample in tensor_list]
+
+
+def zero_state() -> np.ndarray:
+    """An all-zero random state (a stand-in that draws nothing from any generator)."""
+    return np.zeros(STATE_WORDS, dtype=np.uint32)
