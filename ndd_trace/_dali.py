@@ -965,3 +965,15 @@ def host_ints(tensor_list: Any) -> list[int]:
 def zero_state() -> np.ndarray:
     """An all-zero random state (a stand-in that draws nothing from any generator)."""
     return np.zeros(STATE_WORDS, dtype=np.uint32)
+
+
+def autograph_origin(filename: str, lineno: int) -> tuple[str, int] | None:
+    """The (file, line) that DALI's AutoGraph generated this line of code from, while that
+    converted code runs (None: not generated code)."""
+    from nvidia.dali._autograph.utils import tf_stack
+
+    stack = tf_stack._source_mapper_stacks.get(threading.get_ident())
+    if not stack:
+        return None
+    origin = stack[-1].internal_map.get((filename, lineno))
+    return (origin[0], origin[1]) if origin is not None else None

@@ -33,6 +33,7 @@ import functools
 import inspect
 import itertools
 import operator
+import sys
 import textwrap
 import threading
 import warnings
@@ -43,7 +44,7 @@ import astunparse
 
 from . import _dali
 from .errors import NddTraceError
-from .source import SourceLoc, register_source, user_location
+from .source import SourceLoc, register_source, user_frame
 
 _counter = itertools.count()
 
@@ -174,6 +175,7 @@ class Converted:
     function: Callable
     source: str  # the rewritten function (and the conditional-expression helper)
     filename: str
+    user_lines: dict[int, int] = dataclasses.field(default_factory=dict)  # source -> user line
 
 
 def convert(function: Callable) -> Converted:
@@ -207,6 +209,10 @@ def convert(function: Callable) -> Converted:
         body = [*helpers, factory]
     module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
     text = astunparse.unparse(module).strip() + "\n"
+    user_lines: dict[int, int] = {}
+    for printed, original in zip(ast.walk(ast.parse(text)), ast.walk(module)):
+        if isinstance(printed, ast.stmt) and hasattr(original, "lineno"):
+            user_lines.setdefault(printed.lineno, original.lineno)
     filename = f"<ndd_trace per-sample:{code.co_name}#{next(_counter)}>"
     register_source(filename, text)
     namespace = dict(function.__globals__)
@@ -218,7 +224,7 @@ def convert(function: Callable) -> Converted:
         converted = namespace["_ndd_factory"](*cells)
     else:
         converted = namespace[definition.name]
-    return Converted(converted, text, filename)
+    return Converted(converted, text, filename, user_lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,6 +421,24 @@ class _Definition:
     input_keys: dict[str, int] = dataclasses.field(default_factory=dict)  # node_key -> argument
     reach_nodes: list = dataclasses.field(default_factory=list)
     index_node: Any = None
+    converted_filename: str = ""
+    user_lines: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+def _call_location(definition: _Definition) -> SourceLoc | None:
+    """The user's line of an ndd call made while the pipeline is defined: the rewritten
+    function runs as code DALI's AutoGraph generated from it, mapped back here."""
+    frame = user_frame(sys._getframe(1))
+    if frame is None:
+        return None
+    origin = _dali.autograph_origin(frame.f_code.co_filename, frame.f_lineno)
+    if origin is None:
+        return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    filename, lineno = origin
+    if filename == definition.converted_filename:
+        return SourceLoc(definition.filename, definition.user_lines.get(lineno, lineno),
+                         definition.name)
+    return SourceLoc(filename, lineno, frame.f_code.co_name)
 
 
 def _to_node(value: Any, cast: str | None = None) -> Any:
@@ -427,7 +451,7 @@ def _to_node(value: Any, cast: str | None = None) -> Any:
 
 def _handler(definition: _Definition, op_class: type, original: Any, inputs: tuple,
              kwargs: dict) -> Any:
-    loc = user_location()
+    loc = _call_location(definition)
     if _dali.is_stateful(op_class):
         raise PerSampleError(f"calls stateful operator `{_dali.op_path(op_class)}` in a "
                              "per-sample function", loc)
@@ -735,7 +759,9 @@ class PerSampleFunction:
     def _define(self, args: tuple, batch_size: int, num_threads: int | None = None,
                 observe: bool = True) -> tuple[Any, _Definition]:
         code = self._function.__code__
-        definition = _Definition(code.co_filename, code.co_name, observe)
+        definition = _Definition(code.co_filename, code.co_name, observe,
+                                 converted_filename=self._converted.filename,
+                                 user_lines=self._converted.user_lines)
         converted = self._converted.function
         parameters = self._parameters
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -149,19 +150,163 @@ def test_python_arithmetic_on_per_sample_number_raises(images):
         half(images)
 
 
-def test_random_op_in_branch_runs_the_eager_loop_and_says_so(images):
-    def rotate_some(image):
-        if ndd.random.coin_flip(probability=0.5).item():
-            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
+def test_random_op_on_per_sample_data_runs_the_eager_loop_and_says_so(images):
+    def noisy_some(image):
+        if image.shape[0] > 45:
+            image = ndd.noise.salt_and_pepper(image, prob=0.1)  # NOISE
         return image
 
-    compiled = ndd.compile(rotate_some, per_sample=True)
+    compiled = ndd.compile(noisy_some, per_sample=True)
     ndd.random.set_seed(5)
-    expected = eager_loop(rotate_some, images)
+    expected = eager_loop(noisy_some, images)
     ndd.random.set_seed(5)
-    with pytest.warns(ndd_trace.NddTraceWarning, match="eager per-sample loop.*branch"):
+    with pytest.warns(ndd_trace.NddTraceWarning, match="eager per-sample loop.*per-sample data"
+                      ) as record:
         actual = compiled(images)
     assert_same(expected, actual)
+    line = noisy_some.__code__.co_firstlineno + 2
+    assert [(w.filename, w.lineno) for w in record] == [(__file__, line)], \
+        [(w.filename, w.lineno, str(w.message)) for w in record]
+
+
+# ---------------------------------------------------------------------------------------------
+# Random ops inside per-sample branches: the per-sample random stream
+
+def headline(image):
+    if ndd.random.coin_flip(probability=0.3).item():
+        image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
+    if image.shape[0] > 45:
+        image = ndd.resize(image, resize_shorter=40)
+    return image
+
+
+def make_images(batch_size, seed=0):
+    rng = np.random.default_rng(seed)
+    return ndd.batch([rng.integers(0, 200, size=(int(rng.integers(30, 60)),
+                                                 int(rng.integers(30, 60)), 3)).astype(np.uint8)
+                      for _ in range(batch_size)], layout="HWC")
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8, 17])
+def test_headline_random_op_in_branch_compiles(batch_size):
+    compiled = check(headline, make_images(batch_size), seeds=range(5))
+    assert compiled.last_runs == 1  # the coin flips are known before the run
+
+
+def test_random_ops_in_nested_branches_elif_and_both_branches(images):
+    def nested(image):
+        flip = ndd.random.coin_flip(probability=0.5)
+        if flip.item():
+            if ndd.random.uniform(range=[0, 1]).item() > 0.4:
+                image = ndd.rotate(image, angle=ndd.random.uniform(range=[-20, 20]))
+                extra = ndd.random.normal(shape=[2])
+            else:
+                extra = ndd.random.uniform(range=[5, 6], shape=[2])
+        elif image.shape[1] > 50:
+            extra = ndd.random.normal(shape=[2], mean=10.0)
+        else:
+            extra = ndd.random.uniform(range=[-6, -5], shape=[2])
+        return ndd.resize(image, size=[12, 12]), extra, flip
+
+    compiled = check(nested, images, seeds=range(6))
+    assert compiled.last_runs == 1
+
+
+def test_random_op_in_branch_on_a_data_predicate(images):
+    def by_size(image):
+        image = ndd.flip(image, horizontal=1)  # its shape is known in the pipeline only
+        if image.shape[0] > 45:
+            angle = ndd.random.uniform(range=[-10, 10])
+            image = ndd.rotate(image, angle=angle)
+        return ndd.resize(image, size=[16, 16])
+
+    compiled = check(by_size, images)
+    assert compiled.last_runs <= 2  # the first run tells the paths, the second is exact
+
+
+def test_predicate_computed_in_the_pipeline_from_random_values(images):
+    def hidden(image):
+        noise = ndd.random.uniform(range=[0, 1], shape=[3])
+        if ndd.reductions.sum(noise).item() > 1.5:  # no Python guess: resolved by re-runs
+            image = ndd.flip(image, vertical=1)
+            if ndd.reductions.max(ndd.random.uniform(range=[0, 1], shape=[2])).item() > 0.5:
+                image = ndd.flip(image, horizontal=1)
+        return image, noise
+
+    compiled = ndd.compile(hidden, per_sample=True)
+    for seed, batch in itertools.product(range(4), [images, make_images(9, seed=3)]):
+        ndd.random.set_seed(seed)
+        expected = eager_loop(hidden, batch)
+        state = str(ndd.random.get_default_rng().state)
+        ndd.random.set_seed(seed)
+        assert_same(expected, compiled(batch))
+        assert str(ndd.random.get_default_rng().state) == state
+    assert compiled.runs > 8  # some calls needed more than one run: the re-runs are exercised
+
+
+def test_random_ops_in_logical_operators_and_after_return(images):
+    def logic(image):
+        if ndd.random.coin_flip().item() and ndd.random.uniform(range=[0, 1]).item() > 0.3:
+            image = ndd.flip(image, horizontal=1)
+        if not ndd.random.coin_flip(probability=0.4).item() or image.shape[0] < 45:
+            return ndd.resize(image, size=[8, 8])
+        return ndd.rotate(ndd.resize(image, size=[8, 8]),
+                          angle=ndd.random.uniform(range=[-30, 30]), keep_size=True)
+
+    check(logic, images, seeds=range(6))
+
+
+def test_explicit_generators_and_state_afterwards(images):
+    first, second = ndd.random.RNG(seed=11), ndd.random.RNG(seed=12)
+
+    def two(image):
+        if ndd.random.coin_flip(probability=0.5, rng=first).item():
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10], rng=second))
+        noise = ndd.random.normal(shape=[2])  # the default generator
+        return image, noise
+
+    compiled = ndd.compile(two, per_sample=True)
+    for seed in range(3):
+        states = []
+        for _ in range(2):
+            first.seed, second.seed = 100 + seed, 200 + seed
+            ndd.random.set_seed(seed)
+            result = eager_loop(two, images) if not states else compiled(images)
+            states.append([str(g.state) for g in (first, second,
+                                                  ndd.random.get_default_rng())])
+            if len(states) == 1:
+                expected = result
+        assert states[0] == states[1]
+        assert_same(expected, result)
+
+
+def test_no_sample_reaches_the_random_op(images):
+    def never(image):
+        if ndd.random.coin_flip(probability=0.0).item():
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[0, 1]))
+        return image
+
+    def always(image):
+        if image.shape[0] > 0:
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-5, 5]))
+        return image
+
+    check(never, images)
+    check(always, images)
+
+
+def test_generator_untouched_when_a_run_fails(images):
+    def fails(image):
+        if ndd.random.coin_flip().item():
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-5, 5]))
+        return image
+
+    compiled = ndd.compile(fails, per_sample=True)
+    compiled(images)
+    before = str(ndd.random.get_default_rng().state)
+    with pytest.raises(Exception):
+        compiled(ndd.batch([np.zeros((4, 4), np.uint8)] * 2, layout="HW"))  # other ndim
+    assert str(ndd.random.get_default_rng().state) == before
 
 
 def test_explain_shows_the_rewritten_function(images):
@@ -196,3 +341,17 @@ def test_gpu_batch_matches_the_eager_loop(images):
         return image, flip
 
     check(on_gpu, images.gpu())
+
+
+@pytest.mark.gpu
+def test_gpu_random_ops_in_branches_match_the_eager_loop(images):
+    def on_gpu(image):
+        if ndd.random.coin_flip(probability=0.5).item():
+            noise = ndd.random.uniform(range=[0, 1], shape=[3], device="gpu")
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
+        else:
+            noise = ndd.random.normal(shape=[3], device="gpu")
+        return ndd.resize(image, size=[16, 16]), noise
+
+    check(on_gpu, images.gpu(), seeds=range(4))
+    check(on_gpu, images, seeds=range(2))
