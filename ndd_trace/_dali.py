@@ -764,6 +764,12 @@ def synchronous() -> Any:
     return EvalMode.sync_full
 
 
+def synchronous_cpu() -> Any:
+    """Context manager: CPU ndd calls run at the call, on the calling thread
+    (EvalMode.sync_cpu): for many small calls, cheaper than handing each to a worker thread."""
+    return EvalMode.sync_cpu
+
+
 def eval_mode_is_sync() -> bool:
     return EvalMode.current().value >= EvalMode.sync_cpu.value
 

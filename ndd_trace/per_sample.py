@@ -602,7 +602,7 @@ class _RandomStream:
         if key not in self._values:
             spec = self._definition.random_sites[site]
             self._values[key] = self._functions[site](
-                **spec.static, device=spec.device, rng=_dali.ReplayRNG(state)).evaluate()
+                **spec.static, device=spec.device, rng=_dali.ReplayRNG(state))
         return self._values[key]
 
     def _placeholder(self, site: int) -> Any:
@@ -641,17 +641,18 @@ class _RandomStream:
         per_site: list[list] = [[] for _ in sites]
         reached_all = []
         used = {key: 0 for key in self._clones}
-        for index in range(self._batch_size):
-            sample = _Sample(self, index)
-            for site, rng in enumerate(self._rngs):
-                if not sites[site].chain or self._reaches(site, sample, observed):
-                    value = self._value(site, self._state(rng, used[id(rng)]))
-                    used[id(rng)] += 1
-                    sample.values[site] = value
-                else:
-                    value = self._placeholder(site)
-                per_site[site].append(value)
-            reached_all.append(frozenset(sample.values))
+        with _dali.synchronous_cpu():  # many small op calls: no hand-off to a worker thread
+            for index in range(self._batch_size):
+                sample = _Sample(self, index)
+                for site, rng in enumerate(self._rngs):
+                    if not sites[site].chain or self._reaches(site, sample, observed):
+                        value = self._value(site, self._state(rng, used[id(rng)]))
+                        used[id(rng)] += 1
+                        sample.values[site] = value
+                    else:
+                        value = self._placeholder(site)
+                    per_site[site].append(value)
+                reached_all.append(frozenset(sample.values))
         self._used = used
         return [_dali.storage_of(_dali.ndd.batch(values)) for values in per_site], reached_all
 
