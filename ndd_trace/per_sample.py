@@ -567,10 +567,11 @@ class _RandomStream:
     with that state); the run then reports the paths taken (`observe`). If they are the guess,
     the values are the eager loop's: by induction over the samples, each sample starts where
     the eager loop starts it and takes its path with its values. If not, the first (sample,
-    random op) where the guess was wrong was decided in the run with the eager loop's values,
-    so the next guess (the run's paths) is right on a longer prefix: the loop ends, usually
-    after one run (the guess evaluates predicates on random values and input shapes in Python),
-    or two (predicates on data computed in the pipeline are taken from the first run)."""
+    random op) where the guess was wrong was decided in the run with the eager loop's values:
+    the next guess takes the run's paths up to there (`settle`), so it is right on a longer
+    prefix, and the loop ends (after at most batch size x random ops runs). Usually it ends
+    after one run (the guess evaluates predicates on random values and input shapes in
+    Python) or two (predicates on data computed in the pipeline are taken from the first)."""
 
     def __init__(self, definition: _Definition, args: tuple, batch_size: int):
         self._definition = definition
@@ -582,6 +583,7 @@ class _RandomStream:
         self._clones = {id(rng): _dali.rng_clone(rng) for rng in self._rngs}
         self._states: dict[int, list] = {key: [] for key in self._clones}
         self._used: dict[int, int] = {}
+        self._settled = (-1, -1)  # the (sample, random op) up to which the paths are known
         self._values: dict[tuple[int, bytes], Any] = {}  # (site, state) -> value
         self._functions = [_dali.op_function_of(site.op_class)
                            for site in definition.random_sites]
@@ -617,6 +619,8 @@ class _RandomStream:
 
     def _reaches(self, site: int, sample: _Sample, observed: list | None) -> bool:
         """The guess: whether this sample reaches this random op."""
+        if (sample._index, site) <= self._settled:  # observed with the eager loop's values
+            return site in observed[sample._index]
         unknown = False
         for key, branch in self._definition.random_sites[site].chain:
             predicate = self._definition.predicates.get(key)
@@ -655,6 +659,14 @@ class _RandomStream:
                 reached_all.append(frozenset(sample.values))
         self._used = used
         return [_dali.storage_of(_dali.ndd.batch(values)) for values in per_site], reached_all
+
+    def settle(self, guessed: list, observed: list) -> None:
+        """Mark the paths as known up to the first (sample, random op) where the run differs
+        from the guess: up to there the run had the eager loop's values (see the class)."""
+        for index, (guess, taken) in enumerate(zip(guessed, observed)):
+            if guess != taken:
+                self._settled = (index, min(guess ^ taken))
+                return
 
     def observe(self, reach_outputs: tuple) -> list:
         """The paths the run took: for each sample, the random ops it reached."""
@@ -881,6 +893,7 @@ class PerSampleFunction:
             observed = stream.observe(outputs[definition.num_outputs:])
             if observed == reached:
                 break
+            stream.settle(reached, observed)
             if runs > batch_size * len(definition.random_sites):  # cannot happen (see above)
                 raise NddTraceError(f"per-sample function `{self.__qualname__}`: the paths of "
                                     "its samples did not settle (a bug in ndd_trace)")
