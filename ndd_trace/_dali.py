@@ -983,3 +983,31 @@ def autograph_origin(filename: str, lineno: int) -> tuple[str, int] | None:
         return None
     origin = stack[-1].internal_map.get((filename, lineno))
     return (origin[0], origin[1]) if origin is not None else None
+
+
+class HostSample:
+    """One sample of a pipeline output, copied to the host: compared by dtype, shape and bytes
+    (a per-sample argument the run gave a random op)."""
+
+    __slots__ = ("array", "_key")
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self._key = (array.dtype.str, array.shape, array.tobytes())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostSample) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+
+def host_samples(tensor_list: Any) -> list[HostSample]:
+    """The samples of a pipeline output (CPU or GPU), as host copies."""
+    if isinstance(tensor_list, backend.TensorListGPU):
+        tensor_list = tensor_list.as_cpu()
+    return [HostSample(np.array(sample)) for sample in tensor_list]
+
+
+def array_of(sample: HostSample) -> np.ndarray:
+    return sample.array

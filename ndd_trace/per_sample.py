@@ -485,30 +485,39 @@ def _random_site(definition: _Definition, op_class: type, inputs: tuple, kwargs:
     cannot give those values itself: it reads one state per batch (its sample 0's) and derives
     each sample's stream from the sample's position in the batch, while the eager loop draws a
     new state per call. Inside a per-sample branch, the op also outputs the indices of the
-    samples that reached it: the run says which draws the eager loop made."""
+    samples that reached it, and the values of its per-sample arguments (`range=` computed from
+    the data): the run says which draws the eager loop made, and with what arguments."""
     name = f"ndd.{_dali.op_path(op_class)}"
-    if any(value is not None for value in inputs) or any(
-            isinstance(value, Item) or _dali.is_data_node(value) for value in kwargs.values()):
-        raise _EagerLoop(f"calls random op `{name}` on per-sample data (its values are "
-                         "computed before the run, from Python arguments only)", loc)
+    if any(value is not None for value in inputs):
+        raise _EagerLoop(f"calls random op `{name}` on per-sample data (an op with a data "
+                         "input; its values are computed before the run)", loc)
     chain = _dali.condition_chain()
     if any(branch is None for _, branch in chain):
         raise _EagerLoop(f"calls random op `{name}` where DALI merges branches", loc)
     device = kwargs.get("device") or "cpu"
     if device not in ("cpu", "gpu"):
         raise _EagerLoop(f"calls random op `{name}` with device={device!r}", loc)
+    per_sample = {key: value for key, value in kwargs.items()
+                  if isinstance(value, Item) or _dali.is_data_node(value)}
     static = {key: _dali.decay_static(value) for key, value in kwargs.items()
-              if key != "device"}
+              if key != "device" and key not in per_sample}
     reach = None
     if chain and definition.observe:
         if definition.index_node is None:
             definition.index_node = _dali.sample_index_source(_SAMPLE_INDEX)
         definition.reach_nodes.append(_dali.in_this_branch(definition.index_node))
         reach = len(definition.reach_nodes) - 1
+    arguments = []
+    for key, value in per_sample.items():
+        if not definition.observe:
+            raise _EagerLoop(f"calls random op `{name}` with a per-sample `{key}=`", loc)
+        node = _to_node(value, _dali.argument_dtype(op_class, key))
+        definition.reach_nodes.append(_dali.in_this_branch(node))
+        arguments.append((key, len(definition.reach_nodes) - 1))
     index = len(definition.random_sites)
     source = f"_random_{index}"
     definition.random_sites.append(_RandomSite(source, op_class, static, rng, device, loc,
-                                               tuple(chain), reach))
+                                               tuple(chain), reach, tuple(arguments)))
     node = _dali.fn.external_source(name=source, device=device)  # typed by what it is fed
     definition.site_keys[_dali.node_key(node)] = index
     return node
@@ -529,6 +538,7 @@ class _RandomSite:
     loc: SourceLoc | None
     chain: tuple[tuple[str, bool], ...]  # the branches it is inside: (predicate key, branch)
     reach: int | None  # its output of reaching sample indices (None: every sample reaches it)
+    arguments: tuple[tuple[str, int], ...] = ()  # per-sample arguments: (name, output)
     placeholder: Any = None  # the value fed for samples that do not reach it
 
 
@@ -599,17 +609,19 @@ class _RandomStream:
             states.append(_dali.draw_state(self._clones[id(rng)]))
         return states[number]
 
-    def _value(self, site: int, state: Any) -> Any:
-        key = (site, state.tobytes())
+    def _value(self, site: int, state: Any, arguments: tuple) -> Any:
+        key = (site, state.tobytes(), arguments)
         if key not in self._values:
             spec = self._definition.random_sites[site]
+            per_sample = {name: _dali.array_of(value) for name, value in arguments}
             self._values[key] = self._functions[site](
-                **spec.static, device=spec.device, rng=_dali.ReplayRNG(state))
+                **spec.static, **per_sample, device=spec.device, rng=_dali.ReplayRNG(state))
         return self._values[key]
 
     def _placeholder(self, site: int) -> Any:
-        """The value fed for samples that do not reach the op (the branch drops it): the op's
-        own value for an all-zero state, so that its type and shape fit."""
+        """The value fed for samples that do not reach the op (the branch drops it), or whose
+        arguments are not known yet: the op's own value for an all-zero state (and its default
+        per-sample arguments), so that its type and shape fit."""
         spec = self._definition.random_sites[site]
         if spec.placeholder is None:
             spec.placeholder = self._functions[site](
@@ -617,9 +629,14 @@ class _RandomStream:
                 rng=_dali.ReplayRNG(_dali.zero_state())).evaluate()
         return spec.placeholder
 
+    def _known(self, index: int, site: int) -> bool:
+        return (index, site) <= self._settled
+
     def _reaches(self, site: int, sample: _Sample, observed: list | None) -> bool:
         """The guess: whether this sample reaches this random op."""
-        if (sample._index, site) <= self._settled:  # observed with the eager loop's values
+        if not self._definition.random_sites[site].chain:
+            return True
+        if self._known(sample._index, site):  # observed with the eager loop's values
             return site in observed[sample._index]
         unknown = False
         for key, branch in self._definition.random_sites[site].chain:
@@ -640,44 +657,57 @@ class _RandomStream:
 
     def assign(self, observed: list | None) -> tuple[list, list]:
         """The values to feed (one batch per random op) and the paths guessed (for each
-        sample, the random ops it reaches), given the paths of the last run (None: none yet)."""
+        sample, the random ops it reaches, with their per-sample arguments; None where not
+        known), given the paths of the last run (None: none yet)."""
         sites = self._definition.random_sites
         per_site: list[list] = [[] for _ in sites]
-        reached_all = []
+        guessed = []
         used = {key: 0 for key in self._clones}
         with _dali.synchronous_cpu():  # many small op calls: no hand-off to a worker thread
             for index in range(self._batch_size):
                 sample = _Sample(self, index)
+                path: dict[int, tuple | None] = {}
                 for site, rng in enumerate(self._rngs):
-                    if not sites[site].chain or self._reaches(site, sample, observed):
-                        value = self._value(site, self._state(rng, used[id(rng)]))
+                    if self._reaches(site, sample, observed):
+                        arguments: tuple | None = ()
+                        if sites[site].arguments:  # the last run's, where it reached the op
+                            arguments = observed[index].get(site) if observed else None
+                        state = self._state(rng, used[id(rng)])
                         used[id(rng)] += 1
-                        sample.values[site] = value
+                        path[site] = arguments
+                        if arguments is None:
+                            value = self._placeholder(site)
+                        else:
+                            value = self._value(site, state, arguments)
+                            sample.values[site] = value
                     else:
                         value = self._placeholder(site)
                     per_site[site].append(value)
-                reached_all.append(frozenset(sample.values))
+                guessed.append(path)
         self._used = used
-        return [_dali.storage_of(_dali.ndd.batch(values)) for values in per_site], reached_all
+        return [_dali.storage_of(_dali.ndd.batch(values)) for values in per_site], guessed
 
     def settle(self, guessed: list, observed: list) -> None:
         """Mark the paths as known up to the first (sample, random op) where the run differs
         from the guess: up to there the run had the eager loop's values (see the class)."""
         for index, (guess, taken) in enumerate(zip(guessed, observed)):
             if guess != taken:
-                self._settled = (index, min(guess ^ taken))
+                self._settled = (index, min(site for site in guess.keys() | taken.keys()
+                                            if guess.get(site, 0) != taken.get(site, 0)))
                 return
 
-    def observe(self, reach_outputs: tuple) -> list:
-        """The paths the run took: for each sample, the random ops it reached."""
-        sites = self._definition.random_sites
-        reached: list[set] = [{site for site, spec in enumerate(sites) if not spec.chain}
-                              for _ in range(self._batch_size)]
-        for site, spec in enumerate(sites):
-            if spec.reach is not None:
-                for index in _dali.host_ints(reach_outputs[spec.reach]):
-                    reached[index].add(site)
-        return [frozenset(r) for r in reached]
+    def observe(self, outputs: tuple) -> list:
+        """The paths the run took: for each sample, the random ops it reached, with the
+        values of their per-sample arguments."""
+        paths: list[dict] = [{} for _ in range(self._batch_size)]
+        for site, spec in enumerate(self._definition.random_sites):
+            indices = _dali.host_ints(outputs[spec.reach]) if spec.reach is not None \
+                else range(self._batch_size)
+            arguments = [[(name, value) for value in _dali.host_samples(outputs[output])]
+                         for name, output in spec.arguments]
+            for position, index in enumerate(indices):
+                paths[index][site] = tuple(values[position] for values in arguments)
+        return paths
 
     def commit(self) -> None:
         """Advance each generator by the draws of the paths taken, as the eager loop does."""
@@ -879,7 +909,7 @@ class PerSampleFunction:
         stream = _RandomStream(definition, args, batch_size)
         observed = None
         for runs in itertools.count(1):
-            values, reached = stream.assign(observed)
+            values, guessed = stream.assign(observed)
             for index, value in enumerate(args):
                 if isinstance(value, _dali.Batch):
                     name = self._parameters[index] if index < len(self._parameters) \
@@ -891,9 +921,9 @@ class PerSampleFunction:
                 _dali.feed(pipe, _SAMPLE_INDEX, _dali.sample_indices(batch_size))
             outputs = pipe.run()
             observed = stream.observe(outputs[definition.num_outputs:])
-            if observed == reached:
+            if observed == guessed:
                 break
-            stream.settle(reached, observed)
+            stream.settle(guessed, observed)
             if runs > batch_size * len(definition.random_sites):  # cannot happen (see above)
                 raise NddTraceError(f"per-sample function `{self.__qualname__}`: the paths of "
                                     "its samples did not settle (a bug in ndd_trace)")

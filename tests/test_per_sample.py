@@ -256,6 +256,21 @@ def test_random_ops_in_logical_operators_and_after_return(images):
     check(logic, images, seeds=range(6))
 
 
+def test_random_ops_with_per_sample_arguments():
+    def data_arguments(image):
+        level = ndd.reductions.mean(ndd.cast(image, dtype=ndd.float32))
+        if ndd.random.coin_flip(probability=level / 255.0).item():
+            noise = ndd.random.normal(mean=level, stddev=2.0)
+        else:
+            noise = ndd.random.uniform(range=[0, 1])
+        shift = ndd.random.normal(mean=level)  # every sample, its own mean
+        return noise, shift
+
+    for batch_size in (1, 5, 9):
+        compiled = check(data_arguments, make_images(batch_size, seed=batch_size))
+        assert compiled.last_runs == 2  # the first run gives the arguments
+
+
 def test_explicit_generators_and_state_afterwards(images):
     first, second = ndd.random.RNG(seed=11), ndd.random.RNG(seed=12)
 
