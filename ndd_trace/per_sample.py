@@ -3,7 +3,7 @@
     @ndd.compile(per_sample=True)
     def augment(image):                              # written for one sample (a Tensor)
         if ndd.random.coin_flip(probability=0.3).item():
-            image = ndd.flip(image, horizontal=1)
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
         if image.shape[0] > 512:                     # per-sample, data-dependent
             image = ndd.resize(image, resize_shorter=512)
         return image
@@ -18,11 +18,16 @@ through unchanged); `x.shape`, `x.item()` and friends go through `_ndd_attribute
 rewritten function then runs inside `@pipeline_def(enable_conditionals=True)` (DALI's AutoGraph),
 its ndd calls becoming the same operators in pipeline mode, so each sample takes its own branch.
 
-Random ops: per call, each random op of the function draws one state per sample from its
-generator, sample by sample and in program order within a sample: exactly what the eager loop
-`[augment(sample) for sample in batch]` draws, as long as every sample reaches every random op.
-A random op inside a per-sample branch is reached by some samples only, so the eager loop's
-draws depend on the data: such a function runs as the eager per-sample loop (with a warning).
+Random ops (the per-sample random stream, docs/per-sample.md): the eager loop
+`[augment(sample) for sample in batch]` draws one state per random op call, sample 0's calls in
+order, then sample 1's...; which calls a sample makes depends on its path. A pipeline's random
+op cannot reproduce that (it reads one state per batch), so each call's values are computed
+before the run by the eager op, for a guess of every sample's path (`_RandomStream`); the run
+also outputs which samples reached each random op inside a branch (and the values of per-sample
+arguments), and the call runs again, with the paths settled so far, until the run confirms the
+guess: then the values are exactly the eager loop's, and the generators advance by its draws.
+Random ops with a data input (noise, random crops) run the function as the eager per-sample
+loop (with a warning at the line).
 """
 
 from __future__ import annotations
