@@ -370,3 +370,16 @@ def test_gpu_random_ops_in_branches_match_the_eager_loop(images):
 
     check(on_gpu, images.gpu(), seeds=range(4))
     check(on_gpu, images, seeds=range(2))
+
+
+@pytest.mark.gpu
+def test_gpu_data_per_sample_arguments_match_the_eager_loop():
+    def level_noise(image):
+        level = ndd.reductions.mean(ndd.cast(image, dtype=ndd.float32))  # on the GPU
+        if image.shape[0] > 45:
+            noise = ndd.random.normal(mean=level, stddev=3.0, shape=[2], device="gpu")
+        else:
+            noise = ndd.random.normal(mean=level, shape=[2], device="gpu")
+        return noise, ndd.random.uniform(range=[0, 1])
+
+    check(level_noise, make_images(7).gpu(), seeds=range(3))
