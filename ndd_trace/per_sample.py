@@ -560,7 +560,7 @@ class _Sample:
 
     def __init__(self, stream: _RandomStream, index: int):
         self._stream = stream
-        self._index = index
+        self.index = index
         self.values: dict[int, Any] = {}  # site -> this sample's value (a Tensor)
 
     def item(self, site: int) -> Any:
@@ -569,7 +569,7 @@ class _Sample:
         return _dali.host_array(self.values[site]).item()
 
     def shape(self, argument: int) -> tuple:
-        return self._stream.shapes(argument)[self._index]
+        return self._stream.shapes(argument)[self.index]
 
 
 class _RandomStream:
@@ -599,7 +599,7 @@ class _RandomStream:
         self._states: dict[int, list] = {key: [] for key in self._clones}
         self._used: dict[int, int] = {}
         self._settled = (-1, -1)  # the (sample, random op) up to which the paths are known
-        self._values: dict[tuple[int, bytes], Any] = {}  # (site, state) -> value
+        self._values: dict[tuple, Any] = {}  # (site, state, arguments) -> value
         self._functions = [_dali.op_function_of(site.op_class)
                            for site in definition.random_sites]
 
@@ -641,8 +641,8 @@ class _RandomStream:
         """The guess: whether this sample reaches this random op."""
         if not self._definition.random_sites[site].chain:
             return True
-        if self._known(sample._index, site):  # observed with the eager loop's values
-            return site in observed[sample._index]
+        if self._known(sample.index, site):  # observed with the eager loop's values
+            return site in observed[sample.index]
         unknown = False
         for key, branch in self._definition.random_sites[site].chain:
             predicate = self._definition.predicates.get(key)
@@ -658,7 +658,7 @@ class _RandomStream:
                 return False
         if not unknown:
             return True
-        return observed is None or site in observed[sample._index]
+        return observed is None or site in observed[sample.index]
 
     def assign(self, observed: list | None) -> tuple[list, list]:
         """The values to feed (one batch per random op) and the paths guessed (for each
