@@ -921,12 +921,15 @@ def stack_states(states: list[np.ndarray]) -> Any:
     return backend.TensorListCPU(np.stack(states))
 
 
+_PASS_THROUGH = ("_conditional__Split", "_conditional__ValidateLogical")
+
+
 def node_key(node: DataNode) -> str:
     """A hashable name of the value behind a DataNode, seen through the splits DALI's
-    conditionals insert when a branch reads a value from an outer scope."""
+    conditionals insert when a branch reads a value from an outer scope, and the checks of
+    the operands of `and`/`or`."""
     source = node.source
-    while source is not None and getattr(source._op, "schema_name", None) == \
-            "_conditional__Split":
+    while source is not None and getattr(source._op, "schema_name", None) in _PASS_THROUGH:
         node = source._inputs[0]
         source = node.source
     return repr(node)
@@ -1011,3 +1014,41 @@ def host_samples(tensor_list: Any) -> list[HostSample]:
 
 def array_of(sample: HostSample) -> np.ndarray:
     return sample.array
+
+
+@contextmanager
+def logical_hooks(on_result: Callable[[str, list, Any], None]) -> Iterator[None]:
+    """While a conditional pipeline is defined, report each `not`, `and`, `or` that DALI's
+    AutoGraph turns into operators: `on_result(kind, operands, result)` (the right operand of
+    `and`/`or` as its branch produced it)."""
+    from nvidia.dali import _conditionals
+
+    dispatch = _conditionals._OVERLOADS
+    original_not, original_and, original_or = dispatch.not_, dispatch.lazy_and, dispatch.lazy_or
+
+    def not_(a: Any) -> Any:
+        result = original_not(a)
+        on_result("not", [a], result)
+        return result
+
+    def lazy(kind: str, original: Callable) -> Callable:
+        def logical(a_value: Any, b: Callable) -> Any:
+            right: list = []
+
+            def b_recorded() -> Any:
+                right.append(b())
+                return right[-1]
+
+            result = original(a_value, b_recorded)
+            on_result(kind, [a_value, *right], result)
+            return result
+
+        return logical
+
+    dispatch.not_ = not_
+    dispatch.lazy_and = lazy("and", original_and)
+    dispatch.lazy_or = lazy("or", original_or)
+    try:
+        yield
+    finally:
+        del dispatch.not_, dispatch.lazy_and, dispatch.lazy_or

@@ -446,6 +446,29 @@ def _call_location(definition: _Definition) -> SourceLoc | None:
     return SourceLoc(filename, lineno, frame.f_code.co_name)
 
 
+def _no_guess(sample: _Sample) -> bool:
+    raise _Unknown("a predicate computed in the pipeline")
+
+
+def _logical_guess(definition: _Definition, kind: str, operands: list, result: Any) -> None:
+    """The Python guess of a `not`/`and`/`or` of per-sample predicates (see Item.python)."""
+    guesses = []
+    for operand in operands:
+        if _dali.is_data_node(operand):  # unknown: `a or b` is still known where `a` is true
+            guesses.append(definition.predicates.get(_dali.node_key(operand), _no_guess))
+        else:
+            guesses.append(lambda sample, value=bool(operand): value)
+    if kind == "not":
+        guess = lambda sample: not guesses[0](sample)  # noqa: E731
+    elif kind == "and" and len(guesses) == 2:
+        guess = lambda sample: guesses[0](sample) and guesses[1](sample)  # noqa: E731
+    elif kind == "or" and len(guesses) == 2:
+        guess = lambda sample: guesses[0](sample) or guesses[1](sample)  # noqa: E731
+    else:
+        return
+    definition.predicates[_dali.node_key(result)] = guess
+
+
 def _to_node(value: Any, cast: str | None = None) -> Any:
     if isinstance(value, Item):
         value = value.node
@@ -529,6 +552,10 @@ def _random_site(definition: _Definition, op_class: type, inputs: tuple, kwargs:
 
 
 _SAMPLE_INDEX = "_ndd_sample_index"
+# A call that needs more runs than this to settle its paths (see `_RandomStream`) returns its
+# (exact) results, and the function runs as the eager per-sample loop from then on: more runs
+# cost more than the loop.
+_MAX_RUNS = 3
 
 
 @dataclasses.dataclass
@@ -599,6 +626,7 @@ class _RandomStream:
         self._states: dict[int, list] = {key: [] for key in self._clones}
         self._used: dict[int, int] = {}
         self._settled = (-1, -1)  # the (sample, random op) up to which the paths are known
+        self.last_settled = 0  # the random op of the last (sample, random op) settled
         self._values: dict[tuple, Any] = {}  # (site, state, arguments) -> value
         self._functions = [_dali.op_function_of(site.op_class)
                            for site in definition.random_sites]
@@ -699,6 +727,7 @@ class _RandomStream:
             if guess != taken:
                 self._settled = (index, min(site for site in guess.keys() | taken.keys()
                                             if guess.get(site, 0) != taken.get(site, 0)))
+                self.last_settled = self._settled[1]
                 return
 
     def observe(self, outputs: tuple) -> list:
@@ -846,7 +875,8 @@ class PerSampleFunction:
         previous = _scope.definition
         _scope.definition = definition
         try:
-            with _dali.intercept(functools.partial(_handler, definition)):
+            with _dali.intercept(functools.partial(_handler, definition)), \
+                    _dali.logical_hooks(functools.partial(_logical_guess, definition)):
                 options = self._options(batch_size)
                 if num_threads:
                     options["num_threads"] = num_threads
@@ -905,12 +935,13 @@ class PerSampleFunction:
                 self._warn_eager(variant)
                 return self.eager(*args)
             definition = variant.definition
-            outputs = self._run(variant.pipeline, definition, args, batch_size)
+            outputs = self._run(variant, args, batch_size)
         return _unflatten(definition.output_tree, [_dali.wrap_batch(o) for o in outputs])
 
-    def _run(self, pipe: Any, definition: _Definition, args: tuple, batch_size: int) -> tuple:
+    def _run(self, variant: _Variant, args: tuple, batch_size: int) -> tuple:
         """Run the pipeline until the random values fed agree with the paths the samples take
         (see `_RandomStream`), then advance the generators as the eager loop does."""
+        pipe, definition = variant.pipeline, variant.definition
         stream = _RandomStream(definition, args, batch_size)
         observed = None
         for runs in itertools.count(1):
@@ -935,6 +966,16 @@ class PerSampleFunction:
         stream.commit()
         self.last_runs = runs
         self.runs += runs
+        if runs > _MAX_RUNS:  # exact, but slower than the eager loop: which runs from now on
+            site = definition.random_sites[stream.last_settled]
+            variant.pipeline = variant.definition = None
+            variant.eager_reason = (
+                f"needed {runs} pipeline runs to find which samples call random op "
+                f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
+                "through pipeline ops, which cannot be evaluated before the run; each run "
+                "settles at least one more sample)")
+            variant.eager_loc = site.loc
+            self._warn_eager(variant)
         return outputs[:definition.num_outputs]
 
     def eager(self, *args: Any) -> Any:
