@@ -1024,6 +1024,9 @@ def logical_hooks(on_result: Callable[[str, list, Any], None]) -> Iterator[None]
     from nvidia.dali import _conditionals
 
     dispatch = _conditionals._OVERLOADS
+    _logical_hooks_lock.acquire()  # the dispatch object is DALI's, shared by all threads
+    names = ("not_", "lazy_and", "lazy_or")
+    previous = {name: dispatch.__dict__.get(name) for name in names}
     original_not, original_and, original_or = dispatch.not_, dispatch.lazy_and, dispatch.lazy_or
 
     def not_(a: Any) -> Any:
@@ -1051,4 +1054,12 @@ def logical_hooks(on_result: Callable[[str, list, Any], None]) -> Iterator[None]
     try:
         yield
     finally:
-        del dispatch.not_, dispatch.lazy_and, dispatch.lazy_or
+        for name, value in previous.items():  # what was there: DALI's methods, or outer hooks
+            if value is None:
+                dispatch.__dict__.pop(name, None)
+            else:
+                setattr(dispatch, name, value)
+        _logical_hooks_lock.release()
+
+
+_logical_hooks_lock = threading.RLock()

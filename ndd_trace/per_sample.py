@@ -26,6 +26,7 @@ before the run by the eager op, for a guess of every sample's path (`_RandomStre
 also outputs which samples reached each random op inside a branch (and the values of per-sample
 arguments), and the call runs again, with the paths settled so far, until the run confirms the
 guess: then the values are exactly the eager loop's, and the generators advance by its draws.
+A call that needs more than `_MAX_RUNS` runs switches the function to the eager loop (warned).
 Random ops with a data input (noise, random crops) run the function as the eager per-sample
 loop (with a warning at the line).
 """

@@ -392,3 +392,11 @@ def test_gpu_data_per_sample_arguments_match_the_eager_loop():
         return noise, ndd.random.uniform(range=[0, 1])
 
     check(level_noise, make_images(7).gpu(), seeds=range(3))
+
+
+def test_export_of_random_ops_in_branches(tmp_path):
+    compiled = ndd.compile(headline, per_sample=True)
+    exported = ndd_trace.export(compiled, make_images(4), path=str(tmp_path / "headline.dali"),
+                                format="serialized", random="inputs")
+    assert exported.inputs == ["image", "_random_0", "_random_1"]  # no path outputs
+    assert exported.num_outputs == 1
