@@ -280,6 +280,30 @@ def test_random_ops_with_per_sample_arguments():
         assert compiled.last_runs == 2  # the first run gives the arguments
 
 
+def test_random_ops_in_conditional_expressions_and_python_loops(images):
+    def loops(image, times):
+        for _ in range(times):  # a Python loop: unrolled, each call its own random op
+            if ndd.random.coin_flip(probability=0.5).item():
+                image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]),
+                                   keep_size=True)
+        flip = ndd.random.coin_flip(probability=0.5)
+        extra = ndd.random.normal(shape=[2]) if flip.item() else \
+            ndd.random.uniform(range=[0, 1], shape=[2])
+        return image, extra
+
+    compiled = check(loops, images, 3, seeds=range(4))
+    assert compiled.runs == 4
+
+
+def test_two_batch_arguments(images):
+    def pair(image, other):
+        if other.shape[0] > image.shape[0]:
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
+        return image
+
+    check(pair, images, make_images(5, seed=7))
+
+
 def test_explicit_generators_and_state_afterwards(images):
     first, second = ndd.random.RNG(seed=11), ndd.random.RNG(seed=12)
 
