@@ -1063,3 +1063,15 @@ def logical_hooks(on_result: Callable[[str, list, Any], None]) -> Iterator[None]
 
 
 _logical_hooks_lock = threading.RLock()
+
+
+def error_summary(error: Exception) -> str:
+    """The operator and the message of a pipeline run's error, on one line (DALI's message
+    wraps them in tracebacks and repeated headers)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    operator = next((line for line in lines if line.startswith("Error in")), "")
+    try:
+        message = lines[lines.index("encountered:") + 1]
+    except (ValueError, IndexError):
+        message = lines[0] if lines else type(error).__name__
+    return f"{operator.rstrip(',')}: {message}" if operator else message

@@ -50,7 +50,7 @@ import astunparse
 
 from . import _dali
 from .errors import NddTraceError
-from .source import SourceLoc, register_source, user_frame
+from .source import SourceLoc, register_source, user_frame, user_location
 
 _counter = itertools.count()
 
@@ -64,6 +64,14 @@ class PerSampleError(NddTraceError):
         self.lineno = loc.lineno if loc else None
         super().__init__(f"{loc}: {message}" if loc else message)
         _scope.raised = self  # DALI's AutoGraph re-raises it wrapped: unwrapped where caught
+
+
+class _RunFailed(Exception):
+    """Internal: a pipeline run raised `error`."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 class _EagerLoop(Exception):
@@ -936,7 +944,10 @@ class PerSampleFunction:
                 self._warn_eager(variant)
                 return self.eager(*args)
             definition = variant.definition
-            outputs = self._run(variant, args, batch_size)
+            try:
+                outputs = self._run(variant, args, batch_size)
+            except _RunFailed as failure:
+                return self._after_failed_run(self._key(batches, statics), args, failure)
         return _unflatten(definition.output_tree, [_dali.wrap_batch(o) for o in outputs])
 
     def _run(self, variant: _Variant, args: tuple, batch_size: int) -> tuple:
@@ -956,7 +967,10 @@ class PerSampleFunction:
                 _dali.feed(pipe, site.source, batch)
             if definition.index_node is not None:
                 _dali.feed(pipe, _SAMPLE_INDEX, _dali.sample_indices(batch_size))
-            outputs = pipe.run()
+            try:
+                outputs = pipe.run()
+            except Exception as error:  # noqa: BLE001 (handed to the eager loop, see the caller)
+                raise _RunFailed(error) from error
             observed = stream.observe(outputs[definition.num_outputs:])
             if observed == guessed:
                 break
@@ -978,6 +992,22 @@ class PerSampleFunction:
             variant.eager_loc = site.loc
             self._warn_eager(variant)
         return outputs[:definition.num_outputs]
+
+    def _after_failed_run(self, key: tuple, args: tuple, failure: _RunFailed) -> Any:
+        """A run failed (its pipeline is unusable after that): the call runs as the eager loop,
+        which raises the error where it is the function's own. Where the loop succeeds, the
+        run failed on values fed for a wrong guess of the paths (stand-ins for random ops the
+        guess skipped, or whose per-sample arguments were not known yet): the function runs
+        as the eager loop from now on, and says so."""
+        del self._variants[key]
+        result = self.eager(*args)
+        variant = _Variant(eager_loc=user_location(), eager_reason=(
+            "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
+            "random ops not known before the run), and the run failed where the eager loop "
+            f"does not ({_dali.error_summary(failure.error)})"))
+        self._variants[key] = variant
+        self._warn_eager(variant)
+        return result
 
     def eager(self, *args: Any) -> Any:
         """The eager per-sample loop: the function on each sample, results gathered into
