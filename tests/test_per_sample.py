@@ -304,6 +304,39 @@ def test_two_batch_arguments(images):
     check(pair, images, make_images(5, seed=7))
 
 
+def test_sweep_of_seeds_and_batch_sizes():
+    side = ndd.random.RNG(seed=0)
+
+    def mixed(image):
+        level = ndd.reductions.mean(ndd.cast(image, dtype=ndd.float32))
+        if ndd.random.coin_flip(probability=0.6).item():
+            if image.shape[1] > 45 and ndd.random.coin_flip(rng=side).item():
+                image = ndd.rotate(image, angle=ndd.random.uniform(range=[-15, 15]))
+            else:
+                image = ndd.flip(image, horizontal=1)
+                jitter = ndd.random.normal(mean=level, stddev=1.0, rng=side)
+                if jitter.item() > 100.0:
+                    image = ndd.flip(image, vertical=1)
+        elif ndd.random.uniform(range=[0, 1]).item() < 0.5:
+            image = ndd.resize(image, size=[20, 20])
+        return ndd.resize(image, size=[16, 16]), ndd.random.uniform(range=[0, 1], shape=[2])
+
+    compiled = ndd.compile(mixed, per_sample=True)
+    for seed, batch_size in itertools.product(range(8), (2, 7, 16)):
+        images = make_images(batch_size, seed=seed)
+        side.seed = 50 + seed
+        ndd.random.set_seed(seed)
+        expected = eager_loop(mixed, images)
+        states = (str(ndd.random.get_default_rng().state), str(side.state))
+        side.seed = 50 + seed
+        ndd.random.set_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+            assert_same(expected, compiled(images))
+        assert (str(ndd.random.get_default_rng().state), str(side.state)) == states
+        assert compiled.last_runs <= 2  # the jitter's mean is known after a first run
+
+
 def test_explicit_generators_and_state_afterwards(images):
     first, second = ndd.random.RNG(seed=11), ndd.random.RNG(seed=12)
 
