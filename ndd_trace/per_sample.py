@@ -26,7 +26,7 @@ before the run by the eager op, for a guess of every sample's path (`_RandomStre
 also outputs which samples reached each random op inside a branch (and the values of per-sample
 arguments), and the call runs again, with the paths settled so far, until the run confirms the
 guess: then the values are exactly the eager loop's, and the generators advance by its draws.
-A call that needs more than `_MAX_RUNS` runs switches the function to the eager loop (warned).
+A call not settled in `_MAX_RUNS` runs switches the function to the eager loop (warned).
 Random ops with a data input (noise, random crops) run the function as the eager per-sample
 loop (with a warning at the line).
 """
@@ -72,6 +72,10 @@ class _RunFailed(Exception):
     def __init__(self, error: Exception):
         super().__init__(str(error))
         self.error = error
+
+
+class _EagerCall(Exception):
+    """Internal: this call runs as the eager per-sample loop (the variant says why)."""
 
 
 class _EagerLoop(Exception):
@@ -561,9 +565,9 @@ def _random_site(definition: _Definition, op_class: type, inputs: tuple, kwargs:
 
 
 _SAMPLE_INDEX = "_ndd_sample_index"
-# A call that needs more runs than this to settle its paths (see `_RandomStream`) returns its
-# (exact) results, and the function runs as the eager per-sample loop from then on: more runs
-# cost more than the loop.
+# A call whose paths are not settled after this many runs (see `_RandomStream`) runs as the
+# eager per-sample loop, and so does the function from then on: more runs would cost more than
+# the loop.
 _MAX_RUNS = 3
 
 
@@ -620,7 +624,8 @@ class _RandomStream:
     the eager loop starts it and takes its path with its values. If not, the first (sample,
     random op) where the guess was wrong was decided in the run with the eager loop's values:
     the next guess takes the run's paths up to there (`settle`), so it is right on a longer
-    prefix, and the loop ends (after at most batch size x random ops runs). Usually it ends
+    prefix, and the loop would end after at most batch size x random ops runs (it stops at
+    `_MAX_RUNS`, and the eager loop runs instead). Usually it ends
     after one run (the guess evaluates predicates on random values and input shapes in
     Python) or two (predicates on data computed in the pipeline are taken from the first)."""
 
@@ -948,6 +953,9 @@ class PerSampleFunction:
                 outputs = self._run(variant, args, batch_size)
             except _RunFailed as failure:
                 return self._after_failed_run(self._key(batches, statics), args, failure)
+            except _EagerCall:  # the generators are untouched: the loop draws as it would
+                self._warn_eager(variant)
+                return self.eager(*args)
         return _unflatten(definition.output_tree, [_dali.wrap_batch(o) for o in outputs])
 
     def _run(self, variant: _Variant, args: tuple, batch_size: int) -> tuple:
@@ -975,22 +983,20 @@ class PerSampleFunction:
             if observed == guessed:
                 break
             stream.settle(guessed, observed)
-            if runs > batch_size * len(definition.random_sites):  # cannot happen (see above)
-                raise NddTraceError(f"per-sample function `{self.__qualname__}`: the paths of "
-                                    "its samples did not settle (a bug in ndd_trace)")
+            if runs == _MAX_RUNS:  # more runs would cost more than the eager loop
+                self.runs += runs
+                site = definition.random_sites[stream.last_settled]
+                variant.pipeline = variant.definition = None
+                variant.eager_reason = (
+                    f"did not find in {runs} pipeline runs which samples call random op "
+                    f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
+                    "through pipeline ops, which cannot be evaluated before the run; each run "
+                    "settles at least one more sample)")
+                variant.eager_loc = site.loc
+                raise _EagerCall()
         stream.commit()
         self.last_runs = runs
         self.runs += runs
-        if runs > _MAX_RUNS:  # exact, but slower than the eager loop: which runs from now on
-            site = definition.random_sites[stream.last_settled]
-            variant.pipeline = variant.definition = None
-            variant.eager_reason = (
-                f"needed {runs} pipeline runs to find which samples call random op "
-                f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
-                "through pipeline ops, which cannot be evaluated before the run; each run "
-                "settles at least one more sample)")
-            variant.eager_loc = site.loc
-            self._warn_eager(variant)
         return outputs[:definition.num_outputs]
 
     def _after_failed_run(self, key: tuple, args: tuple, failure: _RunFailed) -> Any:

@@ -243,11 +243,11 @@ def test_predicate_computed_in_the_pipeline_from_random_values(images):
             ndd.random.set_seed(seed)
             assert_same(expected, compiled(batch))
             assert str(ndd.random.get_default_rng().state) == state
-    assert compiled.runs > 4  # the re-runs are exercised (exact), then the eager loop takes over
+    assert compiled.runs > 2  # the re-runs are exercised, then the eager loop takes over
     line = hidden.__code__.co_firstlineno + 4  # the random op whose callers were not guessable
     assert [(w.filename, w.lineno) for w in record
             if issubclass(w.category, ndd_trace.NddTraceWarning)] == [(__file__, line)]
-    assert "pipeline runs" in str(record[-1].message)
+    assert "3 pipeline runs" in str(record[-1].message)
 
 
 def test_random_ops_in_logical_operators_and_after_return(images):
