@@ -3,7 +3,7 @@
     @ndd.compile(per_sample=True)
     def augment(image):                              # written for one sample (a Tensor)
         if ndd.random.coin_flip(probability=0.3).item():
-            image = ndd.flip(image, horizontal=1)
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
         if image.shape[0] > 512:                     # per-sample, data-dependent
             image = ndd.resize(image, resize_shorter=512)
         return image
@@ -18,11 +18,17 @@ through unchanged); `x.shape`, `x.item()` and friends go through `_ndd_attribute
 rewritten function then runs inside `@pipeline_def(enable_conditionals=True)` (DALI's AutoGraph),
 its ndd calls becoming the same operators in pipeline mode, so each sample takes its own branch.
 
-Random ops: per call, each random op of the function draws one state per sample from its
-generator, sample by sample and in program order within a sample: exactly what the eager loop
-`[augment(sample) for sample in batch]` draws, as long as every sample reaches every random op.
-A random op inside a per-sample branch is reached by some samples only, so the eager loop's
-draws depend on the data: such a function runs as the eager per-sample loop (with a warning).
+Random ops (the per-sample random stream, docs/per-sample.md): the eager loop
+`[augment(sample) for sample in batch]` draws one state per random op call, sample 0's calls in
+order, then sample 1's...; which calls a sample makes depends on its path. A pipeline's random
+op cannot reproduce that (it reads one state per batch), so each call's values are computed
+before the run by the eager op, for a guess of every sample's path (`_RandomStream`); the run
+also outputs which samples reached each random op inside a branch (and the values of per-sample
+arguments), and the call runs again, with the paths settled so far, until the run confirms the
+guess: then the values are exactly the eager loop's, and the generators advance by its draws.
+A call not settled in `_MAX_RUNS` runs switches the function to the eager loop (warned).
+Random ops with a data input (noise, random crops) run the function as the eager per-sample
+loop (with a warning at the line).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import operator
+import sys
 import textwrap
 import threading
 import warnings
@@ -42,7 +50,7 @@ import astunparse
 
 from . import _dali
 from .errors import NddTraceError
-from .source import SourceLoc, register_source, user_location
+from .source import SourceLoc, register_source, user_frame, user_location
 
 _counter = itertools.count()
 
@@ -56,6 +64,18 @@ class PerSampleError(NddTraceError):
         self.lineno = loc.lineno if loc else None
         super().__init__(f"{loc}: {message}" if loc else message)
         _scope.raised = self  # DALI's AutoGraph re-raises it wrapped: unwrapped where caught
+
+
+class _RunFailed(Exception):
+    """Internal: a pipeline run raised `error`."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _EagerCall(Exception):
+    """Internal: this call runs as the eager per-sample loop (the variant says why)."""
 
 
 class _EagerLoop(Exception):
@@ -173,6 +193,7 @@ class Converted:
     function: Callable
     source: str  # the rewritten function (and the conditional-expression helper)
     filename: str
+    user_lines: dict[int, int] = dataclasses.field(default_factory=dict)  # source -> user line
 
 
 def convert(function: Callable) -> Converted:
@@ -206,6 +227,10 @@ def convert(function: Callable) -> Converted:
         body = [*helpers, factory]
     module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
     text = astunparse.unparse(module).strip() + "\n"
+    user_lines: dict[int, int] = {}
+    for printed, original in zip(ast.walk(ast.parse(text)), ast.walk(module)):
+        if isinstance(printed, ast.stmt) and hasattr(original, "lineno"):
+            user_lines.setdefault(printed.lineno, original.lineno)
     filename = f"<ndd_trace per-sample:{code.co_name}#{next(_counter)}>"
     register_source(filename, text)
     namespace = dict(function.__globals__)
@@ -217,7 +242,7 @@ def convert(function: Callable) -> Converted:
         converted = namespace["_ndd_factory"](*cells)
     else:
         converted = namespace[definition.name]
-    return Converted(converted, text, filename)
+    return Converted(converted, text, filename, user_lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,13 +265,16 @@ def _loc(lineno: int) -> SourceLoc | None:
 
 class Item:
     """A per-sample Python number (`x.item()`, `x.shape[i]`): comparisons and truth tests are
-    computed as Python computes them (in float64), and the value can be passed to an op."""
+    computed as Python computes them (in float64), and the value can be passed to an op.
+    `python`, where known, computes the number in Python from one sample's random values and
+    input shapes: a guess of the sample's path, checked by the run (see `_RandomStream`)."""
 
-    __slots__ = ("lineno", "node")
+    __slots__ = ("lineno", "node", "python")
 
-    def __init__(self, node: Any, lineno: int):
+    def __init__(self, node: Any, lineno: int, python: Callable[[_Sample], Any] | None = None):
         self.node = node
         self.lineno = lineno
+        self.python = python
 
     def _wide(self) -> Any:
         return _dali.fn.cast(self.node, dtype=_dali.types.DALIDataType.FLOAT64)
@@ -263,7 +291,15 @@ class Item:
         result = {"eq": lambda: left == right, "ne": lambda: left != right,
                   "lt": lambda: left < right, "le": lambda: left <= right,
                   "gt": lambda: left > right, "ge": lambda: left >= right}[name]()
-        return Item(result, self.lineno)
+        compare = getattr(operator, name)
+        python = None
+        if self.python is not None and isinstance(other, Item) and other.python is not None:
+            mine, theirs = self.python, other.python
+            python = lambda sample: compare(mine(sample), theirs(sample))  # noqa: E731
+        elif self.python is not None and not isinstance(other, Item):
+            mine = self.python
+            python = lambda sample: compare(mine(sample), other)  # noqa: E731
+        return Item(result, self.lineno, python)
 
     def __eq__(self, other: object) -> Item:  # type: ignore[override]
         return self._compare(other, "eq")
@@ -309,12 +345,19 @@ class _Shape:
     def __init__(self, node: Any, lineno: int):
         self._node = node.shape(dtype=_dali.types.DALIDataType.INT64)
         self._lineno = lineno
+        definition = _scope.definition
+        self._argument = definition.input_keys.get(_dali.node_key(node)) \
+            if definition is not None else None
 
     def __getitem__(self, index: Any) -> Item:
         if not isinstance(index, int):
             raise PerSampleError("indexes a per-sample shape with something other than an int",
                                  _loc(self._lineno))
-        return Item(self._node[index], self._lineno)
+        python = None
+        if self._argument is not None:  # an input's shape: known before the run
+            argument = self._argument
+            python = lambda sample: sample.shape(argument)[index]  # noqa: E731
+        return Item(self._node[index], self._lineno, python)
 
     def __len__(self) -> int:
         raise PerSampleError("takes len() of a per-sample shape (use x.ndim)", _loc(self._lineno))
@@ -330,7 +373,13 @@ def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> A
                 "both branches are run once to build the pipeline, so the change would happen "
                 "for every sample; keep per-sample branches to ndd ops on local variables",
                 _loc(lineno))
-        return _dali.fn.cast(value.node, dtype=_dali.types.DALIDataType.BOOL)
+        predicate = _dali.fn.cast(value.node, dtype=_dali.types.DALIDataType.BOOL)
+        definition = _scope.definition
+        if definition is not None and value.python is not None:
+            python = value.python
+            definition.predicates[_dali.node_key(predicate)] = \
+                lambda sample: bool(python(sample))
+        return predicate
     if _dali.is_data_node(value):
         raise PerSampleError(
             "uses a tensor as a Python bool (`if tensor:`): in eager ndd a Tensor has no "
@@ -356,7 +405,10 @@ def _ndd_attribute(value: Any, name: str, lineno: int) -> Any:
     if name == "shape":
         return _Shape(value, lineno)
     if name == "item":
-        return lambda: Item(_dali.fn.reshape(value, shape=[]), lineno)
+        definition = _scope.definition
+        site = definition.site_keys.get(_dali.node_key(value)) if definition else None
+        python = (lambda sample: sample.item(site)) if site is not None else None
+        return lambda: Item(_dali.fn.reshape(value, shape=[]), lineno, python)
     if name in ("gpu", "cpu") and hasattr(value, name):
         return getattr(value, name)  # a transfer inside the pipeline
     raise PerSampleError(f"reads `.{name}` of a per-sample value, which a per-sample pipeline "
@@ -377,9 +429,57 @@ class _Definition:
 
     filename: str
     name: str
+    observe: bool = True  # add the outputs that say which samples reached each random op
     random_sites: list[_RandomSite] = dataclasses.field(default_factory=list)
     output_tree: Any = None
     num_outputs: int = 0
+    # node_key -> the Python guess of a branch predicate (see Item.python)
+    predicates: dict[str, Callable[[_Sample], bool]] = dataclasses.field(default_factory=dict)
+    site_keys: dict[str, int] = dataclasses.field(default_factory=dict)  # node_key -> site
+    input_keys: dict[str, int] = dataclasses.field(default_factory=dict)  # node_key -> argument
+    reach_nodes: list = dataclasses.field(default_factory=list)
+    index_node: Any = None
+    converted_filename: str = ""
+    user_lines: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+def _call_location(definition: _Definition) -> SourceLoc | None:
+    """The user's line of an ndd call made while the pipeline is defined: the rewritten
+    function runs as code DALI's AutoGraph generated from it, mapped back here."""
+    frame = user_frame(sys._getframe(1))
+    if frame is None:
+        return None
+    origin = _dali.autograph_origin(frame.f_code.co_filename, frame.f_lineno)
+    if origin is None:
+        return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    filename, lineno = origin
+    if filename == definition.converted_filename:
+        return SourceLoc(definition.filename, definition.user_lines.get(lineno, lineno),
+                         definition.name)
+    return SourceLoc(filename, lineno, frame.f_code.co_name)
+
+
+def _no_guess(sample: _Sample) -> bool:
+    raise _Unknown("a predicate computed in the pipeline")
+
+
+def _logical_guess(definition: _Definition, kind: str, operands: list, result: Any) -> None:
+    """The Python guess of a `not`/`and`/`or` of per-sample predicates (see Item.python)."""
+    guesses = []
+    for operand in operands:
+        if _dali.is_data_node(operand):  # unknown: `a or b` is still known where `a` is true
+            guesses.append(definition.predicates.get(_dali.node_key(operand), _no_guess))
+        else:
+            guesses.append(lambda sample, value=bool(operand): value)
+    if kind == "not":
+        guess = lambda sample: not guesses[0](sample)  # noqa: E731
+    elif kind == "and" and len(guesses) == 2:
+        guess = lambda sample: guesses[0](sample) and guesses[1](sample)  # noqa: E731
+    elif kind == "or" and len(guesses) == 2:
+        guess = lambda sample: guesses[0](sample) or guesses[1](sample)  # noqa: E731
+    else:
+        return
+    definition.predicates[_dali.node_key(result)] = guess
 
 
 def _to_node(value: Any, cast: str | None = None) -> Any:
@@ -392,7 +492,7 @@ def _to_node(value: Any, cast: str | None = None) -> Any:
 
 def _handler(definition: _Definition, op_class: type, original: Any, inputs: tuple,
              kwargs: dict) -> Any:
-    loc = user_location()
+    loc = _call_location(definition)
     if _dali.is_stateful(op_class):
         raise PerSampleError(f"calls stateful operator `{_dali.op_path(op_class)}` in a "
                              "per-sample function", loc)
@@ -406,7 +506,7 @@ def _handler(definition: _Definition, op_class: type, original: Any, inputs: tup
         kwargs["device"] = _dali.decay_static(device)
     if _dali.is_random(op_class):
         rng = kwargs.pop("rng", None)
-        rng = _dali.resolve_rng(rng) if rng is not None else _dali.default_rng()
+        rng = _dali.resolve_rng(rng) if rng is not None else None
         return _random_site(definition, op_class, inputs, kwargs, rng, loc)
     args = [_to_node(value) for value in inputs if value is not None]
     converted = {}
@@ -422,24 +522,53 @@ def _handler(definition: _Definition, op_class: type, original: Any, inputs: tup
 def _random_site(definition: _Definition, op_class: type, inputs: tuple, kwargs: dict,
                  rng: Any, loc: SourceLoc | None) -> Any:
     """A random op: its value for each sample is computed before the run, by the eager op with
-    the eager loop's draws, and fed to the pipeline. A pipeline's random op cannot give those
-    values itself: it reads one state per batch and derives each sample's stream from the
-    sample's position in the batch, while the eager loop draws a new state per sample."""
+    the eager loop's draws (see `_RandomStream`), and fed to the pipeline. A pipeline's random op
+    cannot give those values itself: it reads one state per batch (its sample 0's) and derives
+    each sample's stream from the sample's position in the batch, while the eager loop draws a
+    new state per call. Inside a per-sample branch, the op also outputs the indices of the
+    samples that reached it, and the values of its per-sample arguments (`range=` computed from
+    the data): the run says which draws the eager loop made, and with what arguments."""
     name = f"ndd.{_dali.op_path(op_class)}"
-    if _dali.condition_depth() > 0:
-        raise _EagerLoop(f"calls random op `{name}` inside a per-sample branch (the eager loop "
-                         "draws only for the samples that take the branch)", loc)
-    if any(value is not None for value in inputs) or any(
-            isinstance(value, Item) or _dali.is_data_node(value) for value in kwargs.values()):
-        raise _EagerLoop(f"calls random op `{name}` on per-sample data (its values are "
-                         "computed before the run, from Python arguments only)", loc)
+    if any(value is not None for value in inputs):
+        raise _EagerLoop(f"calls random op `{name}` on per-sample data (an op with a data "
+                         "input; its values are computed before the run)", loc)
+    chain = _dali.condition_chain()
+    if any(branch is None for _, branch in chain):
+        raise _EagerLoop(f"calls random op `{name}` where DALI merges branches", loc)
+    device = kwargs.get("device") or "cpu"
+    if device not in ("cpu", "gpu"):
+        raise _EagerLoop(f"calls random op `{name}` with device={device!r}", loc)
+    per_sample = {key: value for key, value in kwargs.items()
+                  if isinstance(value, Item) or _dali.is_data_node(value)}
     static = {key: _dali.decay_static(value) for key, value in kwargs.items()
-              if key != "device"}
-    if kwargs.get("device") not in (None, "cpu"):
-        raise _EagerLoop(f"calls random op `{name}` on the GPU in a per-sample function", loc)
-    source = f"_random_{len(definition.random_sites)}"
-    definition.random_sites.append(_RandomSite(source, op_class, static, rng, loc))
-    return _dali.fn.external_source(name=source, device="cpu")  # typed by what it is fed
+              if key != "device" and key not in per_sample}
+    reach = None
+    if chain and definition.observe:
+        if definition.index_node is None:
+            definition.index_node = _dali.sample_index_source(_SAMPLE_INDEX)
+        definition.reach_nodes.append(_dali.in_this_branch(definition.index_node))
+        reach = len(definition.reach_nodes) - 1
+    arguments = []
+    for key, value in per_sample.items():
+        if not definition.observe:
+            raise _EagerLoop(f"calls random op `{name}` with a per-sample `{key}=`", loc)
+        node = _to_node(value, _dali.argument_dtype(op_class, key))
+        definition.reach_nodes.append(_dali.in_this_branch(node))
+        arguments.append((key, len(definition.reach_nodes) - 1))
+    index = len(definition.random_sites)
+    source = f"_random_{index}"
+    definition.random_sites.append(_RandomSite(source, op_class, static, rng, device, loc,
+                                               tuple(chain), reach, tuple(arguments)))
+    node = _dali.fn.external_source(name=source, device=device)  # typed by what it is fed
+    definition.site_keys[_dali.node_key(node)] = index
+    return node
+
+
+_SAMPLE_INDEX = "_ndd_sample_index"
+# A call whose paths are not settled after this many runs (see `_RandomStream`) runs as the
+# eager per-sample loop, and so does the function from then on: more runs would cost more than
+# the loop.
+_MAX_RUNS = 3
 
 
 @dataclasses.dataclass
@@ -449,8 +578,189 @@ class _RandomSite:
     source: str
     op_class: type
     static: dict[str, Any]
-    rng: Any
+    rng: Any  # None: the calling thread's default generator
+    device: str
     loc: SourceLoc | None
+    chain: tuple[tuple[str, bool], ...]  # the branches it is inside: (predicate key, branch)
+    reach: int | None  # its output of reaching sample indices (None: every sample reaches it)
+    arguments: tuple[tuple[str, int], ...] = ()  # per-sample arguments: (name, output)
+    placeholder: Any = None  # the value fed for samples that do not reach it
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-sample random stream
+
+class _Unknown(Exception):
+    """A Python guess needs a value this sample does not have (a random op it did not reach)."""
+
+
+class _Sample:
+    """One sample's random values and input shapes, as the Python guesses of its predicates
+    (`Item.python`) read them."""
+
+    def __init__(self, stream: _RandomStream, index: int):
+        self._stream = stream
+        self.index = index
+        self.values: dict[int, Any] = {}  # site -> this sample's value (a Tensor)
+
+    def item(self, site: int) -> Any:
+        if site not in self.values:
+            raise _Unknown(site)
+        return _dali.host_array(self.values[site]).item()
+
+    def shape(self, argument: int) -> tuple:
+        return self._stream.shapes(argument)[self.index]
+
+
+class _RandomStream:
+    """The random values of one call: what the eager loop `[f(s) for s in batch]` draws.
+
+    The eager loop draws, for each random op call a sample makes, one state from the call's
+    generator: sample 0's calls in program order, then sample 1's, and so on. Which calls a
+    sample makes depends on its path. `assign` takes a guess of every sample's path and gives
+    each random op call on it the next state in that order (its value computed by the eager op
+    with that state); the run then reports the paths taken (`observe`). If they are the guess,
+    the values are the eager loop's: by induction over the samples, each sample starts where
+    the eager loop starts it and takes its path with its values. If not, the first (sample,
+    random op) where the guess was wrong was decided in the run with the eager loop's values:
+    the next guess takes the run's paths up to there (`settle`), so it is right on a longer
+    prefix, and the loop would end after at most batch size x random ops runs (it stops at
+    `_MAX_RUNS`, and the eager loop runs instead). Usually it ends
+    after one run (the guess evaluates predicates on random values and input shapes in
+    Python) or two (predicates on data computed in the pipeline are taken from the first)."""
+
+    def __init__(self, definition: _Definition, args: tuple, batch_size: int):
+        self._definition = definition
+        self._args = args
+        self._batch_size = batch_size
+        self._shapes: dict[int, list] = {}
+        self._rngs = [site.rng if site.rng is not None else _dali.default_rng()
+                      for site in definition.random_sites]
+        self._clones = {id(rng): _dali.rng_clone(rng) for rng in self._rngs}
+        self._states: dict[int, list] = {key: [] for key in self._clones}
+        self._used: dict[int, int] = {}
+        self._settled = (-1, -1)  # the (sample, random op) up to which the paths are known
+        self.last_settled = 0  # the random op of the last (sample, random op) settled
+        self._values: dict[tuple, Any] = {}  # (site, state, arguments) -> value
+        self._functions = [_dali.op_function_of(site.op_class)
+                           for site in definition.random_sites]
+
+    def shapes(self, argument: int) -> list:
+        if argument not in self._shapes:
+            self._shapes[argument] = self._args[argument].shape
+        return self._shapes[argument]
+
+    def _state(self, rng: Any, number: int) -> Any:
+        states = self._states[id(rng)]
+        while len(states) <= number:  # drawn from a clone: the generator moves at commit
+            states.append(_dali.draw_state(self._clones[id(rng)]))
+        return states[number]
+
+    def _value(self, site: int, state: Any, arguments: tuple) -> Any:
+        key = (site, state.tobytes(), arguments)
+        if key not in self._values:
+            spec = self._definition.random_sites[site]
+            per_sample = {name: _dali.array_of(value) for name, value in arguments}
+            self._values[key] = self._functions[site](
+                **spec.static, **per_sample, device=spec.device, rng=_dali.ReplayRNG(state))
+        return self._values[key]
+
+    def _placeholder(self, site: int) -> Any:
+        """The value fed for samples that do not reach the op (the branch drops it), or whose
+        arguments are not known yet: the op's own value for an all-zero state (and its default
+        per-sample arguments), so that its type and shape fit."""
+        spec = self._definition.random_sites[site]
+        if spec.placeholder is None:
+            spec.placeholder = self._functions[site](
+                **spec.static, device=spec.device,
+                rng=_dali.ReplayRNG(_dali.zero_state())).evaluate()
+        return spec.placeholder
+
+    def _known(self, index: int, site: int) -> bool:
+        return (index, site) <= self._settled
+
+    def _reaches(self, site: int, sample: _Sample, observed: list | None) -> bool:
+        """The guess: whether this sample reaches this random op."""
+        if not self._definition.random_sites[site].chain:
+            return True
+        if self._known(sample.index, site):  # observed with the eager loop's values
+            return site in observed[sample.index]
+        unknown = False
+        for key, branch in self._definition.random_sites[site].chain:
+            predicate = self._definition.predicates.get(key)
+            if predicate is None:
+                unknown = True
+                continue
+            try:
+                taken = predicate(sample)
+            except Exception:  # noqa: BLE001 (a guess only: the run decides)
+                unknown = True
+                continue
+            if taken != branch:
+                return False
+        if not unknown:
+            return True
+        return observed is None or site in observed[sample.index]
+
+    def assign(self, observed: list | None) -> tuple[list, list]:
+        """The values to feed (one batch per random op) and the paths guessed (for each
+        sample, the random ops it reaches, with their per-sample arguments; None where not
+        known), given the paths of the last run (None: none yet)."""
+        sites = self._definition.random_sites
+        per_site: list[list] = [[] for _ in sites]
+        guessed = []
+        used = {key: 0 for key in self._clones}
+        with _dali.synchronous_cpu():  # many small op calls: no hand-off to a worker thread
+            for index in range(self._batch_size):
+                sample = _Sample(self, index)
+                path: dict[int, tuple | None] = {}
+                for site, rng in enumerate(self._rngs):
+                    if self._reaches(site, sample, observed):
+                        arguments: tuple | None = ()
+                        if sites[site].arguments:  # the last run's, where it reached the op
+                            arguments = observed[index].get(site) if observed else None
+                        state = self._state(rng, used[id(rng)])
+                        used[id(rng)] += 1
+                        path[site] = arguments
+                        if arguments is None:
+                            value = self._placeholder(site)
+                        else:
+                            value = self._value(site, state, arguments)
+                            sample.values[site] = value
+                    else:
+                        value = self._placeholder(site)
+                    per_site[site].append(value)
+                guessed.append(path)
+        self._used = used
+        return [_dali.storage_of(_dali.ndd.batch(values)) for values in per_site], guessed
+
+    def settle(self, guessed: list, observed: list) -> None:
+        """Mark the paths as known up to the first (sample, random op) where the run differs
+        from the guess: up to there the run had the eager loop's values (see the class)."""
+        for index, (guess, taken) in enumerate(zip(guessed, observed)):
+            if guess != taken:
+                self._settled = (index, min(site for site in guess.keys() | taken.keys()
+                                            if guess.get(site, 0) != taken.get(site, 0)))
+                self.last_settled = self._settled[1]
+                return
+
+    def observe(self, outputs: tuple) -> list:
+        """The paths the run took: for each sample, the random ops it reached, with the
+        values of their per-sample arguments."""
+        paths: list[dict] = [{} for _ in range(self._batch_size)]
+        for site, spec in enumerate(self._definition.random_sites):
+            indices = _dali.host_ints(outputs[spec.reach]) if spec.reach is not None \
+                else range(self._batch_size)
+            arguments = [[(name, value) for value in _dali.host_samples(outputs[output])]
+                         for name, output in spec.arguments]
+            for position, index in enumerate(indices):
+                paths[index][site] = tuple(values[position] for values in arguments)
+        return paths
+
+    def commit(self) -> None:
+        """Advance each generator by the draws of the paths taken, as the eager loop does."""
+        for rng in {id(rng): rng for rng in self._rngs}.values():
+            _dali.rng_advance(rng, self._used[id(rng)] * _dali.STATE_WORDS)
 
 
 def _flatten(value: Any, outputs: list) -> Any:
@@ -506,6 +816,8 @@ class PerSampleFunction:
         self._variants: dict[tuple, _Variant] = {}
         self._lock = threading.RLock()
         self.builds = 0
+        self.runs = 0  # pipeline runs so far (more than calls where paths were guessed wrong)
+        self.last_runs = 0
         self._warned: set = set()
         self._warning = warning
         self._parameters = list(inspect.signature(function).parameters)
@@ -535,10 +847,12 @@ class PerSampleFunction:
                         else ("batch",) for value in args)
         return batches, statics, sizes.pop()
 
-    def _define(self, args: tuple, batch_size: int,
-                num_threads: int | None = None) -> tuple[Any, _Definition]:
+    def _define(self, args: tuple, batch_size: int, num_threads: int | None = None,
+                observe: bool = True) -> tuple[Any, _Definition]:
         code = self._function.__code__
-        definition = _Definition(code.co_filename, code.co_name)
+        definition = _Definition(code.co_filename, code.co_name, observe,
+                                 converted_filename=self._converted.filename,
+                                 user_lines=self._converted.user_lines)
         converted = self._converted.function
         parameters = self._parameters
 
@@ -548,10 +862,12 @@ class PerSampleFunction:
                 if isinstance(value, _dali.Batch):
                     meta = _dali.meta_of(value)
                     name = parameters[index] if index < len(parameters) else f"arg{index}"
-                    values.append(_dali.fn.external_source(
+                    node = _dali.fn.external_source(
                         name=name, device=meta.device,
                         dtype=getattr(_dali.types.DALIDataType, meta.dtype),
-                        ndim=meta.ndim, layout=meta.layout or None))
+                        ndim=meta.ndim, layout=meta.layout or None)
+                    definition.input_keys[_dali.node_key(node)] = index
+                    values.append(node)
                 else:
                     values.append(value)
             return values
@@ -562,7 +878,7 @@ class PerSampleFunction:
             definition.num_outputs = len(flat)
             if not flat:
                 raise PerSampleError("the per-sample function returns no ndd value")
-            return tuple(flat)
+            return (*flat, *definition.reach_nodes)
 
         _dali.do_not_convert(make_inputs)
         _dali.do_not_convert(outputs)
@@ -573,7 +889,8 @@ class PerSampleFunction:
         previous = _scope.definition
         _scope.definition = definition
         try:
-            with _dali.intercept(functools.partial(_handler, definition)):
+            with _dali.intercept(functools.partial(_handler, definition)), \
+                    _dali.logical_hooks(functools.partial(_logical_guess, definition)):
                 options = self._options(batch_size)
                 if num_threads:
                     options["num_threads"] = num_threads
@@ -588,7 +905,8 @@ class PerSampleFunction:
         number of outputs, random-value input names)."""
         _, _, size = self._split(args)
         try:
-            pipe, definition = self._define(args, batch_size or size, num_threads)
+            pipe, definition = self._define(args, batch_size or size, num_threads,
+                                            observe=False)
         except Exception as error:
             raised, _scope.raised = _scope.raised, None
             if raised is not None and raised is not error:
@@ -631,28 +949,71 @@ class PerSampleFunction:
                 self._warn_eager(variant)
                 return self.eager(*args)
             definition = variant.definition
-            states = self._draw(definition, batch_size)
-            pipe = variant.pipeline
+            try:
+                outputs = self._run(variant, args, batch_size)
+            except _RunFailed as failure:
+                return self._after_failed_run(self._key(batches, statics), args, failure)
+            except _EagerCall:  # the generators are untouched: the loop draws as it would
+                self._warn_eager(variant)
+                return self.eager(*args)
+        return _unflatten(definition.output_tree, [_dali.wrap_batch(o) for o in outputs])
+
+    def _run(self, variant: _Variant, args: tuple, batch_size: int) -> tuple:
+        """Run the pipeline until the random values fed agree with the paths the samples take
+        (see `_RandomStream`), then advance the generators as the eager loop does."""
+        pipe, definition = variant.pipeline, variant.definition
+        stream = _RandomStream(definition, args, batch_size)
+        observed = None
+        for runs in itertools.count(1):
+            values, guessed = stream.assign(observed)
             for index, value in enumerate(args):
                 if isinstance(value, _dali.Batch):
                     name = self._parameters[index] if index < len(self._parameters) \
                         else f"arg{index}"
                     _dali.feed(pipe, name, _dali.storage_of(value))
-            for site, values in zip(definition.random_sites, states):
-                _dali.feed(pipe, site.source, values)
-            outputs = pipe.run()
-        return _unflatten(definition.output_tree, [_dali.wrap_batch(o) for o in outputs])
+            for site, batch in zip(definition.random_sites, values):
+                _dali.feed(pipe, site.source, batch)
+            if definition.index_node is not None:
+                _dali.feed(pipe, _SAMPLE_INDEX, _dali.sample_indices(batch_size))
+            try:
+                outputs = pipe.run()
+            except Exception as error:  # noqa: BLE001 (handed to the eager loop, see the caller)
+                raise _RunFailed(error) from error
+            observed = stream.observe(outputs[definition.num_outputs:])
+            if observed == guessed:
+                break
+            stream.settle(guessed, observed)
+            if runs == _MAX_RUNS:  # more runs would cost more than the eager loop
+                self.runs += runs
+                site = definition.random_sites[stream.last_settled]
+                variant.pipeline = variant.definition = None
+                variant.eager_reason = (
+                    f"did not find in {runs} pipeline runs which samples call random op "
+                    f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
+                    "through pipeline ops, which cannot be evaluated before the run; each run "
+                    "settles at least one more sample)")
+                variant.eager_loc = site.loc
+                raise _EagerCall()
+        stream.commit()
+        self.last_runs = runs
+        self.runs += runs
+        return outputs[:definition.num_outputs]
 
-    @staticmethod
-    def _draw(definition: _Definition, batch_size: int) -> list:
-        """Each random op's values, computed sample by sample and, within a sample, in program
-        order, each drawing its state from its generator: the eager per-sample loop's draws."""
-        per_site: list[list] = [[] for _ in definition.random_sites]
-        functions = [_dali.op_function_of(site.op_class) for site in definition.random_sites]
-        for _ in range(batch_size):
-            for values, site, function in zip(per_site, definition.random_sites, functions):
-                values.append(function(**site.static, rng=site.rng))
-        return [_dali.storage_of(_dali.ndd.batch(values)) for values in per_site]
+    def _after_failed_run(self, key: tuple, args: tuple, failure: _RunFailed) -> Any:
+        """A run failed (its pipeline is unusable after that): the call runs as the eager loop,
+        which raises the error where it is the function's own. Where the loop succeeds, the
+        run failed on values fed for a wrong guess of the paths (stand-ins for random ops the
+        guess skipped, or whose per-sample arguments were not known yet): the function runs
+        as the eager loop from now on, and says so."""
+        del self._variants[key]
+        result = self.eager(*args)
+        variant = _Variant(eager_loc=user_location(), eager_reason=(
+            "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
+            "random ops not known before the run), and the run failed where the eager loop "
+            f"does not ({_dali.error_summary(failure.error)})"))
+        self._variants[key] = variant
+        self._warn_eager(variant)
+        return result
 
     def eager(self, *args: Any) -> Any:
         """The eager per-sample loop: the function on each sample, results gathered into

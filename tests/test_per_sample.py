@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -149,40 +150,275 @@ def test_python_arithmetic_on_per_sample_number_raises(images):
         half(images)
 
 
-def test_random_op_in_branch_runs_the_eager_loop_and_says_so(images):
-    def rotate_some(image):
-        if ndd.random.coin_flip(probability=0.5).item():
+def test_random_op_on_per_sample_data_runs_the_eager_loop_and_says_so(images):
+    def noisy_some(image):
+        if image.shape[0] > 45:
+            image = ndd.noise.salt_and_pepper(image, prob=0.1)  # NOISE
+        return image
+
+    compiled = ndd.compile(noisy_some, per_sample=True)
+    ndd.random.set_seed(5)
+    expected = eager_loop(noisy_some, images)
+    ndd.random.set_seed(5)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="eager per-sample loop.*per-sample data"
+                      ) as record:
+        actual = compiled(images)
+    assert_same(expected, actual)
+    line = noisy_some.__code__.co_firstlineno + 2
+    assert [(w.filename, w.lineno) for w in record] == [(__file__, line)], \
+        [(w.filename, w.lineno, str(w.message)) for w in record]
+
+
+# ---------------------------------------------------------------------------------------------
+# Random ops inside per-sample branches: the per-sample random stream
+
+def headline(image):
+    if ndd.random.coin_flip(probability=0.3).item():
+        image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
+    if image.shape[0] > 45:
+        image = ndd.resize(image, resize_shorter=40)
+    return image
+
+
+def make_images(batch_size, seed=0):
+    rng = np.random.default_rng(seed)
+    return ndd.batch([rng.integers(0, 200, size=(int(rng.integers(30, 60)),
+                                                 int(rng.integers(30, 60)), 3)).astype(np.uint8)
+                      for _ in range(batch_size)], layout="HWC")
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8, 17])
+def test_headline_random_op_in_branch_compiles(batch_size):
+    compiled = check(headline, make_images(batch_size), seeds=range(5))
+    assert compiled.last_runs == 1  # the coin flips are known before the run
+
+
+def test_random_ops_in_nested_branches_elif_and_both_branches(images):
+    def nested(image):
+        flip = ndd.random.coin_flip(probability=0.5)
+        if flip.item():
+            if ndd.random.uniform(range=[0, 1]).item() > 0.4:
+                image = ndd.rotate(image, angle=ndd.random.uniform(range=[-20, 20]))
+                extra = ndd.random.normal(shape=[2])
+            else:
+                extra = ndd.random.uniform(range=[5, 6], shape=[2])
+        elif image.shape[1] > 50:
+            extra = ndd.random.normal(shape=[2], mean=10.0)
+        else:
+            extra = ndd.random.uniform(range=[-6, -5], shape=[2])
+        return ndd.resize(image, size=[12, 12]), extra, flip
+
+    compiled = check(nested, images, seeds=range(6))
+    assert compiled.last_runs == 1
+
+
+def test_random_op_in_branch_on_a_data_predicate(images):
+    def by_size(image):
+        image = ndd.flip(image, horizontal=1)  # its shape is known in the pipeline only
+        if image.shape[0] > 45:
+            angle = ndd.random.uniform(range=[-10, 10])
+            image = ndd.rotate(image, angle=angle)
+        return ndd.resize(image, size=[16, 16])
+
+    compiled = check(by_size, images)
+    assert compiled.last_runs <= 2  # the first run tells the paths, the second is exact
+
+
+def test_predicate_computed_in_the_pipeline_from_random_values(images):
+    def hidden(image):
+        noise = ndd.random.uniform(range=[0, 1], shape=[3])
+        if ndd.reductions.sum(noise).item() > 1.5:  # no Python guess: resolved by re-runs
+            image = ndd.flip(image, vertical=1)
+            if ndd.reductions.max(ndd.random.uniform(range=[0, 1], shape=[2])).item() > 0.5:
+                image = ndd.flip(image, horizontal=1)
+        return image, noise
+
+    compiled = ndd.compile(hidden, per_sample=True)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for seed, batch in itertools.product(range(4), [images, make_images(9, seed=3)]):
+            ndd.random.set_seed(seed)
+            expected = eager_loop(hidden, batch)
+            state = str(ndd.random.get_default_rng().state)
+            ndd.random.set_seed(seed)
+            assert_same(expected, compiled(batch))
+            assert str(ndd.random.get_default_rng().state) == state
+    assert compiled.runs > 2  # the re-runs are exercised, then the eager loop takes over
+    line = hidden.__code__.co_firstlineno + 4  # the random op whose callers were not guessable
+    assert [(w.filename, w.lineno) for w in record
+            if issubclass(w.category, ndd_trace.NddTraceWarning)] == [(__file__, line)]
+    assert "3 pipeline runs" in str(record[-1].message)
+
+
+def test_random_ops_in_logical_operators_and_after_return(images):
+    def logic(image):
+        if ndd.random.coin_flip().item() and ndd.random.uniform(range=[0, 1]).item() > 0.3:
+            image = ndd.flip(image, horizontal=1)
+        if not ndd.random.coin_flip(probability=0.4).item() or image.shape[0] < 45:
+            return ndd.resize(image, size=[8, 8])
+        return ndd.rotate(ndd.resize(image, size=[8, 8]),
+                          angle=ndd.random.uniform(range=[-30, 30]), keep_size=True)
+
+    compiled = check(logic, images, seeds=range(6))
+    # `and`, `or`, `not` of random values are guessed in Python; the height of the flipped
+    # image is known after a first run only
+    assert compiled.runs <= 2 * 6
+
+
+def test_random_ops_with_per_sample_arguments():
+    def data_arguments(image):
+        level = ndd.reductions.mean(ndd.cast(image, dtype=ndd.float32))
+        if ndd.random.coin_flip(probability=level / 255.0).item():
+            noise = ndd.random.normal(mean=level, stddev=2.0)
+        else:
+            noise = ndd.random.uniform(range=[0, 1])
+        shift = ndd.random.normal(mean=level)  # every sample, its own mean
+        return noise, shift
+
+    for batch_size in (1, 5, 9):
+        compiled = check(data_arguments, make_images(batch_size, seed=batch_size))
+        assert compiled.last_runs == 2  # the first run gives the arguments
+
+
+def test_random_ops_in_conditional_expressions_and_python_loops(images):
+    def loops(image, times):
+        for _ in range(times):  # a Python loop: unrolled, each call its own random op
+            if ndd.random.coin_flip(probability=0.5).item():
+                image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]),
+                                   keep_size=True)
+        flip = ndd.random.coin_flip(probability=0.5)
+        extra = ndd.random.normal(shape=[2]) if flip.item() else \
+            ndd.random.uniform(range=[0, 1], shape=[2])
+        return image, extra
+
+    compiled = check(loops, images, 3, seeds=range(4))
+    assert compiled.runs == 4
+
+
+def test_two_batch_arguments(images):
+    def pair(image, other):
+        if other.shape[0] > image.shape[0]:
             image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
         return image
 
-    compiled = ndd.compile(rotate_some, per_sample=True)
-    ndd.random.set_seed(5)
-    expected = eager_loop(rotate_some, images)
-    ndd.random.set_seed(5)
-    with pytest.warns(ndd_trace.NddTraceWarning, match="eager per-sample loop.*branch"):
-        actual = compiled(images)
-    assert_same(expected, actual)
+    check(pair, images, make_images(5, seed=7))
 
 
-def test_explain_shows_the_rewritten_function(images):
-    compiled = ndd.compile(augment, per_sample=True)
-    code = ndd_trace.explain(compiled, images).code
-    assert "def augment(image):" in code
-    assert "if _ndd_condition(_ndd_attribute(flip, 'item'" in code.replace("((", "(")
+def test_sweep_of_seeds_and_batch_sizes():
+    side = ndd.random.RNG(seed=0)
+
+    def mixed(image):
+        level = ndd.reductions.mean(ndd.cast(image, dtype=ndd.float32))
+        if ndd.random.coin_flip(probability=0.6).item():
+            if image.shape[1] > 45 and ndd.random.coin_flip(rng=side).item():
+                image = ndd.rotate(image, angle=ndd.random.uniform(range=[-15, 15]))
+            else:
+                image = ndd.flip(image, horizontal=1)
+                jitter = ndd.random.normal(mean=level, stddev=1.0, rng=side)
+                if jitter.item() > 100.0:
+                    image = ndd.flip(image, vertical=1)
+        elif ndd.random.uniform(range=[0, 1]).item() < 0.5:
+            image = ndd.resize(image, size=[20, 20])
+        return ndd.resize(image, size=[16, 16]), ndd.random.uniform(range=[0, 1], shape=[2])
+
+    compiled = ndd.compile(mixed, per_sample=True)
+    for seed, batch_size in itertools.product(range(8), (2, 7, 16)):
+        images = make_images(batch_size, seed=seed)
+        side.seed = 50 + seed
+        ndd.random.set_seed(seed)
+        expected = eager_loop(mixed, images)
+        states = (str(ndd.random.get_default_rng().state), str(side.state))
+        side.seed = 50 + seed
+        ndd.random.set_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+            assert_same(expected, compiled(images))
+        assert (str(ndd.random.get_default_rng().state), str(side.state)) == states
+        assert compiled.last_runs <= 2  # the jitter's mean is known after a first run
 
 
-def test_closures_and_second_batch_size(images):
-    size = [7, 7]
+def test_explicit_generators_and_state_afterwards(images):
+    first, second = ndd.random.RNG(seed=11), ndd.random.RNG(seed=12)
 
-    def closure(image):
-        if image.shape[0] > 45:
-            return ndd.resize(image, size=size)
-        return ndd.resize(ndd.flip(image), size=size)
+    def two(image):
+        if ndd.random.coin_flip(probability=0.5, rng=first).item():
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10], rng=second))
+        noise = ndd.random.normal(shape=[2])  # the default generator
+        return image, noise
 
-    compiled = check(closure, images)
-    smaller = ndd.batch([np.asarray(images.select(i)) for i in range(2)], layout="HWC")
-    assert_same(eager_loop(closure, smaller), compiled(smaller))
-    assert compiled.builds == 1  # a smaller batch reuses the pipeline
+    compiled = ndd.compile(two, per_sample=True)
+    for seed in range(3):
+        states = []
+        for _ in range(2):
+            first.seed, second.seed = 100 + seed, 200 + seed
+            ndd.random.set_seed(seed)
+            result = eager_loop(two, images) if not states else compiled(images)
+            states.append([str(g.state) for g in (first, second,
+                                                  ndd.random.get_default_rng())])
+            if len(states) == 1:
+                expected = result
+        assert states[0] == states[1]
+        assert_same(expected, result)
+
+
+def test_no_sample_reaches_the_random_op(images):
+    def never(image):
+        if ndd.random.coin_flip(probability=0.0).item():
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[0, 1]))
+        return image
+
+    def always(image):
+        if image.shape[0] > 0:
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-5, 5]))
+        return image
+
+    check(never, images)
+    check(always, images)
+
+
+def test_failed_run_is_the_eager_loops_error(images):
+    def fails(image):
+        if ndd.random.coin_flip().item():
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-5, 5]))
+        return image
+
+    compiled = ndd.compile(fails, per_sample=True)
+    compiled(images)
+    flat = ndd.batch([np.zeros((4, 4), np.uint8)] * 2, layout="HW")  # rotate refuses it
+    ndd.random.set_seed(3)
+    with pytest.raises(Exception) as eager_error:
+        eager_loop(fails, flat)
+    state = str(ndd.random.get_default_rng().state)
+    ndd.random.set_seed(3)
+    with pytest.raises(type(eager_error.value)):  # raised by the eager loop, run after the run
+        compiled(flat)
+    assert str(ndd.random.get_default_rng().state) == state
+    check(fails, images, seeds=[4])  # the other variant still compiled
+
+
+def test_run_failing_on_a_wrong_guess_runs_the_eager_loop_and_says_so():
+    def guarded(image, bounds):
+        # a per-sample range: known after a run only; the stand-in fed before is -0.2
+        start = ndd.random.uniform(range=bounds) - 1.0
+        return ndd.slice(image, start=ndd.stack(start, start), shape=[1, 1], axes=[0, 1],
+                         out_of_bounds_policy="error")
+
+    images = ndd.batch([np.full((6, 6, 3), 1, np.uint8)] * 3, layout="HWC")
+    bounds = ndd.batch([np.array([2, 5], np.float32)] * 3)
+    compiled = ndd.compile(guarded, per_sample=True)
+    for seed in range(2):
+        ndd.random.set_seed(seed)
+        expected = eager_loop(guarded, images, bounds)
+        state = str(ndd.random.get_default_rng().state)
+        ndd.random.set_seed(seed)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            actual = compiled(images, bounds)  # CALL
+        assert_same(expected, actual)
+        if seed == 0:  # warned once, at the call
+            assert [w.filename for w in record] == [__file__]
+            assert "slice" in str(record[0].message) and "guess" in str(record[0].message)
+        assert str(ndd.random.get_default_rng().state) == state
 
 
 @pytest.mark.gpu
@@ -196,3 +432,38 @@ def test_gpu_batch_matches_the_eager_loop(images):
         return image, flip
 
     check(on_gpu, images.gpu())
+
+
+@pytest.mark.gpu
+def test_gpu_random_ops_in_branches_match_the_eager_loop(images):
+    def on_gpu(image):
+        if ndd.random.coin_flip(probability=0.5).item():
+            noise = ndd.random.uniform(range=[0, 1], shape=[3], device="gpu")
+            image = ndd.rotate(image, angle=ndd.random.uniform(range=[-10, 10]))
+        else:
+            noise = ndd.random.normal(shape=[3], device="gpu")
+        return ndd.resize(image, size=[16, 16]), noise
+
+    check(on_gpu, images.gpu(), seeds=range(4))
+    check(on_gpu, images, seeds=range(2))
+
+
+@pytest.mark.gpu
+def test_gpu_data_per_sample_arguments_match_the_eager_loop():
+    def level_noise(image):
+        level = ndd.reductions.mean(ndd.cast(image, dtype=ndd.float32))  # on the GPU
+        if image.shape[0] > 45:
+            noise = ndd.random.normal(mean=level, stddev=3.0, shape=[2], device="gpu")
+        else:
+            noise = ndd.random.normal(mean=level, shape=[2], device="gpu")
+        return noise, ndd.random.uniform(range=[0, 1])
+
+    check(level_noise, make_images(7).gpu(), seeds=range(3))
+
+
+def test_export_of_random_ops_in_branches(tmp_path):
+    compiled = ndd.compile(headline, per_sample=True)
+    exported = ndd_trace.export(compiled, make_images(4), path=str(tmp_path / "headline.dali"),
+                                format="serialized", random="inputs")
+    assert exported.inputs == ["image", "_random_0", "_random_1"]  # no path outputs
+    assert exported.num_outputs == 1
