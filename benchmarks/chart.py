@@ -17,12 +17,14 @@ import statistics
 import sys
 from pathlib import Path
 
-MODE_ORDER = ("eager", "capture", "ndd_trace", "ndd_trace_loop", "ndd_trace_checked",
+MODE_ORDER = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop",
+              "ndd_trace_checked",
               "transparent", "pipeline_percall", "pipeline", "dataloader")
 LABELS = {
     "eager": "eager ndd",
     "capture": "DALI capture mode",
     "ndd_trace": "@ndd.compile step (per call)",
+    "ndd_trace_fed": "@ndd.compile step fed ready-made batches",
     "ndd_trace_loop": "compiled generator",
     "ndd_trace_checked": "compiled generator, checked mode",
     "transparent": "transparent mode",

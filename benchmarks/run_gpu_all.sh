@@ -21,7 +21,7 @@ if [ -z "${BENCH_ONLY:-}" ]; then  # the new differential tests first (~20 s)
         | tee "$OUT/compiled_readers_tests.log"
 fi
 python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps "$STEPS" --warmup 30 \
-    --threads 4 --modes eager,capture,ndd_trace,transparent,pipeline_percall,pipeline \
+    --threads 4 --modes eager,capture,ndd_trace,ndd_trace_fed,transparent,pipeline_percall,pipeline \
     --json "$OUT/bench_small_ops.json" 2>&1 | tail -10 | tee "$OUT/bench_small_ops.log"
 python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps "$STEPS" \
     --warmup 30 --threads 4 \
