@@ -1,6 +1,7 @@
 """Run DALI's own dynamic-mode tests plain and under `ndd_trace.enable()`, and list what differs.
 
     python benchmarks/dali_conformance.py /path/to/dali/tests [--timeout 120] [-k EXPR] [--json F]
+        [--modules test_a.py,test_b.py]
 
 The folder holds DALI's tests (NVIDIA/DALI dali/test/python/experimental_mode/ and the helpers they
 import); it is not part of this repository. pytest runs over it twice, each time in a fresh process:
@@ -65,6 +66,8 @@ def run_mode(suite: str, mode: str, workdir: str, args: argparse.Namespace) -> d
     failing on a CPU machine can leave DALI's global state broken for the modules after it)."""
     results = {}
     modules = sorted(f for f in os.listdir(suite) if f.startswith("test_") and f.endswith(".py") and f != "test_utils.py")
+    if args.modules:
+        modules = [m for m in modules if m in args.modules.split(",")]
     start = time.monotonic()
     for module in modules:
         results.update(run_pytest(suite, module, mode, workdir, args))
@@ -131,6 +134,8 @@ def main() -> None:
     parser.add_argument("suite", help="folder of DALI's dynamic-mode tests (and their helpers)")
     parser.add_argument("--timeout", type=int, default=120, help="per-test timeout (s)")
     parser.add_argument("-k", default="", help="pytest -k expression")
+    parser.add_argument("--modules", default="",
+                        help="comma-separated test files to run (default: all test_*.py)")
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
     args = parser.parse_args()
     suite = os.path.abspath(args.suite)
