@@ -178,7 +178,13 @@ class _Interceptor:
         original = owner.__dict__.get(name)
         if original is None or hasattr(original, "_ndd_trace_original"):
             return
-        setattr(owner, name, hook(original))
+        patched = hook(original)
+        # help(), IDEs and DALI's own docs tests read these off the class while the hook is in
+        # place; no `__wrapped__`: DALI's call-site marking would follow it to ndd's method
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            if hasattr(original, attribute):
+                setattr(patched, attribute, getattr(original, attribute))
+        setattr(owner, name, patched)
         self._patched.append((owner, name, original))
 
     def _install(self) -> None:

@@ -532,3 +532,25 @@ def _checkpoint_errors(root: str) -> dict:
 
 def test_checkpoint_errors(jpeg_dir):
     both(_checkpoint_errors, str(jpeg_dir))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the operator classes show while transparent mode's hooks are in place
+
+
+def _operator_methods() -> dict:
+    from nvidia.dali.experimental.dynamic import _ops
+
+    classes = [ndd.readers.File, *_ops._all_ops[:40]]
+    seen = {}
+    for cls in classes:
+        for name in ("__call__", "next_epoch"):
+            method = getattr(cls, name, None)
+            if method is not None:
+                seen[f"{cls.__name__}.{name}"] = (method.__name__, method.__qualname__,
+                                                  method.__module__, method.__doc__)
+    return {"methods": seen}
+
+
+def test_operator_methods_keep_name_and_docs():
+    both(_operator_methods)
