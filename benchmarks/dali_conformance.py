@@ -11,6 +11,9 @@ PYTHONPATH (set PYTHONPATH to the checkout under test). Printed: how many tests 
 pass under ndd_trace, and every test that passes plain and fails under ndd_trace with the one-line
 reason. Tests that fail plain (GPU-only ones on a CPU machine, ...) are counted and left out.
 A per-test timeout needs pytest-timeout (`pip install pytest-timeout`); without it none is set.
+Tests reading DALI_extra (`get_dali_extra_path()`) run with a stand-in folder: `db/single/jpeg`
+filled by `benchmarks._data.make_jpeg_dir` plus an `image_list.txt` of `path label` lines, and
+`db/imgproc/alley.png` (any PNG); point DALI_EXTRA_PATH at it.
 """
 
 from __future__ import annotations
