@@ -1,6 +1,7 @@
 """Run DALI's own dynamic-mode tests plain and under `ndd_trace.enable()`, and list what differs.
 
     python benchmarks/dali_conformance.py /path/to/dali/tests [--timeout 120] [-k EXPR] [--json F]
+        [--modules test_a.py,test_b.py]
 
 The folder holds DALI's tests (NVIDIA/DALI dali/test/python/experimental_mode/ and the helpers they
 import); it is not part of this repository. pytest runs over it twice, each time in a fresh process:
@@ -10,6 +11,9 @@ PYTHONPATH (set PYTHONPATH to the checkout under test). Printed: how many tests 
 pass under ndd_trace, and every test that passes plain and fails under ndd_trace with the one-line
 reason. Tests that fail plain (GPU-only ones on a CPU machine, ...) are counted and left out.
 A per-test timeout needs pytest-timeout (`pip install pytest-timeout`); without it none is set.
+Tests reading DALI_extra (`get_dali_extra_path()`) run with a stand-in folder: `db/single/jpeg`
+filled by `benchmarks._data.make_jpeg_dir` plus an `image_list.txt` of `path label` lines, and
+`db/imgproc/alley.png` (any PNG); point DALI_EXTRA_PATH at it.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ def run_mode(suite: str, mode: str, workdir: str, args: argparse.Namespace) -> d
     failing on a CPU machine can leave DALI's global state broken for the modules after it)."""
     results = {}
     modules = sorted(f for f in os.listdir(suite) if f.startswith("test_") and f.endswith(".py") and f != "test_utils.py")
+    if args.modules:
+        modules = [m for m in modules if m in args.modules.split(",")]
     start = time.monotonic()
     for module in modules:
         results.update(run_pytest(suite, module, mode, workdir, args))
@@ -131,6 +137,8 @@ def main() -> None:
     parser.add_argument("suite", help="folder of DALI's dynamic-mode tests (and their helpers)")
     parser.add_argument("--timeout", type=int, default=120, help="per-test timeout (s)")
     parser.add_argument("-k", default="", help="pytest -k expression")
+    parser.add_argument("--modules", default="",
+                        help="comma-separated test files to run (default: all test_*.py)")
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
     args = parser.parse_args()
     suite = os.path.abspath(args.suite)

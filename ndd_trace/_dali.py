@@ -178,7 +178,13 @@ class _Interceptor:
         original = owner.__dict__.get(name)
         if original is None or hasattr(original, "_ndd_trace_original"):
             return
-        setattr(owner, name, hook(original))
+        patched = hook(original)
+        # help(), IDEs and DALI's own docs tests read these off the class while the hook is in
+        # place; no `__wrapped__`: DALI's call-site marking would follow it to ndd's method
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            if hasattr(original, attribute):
+                setattr(patched, attribute, getattr(original, attribute))
+        setattr(owner, name, patched)
         self._patched.append((owner, name, original))
 
     def _install(self) -> None:
@@ -438,7 +444,25 @@ def _infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
                                     desc[2], layout or None))
         else:
             metas.append(TensorMeta(node.device))
+    if op_class._schema_name == "PerFrame" and descs[0] and descs[0][4] is None and input_metas:
+        metas[0] = TensorMeta(metas[0].device, metas[0].dtype, metas[0].ndim,
+                              _per_frame_layout(input_metas[0], static))
     return len(nodes), names, metas
+
+
+def _per_frame_layout(meta: TensorMeta, static: dict[str, Any]) -> str | None:
+    """The layout `ndd.per_frame` gives its input. DALI's inference leaves it open (eager ndd
+    runs the op to learn it, at the first read or at the call of an op it feeds), and an op fed
+    by a per-frame value infers from it (warp_affine with per-frame matrices: FHWC), so a
+    recorded call must know it: PerFrame only relabels the outer dimension as frames."""
+    layout = meta.layout or ""
+    if not layout:
+        return "F" + "*" * (meta.ndim - 1) if meta.ndim else None
+    if layout[0] == "F":
+        return layout
+    if static.get("replace"):
+        return "F" + layout[1:]
+    return None  # DALI rejects it when the op runs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -779,6 +803,17 @@ def synchronous_cpu() -> Any:
 
 def eval_mode_is_sync() -> bool:
     return EvalMode.current().value >= EvalMode.sync_cpu.value
+
+
+_OPERATOR_ATTRIBUTES = _ops.Operator.__dict__
+_PROCESS_PARAMS = _OPERATOR_ATTRIBUTES["_process_params"]
+
+
+def process_params_replaced() -> bool:
+    """Whether `Operator._process_params` (ndd's per-call argument processing, which a recorded
+    call does not go through) has been replaced, by a test's spy for example: transparent mode
+    then runs calls eagerly, so that the replacement sees each call at the call, as in ndd."""
+    return _OPERATOR_ATTRIBUTES.get("_process_params") is not _PROCESS_PARAMS
 
 
 _LAZY_BATCH_FIELDS = {"_wraps_external_data": False, "_tensors": None, "_storage": None,

@@ -473,6 +473,9 @@ class LazyTracer(Tracer):
         name = _dali.op_path(op_class)
         if _dali.eval_mode_is_sync():
             return self._eager(original, inputs, kwargs, name, "a synchronous EvalMode is active")
+        if _dali.process_params_replaced():
+            return self._eager(original, inputs, kwargs, name,
+                               "DALI's Operator._process_params is replaced")
         try:
             result = super().handle(op_class, original, inputs, dict(kwargs))
         except _GraphBreak as graph_break:
