@@ -229,6 +229,28 @@ class _Interceptor:
                 if self._count == 0:
                     self._uninstall()
 
+    def hold(self) -> Callable[[], None]:
+        """Keep the hooks installed, with no handler of its own, until the returned function is
+        called: a loop that switches interception on and off at every step does not reinstall
+        them each time (ops called in between run eagerly: their thread has no handler)."""
+        with self._lock:
+            if self._count == 0:
+                self._install()
+            self._count += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            with self._lock:
+                self._count -= 1
+                if self._count == 0:
+                    self._uninstall()
+
+        return release
+
     @contextmanager
     def suspended(self) -> Iterator[None]:
         """Run eagerly inside a trace (used to evaluate constants the user computes)."""
@@ -274,6 +296,11 @@ def intercept(handler: Callable, on_reader: Callable | None = None) -> Any:
     """Context manager: while active, this thread's ndd operator calls go to `handler`, and
     `reader.next_epoch()` calls to `on_reader(reader)`."""
     return _interceptor.active(handler, on_reader)
+
+
+def hold_interception() -> Callable[[], None]:
+    """Keep the ndd hooks installed until the returned function is called (see `intercept`)."""
+    return _interceptor.hold()
 
 
 def eager_inside_trace() -> Any:

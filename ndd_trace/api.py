@@ -136,6 +136,7 @@ class CompiledFunction:
         self._entries: OrderedDict[tuple, Entry] = OrderedDict()
         self._counters = _Counters()
         self._lock = threading.RLock()
+        self._step_tracers = threading.local()  # .held: (device and threads, checked-mode tracer)
         self._specialize_batch_size = False
         self._warned: set[tuple] = set()
         self._storm_warned = False
@@ -229,16 +230,27 @@ class CompiledFunction:
         if self.fallback != "lazy" or lazy.is_enabled():
             yield from generator
             return
+        steps = lazy.Steps(self._step_tracer())
         try:
             while True:
-                with lazy.enabled():
+                with steps.step():
                     try:
                         item = next(generator)
                     except StopIteration:
                         return
                 yield item
         finally:
+            steps.close()
             generator.close()
+
+    def _step_tracer(self) -> lazy.LazyTracer:
+        """This thread's tracer for the function's checked epochs: kept from epoch to epoch,
+        so that its run-ahead patterns carry over (a new one if the device or threads moved)."""
+        setting = (_dali.current_device_id(), _dali.current_num_threads())
+        held = getattr(self._step_tracers, "held", None)
+        if held is None or held[0] != setting:
+            held = self._step_tracers.held = (setting, lazy.step_tracer())
+        return held[1]
 
     def _lookup(self, key: tuple, args: tuple, kwargs: dict) -> tuple[Entry | None, str]:
         """The entry for this call, traced on a miss; the status says "hit", "new", "storm"

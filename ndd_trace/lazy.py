@@ -752,6 +752,47 @@ def is_enabled() -> bool:
     return getattr(_local(), "context", None) is not None
 
 
+class Steps:
+    """Transparent mode around each step of a generator, and not in between (a compiled
+    generator's checked mode): the consumer's code between steps runs as it would without
+    ndd_trace.
+
+        steps = Steps(tracer)        # one tracer for every step: the reader batches it saw and
+        with steps.step():           # the run-ahead patterns it learned carry from step to step
+            item = next(generator)
+        steps.close()                # the hooks, kept installed between steps, go
+
+    A fresh tracer per step would forget which batches came from a read-ahead reader (copying
+    them) and never see three steps of a pattern (running nothing ahead)."""
+
+    def __init__(self, tracer: LazyTracer):
+        self.tracer = tracer
+        self._release = _dali.hold_interception()
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        local = _local()
+        if getattr(local, "context", None) is not None:  # transparent mode already records
+            yield
+            return
+        context = _dali.intercept(self.tracer.handle, self.tracer.reader_used)
+        context.__enter__()
+        local.context, local.tracer = context, self.tracer
+        try:
+            yield
+        finally:
+            local.context = None
+            context.__exit__(None, None, None)
+
+    def close(self) -> None:
+        self._release()
+
+
+def step_tracer() -> LazyTracer:
+    """A tracer for `Steps`, set up for this thread's device and thread count."""
+    return LazyTracer(_dali.current_device_id(), _dali.current_num_threads())
+
+
 @contextmanager
 def enabled() -> Iterator[None]:
     """`with ndd_trace.enabled(): ...` runs the block in transparent mode."""

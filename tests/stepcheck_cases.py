@@ -74,3 +74,10 @@ def python_random(reader):
 def method_of_argument(self, reader):
     for jpegs, labels in reader.next_epoch(batch_size=4):
         yield self.aug(jpegs)
+
+
+def counted_augment(reader, seen):
+    for i, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=2)):
+        seen.append(i)
+        images = ndd.decoders.image(jpegs)
+        yield ndd.flip(images, horizontal=ndd.random.coin_flip(batch_size=2))
