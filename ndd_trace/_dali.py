@@ -127,6 +127,9 @@ class _Interceptor:
         self._count = 0
         self._originals: dict[int, tuple[Callable, Callable]] = {}
         self._local = threading.local()
+        # hooks made once per patched place and reused: a checked loop installs them at every
+        # epoch, and making ~1,500 hooks anew took 3-4 ms each time
+        self._hooks: dict[Any, tuple[Callable, Callable]] = {}
 
     def handler(self) -> Callable | None:
         return getattr(self._local, "handler", None)
@@ -178,12 +181,17 @@ class _Interceptor:
         original = owner.__dict__.get(name)
         if original is None or hasattr(original, "_ndd_trace_original"):
             return
-        patched = hook(original)
-        # help(), IDEs and DALI's own docs tests read these off the class while the hook is in
-        # place; no `__wrapped__`: DALI's call-site marking would follow it to ndd's method
-        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
-            if hasattr(original, attribute):
-                setattr(patched, attribute, getattr(original, attribute))
+        made = self._hooks.get((owner, name))
+        if made is not None and made[0] is original:
+            patched = made[1]
+        else:
+            patched = hook(original)
+            # help(), IDEs and DALI's own docs tests read these off the class while the hook is
+            # in place; no `__wrapped__`: DALI's call-site marking would follow it to ndd's method
+            for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+                if hasattr(original, attribute):
+                    setattr(patched, attribute, getattr(original, attribute))
+            self._hooks[(owner, name)] = (original, patched)
         setattr(owner, name, patched)
         self._patched.append((owner, name, original))
 
@@ -201,7 +209,11 @@ class _Interceptor:
             original = namespace["_func_impl_"]
             if hasattr(original, "_ndd_trace_original"):
                 continue
-            namespace["_func_impl_"] = self._make_hook(original, function._op_class)
+            made = self._hooks.get(id(function))
+            if made is None or made[0] is not original:
+                made = self._hooks[id(function)] = (
+                    original, self._make_hook(original, function._op_class))
+            namespace["_func_impl_"] = made[1]
             self._originals[id(function)] = (function, original)
 
     def _uninstall(self) -> None:
