@@ -70,16 +70,26 @@ def _namespace_modules() -> Iterator[Any]:
             yield module
 
 
+_op_functions_found: tuple[tuple, list[Callable]] | None = None
+
+
 def op_functions() -> list[Callable]:
-    """Every ndd operator function (ndd.resize, ndd.decoders.image, ...), each once."""
+    """Every ndd operator function (ndd.resize, ndd.decoders.image, ...), each once. Scanned
+    again only when a namespace module gained or lost names (hooks are installed often)."""
+    global _op_functions_found
+    modules = list(_namespace_modules())
+    fingerprint = tuple((id(module), len(vars(module))) for module in modules)
+    if _op_functions_found is not None and _op_functions_found[0] == fingerprint:
+        return _op_functions_found[1]
     found: dict[int, Callable] = {}
-    for module in _namespace_modules():
+    for module in modules:
         for value in vars(module).values():
             if (callable(value) and getattr(value, "_generated", False)
                     and hasattr(value, "_op_class")
                     and "_func_impl_" in getattr(value, "__globals__", {})):
                 found[id(value)] = value
-    return list(found.values())
+    _op_functions_found = (fingerprint, list(found.values()))
+    return _op_functions_found[1]
 
 
 def op_path(op_class: type) -> str:
