@@ -979,15 +979,6 @@ def do_not_convert(function: Callable) -> Callable:
     return dali.pipeline.do_not_convert(function)
 
 
-def condition_depth() -> int:
-    """How many per-sample `if` scopes the pipeline definition is inside (0: none)."""
-    from nvidia.dali import _conditionals
-
-    if not _conditionals.conditionals_enabled():
-        return 0
-    return _conditionals.this_condition_stack().stack_depth() - 1
-
-
 def fn_function(op_class: type, device: str | None) -> tuple[Callable, str | None]:
     """The pipeline-mode function of an ndd operator, and its device argument (ndd's "gpu"
     decoders are "mixed" in a pipeline)."""
@@ -1001,15 +992,6 @@ def fn_function(op_class: type, device: str | None) -> tuple[Callable, str | Non
 
 def float64_constant(value: float) -> Any:
     return types.Constant(float(value), dtype=types.DALIDataType.FLOAT64)
-
-
-def random_state_source(name: str) -> DataNode:
-    return fn.external_source(name=name, device="cpu", dtype=types.DALIDataType.UINT32, ndim=1)
-
-
-def stack_states(states: list[np.ndarray]) -> Any:
-    """One random op's states, one per sample, as the TensorList a state source is fed."""
-    return backend.TensorListCPU(np.stack(states))
 
 
 _PASS_THROUGH = ("_conditional__Split", "_conditional__ValidateLogical")
