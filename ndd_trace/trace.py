@@ -450,7 +450,8 @@ class Tracer:
         device = kwargs.pop("device", None)
         kwargs.pop("_backend", None)
         kwargs.pop("_caller_frame", None)
-        rng = kwargs.pop("rng", None) if _dali.is_random(op_class) else None
+        is_random = _dali.is_random(op_class)
+        rng = kwargs.pop("rng", None) if is_random else None
         kwargs = {key: value for key, value in kwargs.items() if value is not None}
         inputs = tuple(value for value in inputs if value is not None)
 
@@ -463,7 +464,7 @@ class Tracer:
         is_batch = batch_size is not None
         if is_batch and not isinstance(batch_size, SymbolicBatchSize):
             self._note_static_batch_size(int(batch_size), loc)
-        if _dali.is_random(op_class) and not is_batch:
+        if is_random and not is_batch:
             self.sample_random_ops.append(loc)
 
         try:
@@ -497,11 +498,11 @@ class Tracer:
                 static[key] = _dali.decay_static(value)
 
         random_state = None
-        if _dali.is_random(op_class):
+        if is_random:
             random_state = self.graph.add_random_state(self._rng_slot(rng, loc), loc)
 
         input_metas = [
-            dataclasses.replace(meta, device=dev)
+            meta if meta.device == dev else dataclasses.replace(meta, device=dev)
             for meta, dev in zip(self._metas(refs), input_devices)
         ]
         arg_metas = {
