@@ -268,6 +268,8 @@ class _LazyMixin:
     def _known_or_concrete(name: str):  # noqa: N805
         def getter(self: Any) -> Any:
             value = getattr(self._meta, name)
+            if value is None and self._storage is None and self._tracer.refine_meta(self._ref):
+                value = getattr(self._meta, name)
             if value is not None and self._storage is None:
                 return getattr(TracedBatch, name).fget(self)
             self._materialize()
@@ -289,6 +291,8 @@ class _LazyMixin:
 
     @property
     def layout(self) -> str | None:
+        if self._storage is None and self._meta.ndim is None:
+            self._tracer.refine_meta(self._ref)
         if self._storage is None and self._meta.ndim is not None:
             return self._meta.layout or None
         self._materialize()
@@ -509,6 +513,41 @@ class LazyTracer(Tracer):
             return original(*inputs, **kwargs)
 
     # -- running -------------------------------------------------------------------------------
+
+    def refine_meta(self, ref: Ref) -> bool:
+        """Infer a pending op's output metadata again from its inputs' real metadata, as eager
+        ndd does to answer `.dtype`, `.ndim` or `.layout` before it runs an op (its inputs have
+        run by then: ndd runs an op fed by user data at the call). The inputs' regions run, the
+        op itself does not: its own run-time error still comes at first use, as eagerly. True
+        if the node's metadata changed (its proxies then answer from it)."""
+        node = ref.node
+        if node.kind is not NodeKind.OP or node.results is not None or node.op_class is None:
+            return False
+
+        def real(value: Ref) -> TensorMeta:
+            if value.node.kind is not NodeKind.OP:
+                return value.node.meta[value.index]
+            return _dali.meta_of(_dali.wrap_batch(self.materialize(value)))
+
+        input_metas = [dataclasses.replace(real(value), device=device)
+                       for value, device in zip(node.inputs, node.input_devices)]
+        arg_metas = {}
+        for key, value in node.arg_inputs.items():
+            meta = real(value)
+            arg_metas[key] = dataclasses.replace(
+                meta, device="cpu", dtype=node.arg_casts.get(key, meta.dtype))
+        # with its inputs' metadata complete, DALI's verdict on the call is eager's: a call it
+        # rejects raises here, as ndd's inference does when asked for the metadata
+        _, _, metas = _dali.infer_metadata(node.op_class, node.backend, node.static,
+                                           input_metas, arg_metas)
+        if len(metas) != node.num_outputs or metas == node.meta:
+            return False
+        node.meta = list(metas)
+        for proxy_ref in node.proxies:
+            proxy = proxy_ref()
+            if proxy is not None:
+                proxy._meta = node.meta[proxy._ref.index]
+        return True
 
     def materialize(self, ref: Ref) -> Any:
         """Run the pending region `ref` depends on; return that output's TensorList."""

@@ -574,3 +574,27 @@ def _operator_methods() -> dict:
 
 def test_operator_methods_keep_name_and_docs():
     both(_operator_methods)
+
+
+def _metadata_after_inputs_ran() -> dict:
+    """An op fed by a value DALI cannot describe before it runs (a reduction of user data,
+    which eager ndd runs at its call): its dtype comes from inference over the input's real
+    metadata, without running the op, so the op's own error (resize rejects int64) still comes
+    at first use. Found by the transparent-mode fuzzer (it raised at `.dtype`)."""
+    data = [np.ones((5, 6, 3), np.int16), np.ones((2, 3, 3), np.int16)]
+    summed = ndd.reductions.sum(ndd.batch(data, layout="HWC"), axes=[0], keep_dims=True)
+    resized = ndd.resize(summed, size=[4, 4])
+    try:
+        metadata = (str(resized.dtype), resized.ndim, resized.layout)
+    except Exception as error:  # noqa: BLE001
+        metadata = type(error).__name__
+    try:
+        resized.evaluate()
+        first_use = "ok"
+    except Exception as error:  # noqa: BLE001
+        first_use = type(error).__name__
+    return {"metadata": metadata, "first use": first_use}
+
+
+def test_metadata_after_inputs_ran():
+    both(_metadata_after_inputs_ran)
