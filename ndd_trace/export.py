@@ -35,7 +35,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import astunparse
 import numpy as np
 
 from . import _dali
@@ -45,7 +44,7 @@ from .ir import Graph, NodeKind
 from .lower import ExportError as _NotStandalone
 from .lower import lower
 from .per_sample import PerSampleFunction
-from .source import SourceLoc
+from .source import SourceLoc, unparse
 
 FORMATS = ("python", "serialized")
 
@@ -260,10 +259,10 @@ def _module_text(name: str, lowered: Any, inputs: list[str], example: str, rando
     constants = ast.parse("INPUTS = None\nEXAMPLE = None\n")
     constants.body[0].value = ast.List(elts=[ast.Constant(n) for n in inputs], ctx=ast.Load())
     constants.body[1].value = ast.Constant(example)
-    main_text = astunparse.unparse(ast.fix_missing_locations(tail)).strip()
+    main_text = unparse(ast.fix_missing_locations(tail)).strip()
     main_text = main_text.replace("\nif (__name__ == '__main__'):", "\n\n\nif __name__ == '__main__':")
-    return ('"""' + doc + '"""\n\n' + astunparse.unparse(header).strip() + "\n\n" +
-            lowered.source + "\n" + astunparse.unparse(constants).strip() + "\n\n\n" +
+    return ('"""' + doc + '"""\n\n' + unparse(header).strip() + "\n\n" +
+            lowered.source + "\n" + unparse(constants).strip() + "\n\n\n" +
             main_text + "\n")
 
 

@@ -35,12 +35,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import astunparse
 import numpy as np
 
 from . import _dali
 from .ir import Graph, Node, NodeKind, Ref
-from .source import register_source
+from .source import register_source, unparse
 
 _counter = itertools.count()
 
@@ -397,7 +396,7 @@ def _moved(expr: ast.expr, device: str) -> ast.expr:
 
 def _unparse(statement: ast.stmt) -> str:
     module = ast.Module(body=[statement], type_ignores=[])
-    return astunparse.unparse(ast.fix_missing_locations(module)).strip()
+    return unparse(ast.fix_missing_locations(module)).strip()
 
 
 def _expression(value: ast.expr) -> str:
@@ -426,7 +425,7 @@ def _header(decorator_options: dict[str, Any] | None) -> list[str]:
     if decorator_options:
         decorator = ast.Call(func=decorator, args=[], keywords=_keywords(
             {key: ast.Constant(value) for key, value in decorator_options.items()}))
-    return [*lines, "", "", "@" + astunparse.unparse(decorator).strip()]
+    return [*lines, "", "", "@" + unparse(decorator).strip()]
 
 
 def lower(graph: Graph, *, inline_constants: bool = False, random_states: str = "fed",

@@ -46,11 +46,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import astunparse
 
 from . import _dali
 from .errors import NddTraceError
-from .source import SourceLoc, register_source, user_frame, user_location
+from .source import SourceLoc, register_source, unparse, user_frame, user_location
 
 _counter = itertools.count()
 
@@ -226,7 +225,7 @@ def convert(function: Callable) -> Converted:
                                                               ctx=ast.Load()))]
         body = [*helpers, factory]
     module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
-    text = astunparse.unparse(module).strip() + "\n"
+    text = unparse(module).strip() + "\n"
     user_lines: dict[int, int] = {}
     for printed, original in zip(ast.walk(ast.parse(text)), ast.walk(module)):
         if isinstance(printed, ast.stmt) and hasattr(original, "lineno"):

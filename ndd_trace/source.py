@@ -10,11 +10,15 @@ Kept free of DALI imports: everything above it in the layering may use it.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import linecache
 import os
 import sys
 import types
+import warnings
+
+import astunparse
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -82,6 +86,16 @@ def user_location(start: types.FrameType | None = None) -> SourceLoc | None:
     if frame is None:
         return None
     return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def unparse(node: ast.AST) -> str:
+    """Python source of an AST node, printed by astunparse. Its printer reads `ast.Num` and
+    `.n`, deprecated since Python 3.12: those warnings are ndd_trace's affair, and would
+    otherwise reach the user's own warning filters (a script recording its warnings saw one
+    more with ndd_trace on)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return astunparse.unparse(node)
 
 
 def register_source(filename: str, text: str) -> None:
