@@ -236,20 +236,14 @@ class _Interceptor:
 
     @contextmanager
     def active(self, handler: Callable, on_reader: Callable | None = None) -> Iterator[None]:
-        with self._lock:
-            if self._count == 0:
-                self._install()
-            self._count += 1
+        release = self.hold()
         previous = getattr(self._local, "handler", None), getattr(self._local, "on_reader", None)
         self._local.handler, self._local.on_reader = handler, on_reader
         try:
             yield
         finally:
             self._local.handler, self._local.on_reader = previous
-            with self._lock:
-                self._count -= 1
-                if self._count == 0:
-                    self._uninstall()
+            release()
 
     def hold(self) -> Callable[[], None]:
         """Keep the hooks installed, with no handler of its own, until the returned function is

@@ -249,7 +249,7 @@ class CompiledFunction:
         setting = (_dali.current_device_id(), _dali.current_num_threads())
         held = getattr(self._step_tracers, "held", None)
         if held is None or held[0] != setting:
-            held = self._step_tracers.held = (setting, lazy.step_tracer())
+            held = self._step_tracers.held = (setting, lazy.new_tracer())
         return held[1]
 
     def _lookup(self, key: tuple, args: tuple, kwargs: dict) -> tuple[Entry | None, str]:

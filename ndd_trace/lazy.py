@@ -35,7 +35,7 @@ from .passes import _freeze
 from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
 from .runtime import Executable, LazyResult, Options
 from .source import SourceLoc, user_location
-from .trace import TracedBatch, TracedTensor, Tracer
+from .trace import TracedBatch, TracedTensor, Tracer, inference_metas
 
 
 @dataclasses.dataclass
@@ -529,13 +529,9 @@ class LazyTracer(Tracer):
                 return value.node.meta[value.index]
             return _dali.meta_of(_dali.wrap_batch(self.materialize(value)))
 
-        input_metas = [dataclasses.replace(real(value), device=device)
-                       for value, device in zip(node.inputs, node.input_devices)]
-        arg_metas = {}
-        for key, value in node.arg_inputs.items():
-            meta = real(value)
-            arg_metas[key] = dataclasses.replace(
-                meta, device="cpu", dtype=node.arg_casts.get(key, meta.dtype))
+        input_metas, arg_metas = inference_metas(
+            [real(value) for value in node.inputs], node.input_devices,
+            {key: real(value) for key, value in node.arg_inputs.items()}, node.arg_casts)
         # with its inputs' metadata complete, DALI's verdict on the call is eager's: a call it
         # rejects raises here, as ndd's inference does when asked for the metadata
         _, _, metas = _dali.infer_metadata(node.op_class, node.backend, node.static,
@@ -767,14 +763,21 @@ def _local() -> Any:
 
 def enable() -> None:
     """Record ndd calls of this thread lazily and run them as cached pipelines."""
-    local = _local()
-    if getattr(local, "context", None) is not None:
-        return
-    tracer = LazyTracer(_dali.current_device_id(), _dali.current_num_threads())
+    if not is_enabled():
+        _switch_on(new_tracer())
+
+
+def _switch_on(tracer: LazyTracer) -> None:
+    """This thread's ndd calls go to `tracer` from now on (until `disable()`)."""
     context = _dali.intercept(tracer.handle, tracer.reader_used)
     context.__enter__()
-    local.context = context
-    local.tracer = tracer
+    local = _local()
+    local.context, local.tracer = context, tracer
+
+
+def new_tracer() -> LazyTracer:
+    """A transparent-mode tracer set up for this thread's device and thread count."""
+    return LazyTracer(_dali.current_device_id(), _dali.current_num_threads())
 
 
 def disable() -> None:
@@ -810,26 +813,17 @@ class Steps:
 
     @contextmanager
     def step(self) -> Iterator[None]:
-        local = _local()
-        if getattr(local, "context", None) is not None:  # transparent mode already records
+        if is_enabled():  # transparent mode already records
             yield
             return
-        context = _dali.intercept(self.tracer.handle, self.tracer.reader_used)
-        context.__enter__()
-        local.context, local.tracer = context, self.tracer
+        _switch_on(self.tracer)
         try:
             yield
         finally:
-            local.context = None
-            context.__exit__(None, None, None)
+            disable()
 
     def close(self) -> None:
         self._release()
-
-
-def step_tracer() -> LazyTracer:
-    """A tracer for `Steps`, set up for this thread's device and thread count."""
-    return LazyTracer(_dali.current_device_id(), _dali.current_num_threads())
 
 
 @contextmanager

@@ -65,8 +65,7 @@ def is_internal_file(filename: str) -> bool:
         return known
     if _internal_cache is None or len(_internal_cache) < 3:
         _internal_cache = _internal_dirs()
-    internal = filename.startswith(("<makefun", "<ndd_trace")) or \
-        filename.startswith(_internal_cache)
+    internal = filename.startswith(("<makefun", "<ndd_trace", *_internal_cache))
     if len(_internal_cache) >= 3 and len(_internal_files) < 4096:
         _internal_files[filename] = internal
     return internal

@@ -265,6 +265,18 @@ def _is_array_like(value: Any) -> bool:
     return isinstance(value, np.ndarray) or type(value).__module__.startswith("torch")
 
 
+def inference_metas(input_metas: list[TensorMeta], input_devices: list[str],
+                    arg_metas: dict[str, TensorMeta], arg_casts: dict[str, str]
+                    ) -> tuple[list[TensorMeta], dict[str, TensorMeta]]:
+    """How an op call's data is described to DALI's inference: each input where the op reads
+    it (ndd moves it there), each argument input on the CPU, in the type the argument takes."""
+    inputs = [meta if meta.device == device else dataclasses.replace(meta, device=device)
+              for meta, device in zip(input_metas, input_devices)]
+    args = {key: dataclasses.replace(meta, device="cpu", dtype=arg_casts.get(key, meta.dtype))
+            for key, meta in arg_metas.items()}
+    return inputs, args
+
+
 class Tracer:
     """Records ndd operator calls of one function call into a Graph."""
 
@@ -501,15 +513,9 @@ class Tracer:
         if is_random:
             random_state = self.graph.add_random_state(self._rng_slot(rng, loc), loc)
 
-        input_metas = [
-            meta if meta.device == dev else dataclasses.replace(meta, device=dev)
-            for meta, dev in zip(self._metas(refs), input_devices)
-        ]
-        arg_metas = {
-            key: dataclasses.replace(ref.node.meta[ref.index], device="cpu",
-                                     dtype=arg_casts.get(key, ref.node.meta[ref.index].dtype))
-            for key, ref in arg_inputs.items()
-        }
+        input_metas, arg_metas = inference_metas(
+            self._metas(refs), input_devices,
+            {key: ref.node.meta[ref.index] for key, ref in arg_inputs.items()}, arg_casts)
         if random_state is not None:
             arg_metas["_random_state"] = random_state.meta[0]
         try:
