@@ -395,8 +395,8 @@ def dtype_name(dtype: Any) -> str | None:
 
 def meta_of(value: Any) -> TensorMeta:
     """Static metadata of a concrete Batch or Tensor (evaluates nothing new for DALI data)."""
-    return TensorMeta(value.device.device_type, dtype_name(value.dtype), value.ndim,
-                      value.layout or None)
+    device, dtype, ndim, layout = data_signature(value)
+    return TensorMeta(device, dtype_name(dtype), ndim, layout or None)
 
 
 def data_signature(value: Any) -> tuple:

@@ -304,16 +304,9 @@ class LoopExecutable(Executable):
                 for index in range(node.num_outputs):
                     leaves[(id(node), index)] = _dali.wrap_batch(outputs[position])
                     position += 1
-            states = self.draw_states(bound)
-            for node in self.graph.nodes:
-                if node.kind is NodeKind.RANDOM_STATE:
-                    leaves[id(node)] = states[id(node)]
-                elif node.kind is NodeKind.CONSTANT:
-                    leaves[id(node)] = node.payload
-                elif node.kind is NodeKind.INPUT:
-                    leaves[id(node)] = bound[node.payload]
-                elif node.kind is NodeKind.EXTERNAL:
-                    leaves[id(node)] = run.pulled[id(node)]
+            leaves.update(self._leaves_of(bound, self.draw_states(bound)))
+            for node in self.graph.nodes_of(NodeKind.EXTERNAL):
+                leaves[id(node)] = run.pulled[id(node)]
             values = interpret(self.graph, leaves)
             run.outputs = tuple(
                 _dali.storage_of(values[ref]) if ref.node.kind is NodeKind.OP
