@@ -19,6 +19,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from . import _dali, guards, lazy, logs, passes, readahead, stepcheck
@@ -99,6 +100,17 @@ def _user_loc_of(error: BaseException | None) -> SourceLoc | None:
             loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
         tb = tb.tb_next
     return loc
+
+
+@contextmanager
+def _noted(note: str | None) -> Iterator[None]:
+    """An error of the block (the eager run after a failed trace) carries the trace's note."""
+    try:
+        yield
+    except Exception as error:
+        if note:
+            error.add_note(note)
+        raise
 
 
 class CompiledFunction:
@@ -286,12 +298,8 @@ class CompiledFunction:
 
     def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         note, error = self._take_failure()
-        try:
+        with _noted(note):
             result = self._function(*args, **kwargs)
-        except Exception as eager_error:
-            if note:
-                eager_error.add_note(note)
-            raise
         # Eager succeeded where tracing failed: this variant runs eagerly from now on, and says so.
         self._record_failed_trace(key, error)
         return result
@@ -305,13 +313,10 @@ class CompiledFunction:
         generator = self._function(*args, **kwargs)
         try:
             try:
-                first = next(generator)
+                with _noted(note):
+                    first = next(generator)
             except StopIteration:
                 return
-            except Exception as eager_error:
-                if note:
-                    eager_error.add_note(note)
-                raise
             self._record_failed_trace(key, error)
             yield first
             yield from generator
