@@ -473,6 +473,7 @@ class LazyTracer(Tracer):
         finally:
             _state.times["record"] += time.perf_counter() - started
 
+    @_dali.plumbing  # it calls ndd's own op when the call runs eagerly: DALI looks past it
     def _handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
         name = _dali.op_path(op_class)
         if _dali.eval_mode_is_sync():
