@@ -335,10 +335,32 @@ def schema_name(op_class: type) -> str:
 # ---------------------------------------------------------------------------------------------
 # Operator facts
 
-def resolve_backend(op_class: type, device: Any, inputs: tuple) -> tuple[str, str]:
-    """(device type, backend) exactly as ndd resolves them: "gpu" decoders become "mixed"."""
+def resolve_backend(op_class: type, device: Any, inputs: tuple,
+                    input_devices: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """(device type, backend) exactly as ndd resolves them: "gpu" decoders become "mixed".
+    `input_devices`: the device type of every input where all are known (recorded values);
+    ndd's resolution depends on nothing else then, and is remembered."""
+    if input_devices is not None and (device is None or type(device) is str):
+        return _resolve_backend_of(op_class, device, "gpu" in input_devices)
     resolved, backend_name = _op_builder._resolve_backend(op_class, device, inputs)
     return resolved.device_type, backend_name
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_backend_of(op_class: type, device: str | None, gpu_input: bool
+                        ) -> tuple[str, str]:
+    # ndd infers the device from the first GPU input (else the CPU): a stand-in that ndd reads
+    # as a GPU input tells it the same
+    inputs = (_GpuInputStandIn(),) if gpu_input and device is None else ()
+    resolved, backend_name = _op_builder._resolve_backend(op_class, device, inputs)
+    return resolved.device_type, backend_name
+
+
+class _GpuInputStandIn:
+    """What ndd's `_get_input_device` reads as data on the GPU (it has the CUDA array
+    interface), for `_resolve_backend_of`; never fed anywhere."""
+
+    __cuda_array_interface__ = None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -364,11 +386,52 @@ def is_tensor_argument(op_class: type, name: str) -> bool:
         return False
 
 
+PLAIN_SCALARS = frozenset((int, float, bool, str, type(None)))
+
+
 def decay_static(value: Any) -> Any:
-    """ndd's conversion of Python-side arguments (DType -> DALIDataType, Device -> "gpu")."""
+    """ndd's conversion of Python-side arguments (DType -> DALIDataType, Device -> "gpu");
+    plain numbers and strings (and lists of them) are what ndd leaves as they are."""
+    kind = type(value)
+    if kind in PLAIN_SCALARS:
+        return value
+    if kind is list or kind is tuple:
+        if all(type(v) in PLAIN_SCALARS for v in value):
+            return kind(value)
+        return kind(decay_static(v) for v in value)
     if isinstance(value, (list, tuple)):
         return type(value)(decay_static(v) for v in value)
     return _op_builder._scalar_decay(value)
+
+
+def argument_token(value: Any) -> Any:
+    """A hashable description of a Python-side operator argument such that equal tokens give
+    the same static argument to DALI, bit for bit (floats by their bits, types kept apart:
+    `1`, `1.0`, `True`, `-0.0` and `0.0` all differ); None where there is none cheaply (data,
+    numpy values, user objects)."""
+    kind = type(value)
+    if kind is float:
+        return value.hex()
+    if kind in PLAIN_SCALARS:
+        return (kind, value)
+    if kind is list or kind is tuple:
+        items = []
+        for item in value:
+            item_kind = type(item)
+            if item_kind is float:
+                items.append(item.hex())
+            elif item_kind in PLAIN_SCALARS:
+                items.append((item_kind, item))
+            else:
+                return None
+        return (kind, tuple(items))
+    if kind is DType:
+        return (kind, value.type_id)
+    if kind is Device:
+        return (kind, value.device_type, value.device_id)
+    if kind.__module__ == "nvidia.dali.backend_impl.types":  # DALI's enums (interp types...)
+        return (kind, int(value))
+    return None
 
 
 @functools.lru_cache(maxsize=64)
@@ -412,13 +475,19 @@ def _fake_node(name: str, meta: TensorMeta, device: str) -> DataNode:
                     layout=meta.layout or "")
 
 
-def _freeze_static(value: Any) -> Any:
+def freeze_static(value: Any) -> Any:
+    """`static` in hashable form (floats by their bits); TypeError if a value is unhashable."""
+    kind = type(value)
+    if kind is float:
+        return ("float", value.hex())
+    if kind in PLAIN_SCALARS:
+        return (kind.__name__, value)
     if isinstance(value, float):
         return ("float", value.hex())
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_freeze_static(v) for v in value))
+        return (type(value).__name__, tuple(freeze_static(v) for v in value))
     if isinstance(value, dict):
-        return tuple(sorted((k, _freeze_static(v)) for k, v in value.items()))
+        return tuple(sorted((k, freeze_static(v)) for k, v in value.items()))
     hash(value)
     return (type(value).__name__, value)
 
@@ -429,15 +498,17 @@ _METADATA_CACHE_SIZE = 4096
 
 def infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
                    input_metas: list[TensorMeta], arg_metas: dict[str, TensorMeta],
+                   frozen: Any = None,
                    ) -> tuple[int, tuple[str, ...] | None, list[TensorMeta]]:
     """Validate the arguments and infer outputs, as ndd's `_init_spec` does, without running.
 
     Raises DALI's own error when an argument is invalid. Memoized: building the legacy operator
     costs far more than a dictionary look-up, and transparent mode records every iteration.
+    `frozen`: `freeze_static(static)`, where the caller made it already.
     """
     try:
-        key = (op_class, backend_name, _freeze_static(static), tuple(input_metas),
-               tuple(sorted(arg_metas.items())))
+        key = (op_class, backend_name, frozen if frozen is not None else freeze_static(static),
+               tuple(input_metas), tuple(sorted(arg_metas.items())) if arg_metas else ())
     except TypeError:  # an unhashable static value: no memo
         return _infer_metadata(op_class, backend_name, static, input_metas, arg_metas)
     cached = _metadata_cache.get(key)

@@ -30,9 +30,9 @@ class NodeKind(enum.Enum):
     OP = "op"  # a DALI operator call
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorMeta:
-    """What is known statically of one value: device, dtype name, ndim, layout (None: unknown)."""
+class TensorMeta(NamedTuple):
+    """What is known statically of one value: device, dtype name, ndim, layout (None: unknown).
+    A named tuple: transparent mode hashes and compares these for every recorded call."""
 
     device: str
     dtype: str | None = None
@@ -54,6 +54,7 @@ class Node:
     arg_casts: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> dtype name
     arg_inputs: dict[str, Ref] = dataclasses.field(default_factory=dict)
     static: dict[str, Any] = dataclasses.field(default_factory=dict)
+    frozen_static: Any = None  # `static` in hashable form, made once when an op is recorded
     num_outputs: int = 1
     output_names: tuple[str, ...] | None = None
     meta: list[TensorMeta] = dataclasses.field(default_factory=list)

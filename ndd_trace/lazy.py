@@ -18,6 +18,7 @@ on the spot and is counted with its reason and `file:line`.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 import weakref
@@ -34,8 +35,8 @@ from .lower import lower
 from .passes import _freeze
 from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
 from .runtime import Executable, LazyResult, Options
-from .source import SourceLoc, user_location
-from .trace import TracedBatch, TracedTensor, Tracer, inference_metas
+from .source import SourceLoc, user_frame, user_location
+from .trace import TracedBatch, TracedTensor, Tracer, _is_concrete_data, inference_metas
 
 
 @dataclasses.dataclass
@@ -53,6 +54,8 @@ class Region:
     record_s: float = 0.0
     eager_reason: str | None = None
     ahead: int = 0  # runs served by a run launched ahead on batches read ahead
+    # the region's identity for the speculator's tables (hashing `key` again costs more)
+    token: object = dataclasses.field(default_factory=object, compare=False, repr=False)
 
     @property
     def parts(self) -> list[str]:
@@ -388,6 +391,25 @@ class LazyTensor(_LazyMixin, TracedTensor):
         return _dali.Tensor.size.fget(self)
 
 
+_IGNORED_KWARGS = frozenset(("_backend", "_caller_frame"))  # what recording drops too
+_DATA, _RNG = object(), object()  # argument tokens: recorded data; a random op's generator
+_MAX_SITES = 4096
+_SITE_FIELDS = ("name", "schema", "backend", "arg_casts", "static", "frozen_static",
+                "num_outputs", "output_names", "is_batch", "loc")
+
+
+@dataclasses.dataclass(eq=False)
+class _Site:
+    """A call site's last recorded call: what it was given, and its node (whose derived
+    fields, shared and never changed, a replayed call reuses)."""
+
+    arguments: tuple  # (name, token) per keyword argument, in call order
+    input_metas: tuple
+    arg_metas: dict  # data keyword arguments: name -> metadata
+    is_random: bool
+    fields: dict  # the recorded node's derived fields (_SITE_FIELDS), passed to add_op
+
+
 def _is_lazy(value: Any) -> bool:
     return isinstance(value, _LazyMixin)
 
@@ -400,6 +422,7 @@ class LazyTracer(Tracer):
         self.graph = _UnlistedGraph("transparent")
         self.options = Options(num_threads, device_id, RUN_AHEAD)
         self.speculator = Speculator()
+        self._sites: dict[tuple, _Site] = {}  # (op, code, instruction) -> its last call
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -481,8 +504,15 @@ class LazyTracer(Tracer):
         if _dali.process_params_replaced():
             return self._eager(original, inputs, kwargs, name,
                                "DALI's Operator._process_params is replaced")
+        frame = user_frame(sys._getframe(1))
+        site_key = (op_class, frame.f_code, frame.f_lasti) if frame is not None else None
+        site = self._sites.get(site_key) if site_key is not None else None
         try:
-            result = super().handle(op_class, original, inputs, dict(kwargs))
+            result = self._replay(site, op_class, inputs, kwargs) if site is not None else None
+            if result is None:
+                result = super().handle(op_class, original, inputs, dict(kwargs))
+                if site_key is not None:
+                    self._remember_site(site_key, result, inputs, kwargs)
         except _GraphBreak as graph_break:
             return self._eager(original, inputs, kwargs, name, graph_break.reason)
         except Exception as error:  # DALI rejects the call: eager raises its own error
@@ -500,6 +530,127 @@ class LazyTracer(Tracer):
         with _state.lock:
             _state.ops_recorded += 1
         return result
+
+    # -- replaying a call site ------------------------------------------------------------------
+    #
+    # A loop records the same calls every step. Where a call site's call is given what its
+    # last recorded call was given (the same static arguments, token for token, and data with
+    # the same metadata), recording it again would derive the same backend, static arguments
+    # and output metadata: the node is made from the site's last call instead (no argument
+    # normalization, freezing or inference). Anything else is recorded as usual.
+
+    def _remember_site(self, site_key: tuple, result: Any, inputs: tuple, kwargs: dict) -> None:
+        first = result if not isinstance(result, (tuple, dict)) else (
+            next(iter(result.values())) if isinstance(result, dict) else result[0])
+        node = first._ref.node
+        arguments = self._describe_arguments(node.op_class, kwargs)
+        if arguments is None or not all(self._replayable_input(value) for value in inputs
+                                        if value is not None):
+            self._sites.pop(site_key, None)
+            return
+        if len(self._sites) >= _MAX_SITES:
+            self._sites.clear()
+        self._sites[site_key] = _Site(
+            arguments=arguments,
+            input_metas=tuple(ref.node.meta[ref.index] for ref in node.inputs),
+            arg_metas={key: ref.node.meta[ref.index] for key, ref in node.arg_inputs.items()
+                       if key != "_random_state"},
+            is_random="_random_state" in node.arg_inputs,
+            # the node's derived fields as recorded (its metadata may be refined later, from
+            # that call's data), not the node: it would keep its results alive
+            fields={name: getattr(node, name) for name in _SITE_FIELDS} | {
+                "meta": list(node.meta), "input_devices": list(node.input_devices)})
+
+    def _describe_arguments(self, op_class: type, kwargs: dict) -> tuple | None:
+        """(name, token) per keyword argument: a static value's token, or "data" for a value
+        recorded by this tracer (compared by its metadata); None if one has neither."""
+        described = []
+        for key, value in kwargs.items():
+            if value is None or key in _IGNORED_KWARGS:  # (recording drops them too)
+                continue
+            if key == "rng" and _dali.is_random(op_class):
+                described.append((key, _RNG))
+                continue
+            if _is_lazy(value) and value._storage is None and value._tracer is self:
+                described.append((key, _DATA))
+                continue
+            token = _dali.argument_token(value)
+            if token is None:
+                return None
+            described.append((key, token))
+        return tuple(described)
+
+    def _replayable_input(self, value: Any) -> bool:
+        """A value this tracer recorded, or concrete ndd data (fed as a constant)."""
+        if _is_lazy(value):
+            return value._storage is None and value._tracer is self
+        return _is_concrete_data(value)
+
+    def _replay(self, site: _Site, op_class: type, inputs: tuple, kwargs: dict) -> Any:
+        """This call recorded from its site's last call, if it was given the same (else None)."""
+        arguments = site.arguments
+        count = len(arguments)
+        position = 0
+        data_batch = None  # the first Batch among the data arguments
+        for key, value in kwargs.items():
+            if value is None or key in _IGNORED_KWARGS:
+                continue
+            if position == count:
+                return None
+            name, token = arguments[position]
+            position += 1
+            if name != key:
+                return None
+            if token is _DATA:
+                if not (_is_lazy(value) and value._storage is None and value._tracer is self
+                        and value._meta == site.arg_metas[key]):
+                    return None
+                if data_batch is None and isinstance(value, _dali.Batch):
+                    data_batch = value
+            elif token is not _RNG and _dali.argument_token(value) != token:
+                return None
+        if position != count:
+            return None
+        inputs = tuple(value for value in inputs if value is not None)
+        if len(inputs) != len(site.input_metas) or not all(
+                self._replayable_input(value) for value in inputs):
+            return None
+        fields = site.fields
+        is_batch, loc = fields["is_batch"], fields["loc"]
+        # batch or sample mode, as recording decides it: the batch_size argument, else the
+        # first Batch among the inputs, then the data arguments
+        batch_size = kwargs.get("batch_size")
+        if batch_size is None:
+            for value in inputs:
+                if isinstance(value, _dali.Batch):
+                    batch_size = value.batch_size
+                    break
+            else:
+                if data_batch is not None:
+                    batch_size = data_batch.batch_size
+        if (batch_size is not None) != is_batch:
+            return None
+        refs = [self._ref_of(value, is_batch, loc) for value in inputs]
+        if any(ref.node.meta[ref.index] != meta for ref, meta in zip(refs, site.input_metas)):
+            return None  # (constants made for the inputs are left unused)
+        if batch_size is not None:
+            self._note_static_batch_size(int(batch_size), loc)
+        arg_inputs = {key: kwargs[key]._ref for key in site.arg_metas}
+        if site.is_random:
+            if not is_batch:
+                self.sample_random_ops.append(loc)
+            state = self.graph.add_random_state(self._rng_slot(kwargs.get("rng"), loc), loc)
+            arg_inputs["_random_state"] = Ref(state, 0)
+        new = self.graph.add_op(**fields, op_class=op_class, batch_size=batch_size, inputs=refs,
+                                arg_inputs=arg_inputs)
+        self.num_ops += 1
+        results = [self._proxy(Ref(new, i), new.meta[i], new.is_batch)
+                   for i in range(new.num_outputs)]
+        if new.num_outputs == 1:
+            return results[0]
+        if new.output_names is None:
+            return tuple(results)
+        return dict(zip(new.output_names, results))
 
     @_dali.plumbing
     def _eager(self, original: Any, inputs: tuple, kwargs: dict, name: str, reason: str) -> Any:
@@ -580,7 +731,8 @@ class LazyTracer(Tracer):
         times["key"] += checked - started
         observation = (self.speculator.observe(view.leaves, view.computed)
                        if region.executable is not None else None)
-        ahead = self.speculator.take(key, observation) if observation is not None else None
+        ahead = (self.speculator.take(region.token, observation) if observation is not None
+                 else None)
         fed = time.perf_counter()
         times["check"] += fed - checked
         if ahead is not None:
@@ -617,7 +769,7 @@ class LazyTracer(Tracer):
                                "run ahead" if ahead is not None else f"run {region.runs}")
         if observation is not None and region.executable is not None:
             learned = time.perf_counter()
-            self.speculator.learn(key, region.executable, observation, batch_size)
+            self.speculator.learn(region.token, region.executable, observation, batch_size)
             times["check"] += time.perf_counter() - learned
         for (original, index), output in zip(view.outputs, outputs):
             if original.results is None:
@@ -701,7 +853,8 @@ def _region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVi
         arg_inputs = [(name, mapped(ref)) for name, ref in node.arg_inputs.items()]
         position[id(node)] = len(items)
         items.append((
-            node.name, node.backend, node.is_batch, _freeze(node.static),
+            node.name, node.backend, node.is_batch,
+            node.frozen_static if node.frozen_static is not None else _freeze(node.static),
             tuple((at, index) for at, index, _ in inputs), tuple(node.input_devices),
             tuple(sorted((name, at, index) for name, (at, index, _) in arg_inputs)),
             tuple(sorted(node.arg_casts.items())),

@@ -270,9 +270,9 @@ def inference_metas(input_metas: list[TensorMeta], input_devices: list[str],
                     ) -> tuple[list[TensorMeta], dict[str, TensorMeta]]:
     """How an op call's data is described to DALI's inference: each input where the op reads
     it (ndd moves it there), each argument input on the CPU, in the type the argument takes."""
-    inputs = [meta if meta.device == device else dataclasses.replace(meta, device=device)
+    inputs = [meta if meta.device == device else meta._replace(device=device)
               for meta, device in zip(input_metas, input_devices)]
-    args = {key: dataclasses.replace(meta, device="cpu", dtype=arg_casts.get(key, meta.dtype))
+    args = {key: meta._replace(device="cpu", dtype=arg_casts.get(key, meta.dtype))
             for key, meta in arg_metas.items()}
     return inputs, args
 
@@ -479,8 +479,10 @@ class Tracer:
         if is_random and not is_batch:
             self.sample_random_ops.append(loc)
 
+        known_devices = (tuple(value._meta.device for value in inputs)
+                         if all(_is_traced(value) for value in inputs) else None)
         try:
-            device_type, backend = _dali.resolve_backend(op_class, device, inputs)
+            device_type, backend = _dali.resolve_backend(op_class, device, inputs, known_devices)
         except Exception as error:  # an invalid device: report at the user's line
             error.add_note(f"in ndd.{name}(...) called at {loc}")
             raise_at(error, loc)
@@ -495,6 +497,11 @@ class Tracer:
         arg_casts: dict[str, str] = {}
         static: dict[str, Any] = {}
         for key, value in kwargs.items():
+            kind = type(value)
+            if kind in _dali.PLAIN_SCALARS or ((kind is list or kind is tuple) and all(
+                    type(item) in _dali.PLAIN_SCALARS for item in value)):
+                static[key] = _dali.decay_static(value)  # numbers and strings: the fast path
+                continue
             # a shape or count made of the batch size: the trace depends on its value
             value = _resolve_symbols(value, f"passes the batch size as `{key}=`")
             if _is_traced(value) or _is_concrete_data(value) or (
@@ -519,8 +526,12 @@ class Tracer:
         if random_state is not None:
             arg_metas["_random_state"] = random_state.meta[0]
         try:
+            frozen = _dali.freeze_static(static)
+        except TypeError:  # an unhashable value (an array DALI takes as it is)
+            frozen = None
+        try:
             num_outputs, output_names, metas = _dali.infer_metadata(
-                op_class, backend, static, input_metas, arg_metas)
+                op_class, backend, static, input_metas, arg_metas, frozen)
         except Exception as error:
             culprit = self._find_culprit(op_class, backend, static, input_metas, arg_metas)
             named = f"argument `{culprit}`={static[culprit]!r} of " if culprit else ""
@@ -534,8 +545,8 @@ class Tracer:
             name, _dali.schema_name(op_class), op_class=op_class, batch_size=batch_size,
             backend=backend, inputs=refs,
             input_devices=input_devices, arg_inputs=arg_inputs, arg_casts=arg_casts,
-            static=static, num_outputs=num_outputs, output_names=output_names, meta=metas,
-            is_batch=is_batch, loc=loc)
+            static=static, frozen_static=frozen, num_outputs=num_outputs,
+            output_names=output_names, meta=metas, is_batch=is_batch, loc=loc)
         self.num_ops += 1
         results = [self._proxy(Ref(node, i), metas[i], is_batch) for i in range(num_outputs)]
         if num_outputs == 1:

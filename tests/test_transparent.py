@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import assert_same, subprocess_env
+from conftest import assert_same, subprocess_env, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -189,3 +189,104 @@ def test_deferred_eval_mode_records_one_region(batch):
     assert len(report.regions) == 1 and report.regions[0].num_ops == 5
     assert report.regions[0].runs == 3 and report.regions[0].hits == 2
     assert not report.eager_ops
+
+
+# ---------------------------------------------------------------------------------------------
+# A call site recorded again from its last call (lazy.LazyTracer._replay): only where the call
+# is given what the last one was; every other call is recorded from scratch.
+
+
+def _site_loop(batch, settings):
+    """One call site per op, called with the step's own arguments and data."""
+    outputs = []
+    for hue, size, dtype, data in settings:
+        x = data if data is not None else batch
+        w = ndd.flip(x, horizontal=1)  # its output type is its input's
+        y = ndd.hsv(x, hue=hue, saturation=1.2)
+        z = ndd.resize(y, size=size)
+        z = ndd.cast(z, dtype=dtype)
+        outputs.append(((z, w), (z.dtype, z.ndim, w.dtype, w.ndim, y.layout)))
+    return outputs
+
+
+def _replays(settings, batch):
+    """(eager outputs, transparent outputs, calls the transparent run replayed)."""
+    from ndd_trace import lazy
+
+    eager = _site_loop(batch, settings)
+    ndd_trace.reset_report()
+    with ndd_trace.enabled():
+        tracer = lazy._local().tracer
+        replayed = []
+        original = type(tracer)._replay
+
+        def spy(self, site, op_class, inputs, kwargs):
+            result = original(self, site, op_class, inputs, kwargs)
+            replayed.append(result is not None)
+            return result
+
+        type(tracer)._replay = spy
+        try:
+            traced = _site_loop(batch, settings)
+        finally:
+            type(tracer)._replay = original
+    return eager, traced, sum(replayed)
+
+
+def test_call_site_replay_matches_eager_as_arguments_change(batch):
+    """Same site, arguments that compare equal in Python but are different DALI arguments
+    (0.0 and -0.0, 1 and 1.0 and True, lists of either), other data and types: every step as
+    eager, bit for bit, dtype and ndim included."""
+    wide = ndd.cast(batch, dtype=ndd.int16)
+    settings = [(10.0, [12, 12], ndd.float32, None),
+                (10.0, [12, 12], ndd.float32, None),  # the same call: replayed
+                (-0.0, [12, 12], ndd.float32, None),
+                (0.0, [12, 12], ndd.float32, None),
+                (1, [12.0, 12], ndd.uint8, None),
+                (1.0, [12, 12.0], ndd.uint8, None),
+                (True, [12, 12], ndd.float16, None),
+                (10.0, [12, 12], ndd.float32, wide),  # int16 data at the same sites
+                (10.0, [12, 12], ndd.float32, None)]
+    eager, traced, replayed = _replays(settings, batch)
+    assert replayed >= 3
+    for (e, e_meta), (t, t_meta) in zip(eager, traced):
+        assert e_meta == t_meta
+        assert_same(e, t)
+
+
+def test_call_site_replay_keeps_random_draws_and_sample_mode(batch):
+    """A random op's site replays with the generator given at this call; a site called with
+    a Tensor after a Batch records the sample-mode call anew."""
+
+    def run():
+        ndd.random.set_seed(5)
+        rng = ndd.random.RNG(seed=77)
+
+        def body(x, use_rng):
+            angle = ndd.random.uniform(batch_size=x.batch_size, range=[-20, 20],
+                                       rng=rng if use_rng else None)
+            return ndd.rotate(x, angle=angle, keep_size=True)
+
+        out = [body(batch, False), body(batch, False), body(batch, True), body(batch, False)]
+        for x in (batch.select(0), batch, batch):
+            out.append(ndd.flip(x, horizontal=1))
+        return [to_numpy(o) for o in out], str(ndd.random.get_default_rng().state), \
+            str(rng.state)
+
+    eager = run()
+    with ndd_trace.enabled():
+        traced = run()
+    for e, t in zip(eager[0], traced[0]):
+        assert_same(e, t)
+    assert eager[1:] == traced[1:]
+
+
+def test_call_site_replay_records_anew_when_the_data_changes_type(batch):
+    """Data of another type at a site that replayed: recorded anew (other output metadata),
+    then replayed again once the type is back."""
+    eager, traced, _ = _replays([(10.0, [8, 8], ndd.float32, None),
+                                 (10.0, [8, 8], ndd.float32, ndd.cast(batch, dtype=ndd.int16)),
+                                 (10.0, [8, 8], ndd.float32, None)], batch)
+    for (e, e_meta), (t, t_meta) in zip(eager, traced):
+        assert e_meta == t_meta
+        assert_same(e, t)
