@@ -8,10 +8,15 @@
 # (matplotlib): python benchmarks/chart.py $OUT/bench_*.json
 #
 #     OUT=/tmp/out bash benchmarks/run_gpu_all.sh   # STEPS=300 by default; BENCH_ONLY=1: no tests
+#
+# PARTS picks workloads (default "small decode train"); DECODE_ROUNDS (default 1) runs the
+# decode workload in rounds too (bench_decode_rN.json).
 set -u
 OUT=${OUT:-/tmp/ndd_trace_gpu_out}
 STEPS=${STEPS:-300}
 ROUNDS=${ROUNDS:-3}
+DECODE_ROUNDS=${DECODE_ROUNDS:-1}
+PARTS=${PARTS:-small decode train}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
@@ -20,13 +25,21 @@ if [ -z "${BENCH_ONLY:-}" ]; then  # the new differential tests first (~20 s)
     python3 -m pytest -q tests/test_compiled_readers.py -p no:cacheprovider 2>&1 | tail -3 \
         | tee "$OUT/compiled_readers_tests.log"
 fi
+case " $PARTS " in *" small "*)
 python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps "$STEPS" --warmup 30 \
     --threads 4 --modes eager,capture,ndd_trace,ndd_trace_fed,transparent,pipeline_percall,pipeline \
     --json "$OUT/bench_small_ops.json" 2>&1 | tail -10 | tee "$OUT/bench_small_ops.log"
-python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps "$STEPS" \
-    --warmup 30 --threads 4 \
-    --modes eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,transparent,pipeline \
-    --json "$OUT/bench_decode.json" 2>&1 | tail -10 | tee "$OUT/bench_decode.log"
+esac
+case " $PARTS " in *" decode "*)
+for round in $(seq 1 "$DECODE_ROUNDS"); do
+    suffix=$([ "$DECODE_ROUNDS" = 1 ] && echo "" || echo "_r$round")
+    python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps "$STEPS" \
+        --warmup 30 --threads 4 \
+        --modes eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,transparent,pipeline \
+        --json "$OUT/bench_decode$suffix.json" 2>&1 | tail -10 | tee "$OUT/bench_decode$suffix.log"
+done
+esac
+case " $PARTS " in *" train "*) ;; *) ROUNDS=0 ;; esac
 for round in $(seq 1 "$ROUNDS"); do
     python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 100 \
         --warmup 40 --threads 16 --batch-size 256 --images 4096 \
@@ -35,5 +48,4 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 echo
 echo "ratios to the hand-written pipeline (steps/s):"
-python3 benchmarks/chart.py --table "$OUT"/bench_small_ops.json "$OUT"/bench_decode.json \
-    "$OUT"/bench_train_r*.json 2>&1 | tee "$OUT/ratios.md"
+python3 benchmarks/chart.py --table $(ls "$OUT"/bench_*.json) 2>&1 | tee "$OUT/ratios.md"
