@@ -82,11 +82,13 @@ class Report:
     eager_ops: Counter  # (op name, reason, file:line) -> count
     ops_recorded: int
     readers: Counter  # (reader, file:line) -> epochs read through a reader pipeline
+    ops_replayed: int = 0  # of ops_recorded: made from their call site's last call
 
     def as_dict(self) -> dict:
         splits = _splits(self.regions)
         return {
             "ops_recorded": self.ops_recorded,
+            "ops_replayed": self.ops_replayed,
             "ops_eager": sum(self.eager_ops.values()),
             "regions": [
                 {"location": str(r.loc) if r.loc else None, "ops": r.num_ops, "runs": r.runs,
@@ -109,7 +111,8 @@ class Report:
 
     def __str__(self) -> str:
         lines = ["ndd_trace report (transparent mode)",
-                 f"  ndd calls recorded: {self.ops_recorded}, "
+                 f"  ndd calls recorded: {self.ops_recorded} "
+                 f"({self.ops_replayed} from their call site's last call), "
                  f"run eagerly: {sum(self.eager_ops.values())}",
                  f"  compiled regions: {len(self.regions)}"]
         splits = _splits(self.regions)
@@ -219,6 +222,7 @@ class _State:
         self.eager_ops: Counter = Counter()
         self.readers: Counter = Counter()
         self.ops_recorded = 0
+        self.ops_replayed = 0
         self.local = threading.local()
         # seconds spent per stage, all threads: record (ndd calls), key (a region's cone and
         # structure), check (run-ahead: observe, use, launch), feed (building, feeding), run
@@ -509,6 +513,7 @@ class LazyTracer(Tracer):
         site = self._sites.get(site_key) if site_key is not None else None
         try:
             result = self._replay(site, op_class, inputs, kwargs) if site is not None else None
+            replayed = result is not None
             if result is None:
                 result = super().handle(op_class, original, inputs, dict(kwargs))
                 if site_key is not None:
@@ -529,6 +534,7 @@ class LazyTracer(Tracer):
             self.speculator.note_draw(words, rng, position)
         with _state.lock:
             _state.ops_recorded += 1
+            _state.ops_replayed += replayed
         return result
 
     # -- replaying a call site ------------------------------------------------------------------
@@ -996,7 +1002,7 @@ def report() -> Report:
     """What transparent mode compiled and ran eagerly so far (all threads)."""
     with _state.lock:
         return Report(list(_state.regions.values()), Counter(_state.eager_ops),
-                      _state.ops_recorded, Counter(_state.readers))
+                      _state.ops_recorded, Counter(_state.readers), _state.ops_replayed)
 
 
 def step_breakdown() -> dict[str, float]:
@@ -1017,3 +1023,4 @@ def reset_report() -> None:
         _state.eager_ops.clear()
         _state.readers.clear()
         _state.ops_recorded = 0
+        _state.ops_replayed = 0

@@ -211,26 +211,14 @@ def _site_loop(batch, settings):
 
 def _replays(settings, batch):
     """(eager outputs, transparent outputs, calls the transparent run replayed)."""
-    from ndd_trace import lazy
-
     eager = _site_loop(batch, settings)
     ndd_trace.reset_report()
     with ndd_trace.enabled():
-        tracer = lazy._local().tracer
-        replayed = []
-        original = type(tracer)._replay
-
-        def spy(self, site, op_class, inputs, kwargs):
-            result = original(self, site, op_class, inputs, kwargs)
-            replayed.append(result is not None)
-            return result
-
-        type(tracer)._replay = spy
-        try:
-            traced = _site_loop(batch, settings)
-        finally:
-            type(tracer)._replay = original
-    return eager, traced, sum(replayed)
+        traced = _site_loop(batch, settings)
+    report = ndd_trace.report()
+    assert report.ops_recorded == 4 * len(settings)
+    assert report.as_dict()["ops_replayed"] == report.ops_replayed
+    return eager, traced, report.ops_replayed
 
 
 def test_call_site_replay_matches_eager_as_arguments_change(batch):
