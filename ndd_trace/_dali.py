@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -404,14 +405,18 @@ def decay_static(value: Any) -> Any:
     return _op_builder._scalar_decay(value)
 
 
+_DOUBLE = struct.Struct("<d")
+
+
 def argument_token(value: Any) -> Any:
     """A hashable description of a Python-side operator argument such that equal tokens give
     the same static argument to DALI, bit for bit (floats by their bits, types kept apart:
-    `1`, `1.0`, `True`, `-0.0` and `0.0` all differ); None where there is none cheaply (data,
-    numpy values, user objects)."""
+    `1`, `1.0`, `True`, `-0.0` and `0.0` all differ, and so do NaNs of another sign, which
+    `float.hex` writes alike); None where there is none cheaply (data, numpy values, user
+    objects)."""
     kind = type(value)
     if kind is float:
-        return value.hex()
+        return value.hex() if value == value else _DOUBLE.pack(value)
     if kind in PLAIN_SCALARS:
         return (kind, value)
     if kind is list or kind is tuple:
@@ -419,7 +424,7 @@ def argument_token(value: Any) -> Any:
         for item in value:
             item_kind = type(item)
             if item_kind is float:
-                items.append(item.hex())
+                items.append(item.hex() if item == item else _DOUBLE.pack(item))
             elif item_kind in PLAIN_SCALARS:
                 items.append((item_kind, item))
             else:
