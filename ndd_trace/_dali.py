@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +35,7 @@ from nvidia.dali.experimental.dynamic import _call_site, _capture, _op_builder, 
 from nvidia.dali.experimental.dynamic import random as ndd_random
 from nvidia.dali.pipeline import Pipeline
 
-from .ir import TensorMeta
+from .ir import TensorMeta, float_key
 
 DALI_VERSION = dali.__version__
 Batch = ndd.Batch
@@ -405,9 +404,6 @@ def decay_static(value: Any) -> Any:
     return _op_builder._scalar_decay(value)
 
 
-_DOUBLE = struct.Struct("<d")
-
-
 def argument_token(value: Any) -> Any:
     """A hashable description of a Python-side operator argument such that equal tokens give
     the same static argument to DALI, bit for bit (floats by their bits, types kept apart:
@@ -416,7 +412,7 @@ def argument_token(value: Any) -> Any:
     objects)."""
     kind = type(value)
     if kind is float:
-        return value.hex() if value == value else _DOUBLE.pack(value)
+        return float_key(value)
     if kind in PLAIN_SCALARS:
         return (kind, value)
     if kind is list or kind is tuple:
@@ -424,7 +420,7 @@ def argument_token(value: Any) -> Any:
         for item in value:
             item_kind = type(item)
             if item_kind is float:
-                items.append(item.hex() if item == item else _DOUBLE.pack(item))
+                items.append(float_key(item))
             elif item_kind in PLAIN_SCALARS:
                 items.append((item_kind, item))
             else:
@@ -484,11 +480,11 @@ def freeze_static(value: Any) -> Any:
     """`static` in hashable form (floats by their bits); TypeError if a value is unhashable."""
     kind = type(value)
     if kind is float:
-        return ("float", value.hex())
+        return ("float", float_key(value))
     if kind in PLAIN_SCALARS:
         return (kind.__name__, value)
     if isinstance(value, float):
-        return ("float", value.hex())
+        return ("float", float_key(value))
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(freeze_static(v) for v in value))
     if isinstance(value, dict):

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import _dali
+from .ir import float_key
 from .source import is_internal_file
 
 _MAX_DEPTH = 4
@@ -41,7 +42,9 @@ class _FloatText(str):
 def freeze(value: Any, depth: int = 0) -> Any:
     """A hashable summary of `value` that changes whenever the value does."""
     if isinstance(value, float):
-        return ("float", _FloatText(repr(float(value))))
+        value = float(value)
+        text = ("float", _FloatText(repr(value)))
+        return text if value == value else (*text, float_key(value))  # NaNs differ by sign
     if value is None or isinstance(value, (bool, int, str, bytes, complex)):
         return (type(value).__name__, value)
     if isinstance(value, (_dali.Batch, _dali.Tensor)):

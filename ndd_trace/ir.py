@@ -16,9 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import struct
 from typing import Any, NamedTuple
 
 from .source import SourceLoc
+
+
+_DOUBLE = struct.Struct("<d")
+
+
+def float_key(value: float) -> Any:
+    """A float as a key that tells apart what DALI tells apart: `-0.0` is not `0.0`, and NaNs
+    of another sign or payload differ (`float.hex` writes every NaN as "nan"): the hex text,
+    or for a NaN its 8 bytes."""
+    return value.hex() if value == value else _DOUBLE.pack(value)
 
 
 class NodeKind(enum.Enum):

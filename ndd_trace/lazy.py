@@ -172,8 +172,8 @@ def _thaw(frozen: Any) -> Any:
     """Back from passes._freeze to a value that prints as the user wrote it."""
     if isinstance(frozen, tuple) and len(frozen) == 2 and isinstance(frozen[0], str):
         kind, value = frozen
-        if kind == "float":
-            return float.fromhex(value)
+        if kind == "float":  # (a NaN's key is its bytes: ir.float_key)
+            return float.fromhex(value) if isinstance(value, str) else float("nan")
         if kind in ("list", "tuple") and isinstance(value, tuple):
             items = [_thaw(v) for v in value]
             return items if kind == "list" else tuple(items)
@@ -597,7 +597,7 @@ class LazyTracer(Tracer):
         arguments = site.arguments
         count = len(arguments)
         position = 0
-        data_batch = None  # the first Batch among the data arguments
+        data_batches = []  # the Batches among the data arguments
         for key, value in kwargs.items():
             if value is None or key in _IGNORED_KWARGS:
                 continue
@@ -611,8 +611,8 @@ class LazyTracer(Tracer):
                 if not (_is_lazy(value) and value._storage is None and value._tracer is self
                         and value._meta == site.arg_metas[key]):
                     return None
-                if data_batch is None and isinstance(value, _dali.Batch):
-                    data_batch = value
+                if isinstance(value, _dali.Batch):
+                    data_batches.append(value)
             elif token is not _RNG and _dali.argument_token(value) != token:
                 return None
         if position != count:
@@ -624,16 +624,16 @@ class LazyTracer(Tracer):
         fields = site.fields
         is_batch, loc = fields["is_batch"], fields["loc"]
         # batch or sample mode, as recording decides it: the batch_size argument, else the
-        # first Batch among the inputs, then the data arguments
+        # first Batch among the inputs, then the data arguments (all of one size: recording
+        # leaves batches of different sizes to ndd, which rejects them)
         batch_size = kwargs.get("batch_size")
         if batch_size is None:
-            for value in inputs:
-                if isinstance(value, _dali.Batch):
-                    batch_size = value.batch_size
-                    break
-            else:
-                if data_batch is not None:
-                    batch_size = data_batch.batch_size
+            sizes = [value.batch_size for value in (*inputs, *data_batches)
+                     if isinstance(value, _dali.Batch)]
+            if sizes:
+                batch_size = sizes[0]
+                if any(size != batch_size for size in sizes):
+                    return None
         if (batch_size is not None) != is_batch:
             return None
         refs = [self._ref_of(value, is_batch, loc) for value in inputs]

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from . import _dali
-from .ir import Graph, Node, NodeKind, Ref
+from .ir import Graph, Node, NodeKind, Ref, float_key
 from .source import register_source, unparse
 
 _counter = itertools.count()
@@ -385,7 +385,20 @@ class _Emitter:
 
 
 def _float(value: float) -> ast.expr:
-    return ast.Constant(value=value)
+    """A float literal; a NaN as `float("nan")`, negated where its sign bit is set (the NaNs
+    Python and the FPU make). A NaN with another payload stays `nan`, which no pipeline
+    defines: its build fails, and the call runs eagerly, exactly."""
+    if value != value:
+        nan = ast.Call(func=_name("float"), args=[ast.Constant(value="nan")], keywords=[])
+        if float_key(value) == _NAN:
+            return nan
+        if float_key(value) == _NEGATIVE_NAN:
+            return ast.UnaryOp(op=ast.USub(), operand=nan)
+    return ast.Constant(value=value)  # (infinities print as 1e309, which reads back as inf)
+
+
+_NAN = float_key(float("nan"))
+_NEGATIVE_NAN = float_key(-float("nan"))
 
 
 def _moved(expr: ast.expr, device: str) -> ast.expr:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ir import Graph, Node, NodeKind, Ref
+from .ir import Graph, Node, NodeKind, Ref, float_key
 
 
 def random_draw_order(graph: Graph) -> list[Any]:
@@ -25,7 +25,7 @@ def random_draw_order(graph: Graph) -> list[Any]:
 
 def _freeze(value: Any) -> Any:
     if isinstance(value, float):
-        return ("float", value.hex())  # -0.0 is not 0.0
+        return ("float", float_key(value))  # -0.0 is not 0.0
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_freeze(v) for v in value))
     if isinstance(value, dict):

@@ -467,12 +467,17 @@ class Tracer:
         kwargs = {key: value for key, value in kwargs.items() if value is not None}
         inputs = tuple(value for value in inputs if value is not None)
 
-        # Batch or sample mode, exactly as ndd decides it.
+        # Batch or sample mode, exactly as ndd decides it: the first batch's size, and ndd
+        # rejects batches of different sizes at the call
         if batch_size is None:
-            for value in (*inputs, *kwargs.values()):
-                if isinstance(value, _dali.Batch):
-                    batch_size = value.batch_size
-                    break
+            sizes = [value.batch_size for value in (*inputs, *kwargs.values())
+                     if isinstance(value, _dali.Batch)]
+            if sizes:
+                batch_size = sizes[0]
+                if len({size for size in sizes if type(size) is int}) > 1:
+                    raise _GraphBreak(f"`ndd.{name}` is given batches of different sizes "
+                                      f"({', '.join(map(str, sizes))}), which ndd rejects at "
+                                      "the call", loc)
         is_batch = batch_size is not None
         if is_batch and not isinstance(batch_size, SymbolicBatchSize):
             self._note_static_batch_size(int(batch_size), loc)

@@ -207,3 +207,27 @@ def test_state_draw_matches_eager_words_and_position():
     assert [int(w) for w in words] == [twin() for _ in range(7)]
     assert _dali.rng_position(rng) == (draws + 7, version)
     assert rng() == twin()
+
+
+def test_nan_and_infinite_static_arguments_keep_their_bits():
+    """A NaN's sign is part of the value DALI pads with: a compiled function called with
+    `nan` and then `-nan` (`inf - inf`) must not reuse the first trace (guards), a region must
+    not reuse the first pipeline (region keys), and the pipeline must build (NaN literals in
+    the generated code) rather than fall back."""
+    import math
+
+    def pad(x, value):
+        return ndd.pad(x, fill_value=value, axes=[0], shape=[3])
+
+    data = ndd.as_batch([np.zeros((1,), np.float32)])
+    compiled = ndd.compile(pad)
+    values = [math.nan, math.inf - math.inf, math.nan, math.inf, -math.inf, -0.0, 0.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndd_trace.NddTraceWarning)  # no eager fallback
+        for value in values:
+            eager = np.asarray(pad(data, value).select(0).cpu()).view(np.uint32)
+            traced = np.asarray(compiled(data, value).select(0).cpu()).view(np.uint32)
+            with ndd_trace.enabled():
+                lazy = np.asarray(pad(data, value).select(0).cpu()).view(np.uint32)
+            assert eager.tolist() == traced.tolist() == lazy.tolist(), value
+    assert compiled.cache_info().fallbacks == 0

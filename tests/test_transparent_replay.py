@@ -683,10 +683,6 @@ def test_checked_generator_body_with_a_step_counter(jpeg_dir):
 
 # -- mismatches outside call-site replay (the full recording path does the same) ------------
 
-@pytest.mark.xfail(strict=True, reason="not replay: batch sizes of a call's inputs and data "
-                   "arguments are not checked when it is recorded (eager ndd raises 'Inconsistent "
-                   "batch size' at the call); a cached region then runs the call at the largest "
-                   "batch size and returns a result")
 def test_inconsistent_batch_sizes_raise_as_in_eager(data):
     image = data["hwc"]
 
