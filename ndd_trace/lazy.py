@@ -414,6 +414,13 @@ class _Site:
     fields: dict  # the recorded node's derived fields (_SITE_FIELDS), passed to add_op
 
 
+def _first_output(result: Any) -> Any:
+    """The first output of a recorded call's result (one value, a tuple or a dict of them)."""
+    if isinstance(result, dict):
+        return next(iter(result.values()))
+    return result[0] if isinstance(result, tuple) else result
+
+
 def _is_lazy(value: Any) -> bool:
     return isinstance(value, _LazyMixin)
 
@@ -523,9 +530,7 @@ class LazyTracer(Tracer):
         except Exception as error:  # DALI rejects the call: eager raises its own error
             return self._eager(original, inputs, kwargs, name,
                                f"could not be recorded ({type(error).__name__})")
-        first = result if not isinstance(result, (tuple, dict)) else (
-            next(iter(result.values())) if isinstance(result, dict) else result[0])
-        state = first._ref.node.arg_inputs.get("_random_state")
+        state = _first_output(result)._ref.node.arg_inputs.get("_random_state")
         if state is not None:  # draw now, in call order, exactly as the eager call would
             _, rng = state.node.payload
             position = _dali.rng_position(rng)
@@ -546,9 +551,7 @@ class LazyTracer(Tracer):
     # normalization, freezing or inference). Anything else is recorded as usual.
 
     def _remember_site(self, site_key: tuple, result: Any, inputs: tuple, kwargs: dict) -> None:
-        first = result if not isinstance(result, (tuple, dict)) else (
-            next(iter(result.values())) if isinstance(result, dict) else result[0])
-        node = first._ref.node
+        node = _first_output(result)._ref.node
         arguments = self._describe_arguments(node.op_class, kwargs)
         if arguments is None or not all(self._replayable_input(value) for value in inputs
                                         if value is not None):
