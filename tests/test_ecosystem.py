@@ -164,8 +164,9 @@ def test_torchrun_with_ndd_trace_env(tmp_path):
     (startup / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site_dir)!r})\n")
     env = subprocess_env(NDD_TRACE="1", NDD_TRACE_REPORT=str(tmp_path / "report.json"))
     env["PYTHONPATH"] = os.pathsep.join([str(startup), env["PYTHONPATH"]])
-    completed = subprocess.run([torchrun, "--nproc_per_node=2", str(script)], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=600, env=env)
+    # --standalone: a free rendezvous port (the default port may be taken on a busy machine)
+    completed = subprocess.run([torchrun, "--standalone", "--nproc_per_node=2", str(script)],
+                               cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.count("LazyBatch True") == 2, completed.stdout
     assert {p.name for p in tmp_path.glob("report*.json")} == {"report.rank0.json",
