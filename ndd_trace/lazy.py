@@ -168,12 +168,23 @@ def _splits(regions: list[Region]) -> dict[int, str]:
     return splits
 
 
+class _Shown(str):
+    """Text that prints as itself (no quotes) in a region's description."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str.__str__(self)
+
+
 def _thaw(frozen: Any) -> Any:
     """Back from passes._freeze to a value that prints as the user wrote it."""
     if isinstance(frozen, tuple) and len(frozen) == 2 and isinstance(frozen[0], str):
         kind, value = frozen
         if kind == "float":  # (a NaN's key is its bytes: ir.float_key)
-            return float.fromhex(value) if isinstance(value, str) else float("nan")
+            if isinstance(value, str):
+                return float.fromhex(value)
+            return _Shown("-nan" if value[-1] & 0x80 else "nan")  # the sign bit, little-endian
         if kind in ("list", "tuple") and isinstance(value, tuple):
             items = [_thaw(v) for v in value]
             return items if kind == "list" else tuple(items)
