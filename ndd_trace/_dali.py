@@ -35,7 +35,7 @@ from nvidia.dali.experimental.dynamic import _call_site, _capture, _op_builder, 
 from nvidia.dali.experimental.dynamic import random as ndd_random
 from nvidia.dali.pipeline import Pipeline
 
-from .ir import TensorMeta, float_key
+from .ir import TensorMeta, float_key, freeze
 
 DALI_VERSION = dali.__version__
 Batch = ndd.Batch
@@ -386,19 +386,28 @@ def is_tensor_argument(op_class: type, name: str) -> bool:
         return False
 
 
-PLAIN_SCALARS = frozenset((int, float, bool, str, type(None)))
+_PLAIN_SCALARS = frozenset((int, float, bool, str, type(None)))
+
+
+NOT_PLAIN = object()
+
+
+def decay_plain(value: Any) -> Any:
+    """`decay_static(value)` for what ndd leaves as it is: a plain number, string or None, or
+    a list or tuple of them (copied); NOT_PLAIN for anything else."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
+        return value
+    if (kind is list or kind is tuple) and all(type(v) in _PLAIN_SCALARS for v in value):
+        return kind(value)
+    return NOT_PLAIN
 
 
 def decay_static(value: Any) -> Any:
-    """ndd's conversion of Python-side arguments (DType -> DALIDataType, Device -> "gpu");
-    plain numbers and strings (and lists of them) are what ndd leaves as they are."""
-    kind = type(value)
-    if kind in PLAIN_SCALARS:
-        return value
-    if kind is list or kind is tuple:
-        if all(type(v) in PLAIN_SCALARS for v in value):
-            return kind(value)
-        return kind(decay_static(v) for v in value)
+    """ndd's conversion of Python-side arguments (DType -> DALIDataType, Device -> "gpu")."""
+    plain = decay_plain(value)
+    if plain is not NOT_PLAIN:
+        return plain
     if isinstance(value, (list, tuple)):
         return type(value)(decay_static(v) for v in value)
     return _op_builder._scalar_decay(value)
@@ -413,7 +422,7 @@ def argument_token(value: Any) -> Any:
     kind = type(value)
     if kind is float:
         return float_key(value)
-    if kind in PLAIN_SCALARS:
+    if kind in _PLAIN_SCALARS:
         return (kind, value)
     if kind is list or kind is tuple:
         items = []
@@ -421,7 +430,7 @@ def argument_token(value: Any) -> Any:
             item_kind = type(item)
             if item_kind is float:
                 items.append(float_key(item))
-            elif item_kind in PLAIN_SCALARS:
+            elif item_kind in _PLAIN_SCALARS:
                 items.append((item_kind, item))
             else:
                 return None
@@ -476,23 +485,6 @@ def _fake_node(name: str, meta: TensorMeta, device: str) -> DataNode:
                     layout=meta.layout or "")
 
 
-def freeze_static(value: Any) -> Any:
-    """`static` in hashable form (floats by their bits); TypeError if a value is unhashable."""
-    kind = type(value)
-    if kind is float:
-        return ("float", float_key(value))
-    if kind in PLAIN_SCALARS:
-        return (kind.__name__, value)
-    if isinstance(value, float):
-        return ("float", float_key(value))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(freeze_static(v) for v in value))
-    if isinstance(value, dict):
-        return tuple(sorted((k, freeze_static(v)) for k, v in value.items()))
-    hash(value)
-    return (type(value).__name__, value)
-
-
 _metadata_cache: dict[Any, tuple] = {}
 _METADATA_CACHE_SIZE = 4096
 
@@ -505,10 +497,10 @@ def infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
 
     Raises DALI's own error when an argument is invalid. Memoized: building the legacy operator
     costs far more than a dictionary look-up, and transparent mode records every iteration.
-    `frozen`: `freeze_static(static)`, where the caller made it already.
+    `frozen`: `ir.freeze(static)`, where the caller made it already.
     """
     try:
-        key = (op_class, backend_name, frozen if frozen is not None else freeze_static(static),
+        key = (op_class, backend_name, frozen if frozen is not None else freeze(static),
                tuple(input_metas), tuple(sorted(arg_metas.items())) if arg_metas else ())
     except TypeError:  # an unhashable static value: no memo
         return _infer_metadata(op_class, backend_name, static, input_metas, arg_metas)

@@ -16,6 +16,7 @@ import builtins
 import dataclasses
 import dis
 import enum
+import math
 import types
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +45,7 @@ def freeze(value: Any, depth: int = 0) -> Any:
     if isinstance(value, float):
         value = float(value)
         text = ("float", _FloatText(repr(value)))
-        return text if value == value else (*text, float_key(value))  # NaNs differ by sign
+        return (*text, float_key(value)) if math.isnan(value) else text  # NaNs differ by sign
     if value is None or isinstance(value, (bool, int, str, bytes, complex)):
         return (type(value).__name__, value)
     if isinstance(value, (_dali.Batch, _dali.Tensor)):

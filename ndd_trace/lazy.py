@@ -30,9 +30,8 @@ from typing import Any
 from . import _dali, logs
 from .errors import _GraphBreak
 from .interpret import interpret
-from .ir import Graph, Node, NodeKind, Ref, TensorMeta
+from .ir import Graph, Node, NodeKind, Ref, TensorMeta, freeze
 from .lower import lower
-from .passes import _freeze
 from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
 from .runtime import Executable, LazyResult, Options
 from .source import SourceLoc, user_frame, user_location
@@ -178,7 +177,7 @@ class _Shown(str):
 
 
 def _thaw(frozen: Any) -> Any:
-    """Back from passes._freeze to a value that prints as the user wrote it."""
+    """Back from ir.freeze to a value that prints as the user wrote it."""
     if isinstance(frozen, tuple) and len(frozen) == 2 and isinstance(frozen[0], str):
         kind, value = frozen
         if kind == "float":  # (a NaN's key is its bytes: ir.float_key)
@@ -608,28 +607,10 @@ class LazyTracer(Tracer):
 
     def _replay(self, site: _Site, op_class: type, inputs: tuple, kwargs: dict) -> Any:
         """This call recorded from its site's last call, if it was given the same (else None)."""
-        arguments = site.arguments
-        count = len(arguments)
-        position = 0
-        data_batches = []  # the Batches among the data arguments
-        for key, value in kwargs.items():
-            if value is None or key in _IGNORED_KWARGS:
-                continue
-            if position == count:
-                return None
-            name, token = arguments[position]
-            position += 1
-            if name != key:
-                return None
-            if token is _DATA:
-                if not (_is_lazy(value) and value._storage is None and value._tracer is self
-                        and value._meta == site.arg_metas[key]):
-                    return None
-                if isinstance(value, _dali.Batch):
-                    data_batches.append(value)
-            elif token is not _RNG and _dali.argument_token(value) != token:
-                return None
-        if position != count:
+        if self._describe_arguments(op_class, kwargs) != site.arguments:
+            return None
+        data = [kwargs[key] for key in site.arg_metas]  # the data arguments, in call order
+        if any(value._meta != meta for value, meta in zip(data, site.arg_metas.values())):
             return None
         inputs = tuple(value for value in inputs if value is not None)
         if len(inputs) != len(site.input_metas) or not all(
@@ -642,7 +623,7 @@ class LazyTracer(Tracer):
         # leaves batches of different sizes to ndd, which rejects them)
         batch_size = kwargs.get("batch_size")
         if batch_size is None:
-            sizes = [value.batch_size for value in (*inputs, *data_batches)
+            sizes = [value.batch_size for value in (*inputs, *data)
                      if isinstance(value, _dali.Batch)]
             if sizes:
                 batch_size = sizes[0]
@@ -874,7 +855,8 @@ def _region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVi
         position[id(node)] = len(items)
         items.append((
             node.name, node.backend, node.is_batch,
-            node.frozen_static if node.frozen_static is not None else _freeze(node.static),
+            node.frozen_static if node.frozen_static is not None
+            else freeze(node.static, by_identity=True),
             tuple((at, index) for at, index, _ in inputs), tuple(node.input_devices),
             tuple(sorted((name, at, index) for name, (at, index, _) in arg_inputs)),
             tuple(sorted(node.arg_casts.items())),

@@ -388,7 +388,7 @@ def _float(value: float) -> ast.expr:
     """A float literal; a NaN as `float("nan")`, negated where its sign bit is set (the NaNs
     Python and the FPU make). A NaN with another payload stays `nan`, which no pipeline
     defines: its build fails, and the call runs eagerly, exactly."""
-    if value != value:
+    if math.isnan(value):
         nan = ast.Call(func=_name("float"), args=[ast.Constant(value="nan")], keywords=[])
         if float_key(value) == _NAN:
             return nan

@@ -15,26 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ir import Graph, Node, NodeKind, Ref, float_key
+from .ir import Graph, Node, NodeKind, Ref, freeze
 
 
 def random_draw_order(graph: Graph) -> list[Any]:
     """The RNG slot of every random op, in call order (the order eager draws in)."""
     return [node.payload for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
-
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, float):
-        return ("float", float_key(value))  # -0.0 is not 0.0
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_freeze(v) for v in value))
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    try:
-        hash(value)
-    except TypeError:
-        return ("id", id(value))
-    return (type(value).__name__, value)
 
 
 def _replace_refs(graph: Graph, replacement: dict[int, Node]) -> None:
@@ -66,7 +52,7 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
                 tuple(node.input_devices),
                 tuple(sorted((k, id(r.node), r.index) for k, r in node.arg_inputs.items())),
                 tuple(sorted(node.arg_casts.items())),
-                _freeze(node.static),
+                freeze(node.static, by_identity=True),
             )
             existing = seen.get(key)
             if existing is not None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _dali
 from .errors import _GraphBreak
-from .ir import Graph, Node, NodeKind, Ref, TensorMeta
+from .ir import Graph, Node, NodeKind, Ref, TensorMeta, freeze
 from .source import SourceLoc, raise_at, user_location
 
 
@@ -502,10 +502,9 @@ class Tracer:
         arg_casts: dict[str, str] = {}
         static: dict[str, Any] = {}
         for key, value in kwargs.items():
-            kind = type(value)
-            if kind in _dali.PLAIN_SCALARS or ((kind is list or kind is tuple) and all(
-                    type(item) in _dali.PLAIN_SCALARS for item in value)):
-                static[key] = _dali.decay_static(value)  # numbers and strings: the fast path
+            plain = _dali.decay_plain(value)
+            if plain is not _dali.NOT_PLAIN:  # numbers and strings: the fast path
+                static[key] = plain
                 continue
             # a shape or count made of the batch size: the trace depends on its value
             value = _resolve_symbols(value, f"passes the batch size as `{key}=`")
@@ -531,7 +530,7 @@ class Tracer:
         if random_state is not None:
             arg_metas["_random_state"] = random_state.meta[0]
         try:
-            frozen = _dali.freeze_static(static)
+            frozen = freeze(static)
         except TypeError:  # an unhashable value (an array DALI takes as it is)
             frozen = None
         try:
