@@ -9,8 +9,11 @@
 Tested with nvidia-dali-cuda120 2.4.x. What it relies on (private, may change between releases):
 makefun-generated operator functions that call `_func_impl_` from their own globals;
 `Operator._legacy_op`, `_schema`, `_has_random_state_arg`, `_is_stateful`,
-`_argument_conversion_map`, `_input_device`; `_op_builder._resolve_backend` and
-`_scalar_decay`; `random._draw_state`; `Batch._storage`; `TensorList._make_copy`.
+`_argument_conversion_map`, `_input_device`; `_op_builder._resolve_backend`, `_scalar_decay`,
+`_unsupported_args` and `_next_pow2`; `_ops._to_tensor`; `random._draw_state`; `Batch._storage`;
+`TensorList._make_copy`; `_source_analysis.constant_kwargs` and
+`_call_site.resolve_callsite_frame` (eager's call-site analysis); `EvalContext._instance_cache`
+and the key format of `Operator._get`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,7 +34,8 @@ import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 from nvidia.dali import fn
 from nvidia.dali.data_node import DataNode
-from nvidia.dali.experimental.dynamic import _call_site, _capture, _op_builder, _ops
+from nvidia.dali.experimental.dynamic import (_call_site, _capture, _eval_context, _op_builder,
+                                              _ops, _source_analysis)
 from nvidia.dali.experimental.dynamic import random as ndd_random
 from nvidia.dali.pipeline import Pipeline
 
@@ -370,6 +374,143 @@ def input_device(op_class: type, backend_name: str, index: int, actual: str) -> 
     actual_device = Device(actual) if actual else None
     resolved = op_class._input_device(backend_name, index, actual_device, device)
     return resolved.device_type if resolved is not None else actual
+
+
+# ---------------------------------------------------------------------------------------------
+# How eager ndd splits a call's keyword arguments
+#
+# ndd's function wrapper reads the caller's source (DALI's source analysis, memoized per call
+# site): a tensor argument given a value the site shows to be constant (a literal, a name bound
+# once to one) is a construction argument of the operator instance, any other is a per-call
+# argument, converted to a Tensor. For nearly every op both give the same; not for all (a list
+# in a variable passed as `warp_affine(matrix=...)` is a 1-D tensor argument, which DALI
+# rejects). Operator instances are kept per EvalContext, keyed by that split.
+
+_FN_PARAMETERS = frozenset(("batch_size", "device", "_backend", "_caller_frame"))
+
+
+class EagerSplit(NamedTuple):
+    """An eager call's split: construction arguments (decayed as ndd decays them) and the names
+    of the per-call arguments, in ndd's order (a random op's `_random_state` last)."""
+
+    init_args: dict
+    call_args: tuple
+
+
+@functools.lru_cache(maxsize=None)
+def _argument_kinds(op_class: type) -> tuple[frozenset, frozenset]:
+    """(construction-only, tensor) argument names, as ndd's function wrapper sorts them."""
+    schema = op_class._schema
+    fixed, tensor = set(), set()
+    for name in schema.GetArgumentNames():
+        if name not in _op_builder._unsupported_args:
+            (tensor if schema.IsTensorArgument(name) else fixed).add(name)
+    if op_class._has_random_state_arg:
+        tensor.add("rng")
+    return frozenset(fixed), frozenset(tensor)
+
+
+def call_site_frame(start: Any, kwargs: dict) -> Any:
+    """The frame eager ndd analyses for a call made below `start` (past DALI's plumbing and
+    ndd_trace's hooks); None for code ndd_trace generated (eager runs the user's own)."""
+    frame = kwargs.get("_caller_frame") or _call_site.resolve_callsite_frame(start)
+    if frame is None or frame.f_code.co_filename.startswith("<ndd_trace"):
+        return None
+    return frame
+
+
+def eager_split(op_class: type, frame: Any, kwargs: dict) -> EagerSplit:
+    """How eager ndd, called from `frame` with `kwargs`, splits them (see above)."""
+    raw = {name: value for name, value in kwargs.items() if name not in _FN_PARAMETERS}
+    constant = _source_analysis.constant_kwargs(frame, raw)
+    fixed, tensor = _argument_kinds(op_class)
+    init_args, call_args = {}, []
+    for name, value in raw.items():
+        if name == "max_batch_size":
+            continue
+        if name in fixed or (constant is not None and name in constant):
+            value = _op_builder._scalar_decay(value)
+            if value is not None:
+                init_args[name] = value
+        elif name in tensor and name != "rng" and _ops.unwrap_invariant(value) is not None:
+            call_args.append(name)
+    if op_class._has_random_state_arg:
+        call_args.append("_random_state")
+    return EagerSplit(init_args, tuple(call_args))
+
+
+def tensor_argument(op_class: type, name: str, value: Any) -> Tensor:
+    """A Python value passed as a per-call tensor argument, converted as ndd converts it."""
+    return _ops._to_tensor(value, device=Device.CPU,
+                           dtype=op_class._argument_conversion_map.get(name))
+
+
+def tensor_argument_meta(op_class: type, name: str, value: Any) -> TensorMeta:
+    """`meta_of(tensor_argument(...))`, without making the tensor for a plain number passed to
+    an argument of a known type."""
+    dtype = op_class._argument_conversion_map.get(name)
+    if dtype is not None and type(value) in (int, float, bool):
+        return TensorMeta("cpu", dtype.type_id.name, 0, None)
+    return meta_of(tensor_argument(op_class, name, value))
+
+
+_RANDOM_STATE_META = (1, None, types.DALIDataType.UINT32)
+
+
+def eager_instance_key(op_class: type, backend_name: str, device_id: int | None,
+                       batch_size: int | None, split: EagerSplit, input_metas: list,
+                       arg_metas: dict) -> tuple:
+    """The key under which eager ndd keeps this call's operator instance in its EvalContext
+    (`Operator._get`): metadata as ndd's `_make_meta` gives it, of the data after ndd's
+    conversion (arguments in the type the argument takes). `arg_metas`: every per-call
+    argument's TensorMeta (a Python value's: of `tensor_argument`)."""
+    is_batch = batch_size is not None
+
+    def meta(value: TensorMeta, cast: Any = None) -> tuple:
+        dtype = cast if cast is not None or value.dtype is None else \
+            getattr(types.DALIDataType, value.dtype)
+        return (is_batch, value.ndim, value.layout or None, dtype)
+
+    conversions = op_class._argument_conversion_map
+    call_metas = {}
+    for name in split.call_args:
+        if name == "_random_state":
+            call_metas[name] = (is_batch, *_RANDOM_STATE_META)
+        else:
+            cast = conversions.get(name)
+            call_metas[name] = meta(arg_metas[name], cast.type_id if cast is not None else None)
+    device = Device("gpu", device_id) if backend_name != "cpu" else Device.CPU
+    return (op_class, backend_name, device, _op_builder._next_pow2(batch_size or 1),
+            len(input_metas), split.call_args, _frozen_args(split.init_args),
+            tuple(meta(value) for value in input_metas), _frozen_args(call_metas))
+
+
+def eager_instance_key_for_batch(key: tuple, batch_size: int) -> tuple:
+    """`key` (from `eager_instance_key`) for a call of the same site with this batch size."""
+    max_batch_size = _op_builder._next_pow2(batch_size)
+    return key if key[3] == max_batch_size else (*key[:3], max_batch_size, *key[4:])
+
+
+def _frozen_args(args: dict) -> tuple:
+    return tuple((name, tuple(value) if isinstance(value, list) else value)
+                 for name, value in sorted(args.items()))
+
+
+_current_context = _eval_context.EvalContext.current
+
+
+def keep_eager_instance(op_class: type, key: tuple, init_args: dict) -> None:
+    """Put an operator instance under `key` in the current EvalContext's cache, as an eager
+    call leaves one there (constructed as ndd constructs it, only where none is)."""
+    cache = _current_context().__dict__["_instance_cache"]
+    if key in cache:  # (raises TypeError for an unhashable argument, as ndd's lookup does)
+        return
+    device = key[2]
+    with device:
+        instance = op_class(key[3], name=None, device=device, _backend=key[1], **init_args)
+    instance._cache = cache
+    instance._key = key
+    cache[key] = instance
 
 
 def argument_dtype(op_class: type, name: str) -> str | None:

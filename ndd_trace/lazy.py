@@ -420,8 +420,10 @@ class _Site:
     arguments: tuple  # (name, token) per keyword argument, in call order
     input_metas: tuple
     arg_metas: dict  # data keyword arguments: name -> metadata
+    converted: tuple  # lists eager ndd passes as per-call tensor arguments (data too)
     is_random: bool
     fields: dict  # the recorded node's derived fields (_SITE_FIELDS), passed to add_op
+    instance: tuple | None  # eager's operator instance: (key, construction arguments, batch size)
 
 
 def _first_output(result: Any) -> Any:
@@ -533,8 +535,11 @@ class LazyTracer(Tracer):
             replayed = result is not None
             if result is None:
                 result = super().handle(op_class, original, inputs, dict(kwargs))
+                instance = self._keep_eager_instance(
+                    op_class, _first_output(result)._ref.node, kwargs,
+                    _dali.call_site_frame(sys._getframe(1), kwargs))
                 if site_key is not None:
-                    self._remember_site(site_key, result, inputs, kwargs)
+                    self._remember_site(site_key, result, inputs, kwargs, instance)
         except _GraphBreak as graph_break:
             return self._eager(original, inputs, kwargs, name, graph_break.reason)
         except Exception as error:  # DALI rejects the call: eager raises its own error
@@ -560,7 +565,32 @@ class LazyTracer(Tracer):
     # and output metadata: the node is made from the site's last call instead (no argument
     # normalization, freezing or inference). Anything else is recorded as usual.
 
-    def _remember_site(self, site_key: tuple, result: Any, inputs: tuple, kwargs: dict) -> None:
+    def _keep_eager_instance(self, op_class: type, node: Node, kwargs: dict,
+                             call_frame: Any) -> tuple | None:
+        """Leave an operator instance in the EvalContext's cache where the eager call would
+        (code that inspects `EvalContext._instance_cache` finds eager's entries); its key and
+        construction arguments, for the call site's replays. None where eager's view of the
+        call site is not known (code ndd_trace generated)."""
+        if call_frame is None:
+            return None
+        split = _dali.eager_split(op_class, call_frame, kwargs)
+        arg_metas = {}
+        for name in split.call_args:
+            ref = node.arg_inputs.get(name)
+            if ref is not None:
+                arg_metas[name] = ref.node.meta[ref.index]
+            elif name != "_random_state":  # a Python number recording keeps static
+                with _dali.eager_inside_trace():
+                    arg_metas[name] = _dali.tensor_argument_meta(op_class, name, kwargs[name])
+        key = _dali.eager_instance_key(
+            op_class, node.backend, _dali.current_device_id(),
+            node.batch_size if node.is_batch else None, split,
+            [ref.node.meta[ref.index] for ref in node.inputs], arg_metas)
+        _dali.keep_eager_instance(op_class, key, split.init_args)
+        return key, split.init_args, node.batch_size if node.is_batch else None
+
+    def _remember_site(self, site_key: tuple, result: Any, inputs: tuple, kwargs: dict,
+                       instance: tuple | None) -> None:
         node = _first_output(result)._ref.node
         arguments = self._describe_arguments(node.op_class, kwargs)
         if arguments is None or not all(self._replayable_input(value) for value in inputs
@@ -569,11 +599,14 @@ class LazyTracer(Tracer):
             return
         if len(self._sites) >= _MAX_SITES:
             self._sites.clear()
+        converted = tuple(key for key in node.arg_inputs if type(kwargs.get(key)) in (list, tuple))
         self._sites[site_key] = _Site(
             arguments=arguments,
             input_metas=tuple(ref.node.meta[ref.index] for ref in node.inputs),
             arg_metas={key: ref.node.meta[ref.index] for key, ref in node.arg_inputs.items()
                        if key != "_random_state"},
+            converted=converted,
+            instance=instance,
             is_random="_random_state" in node.arg_inputs,
             # the node's derived fields as recorded (its metadata may be refined later, from
             # that call's data), not the node: it would keep its results alive
@@ -609,7 +642,8 @@ class LazyTracer(Tracer):
         """This call recorded from its site's last call, if it was given the same (else None)."""
         if self._describe_arguments(op_class, kwargs) != site.arguments:
             return None
-        data = [kwargs[key] for key in site.arg_metas]  # the data arguments, in call order
+        data = [kwargs[key] for key in site.arg_metas  # the data arguments, in call order
+                if key not in site.converted]
         if any(value._meta != meta for value, meta in zip(data, site.arg_metas.values())):
             return None
         inputs = tuple(value for value in inputs if value is not None)
@@ -636,7 +670,19 @@ class LazyTracer(Tracer):
             return None  # (constants made for the inputs are left unused)
         if batch_size is not None:
             self._note_static_batch_size(int(batch_size), loc)
-        arg_inputs = {key: kwargs[key]._ref for key in site.arg_metas}
+        arg_inputs = {}
+        for key in site.arg_metas:
+            if key in site.converted:  # the same list (its token): converted as recorded
+                with _dali.eager_inside_trace():
+                    value = _dali.tensor_argument(op_class, key, kwargs[key])
+                arg_inputs[key] = self._ref_of(value, is_batch, loc)
+            else:
+                arg_inputs[key] = kwargs[key]._ref
+        if site.instance is not None:
+            key, init_args, recorded_batch_size = site.instance
+            if batch_size != recorded_batch_size:
+                key = _dali.eager_instance_key_for_batch(key, int(batch_size or 1))
+            _dali.keep_eager_instance(op_class, key, init_args)
         if site.is_random:
             if not is_batch:
                 self.sample_random_ops.append(loc)

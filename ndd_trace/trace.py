@@ -16,6 +16,7 @@ routes here. Anything that needs concrete data (`.shape`, `np.asarray`, `.torch(
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -450,6 +451,8 @@ class Tracer:
         """Record one ndd operator call; return proxies shaped like ndd's own result."""
         loc = user_location()
         name = _dali.op_path(op_class)
+        call_frame = _dali.call_site_frame(sys._getframe(1), kwargs)
+        raw_kwargs = dict(kwargs)
         if _dali.is_stateful(op_class):
             raise _GraphBreak(f"calls stateful operator `{name}` (readers and other stateful "
                               "ops keep their own state; create them outside)", loc)
@@ -501,7 +504,16 @@ class Tracer:
         arg_inputs: dict[str, Ref] = {}
         arg_casts: dict[str, str] = {}
         static: dict[str, Any] = {}
+        split = None
         for key, value in kwargs.items():
+            if type(value) in (list, tuple) and call_frame is not None and \
+                    _dali.is_tensor_argument(op_class, key):
+                # eager ndd passes a list the call site does not show to be constant (a
+                # variable's, a parameter's) as a per-call tensor argument: so does recording
+                split = split or _dali.eager_split(op_class, call_frame, raw_kwargs)
+                if key in split.call_args:
+                    with _dali.eager_inside_trace():
+                        value = _dali.tensor_argument(op_class, key, value)
             plain = _dali.decay_plain(value)
             if plain is not _dali.NOT_PLAIN:  # numbers and strings: the fast path
                 static[key] = plain

@@ -494,8 +494,6 @@ def _instance_cache() -> dict:
     return {"instances": keys, "values": values(out), "unused angle": angle}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9: a recorded call creates no ndd operator "
-                   "instance, so EvalContext._instance_cache (private) stays empty")
 def test_eval_context_instance_cache():
     both(_instance_cache)
 
@@ -598,3 +596,18 @@ def _metadata_after_inputs_ran() -> dict:
 
 def test_metadata_after_inputs_ran():
     both(_metadata_after_inputs_ran)
+
+
+def _nested_list_literal() -> dict:
+    """A nested list written at the call is a construction argument eagerly, and ndd's
+    instance lookup cannot hash it: TypeError at the call. In a variable it is a 2-D tensor
+    argument, which works."""
+    image = ndd.as_batch([np.zeros((6, 7, 3), np.uint8)] * 2, layout="HWC")
+    literal = outcome(lambda: ndd.warp_affine(image, matrix=[[1.0, 0, 1], [0, 1, 2]]))
+    matrix = [[1.0, 0, 1], [0, 1, 2]]
+    variable = values(ndd.warp_affine(image, matrix=matrix))
+    return {"literal": literal, "variable": variable}
+
+
+def test_nested_list_argument_literal_and_variable():
+    both(_nested_list_literal)

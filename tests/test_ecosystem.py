@@ -276,7 +276,9 @@ def test_report_tells_regions_at_one_line_apart(batch):
     floats = ndd.as_batch([np.ones((8, 8, 3), np.float32)] * 4, layout="HWC")
 
     def step(x, size):
-        return ndd.flip(ndd.resize(x, size=[size, size]), horizontal=1)
+        # (numbers stay static arguments; a list made of a parameter would be data, as
+        # eagerly, and one region would serve both sizes)
+        return ndd.flip(ndd.resize(x, resize_x=size, resize_y=size), horizontal=1)
 
     ndd_trace.reset_report()
     with ndd_trace.enabled():
@@ -288,8 +290,8 @@ def test_report_tells_regions_at_one_line_apart(batch):
     assert {r.op_chain for r in report.regions} == {"resize[cpu] -> flip[cpu]"}
     text = str(report)
     assert "split by: (the first region there)" in text
-    assert "split by: op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0, " \
-        "size=[8, 8])" in text
+    assert "split by: op resize[cpu](in0, resize_x=16, resize_y=16)  ->  op resize[cpu](in0, " \
+        "resize_x=8, resize_y=8)" in text
     assert "split by: input in0: batch<cpu, UINT8, ndim=3, HWC>  ->  input in0: " \
         "batch<cpu, FLOAT, ndim=3, HWC>" in text
     regions = report.as_dict()["regions"]

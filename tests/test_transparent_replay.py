@@ -694,10 +694,6 @@ def test_inconsistent_batch_sizes_raise_as_in_eager(data):
     assert eager[2][:2] == ("call", ValueError)
 
 
-@pytest.mark.xfail(strict=True, reason="not replay: eager ndd passes a tensor argument given as "
-                   "a Python list in a variable (not a literal at the call) as a 1-D tensor "
-                   "argument (warp_affine rejects a [6] matrix); recording passes it as a static "
-                   "argument, which DALI takes as 2x3")
 def test_list_variable_for_a_tensor_argument(data):
     matrix = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
 
@@ -705,3 +701,52 @@ def test_list_variable_for_a_tensor_argument(data):
         return ndd.warp_affine(data["hwc"], matrix=matrix, size=[8, 8])
 
     differential(body, 3)
+
+
+def test_list_variables_change_and_repeat_between_steps(data):
+    """Lists the call site does not show to be constant (a variable's, an indexed one) are
+    per-call tensor arguments in eager ndd, converted to the argument's type every call; a
+    site replayed with such a list converts it again. The values change, repeat and change
+    shape; one of each kind is rejected by DALI as a tensor argument (flat affine matrix)."""
+    sizes = [[6, 7], [6, 7], (5, 9), [6, 7], [6.5, 7], [6, 7]]
+    matrices = [[[1.0, 0, 1], [0, 1, 2]], [[1.0, 0, 1], [0, 1, 2]], [[1.0, 0, 2], [0, 1, 1]],
+                [1.0, 0, 1, 0, 1, 2], [[1.0, 0, 1], [0, 1, 2]], [[1.0, 0, 1], [0, 1, 2]]]
+    anchors = [[1.0, 2.0], [1.0, 2.0], [0, 3], [1.0, 2.0], [2, 2], [2, 2]]
+    shapes = [[3], [3], [2, 2], [3], [3], [1]]
+    image = data["hwc"]
+
+    def body(step, rng):
+        size, matrix, anchor, shape = sizes[step], matrices[step], anchors[step], shapes[step]
+        resized = ndd.resize(image, size=size)
+        warped = ndd.warp_affine(resized, matrix=matrix)
+        erased = ndd.erase(warped, anchor=anchor, shape=[2.0, 3.0], axis_names="HW")
+        noise = ndd.random.uniform(batch_size=4, range=[0, 1], shape=shape, rng=rng)
+        return erased, noise
+
+    eager, _ = differential(body, len(sizes), generators=1, min_replayed=4)
+    assert eager[3][0] != "ok"  # DALI rejects the flat matrix as a tensor argument
+
+
+def test_eager_operator_instances_are_left_as_eager_leaves_them(data):
+    """Code that reads `EvalContext._instance_cache` (DALI's own tests do) finds the instances
+    eager calls leave: keyed by which arguments the call site shows to be constant
+    (construction arguments) and which are per-call, with every call's metadata."""
+    image = data["hwc"]
+
+    def loop(steps):
+        with ndd.EvalContext() as ctx:
+            for step in range(steps):
+                angle = 10 * step
+                size = [8, 8 + step % 2]
+                out = ndd.rotate(image, angle=angle, fill_value=0, size=size)
+                noise = ndd.random.uniform(batch_size=2 + step % 3, range=[0, 1])
+                flipped = ndd.flip(data["sample"], horizontal=1)
+                out.evaluate(), noise.evaluate(), flipped.evaluate()
+            del out, noise, flipped
+            return sorted(repr((key[0].__name__, *key[1:])) for key in ctx._instance_cache)
+
+    eager = loop(5)
+    with ndd_trace.enabled():
+        traced = loop(5)
+    assert eager == traced
+    assert any("('angle', 'size')" in key for key in eager)
