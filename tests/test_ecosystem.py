@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_same, subprocess_env
+from conftest import ROOT, assert_same, subprocess_env, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -327,3 +327,35 @@ def test_sync_eval_mode_does_not_analyse_ndd_trace_source(batch, monkeypatch):
         lazy = ndd.flip(batch, horizontal=1)
     assert_same(eager, lazy)
     assert not [f for f in analysed if f.startswith(os.path.join(ROOT, "ndd_trace"))], analysed
+
+
+def test_recording_analyses_the_users_line_only(batch, monkeypatch):
+    """Recording asks DALI's call-site analysis which arguments are constant, as eager ndd
+    does: for the frames eager analyses (the user's line; DALI's arithmetic helper, which eager
+    analyses too), in transparent mode and compiled functions, never ndd_trace's modules."""
+    from nvidia.dali.experimental.dynamic import _source_analysis
+
+    analysed = []
+    original = _source_analysis.site_info
+
+    def spy(frame, *args, **kwargs):  # each call site's analysis (memoized per site)
+        analysed.append(frame.f_code.co_filename)
+        return original(frame, *args, **kwargs)
+
+    monkeypatch.setattr(_source_analysis, "site_info", spy)
+    size = [6, 6]
+
+    def step(x):
+        return ndd.resize(x, size=size) * 2 + 1
+
+    eager = to_numpy(step(batch))
+    eagerly_analysed = set(analysed)
+    analysed.clear()
+    with ndd_trace.enabled():
+        assert_same(eager, to_numpy(step(batch)))
+    assert set(analysed) == eagerly_analysed, (analysed, eagerly_analysed)
+    analysed.clear()
+    assert_same(eager, to_numpy(ndd.compile(step)(batch)))
+    assert set(analysed) <= eagerly_analysed and __file__ in analysed, analysed
+    assert __file__ in eagerly_analysed
+    assert not [f for f in eagerly_analysed if f.startswith(os.path.join(ROOT, "ndd_trace"))]
