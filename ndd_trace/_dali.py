@@ -397,7 +397,7 @@ class EagerSplit(NamedTuple):
     call_args: tuple
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _argument_kinds(op_class: type) -> tuple[frozenset, frozenset]:
     """(construction-only, tensor) argument names, as ndd's function wrapper sorts them."""
     schema = op_class._schema
@@ -699,10 +699,14 @@ def _infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
         descs = [None] * len(nodes)
     for node, desc in zip(nodes, descs):
         if desc:
-            layout = str(desc[4]) if desc[4] is not None else ""
+            layout = str(desc[4]) if desc[4] is not None else None
+            if desc[2] is not None or not layout and desc[4] is None:
+                layout = layout or None  # a known ndim: a known layout, None if it has none
+            # else a known layout (DALI says so: "" for none) of an unknown ndim, which ndd
+            # answers without running the op (a random op given its shape as data)
             dtype = desc[3]
             metas.append(TensorMeta(node.device, dtype.name if dtype is not None else None,
-                                    desc[2], layout or None))
+                                    desc[2], layout))
         else:
             metas.append(TensorMeta(node.device))
     if op_class._schema_name == "PerFrame" and descs[0] and descs[0][4] is None and input_metas:

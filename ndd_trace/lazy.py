@@ -310,8 +310,9 @@ class _LazyMixin:
     def layout(self) -> str | None:
         if self._storage is None and self._meta.ndim is None:
             self._tracer.refine_meta(self._ref)
-        if self._storage is None and self._meta.ndim is not None:
-            return self._meta.layout or None
+        if self._storage is None and (self._meta.ndim is not None or
+                                      self._meta.layout is not None):
+            return self._meta.layout or None  # ("" where DALI knows the ndim-less output has none)
         self._materialize()
         base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
         return base.layout.fget(self)

@@ -750,3 +750,30 @@ def test_eager_operator_instances_are_left_as_eager_leaves_them(data):
         traced = loop(5)
     assert eager == traced
     assert any("('angle', 'size')" in key for key in eager)
+
+
+def test_eager_operator_instances_per_context_and_after_a_purge(data):
+    """Replayed calls leave their instances in the context current at the call, also after
+    the context's cache was emptied, and for a new batch size (a new `max_batch_size`)."""
+    image, smaller = data["hwc"], ndd.as_batch([data["sample"]], layout="HWC")  # 4, then 1
+
+    def loop():
+        first, second = ndd.EvalContext(), ndd.EvalContext()
+        seen = []
+        for step in range(6):
+            context = first if step % 2 == 0 else second
+            with context:
+                if step == 4:
+                    context._purge_operator_cache()
+                out = ndd.flip(image if step < 5 else smaller, horizontal=1)
+                out.evaluate()
+                del out
+                seen.append([sorted(repr((key[0].__name__, *key[1:]))
+                                    for key in ctx._instance_cache)
+                             for ctx in (first, second)])
+        return seen
+
+    eager = loop()
+    with ndd_trace.enabled():
+        traced = loop()
+    assert eager == traced
