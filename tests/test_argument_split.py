@@ -13,9 +13,9 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
 import pytest
 
-import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
 
 
