@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import inspect
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -205,6 +206,10 @@ class _Interceptor:
             for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
                 if hasattr(original, attribute):
                     setattr(patched, attribute, getattr(original, attribute))
+            try:  # inspect.signature() answers ndd's own (hooks are made once: ~0.1 ms each)
+                patched.__signature__ = inspect.signature(original)
+            except (TypeError, ValueError):
+                pass
             self._hooks[(owner, name)] = (original, patched)
         setattr(owner, name, patched)
         self._patched.append((owner, name, original))

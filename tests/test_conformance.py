@@ -575,18 +575,21 @@ def test_checkpoint_errors(jpeg_dir):
 def _operator_methods() -> dict:
     from nvidia.dali.experimental.dynamic import _ops
 
-    classes = [ndd.readers.File, *_ops._all_ops[:40]]
+    import inspect
+
+    classes = [ndd.readers.File, ndd.ExternalSource, *_ops._all_ops]
     seen = {}
     for cls in classes:
-        for name in ("__call__", "next_epoch"):
+        for name in ("__call__", "next_epoch", "captured"):
             method = getattr(cls, name, None)
             if method is not None:
                 seen[f"{cls.__name__}.{name}"] = (method.__name__, method.__qualname__,
-                                                  method.__module__, method.__doc__)
+                                                  method.__module__, method.__doc__,
+                                                  str(inspect.signature(method)))
     return {"methods": seen}
 
 
-def test_operator_methods_keep_name_and_docs():
+def test_operator_methods_keep_name_docs_and_signature():
     both(_operator_methods)
 
 
