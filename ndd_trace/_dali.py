@@ -444,10 +444,14 @@ def eager_split(op_class: type, frame: Any, kwargs: dict) -> EagerSplit:
     return EagerSplit(init_args, tuple(call_args))
 
 
-def tensor_argument(op_class: type, name: str, value: Any) -> Tensor:
-    """A Python value passed as a per-call tensor argument, converted as ndd converts it."""
-    return _ops._to_tensor(value, device=Device.CPU,
-                           dtype=op_class._argument_conversion_map.get(name))
+def tensor_argument(op_class: type, name: str, value: Any, batch_size: int | None = None
+                    ) -> Any:
+    """A Python value passed as a per-call tensor argument, converted as ndd converts it: a
+    Tensor, or for a call of `batch_size` samples the Batch ndd broadcasts it to."""
+    dtype = op_class._argument_conversion_map.get(name)
+    if batch_size is not None:
+        return _ops._to_batch(value, batch_size, device=Device.CPU, dtype=dtype).evaluate()
+    return _ops._to_tensor(value, device=Device.CPU, dtype=dtype)
 
 
 def tensor_argument_meta(op_class: type, name: str, value: Any) -> TensorMeta:

@@ -397,6 +397,12 @@ class Tracer:
             return value._ref
         return self._constant_ref(value, is_batch, loc)
 
+    def _tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
+        """A list eager ndd passes as a per-call tensor argument, converted as it converts it
+        (a sample; the pipeline broadcasts it over a batch of any size)."""
+        with _dali.eager_inside_trace():
+            return _dali.tensor_argument(op_class, key, value)
+
     def _note_static_batch_size(self, batch_size: int, loc: SourceLoc | None) -> None:
         self.static_batch_sizes.add(int(batch_size))
 
@@ -512,8 +518,7 @@ class Tracer:
                 # variable's, a parameter's) as a per-call tensor argument: so does recording
                 split = split or _dali.eager_split(op_class, call_frame, raw_kwargs)
                 if key in split.call_args:
-                    with _dali.eager_inside_trace():
-                        value = _dali.tensor_argument(op_class, key, value)
+                    value = self._tensor_argument(op_class, key, value, batch_size)
             plain = _dali.decay_plain(value)
             if plain is not _dali.NOT_PLAIN:  # numbers and strings: the fast path
                 static[key] = plain

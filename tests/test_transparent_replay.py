@@ -777,3 +777,24 @@ def test_eager_operator_instances_per_context_and_after_a_purge(data):
     with ndd_trace.enabled():
         traced = loop()
     assert eager == traced
+
+
+def test_list_argument_mutated_in_place_between_steps(data):
+    """A list passed as a per-call tensor argument is converted when the call is made (a kept
+    conversion is found by the list's value, not its identity): changing it in place between
+    steps, or after a call before its result is read, gives eager's values."""
+    mean = [10.0, 20.0, 30.0]
+    image = data["hwc"]
+
+    def body(step):
+        if step == 0:
+            mean[:] = [10.0, 20.0, 30.0]  # (each of the three runs starts from the same)
+        if step in (2, 3, 5):
+            mean[step % 3] += 1.0  # in place: the same list object
+        out = ndd.crop_mirror_normalize(image, mean=mean, std=[2.0, 2.0, 2.0])
+        if step == 4:
+            mean[0] = -5.0  # after the call, before the result is read
+        return out
+
+    differential(body, 7, min_replayed=2)
+    assert ndd_trace.report().ops_replayed >= 2
