@@ -488,8 +488,8 @@ def eager_instance_key(op_class: type, backend_name: str, device_id: int | None,
         else:
             cast = conversions.get(name)
             call_metas[name] = meta(arg_metas[name], cast.type_id if cast is not None else None)
-    device = Device("gpu", device_id) if backend_name != "cpu" else Device.CPU
-    return _InstanceKey((op_class, backend_name, device, _op_builder._next_pow2(batch_size or 1),
+    placed = device("gpu", device_id) if backend_name != "cpu" else Device.CPU
+    return _InstanceKey((op_class, backend_name, placed, _op_builder._next_pow2(batch_size or 1),
                          len(input_metas), split.call_args, _frozen_args(split.init_args),
                          tuple(meta(value) for value in input_metas), _frozen_args(call_metas)))
 
@@ -524,12 +524,12 @@ _current_context = _eval_context.EvalContext.current
 def keep_eager_instance(op_class: type, key: tuple, init_args: dict) -> None:
     """Put an operator instance under `key` in the current EvalContext's cache, as an eager
     call leaves one there (constructed as ndd constructs it, only where none is)."""
-    cache = _current_context().__dict__["_instance_cache"]
+    cache = _current_context()._instance_cache
     if key in cache:  # (raises TypeError for an unhashable argument, as ndd's lookup does)
         return
-    device = key[2]
-    with device:
-        instance = op_class(key[3], name=None, device=device, _backend=key[1], **init_args)
+    placed = key[2]
+    with placed:
+        instance = op_class(key[3], name=None, device=placed, _backend=key[1], **init_args)
     instance._cache = cache
     instance._key = key
     cache[key] = instance
@@ -709,10 +709,10 @@ def _infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
     for node, desc in zip(nodes, descs):
         if desc:
             layout = str(desc[4]) if desc[4] is not None else None
-            if desc[2] is not None or not layout and desc[4] is None:
+            if desc[2] is not None:
                 layout = layout or None  # a known ndim: a known layout, None if it has none
-            # else a known layout (DALI says so: "" for none) of an unknown ndim, which ndd
-            # answers without running the op (a random op given its shape as data)
+            # else "" stays: a known layout (none) of an unknown ndim, which ndd answers
+            # without running the op (a random op given its shape as data)
             dtype = desc[3]
             metas.append(TensorMeta(node.device, dtype.name if dtype is not None else None,
                                     desc[2], layout))
