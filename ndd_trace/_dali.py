@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import functools
 import inspect
-import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -290,31 +289,66 @@ class _Interceptor:
 _interceptor = _Interceptor()
 
 
-def watch_reader_epochs(callback: Callable) -> None:
-    """From now on, `reader.next_epoch(*args, **kwargs)` outside any trace returns
-    `callback(reader, original, args, kwargs)` (`original`: ndd's own method). Installed once,
-    by the first compiled function; the interceptor's own hook goes on top of it while tracing
-    (this one is not marked as ndd_trace's, so the interceptor does not skip its install)."""
-    current = _ops.Reader.next_epoch
-    original = getattr(current, "_ndd_trace_original", current)
-    if getattr(original, "_ndd_trace_watch", False):
-        return
+_WATCHED: dict[tuple[type, str], Callable] = {}  # (class, method) -> ndd's own function
 
-    def next_epoch(reader: Any, *args: Any, **kwargs: Any) -> Any:
-        if _interceptor.handler() is not None:
-            return original(reader, *args, **kwargs)
-        return callback(reader, original, args, kwargs)
 
-    next_epoch._ndd_trace_watch = True  # type: ignore[attr-defined]
-    next_epoch.__name__, next_epoch.__doc__ = original.__name__, original.__doc__
-    next_epoch.__wrapped__ = original  # type: ignore[attr-defined]
+def watch_method(owner: type, name: str, callback: Callable) -> None:
+    """From now on, `obj.name(*args, **kwargs)` (a method of `owner`) called outside any trace
+    returns `callback(obj, original, args, kwargs)`, `original` being ndd's own function. The
+    class gets one wrapper, installed once (user objects are never patched); the interceptor's
+    own hook goes on top of it while tracing, and it steps aside then."""
     with _interceptor._lock:
+        if (owner, name) in _WATCHED:
+            return
+        current = owner.__dict__[name]
+        original = getattr(current, "_ndd_trace_original", current)
+
+        def watched(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if _interceptor.handler() is not None:
+                return original(obj, *args, **kwargs)
+            return callback(obj, original, args, kwargs)
+
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(watched, attribute, getattr(original, attribute, None))
+        try:
+            watched.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            pass
+        _WATCHED[(owner, name)] = original
         if current is original:
-            _ops.Reader.next_epoch = next_epoch
+            setattr(owner, name, watched)
         else:  # the interceptor's hook is on top: it restores the watch when it goes
             _interceptor._patched = [
-                (owner, name, next_epoch if saved is original else saved)
-                for owner, name, saved in _interceptor._patched]
+                (cls, attribute, watched if saved is original else saved)
+                for cls, attribute, saved in _interceptor._patched]
+
+
+def unwatched(owner: type, name: str) -> Callable:
+    """ndd's own function of a method that `watch_method` (or the interceptor) wraps."""
+    found = _WATCHED.get((owner, name))
+    if found is not None:
+        return found
+    current = owner.__dict__[name]
+    return getattr(current, "_ndd_trace_original", current)
+
+
+def watch_reader_methods(on_epoch: Callable, on_metadata: Callable,
+                         on_captured: Callable) -> None:
+    """`reader.next_epoch`, `reader.get_metadata` and `ExternalSource.captured` outside traces
+    go to these callbacks (see `watch_method`); `reader.set_state` refuses ndd_trace 0.1's own
+    checkpoint format clearly (`check_reader_state`)."""
+    watch_method(_ops.Reader, "next_epoch", on_epoch)
+    watch_method(_ops.Reader, "get_metadata", on_metadata)
+    watch_method(ndd.ExternalSource, "captured", on_captured)
+    watch_method(_ops.Reader, "set_state", _checked_set_state)
+
+
+def _checked_set_state(reader: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
+    if args:
+        check_reader_state(args[0])
+    elif "state" in kwargs:
+        check_reader_state(kwargs["state"])
+    return original(reader, *args, **kwargs)
 
 
 def intercept(handler: Callable, on_reader: Callable | None = None) -> Any:
@@ -784,45 +818,32 @@ def reader_metadata(reader: Any) -> tuple[int, tuple[str, ...] | None, list[Tens
     return infer_metadata(type(reader), "cpu", static, [], {})
 
 
+def _raise_as_eager_epoch(reader: Any, batch_size: int) -> None:
+    """Raise the error eager ndd's `next_epoch(batch_size=...)` raises at its first step for
+    this reader (its own type and text: the checks come before it reads anything)."""
+    next(_ops.Reader._batches(reader, batch_size, None))
+    raise RuntimeError(f"ndd_trace: eager ndd accepted batch_size {batch_size} for reader "
+                       f"{reader._name}, where ndd_trace expected an error")  # another DALI?
+
+
 def claim_reader(reader: Any, batch_size: int) -> Any:
     """Create the reader's operator as eager ndd would (same seed and state), and return it to
-    be moved into a pipeline with `transfer_reader`."""
+    be moved into a pipeline with `transfer_reader`; the checks, and their errors, are eager's
+    (`next_epoch(batch_size=...)` at its first step)."""
     reader._check_not_disabled()
     if reader._capture_mode is True:
         raise RuntimeError(f"reader {reader._name} is used by DALI's capture mode")
     if reader._op_backend is None:
         reader._require_api_type("batches")
         if reader._max_batch_size and reader._max_batch_size < batch_size:
-            raise ValueError(f"batch_size {batch_size} is larger than the reader's "
-                             f"max_batch_size {reader._max_batch_size}")
+            _raise_as_eager_epoch(reader, batch_size)
         reader._max_batch_size = batch_size
         reader._init_backend(ndd.EvalContext.current(), (),
                              reader._process_tensor_args(batch_size))
-    elif reader._max_batch_size and reader._max_batch_size != batch_size:
-        raise ValueError(f"batch_size {batch_size} differs from the {reader._max_batch_size} "
-                         "this reader was used with")
+    else:
+        reader._require_api_type("batches")
+        reader_uses_batch_size(reader, batch_size)
     return reader._op_backend
-
-
-def reader_has_operator(reader: Any) -> bool:
-    """Whether the reader's operator exists already (it has read batches, eagerly or not)."""
-    return reader._op_backend is not None
-
-
-def reader_recreate(reader: Any, batch_size: int, batches_read: int) -> None:
-    """Give a reader whose operator died with a failed pipeline a new operator, in the state
-    the old one had after `batches_read` batches: built from the same arguments (same seed,
-    same shard), then run that many times (reading files, decoding nothing). Exact, because a
-    reader's sequence depends on its arguments and on how many batches it gave."""
-    reader._op_backend = None
-    reader._op_spec = None
-    reader._transferred = False
-    reader._disabled = False
-    ctx = ndd.EvalContext.current()
-    tensor_args = reader._process_tensor_args(batch_size)
-    reader._init_backend(ctx, (), tensor_args)
-    for _ in range(batches_read):
-        reader._run_unchecked(ctx, batch_size=batch_size, **tensor_args)
 
 
 def transfer_reader(pipe: Pipeline, reader: Any, backend_op: Any) -> None:
@@ -830,20 +851,32 @@ def transfer_reader(pipe: Pipeline, reader: Any, backend_op: Any) -> None:
     reader._transferred = True
 
 
-def reader_epoch_request(reader: Any, args: tuple, kwargs: dict) -> int | None:
+def reader_epoch_request(reader: Any, args: tuple, kwargs: dict,
+                         any_context: bool = False, check: bool = True) -> int | None:
     """`reader.next_epoch(*args, **kwargs)` as eager ndd starts it (checks, capture-mode flag);
     the batch size of a batch epoch, or None where eager ndd must run it itself (samples,
-    capture=True, an explicit EvalContext, a reader in capture mode)."""
+    capture=True, a reader in capture mode, and unless `any_context`, an explicit EvalContext:
+    a reader already in a pipeline gives its batches whatever the context)."""
     bound = dict(zip(("batch_size", "ctx", "capture"), args), **kwargs)
-    if set(bound) - {"batch_size", "ctx", "capture"} or bound.get("ctx") is not None or \
+    if set(bound) - {"batch_size", "ctx", "capture"} or (
+            bound.get("ctx") is not None and not any_context) or \
             bound.get("capture") or reader._capture_mode is True:
         return None
     batch_size = reader._get_batch_size(_ops.unwrap_invariant(bound.get("batch_size")))
     if batch_size is None:
         return None
-    reader._check_not_disabled()
-    reader._capture_mode = False
+    if check:  # (what eager's next_epoch does first: `check=False` leaves the reader as it is)
+        reader._check_not_disabled()
+        reader._capture_mode = False
     return int(batch_size)
+
+
+def stand_in_batch(meta: TensorMeta, batch_size: int) -> Batch:
+    """A Batch of `batch_size` empty samples with this metadata: what a trace needs of a reader
+    output it does not read (export describes a compiled loop so)."""
+    dtype = np.dtype(types.to_numpy_type(getattr(types.DALIDataType, meta.dtype)))
+    sample = np.zeros((0,) * (meta.ndim or 1), dtype=dtype)
+    return ndd.as_batch([sample] * batch_size, layout=meta.layout or None)
 
 
 def reader_epoch_captures(args: tuple, kwargs: dict) -> bool:
@@ -855,17 +888,16 @@ def reader_epoch_as_eager(reader: Any, args: tuple, kwargs: dict) -> None:
     """Start `reader.next_epoch(*args, **kwargs)` the way eager ndd does on a reader that gave
     batch epochs, for its checks alone: a `capture=True` request raises DALI's own error
     ("cannot switch to capture mode"). Returns if eager ndd would accept the request."""
-    method = _ops.Reader.next_epoch
-    method = getattr(method, "_ndd_trace_original", method)
+    method = unwatched(_ops.Reader, "next_epoch")
     if reader_epoch_captures(args, kwargs):
         method(reader, *args, **kwargs)  # raises for a reader no longer in capture mode
 
 
 def reader_uses_batch_size(reader: Any, batch_size: int) -> None:
-    """Eager ndd's check of a later epoch's batch size against the reader's operator."""
+    """Eager ndd's check of a later epoch's batch size against the reader's operator (its own
+    error where it fails)."""
     if reader._max_batch_size and reader._max_batch_size != batch_size:
-        raise ValueError(f"`batch_size` {batch_size} is different than the `max_batch_size` "
-                         f"{reader._max_batch_size} used in the previous call")
+        _raise_as_eager_epoch(reader, batch_size)
 
 
 def reader_metadata_of(pipe: Pipeline, reader: Any) -> dict:
@@ -925,19 +957,6 @@ def external_source_pull(source: Any, batch_size: int) -> tuple:
     """One item of an ndd.ExternalSource, converted exactly as `source(batch_size=...)` does
     (raises StopIteration at its end); a tuple of Batches (or Tensors), one per output."""
     data = source._callback()
-    return tuple(source._convert_outputs(data, batch_size))
-
-
-def external_source_peek(source: Any, batch_size: int) -> tuple:
-    """The next item of an ndd.ExternalSource, left in place: the next pull returns it again."""
-    data = source._callback()
-    original = source._callback
-
-    def replay() -> Any:
-        source._callback = original
-        return data
-
-    source._callback = replay
     return tuple(source._convert_outputs(data, batch_size))
 
 
@@ -1166,25 +1185,21 @@ def reader_checkpointing(reader: Any) -> bool:
     return bool(reader._checkpointing_enabled)
 
 
-def loop_reader_state(reader: Any, header: dict, pipeline_checkpoint: bytes) -> Any:
-    """A ReaderState (what `reader.get_state()` returns) holding a compiled loop's position:
-    the pipeline's checkpoint at the consumer's step, plus where in the epoch that is."""
-    raw = _LOOP_STATE_MAGIC + json.dumps(header).encode() + b"\n" + pipeline_checkpoint
-    return _ops.ReaderState(reader, base64.b64encode(raw).decode("ascii"))
-
-
-def adopt_loop_state(reader: Any) -> tuple[dict, bytes] | None:
-    """If `reader.set_state()` was given a compiled loop's state, take it over: the reader gets
-    the operator name the checkpoint refers to, and the state is returned for the pipeline."""
-    raw = reader._pending_state
-    if not raw or not bytes(raw).startswith(_LOOP_STATE_MAGIC):
-        return None
-    header_line, checkpoint = bytes(raw)[len(_LOOP_STATE_MAGIC):].split(b"\n", 1)
-    header = json.loads(header_line)
-    reader._pending_state = None
-    reader._name = header["name"]
-    reader._shard_id = header["shard_id"]
-    return header, checkpoint
+def check_reader_state(state: Any) -> None:
+    """Refuse, with a clear error, a reader state saved by the compiled loops of ndd_trace
+    0.1 (a pipeline's checkpoint of their own format, which eager ndd's reader cannot read);
+    today's compiled loops save and restore eager ndd's own reader states."""
+    text = str(state) if not isinstance(state, bytes) else state.decode("ascii", "replace")
+    try:
+        raw = base64.b64decode(text, validate=False)[:len(_LOOP_STATE_MAGIC)]
+    except (ValueError, TypeError):
+        return
+    if raw == _LOOP_STATE_MAGIC:
+        raise ValueError(
+            "this reader state was saved by a compiled loop of ndd_trace 0.1 (its own format, "
+            "which eager ndd's reader cannot restore); save it again with this version, whose "
+            "compiled loops, transparent mode and eager code save and restore eager ndd's own "
+            "reader states")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import textwrap
 import threading
 import warnings
 from collections import OrderedDict
@@ -22,14 +23,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from . import _dali, guards, lazy, logs, passes, readahead, stepcheck
+from . import _dali, guards, lazy, logs, passes, readahead
 from .errors import GraphBreakError, _GraphBreak
 from .ir import Graph, NodeKind, Ref
-from .loop import LoopExecutable
+from .loop import Split, StepCall, split_generator
 from .lower import Lowered, lower
 from .per_sample import PerSampleFunction
 from .runtime import Executable, LazyOutput, Options
 from .source import SourceLoc, is_internal_file, raise_at, user_location
+from .stepcheck import Finding
 from .trace import GraphBreakRecord, Tracer
 
 DEFAULT_CACHE_LIMIT = 8
@@ -116,6 +118,12 @@ def _noted(note: str | None) -> Iterator[None]:
 class CompiledFunction:
     """A function whose ndd calls run as one cached DALI pipeline per guard set."""
 
+    @property
+    def _ndd_trace_inlined(self) -> Callable:
+        """What a trace that calls this function records: its own function, inlined (its ops
+        join the caller's graph; stepcheck.py and guards.py look into it)."""
+        return self._function
+
     def __init__(self, function: Callable, *, fullgraph: bool = False,
                  num_threads: int | None = None, device_id: Any = "current",
                  prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
@@ -154,20 +162,36 @@ class CompiledFunction:
         self._storm_warned = False
         self._last_key: tuple | None = None
         self._fast: guards.FastGuard | None = None  # the last entry's guard, checked first
-        self.last_miss_reason: str | None = None
+        self._last_miss_reason: str | None = None
         self._failure_note: str | None = None
         self._trace_exception: BaseException | None = None
-        self._loop_finding: stepcheck.Finding | None | bool = False  # False: not checked yet
+        # a generator, taken apart at its first call (loop.py): False until then, None where
+        # its loop body cannot be compiled (it runs in checked mode)
+        self._split: Split | None | bool = False
+        self._step: CompiledFunction | None = None  # its loop body, compiled
+        self._loop_break: GraphBreakRecord | None = None
+        self._path = "one pipeline"  # how a compiled entry runs ("compiled loop": a loop body)
         if not self.is_generator:
             readahead.watch_reader_epochs(self)  # see readahead.run_call
 
     # -- public --------------------------------------------------------------------------------
 
     def cache_info(self) -> CacheInfo:
+        if self._step is not None:  # a compiled generator: its loop body's cache
+            return self._step.cache_info()
         c = self._counters
         return CacheInfo(c.hits, c.misses, c.traces, c.fallbacks, len(self._entries))
 
+    @property
+    def last_miss_reason(self) -> str | None:
+        """What changed at the last cache miss (a compiled generator: of its loop body)."""
+        if self._step is not None:
+            return self._step.last_miss_reason
+        return self._last_miss_reason
+
     def cache_clear(self) -> None:
+        if self._step is not None:
+            self._step.cache_clear()
         with self._lock:
             for entry in self._entries.values():
                 if entry.executable is not None:
@@ -178,6 +202,8 @@ class CompiledFunction:
 
     @property
     def entries(self) -> list[Entry]:
+        if self._step is not None:
+            return self._step.entries
         return list(self._entries.values())
 
     def __get__(self, instance: Any, owner: Any) -> Any:
@@ -274,7 +300,7 @@ class CompiledFunction:
                 self._last_key = key
                 return entry, "hit"
             self._counters.misses += 1
-            self.last_miss_reason = guards.explain_miss(key, self._last_key)
+            self._last_miss_reason = guards.explain_miss(key, self._last_key)
             (logs.recompiles if self._entries else logs.trace).info(
                 "`%s`: cache miss (%d of cache_limit %d entries held): %s", self.__qualname__,
                 len(self._entries), self.cache_limit, self.last_miss_reason)
@@ -343,21 +369,35 @@ class CompiledFunction:
         return bound.args, bound.kwargs
 
     def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
-        """A compiled generator call: one epoch of its reader loop, prefetched."""
-        key = self._key(args, kwargs)
-        entry, status = self._lookup(key, args, kwargs)
-        if status == "failed":
-            yield from self._eager_epoch_after_failed_trace(key, args, kwargs)
-            return
-        if status == "storm" or entry.eager:
-            if entry is not None:
-                self._counters.fallbacks += 1
-            yield from self._fallback_epoch(args, kwargs)
-            return
-        bound = self._bind(args, kwargs)
-        logs.runtime.debug("`%s`: compiled loop epoch starts", self.__qualname__)
-        for run in entry.executable.epoch(bound):
-            yield self._unflatten(entry.output_tree, run, entry, bound, run.batch_size)
+        """A compiled generator call: the generator's own Python, its loop body compiled
+        (loop.py); or, where the body cannot be compiled, each step in checked mode."""
+        split = self._loop()
+        if split is None:
+            self._counters.fallbacks += 1
+            return self._fallback_epoch(args, kwargs)
+        return split.generator(*args, **kwargs)
+
+    def _loop(self) -> Split | None:
+        """The generator taken apart (None: its loop body runs in checked mode), at its first
+        call; a graph break under fullgraph=True raises GraphBreakError there."""
+        if self._split is False:
+            found = split_generator(self._function)
+            if isinstance(found, Finding):
+                self._split = None
+                self._loop_break = GraphBreakRecord(
+                    f"its loop body's Python may not do the same at every step ({found.reason});"
+                    " each step runs its Python in checked mode", found.loc)
+                self._entries[("checked loop",)] = self._break_entry(
+                    Entry(key=("checked loop",)), self._loop_break, path="checked loop")
+            else:
+                self._step = CompiledFunction(
+                    found.step, fullgraph=self.fullgraph, num_threads=self._num_threads,
+                    device_id=self._device_id, prefetch_queue_depth=self.prefetch_queue_depth,
+                    cache_limit=self.cache_limit, fallback=self.fallback)
+                self._step._path = "compiled loop"
+                found.step_cell.cell_contents = StepCall(self._step)
+                self._split = found
+        return self._split
 
     @staticmethod
     def _bind(args: tuple, kwargs: dict) -> dict[tuple, Any]:
@@ -468,21 +508,11 @@ class CompiledFunction:
             rngs.append(rng)
         before = [(rng, _dali.rng_snapshot(rng)) for rng in rngs]
         entry = Entry(key=key)
-        if self.is_generator:
-            finding = self._check_loop_body()
-            if finding is not None:
-                return self._break_entry(entry, GraphBreakRecord(
-                    f"its loop body's Python may not do the same at every step ({finding.reason});"
-                    " each step runs its Python in checked mode", finding.loc), path="checked loop")
         self._counters.traces += 1
-        tracer.loop_mode = self.is_generator
         _GraphBreak.raised.breaks = swallowed = []
         try:
             with tracer.active():
-                if self.is_generator:
-                    result = self._trace_loop_step(tracer, traced_args, traced_kwargs)
-                else:
-                    result = self._function(*traced_args, **traced_kwargs)
+                result = self._function(*traced_args, **traced_kwargs)
             tracer.set_outputs(result)
             if swallowed:  # a bare `except:` in user code caught a graph break: still a break
                 raise swallowed[0]
@@ -505,15 +535,14 @@ class CompiledFunction:
                 "draws from or reseeds an RNG in Python (RNG(), set_seed, .state=); do that "
                 "outside the compiled function", self._definition_loc())
             return self._break_entry(entry, record)
-        has_batches = batch_size is not None or tracer.static_batch_sizes or \
-            tracer.reader_batch_sizes
+        has_batches = batch_size is not None or tracer.static_batch_sizes
         if tracer.sample_random_ops and has_batches:
             record = GraphBreakRecord(
                 "calls a random op without batch_size (one value for the whole call) in a "
                 "function that works on batches: a pipeline would draw per sample; pass "
                 "batch_size=x.batch_size or draw it outside", tracer.sample_random_ops[0])
             return self._break_entry(entry, record)
-        sizes = set(tracer.static_batch_sizes) | tracer.reader_batch_sizes
+        sizes = set(tracer.static_batch_sizes)
         if batch_size is not None:
             sizes.add(batch_size)
         if not consistent or len(sizes) > 1:
@@ -528,33 +557,6 @@ class CompiledFunction:
             entry.key = self._key(args, kwargs)
         entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
         return self._finish(entry, tracer)
-
-    def _check_loop_body(self) -> stepcheck.Finding | None:
-        """Why the generator's loop body may not be traced once (checked once per function)."""
-        if self._loop_finding is False:
-            self._loop_finding = stepcheck.check_generator(self._function)
-        return self._loop_finding
-
-    def _trace_loop_step(self, tracer: Tracer, args: tuple, kwargs: dict) -> Any:
-        """Run the generator for one reader step on placeholders; return what it yields."""
-        generator = self._function(*args, **kwargs)
-        try:
-            step = next(generator)
-        except StopIteration:
-            raise _GraphBreak("the generator yields nothing from a reader loop", None) from None
-        graph = tracer.graph
-        if not (graph.nodes_of(NodeKind.READER) or graph.nodes_of(NodeKind.EXTERNAL)):
-            generator.close()
-            raise _GraphBreak("the generator yields outside a loop over "
-                              "reader.next_epoch(batch_size=...) or source.captured(...)",
-                              user_location())
-        try:
-            next(generator)
-        except StopIteration:
-            return step
-        generator.close()
-        raise _GraphBreak("the generator yields more than once per reader step, or after "
-                          "its reader loop", None)
 
     def _argument_name(self, path: tuple) -> str:
         if path[0] == "kwargs":
@@ -602,29 +604,16 @@ class CompiledFunction:
         entry.graph_text = graph.format()
         entry.num_ops = tracer.num_ops
         draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
-        externals = graph.nodes_of(NodeKind.EXTERNAL)  # pulled every step, used or not
         passes.eliminate_common_subexpressions(graph)
-        if tracer.loop_mode:
-            # the readers' batches come out too (unseen by the user): batches read ahead can
-            # then be recomputed exactly if the random generator is reseeded between epochs
-            graph.outputs += [Ref(node, i) for node in graph.nodes_of(NodeKind.READER)
-                              for i in range(node.num_outputs)]
         passes.eliminate_dead_code(graph)
         entry.graph = graph
         entry.output_tree = tracer.output_tree
         entry.lowered = lower(graph, inline_constants=True)
-        entry.path = "compiled loop" if tracer.loop_mode else "one pipeline"
+        entry.path = self._path
         logs.trace.info("`%s` traced: %d ndd calls -> %s (%d ops after passes)", self.__qualname__,
                         entry.num_ops, entry.lowered.filename, len(graph.nodes_of(NodeKind.OP)))
-        if tracer.loop_mode:
-            options = dataclasses.replace(self._options(),
-                                          prefetch_queue_depth=self.prefetch_queue_depth)
-            entry.executable = LoopExecutable(graph, entry.lowered, draws, options,
-                                              tracer.rng_objects, tracer.batch_size,
-                                              self.__qualname__, externals)
-        else:
-            entry.executable = Executable(graph, entry.lowered, draws, self._options(),
-                                          tracer.rng_objects)
+        entry.executable = Executable(graph, entry.lowered, draws, self._options(),
+                                      tracer.rng_objects)
         return entry
 
     def _trace(self, key: tuple, args: tuple, kwargs: dict) -> Entry | None:
@@ -772,6 +761,7 @@ class Explanation:
     num_ops: int
     miss_reason: str | None
     path: str = ""
+    loop: str = ""  # a compiled generator: its Python as it runs, and its loop body
 
     def __str__(self) -> str:
         lines = [f"ndd_trace.explain: `{self.function_name}`"]
@@ -787,6 +777,9 @@ class Explanation:
         lines += [f"    - {record}" for record in self.breaks]
         lines.append("  guards (a change in any of these re-traces):")
         lines += [f"    - {guard}" for guard in self.guards]
+        if self.loop:
+            lines.append("")
+            lines.append(self.loop)
         if self.graph:
             lines.append("")
             lines.append(self.graph)
@@ -803,6 +796,8 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         return Explanation(function.__qualname__, "", function.converted_source, [], [], None,
                            CacheInfo(0, 0, 0, 0, len(function._variants)), 0, None)
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
+    if compiled.is_generator:
+        return _explain_generator(compiled)
     args, kwargs = compiled._normalize(args, kwargs)
     counters = compiled._counters
     saved = (counters.hits, counters.misses, counters.traces, counters.fallbacks)
@@ -831,3 +826,35 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         miss_reason=compiled.last_miss_reason,
         path=entry.path,
     )
+
+
+_LOOP_PATH = ("compiled loop: the generator's Python runs as written, its loop body as one "
+              "compiled call per step, run ahead on the batches its readers read ahead")
+
+
+def _explain_generator(compiled: CompiledFunction) -> Explanation:
+    """A compiled generator: how it runs, and its loop body's latest variant (traced at the
+    first step of an epoch: nothing runs here)."""
+    split = compiled._loop()
+    if split is None:
+        record = compiled._loop_break
+        return Explanation(compiled.__qualname__, "", "", [], [record], f"graph break: {record}",
+                           compiled.cache_info(), 0, None, path="checked loop")
+    loop = "\n".join([
+        "the generator, as it runs:", textwrap.indent(split.generator_source, "    "), "",
+        f"its loop body ({split.body_loc}), compiled:",
+        textwrap.indent(split.step_source, "    ")])
+    step = compiled._step
+    entry = step._entries.get(step._last_key) if step._last_key is not None else None
+    if entry is None:
+        return Explanation(compiled.__qualname__, "(not traced yet: the loop body is traced at "
+                           "its first step)", "", [], [], None, compiled.cache_info(), 0,
+                           None, path=_LOOP_PATH, loop=loop)
+    guard_lines = [f"{label} == {guards._short(value)}" for label, value in entry.key]
+    return Explanation(
+        function_name=compiled.__qualname__, graph=entry.graph_text,
+        code=entry.lowered.source if entry.lowered else "", guards=guard_lines,
+        breaks=list(entry.breaks), eager_reason=entry.eager_reason,
+        cache=compiled.cache_info(), num_ops=entry.num_ops,
+        miss_reason=compiled.last_miss_reason,
+        path=_LOOP_PATH if not entry.eager else f"checked loop ({entry.path})", loop=loop)

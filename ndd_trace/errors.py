@@ -61,6 +61,12 @@ class PipelineError(NddTraceError):
         super().__init__(f"{what} failed: {message}")
 
 
+class LoopError(NddTraceError, RuntimeError):
+    """A reader read through ndd_trace cannot go on (its read-ahead thread stopped, or its
+    pipeline failed and took the reader's operator with it); a RuntimeError, as the errors eager
+    ndd raises for misused readers are."""
+
+
 _AS_BUILTIN: dict[type, type] = {}
 
 

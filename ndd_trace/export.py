@@ -40,11 +40,13 @@ import numpy as np
 from . import _dali
 from .api import CompiledFunction, compile
 from .errors import NddTraceError
-from .ir import Graph, NodeKind
+from .ir import Graph, NodeKind, Ref
+from .loop import first_step
 from .lower import ExportError as _NotStandalone
 from .lower import lower
 from .per_sample import PerSampleFunction
 from .source import SourceLoc, unparse
+from .trace import add_reader_node
 
 FORMATS = ("python", "serialized")
 
@@ -90,17 +92,62 @@ def _traced_entry(compiled: CompiledFunction, args: tuple, kwargs: dict) -> Any:
     return entry
 
 
-def _user_graph(entry: Any, is_generator: bool) -> Graph:
-    """The entry's graph with only the user's outputs (a compiled loop also returns the reader
-    batches, for its own bookkeeping)."""
+def _loop_graph(compiled: CompiledFunction, args: tuple, kwargs: dict) -> tuple[Any, Graph]:
+    """A compiled generator's loop body, traced on stand-ins for what its readers give at the
+    first step (nothing is read: the generator's Python runs up to its loop's first step), with
+    the readers put back into the graph where they feed it."""
+    split = compiled._loop()
+    if split is None:
+        record = compiled._loop_break
+        raise ExportError(f"`{compiled.__qualname__}` cannot be exported{{where}}: its loop body "
+                          f"cannot be compiled ({record.reason}); export needs one whole pipeline",
+                          record.loc)
+    fed: dict[int, tuple[Any, int]] = {}
+
+    def stand_in(reader: Any, batch_size: int) -> Any:
+        if not isinstance(reader, _dali.Reader):
+            raise ExportError(f"the loop of `{compiled.__qualname__}`{{where}} pulls an "
+                              "ndd.ExternalSource (a Python callback); export needs a pipeline "
+                              "that holds all its sources", split.body_loc)
+        _, names, metas = _dali.reader_metadata(reader)
+        batches = [_dali.stand_in_batch(meta, batch_size) for meta in metas]
+        for index, batch in enumerate(batches):
+            fed[id(batch)] = (reader, index, batch)
+        return dict(zip(names, batches)) if names else tuple(batches)
+
+    step_args = first_step(split, args, kwargs, stand_in)
+    if step_args is None:
+        raise ExportError(f"`{compiled.__qualname__}` cannot be exported{{where}}: its loop "
+                          "gives no step", split.body_loc)
+    entry = _traced_entry(compiled._step, step_args, {})
     graph = Graph(entry.graph.name)
-    graph.nodes = list(entry.graph.nodes)
-    outputs = list(entry.graph.outputs)
-    if is_generator:
-        extra = sum(node.num_outputs for node in graph.nodes_of(NodeKind.READER))
-        outputs = outputs[:len(outputs) - extra]
-    graph.outputs = outputs
-    return graph
+    readers: dict[int, Any] = {}
+    replaced: dict[int, Ref] = {}
+    for node in entry.graph.nodes_of(NodeKind.INPUT):
+        value: Any = {"args": step_args}
+        for key in node.payload:
+            value = value[key]
+        found = fed.get(id(value))
+        if found is None or found[2] is not value:
+            raise ExportError(f"the loop body of `{compiled.__qualname__}`{{where}} is given "
+                              f"`{node.name}`, which no reader of its loop gives", split.body_loc)
+        reader, index, _ = found
+        if id(reader) not in readers:
+            readers[id(reader)] = add_reader_node(graph, reader, split.body_loc)
+        replaced[id(node)] = Ref(readers[id(reader)], index)
+
+    def mapped(ref: Ref) -> Ref:
+        return replaced.get(id(ref.node), ref)
+
+    for node in entry.graph.nodes:
+        if node.kind is NodeKind.INPUT:
+            continue
+        node.inputs = [mapped(ref) for ref in node.inputs]
+        node.arg_inputs = {key: mapped(ref) for key, ref in node.arg_inputs.items()}
+        graph.nodes.append(node)
+    graph.outputs = [mapped(ref) for ref in entry.graph.outputs]
+    entry.static_batch_size = next(iter(fed.values()))[2].batch_size if fed else None
+    return entry, graph
 
 
 def export(function: Callable, *example_args: Any, path: str, format: str = "python",
@@ -122,11 +169,14 @@ def export(function: Callable, *example_args: Any, path: str, format: str = "pyt
                                   batch_size, num_threads)
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     args, kwargs = compiled._normalize(example_args, example_kwargs)
-    entry = _traced_entry(compiled, args, kwargs)
-    graph = _user_graph(entry, compiled.is_generator)
+    if compiled.is_generator:
+        entry, graph = _loop_graph(compiled, args, kwargs)
+    else:
+        entry = _traced_entry(compiled, args, kwargs)
+        graph = entry.graph
     defaults = compiled._options()
     size = batch_size or compiled._batch_size_of(args, kwargs)[0] or \
-        getattr(entry.executable, "batch_size", None) or entry.static_batch_size or 1
+        entry.static_batch_size or 1
     options = {"batch_size": int(size), "num_threads": num_threads or defaults.num_threads,
                "device_id": defaults.device_id}
     if seed is not None:

@@ -205,6 +205,7 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
         for name in sorted(_global_loads(code)):
             globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
             value = namespace.get(name, _MISSING)
+            value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
             if depth < max_depth and _is_user_function(value):
                 visit(value, f"{value.__name__}() reads ", depth + 1)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):

@@ -34,11 +34,12 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, ClassVar
 
 from . import _dali
 from .ir import Graph, Node, NodeKind, Ref
-from .loop import LoopError, LoopExecutable
+from .errors import LoopError
 from .lower import lower
 from .runahead import (KEEP_BATCHES, READ_AHEAD, RUN_AHEAD, StateForecast, fed_as_eager,
                        gave_up)
@@ -52,20 +53,27 @@ READ_THREAD = os.environ.get("NDD_TRACE_READER_THREAD", "1") != "0"
 class ReaderStream:
     """A reader's operator in a pipeline of its own, handing out its batches in order.
 
-    A worker thread keeps `READ_AHEAD` batches scheduled and fetched (DALI releases the GIL
-    while it runs and waits), so taking a batch costs the script almost nothing."""
+    One per reader for the whole process: transparent mode, compiled generators, compiled steps
+    called from an eager loop and plain eager code that uses the reader afterwards all read
+    through it, so the reader keeps one position, as eagerly. A worker thread keeps
+    `READ_AHEAD` batches scheduled and fetched (DALI releases the GIL while it runs and waits),
+    so taking a batch costs the script almost nothing. A failed read (a file that cannot be
+    mapped) is raised at that batch and at every later one, as eager ndd's reader does."""
 
     def __init__(self, reader: Any, batch_size: int, options: Options):
         graph = Graph("reader")
         node = add_reader_node(graph, reader, None)
         graph.outputs = [Ref(node, i) for i in range(node.num_outputs)]
+        node.payload = None  # the stream holds its reader weakly (the registry's key)
         options = dataclasses.replace(options, prefetch_queue_depth=READ_AHEAD)
-        self.reader = reader
+        self._reader = weakref.ref(reader)
+        self.reader_type = type(reader).__name__
         self.name = _dali.reader_name(reader)
         self.names = node.output_names
         self.batch_size = batch_size
-        self.loop = LoopExecutable(graph, lower(graph), [], options, {}, batch_size,
-                                   f"transparent mode ({type(reader).__name__})")
+        self._operator: Any = None  # the reader's operator, claimed and moved into the pipeline
+        self.executable = Executable(graph, lower(graph), [], options, {},
+                                     before_build=self._move_reader_in)
         self.count = 0  # batches handed out so far
         self._ready: list[tuple] = []  # the Batches of counts self.count, self.count + 1, ...
         self._cond = threading.Condition()
@@ -76,24 +84,20 @@ class ReaderStream:
         self._in_flight: list[_PendingRun] = []  # scheduled, not fetched (without the thread)
         self._meta: dict = {}
 
+    def _move_reader_in(self, pipe: Any, batch_size: int) -> None:
+        if self._operator is None:
+            raise LoopError(f"the pipeline of reader `{self.reader_type}` ({self.name}) failed, "
+                            "and its operator went with it")
+        _dali.transfer_reader(pipe, self._reader(), self._operator)
+        self._operator = None
+
     def start(self) -> None:
-        """Move the reader into the pipeline (eager ndd's batch-size checks apply), then start
-        reading ahead."""
-        self.loop.ensure_built(self.batch_size)
-        self._meta = dict(_dali.reader_metadata_of(self.loop.pipeline, self.reader))
-        stream = self
-
-        def next_epoch(*args: Any, **kwargs: Any) -> Any:
-            if _dali.tracing_active():  # transparent mode decides
-                return type(stream.reader).next_epoch(stream.reader, *args, **kwargs)
-            # outside transparent mode, compiled functions fed these batches run ahead on them
-            return stream.epoch(stream.request(args, kwargs), _note_for_calls)
-
-        def get_metadata(*args: Any, **kwargs: Any) -> dict:
-            return dict(stream._meta)
-
-        self.reader.next_epoch = next_epoch
-        self.reader.get_metadata = get_metadata
+        """Move the reader into the pipeline (eager ndd's checks and errors first, as at the
+        first step of an eager epoch), then start reading ahead."""
+        reader = self._reader()
+        self._operator = _dali.claim_reader(reader, self.batch_size)
+        self.executable.ensure_built(self.batch_size)
+        self._meta = dict(_dali.reader_metadata_of(self.executable.pipeline, reader))
         if not READ_THREAD:
             return
         self._threaded = True
@@ -110,17 +114,15 @@ class ReaderStream:
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=5)
 
-    def request(self, args: tuple, kwargs: dict) -> int:
-        """The batch size of a `next_epoch(*args, **kwargs)` call on this reader."""
-        batch_size = _dali.reader_epoch_request(self.reader, args, kwargs)
-        if batch_size is None:
-            _dali.reader_epoch_as_eager(self.reader, args, kwargs)  # eager's own errors first
-            raise LoopError(
-                f"reader `{type(self.reader).__name__}` ({self.name}) was moved into a "
-                "pipeline by transparent mode for its batch epochs; it can only give batch "
-                "epochs now (next_epoch(batch_size=...)). Use a separate reader for samples "
-                "or capture mode.")
-        return batch_size
+    def metadata(self) -> dict:
+        """`reader.get_metadata()`: read once, when the reader moved into the pipeline."""
+        return dict(self._meta)
+
+    def request(self, args: tuple, kwargs: dict) -> int | None:
+        """The batch size of a `next_epoch(*args, **kwargs)` call on this reader; None where
+        eager ndd's own method must answer it (a sample epoch, capture=True: it raises eager's
+        errors for a reader that gave batches)."""
+        return _dali.reader_epoch_request(self._reader(), args, kwargs, any_context=True)
 
     def peek(self, count: int, wait: bool = True) -> tuple | None:
         """The Batches the stream hands out at `count` (None if not read ahead so far, or, with
@@ -132,9 +134,9 @@ class ReaderStream:
                 ready = len(self._ready) > count - self.count and self._error is None
                 return self._ready[count - self.count] if ready else None
         if not self._threaded:
-            with self.loop._lock:
+            with self.executable._lock:
                 while len(self._ready) <= count - self.count:
-                    _schedule(self.loop, self._in_flight, len(self._ready))
+                    _schedule(self.executable, self._in_flight, len(self._ready))
                     batches = _fetch(self._in_flight[0])  # a failed run raises every time
                     self._in_flight.pop(0)
                     self._ready.append(batches)
@@ -156,27 +158,33 @@ class ReaderStream:
             self.count += 1
             self._cond.notify_all()
         if not self._threaded:  # keep reading ahead, into the next epoch
-            _schedule(self.loop, self._in_flight, len(self._ready))
+            _schedule(self.executable, self._in_flight, len(self._ready))
         return batches  # type: ignore[return-value]
 
     def epoch(self, batch_size: int, on_batch: Callable | None) -> Iterator[Any]:
-        """One epoch exactly as `reader.next_epoch(batch_size=...)` gives it."""
-        _dali.reader_uses_batch_size(self.reader, batch_size)
-        steps = _dali.shard_steps(self.reader, self._meta["epoch_size_padded"], batch_size)
+        """One epoch exactly as `reader.next_epoch(batch_size=...)` gives it: its length is
+        counted at its first step from where the reader's shard is then; it advances the shard
+        at its end, not after a `break`; epochs open at once share the reader's batches."""
+        reader = self._reader()
+        _dali.reader_uses_batch_size(reader, batch_size)
+        steps = _dali.shard_steps(reader, self._meta["epoch_size_padded"], batch_size)
         for _ in range(steps):
             count = self.count
             batches = self.take()
             if on_batch is not None:
                 on_batch(self, count, batches)
             yield dict(zip(self.names, batches)) if self.names else batches
-        _dali.advance_shard(self.reader)
+        _dali.advance_shard(reader)
 
 
-def _schedule(loop: LoopExecutable, in_flight: list[_PendingRun], ready: int) -> None:
+def _schedule(executable: Executable, in_flight: list[_PendingRun], ready: int) -> None:
     """Schedule reader runs until `ready` batches and those in flight make READ_AHEAD."""
-    with loop._lock:
+    with executable._lock:
         while ready + len(in_flight) < READ_AHEAD:
-            in_flight.append(loop._schedule({}))
+            run = executable.launch([], executable.max_batch_size)
+            if run is None:  # the pipeline failed: the next fetch raises its error
+                break
+            in_flight.append(run)
 
 
 def _fetch(run: _PendingRun) -> tuple:
@@ -199,10 +207,10 @@ def _read_ahead(ref: weakref.ref, cond: threading.Condition) -> None:
                     cond.wait(timeout=0.5)
                     continue
                 ready = len(stream._ready)
-            loop = stream.loop
+            executable = stream.executable
             stream = None
-            _schedule(loop, in_flight, ready)
-            loop = None
+            _schedule(executable, in_flight, ready)
+            executable = None
             batches = _fetch(in_flight.pop(0))  # waits with the GIL released
             stream = ref()
             if stream is None:
@@ -228,28 +236,33 @@ def _stop_workers() -> None:
         stream.stop()
 
 
+# reader -> its stream, for as long as the reader lives (the stream holds it weakly)
+_streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def stream_of(reader: Any) -> ReaderStream | None:
-    return getattr(reader, "_ndd_trace_stream", None)
+    return _streams.get(reader)
 
 
 def reader_epoch(reader: Any, batch_size: int, options: Options,
                  on_batch: Callable | None) -> Iterator[Any]:
-    """Transparent mode's `reader.next_epoch(batch_size=...)`: the first epoch moves the reader
-    into its stream (eager ndd's checks raise here, at the first `next`, as eagerly)."""
+    """A batch epoch of `reader` read through its stream: the first one moves the reader into
+    it (eager ndd's checks raise here, at the first `next`, as eagerly)."""
     stream = stream_of(reader)
     if stream is None:
         stream = ReaderStream(reader, batch_size, options)
         stream.start()
-        reader._ndd_trace_stream = stream
+        _streams[reader] = stream
+        _watch()
     yield from stream.epoch(batch_size, on_batch)
 
 
 def can_stream(reader: Any) -> str | None:
-    """Why this reader's epochs stay eager in transparent mode, or None if it can stream."""
+    """Why this reader's epochs stay eager, or None if it can stream."""
     if stream_of(reader) is not None:
         return None
     if _dali.reader_transferred(reader):
-        return "the reader belongs to a compiled loop"
+        return "the reader's operator belongs to another pipeline (DALI's capture mode)"
     if _dali.reader_has_tensor_args(reader):
         return "the reader was constructed with tensor arguments"
     if _dali.reader_checkpointing(reader):
@@ -259,6 +272,73 @@ def can_stream(reader: Any) -> str | None:
     except Exception as error:
         return f"cannot describe the reader to a pipeline ({type(error).__name__})"
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Epochs opened by a compiled generator's loop (loop.py)
+#
+# While a compiled loop pulls its next item (`opening_loop_epochs`), the epochs it opens read
+# through streams from the first one: `reader.next_epoch(batch_size=...)` streams (unless the
+# reader must stay eager: checkpointing, tensor arguments), `source.captured(batch_size=...)`
+# pulls the ExternalSource's items one per step, as eager ndd does, instead of DALI's capture
+# mode (whose pipeline would run the loop body a second time).
+
+_opening = threading.local()  # .active: a compiled loop is pulling its next item; .stand_in
+
+
+@contextmanager
+def opening_loop_epochs(stand_in: Callable[[Any, int], Any] | None = None) -> Iterator[None]:
+    """While active, the epochs this thread opens are a compiled loop's (see above); with
+    `stand_in`, each is one step of `stand_in(reader or source, batch_size)` instead, and
+    nothing is read (export describes a loop so)."""
+    previous = getattr(_opening, "active", False), getattr(_opening, "stand_in", None)
+    _opening.active, _opening.stand_in = True, stand_in or previous[1]
+    try:
+        yield
+    finally:
+        _opening.active, _opening.stand_in = previous
+
+
+def _in_loop() -> bool:
+    return getattr(_opening, "active", False)
+
+
+def _stand_in() -> Callable | None:
+    return getattr(_opening, "stand_in", None) if _in_loop() else None
+
+
+def external_source_epoch(source: Any, batch_size: int, on_batch: Callable | None
+                          ) -> Iterator[Any]:
+    """`source.captured(batch_size=...)` in a compiled loop: one item per step, pulled when the
+    loop takes its step, converted as `source(batch_size=...)` converts it; the epoch ends
+    where the source raises StopIteration."""
+    count = 0
+    while True:
+        try:
+            values = _dali.external_source_pull(source, batch_size)
+        except StopIteration:
+            return
+        values = tuple(value.evaluate() for value in values)
+        if on_batch is not None:
+            on_batch(_SourceTag.of(source), count, values)
+        count += 1
+        yield values[0] if len(values) == 1 else values
+
+
+class _SourceTag:
+    """What an ExternalSource's items are noted under (their step count is per epoch)."""
+
+    _tags: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, source: Any) -> _SourceTag:
+        tag = cls._tags.get(source)
+        if tag is None:
+            tag = cls._tags[source] = cls()
+        return tag
+
+    def peek(self, count: int, wait: bool = True) -> None:
+        return None  # pulled when the loop takes its step: never ahead
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,12 +494,7 @@ class Speculator:
         """The outputs of the run launched for this observation, if it was fed exactly what the
         script's calls produced (and, given `executable`, launched on it); None otherwise (the
         region then runs as usual)."""
-        pattern = self._patterns.get((key, observation.shape))
-        if pattern is None or not pattern.launched:
-            return None
-        for count in [c for c in pattern.launched if c < observation.count]:
-            del pattern.launched[count]  # never consumed (the script skipped that step)
-        launch = pattern.launched.pop(observation.count, None)
+        launch = self._launch_for(key, observation)
         if launch is None:
             return None
         if (executable is None or launch.run._executable is executable) and \
@@ -429,13 +504,43 @@ class Speculator:
                 outputs = launch.run.result()
             except Exception:  # the region runs as usual, and reports a real error itself
                 return None
-            pattern.hits += 1
+            self._patterns[(key, observation.shape)].hits += 1
             return outputs
+        self._missed(key, observation)
+        return None
+
+    def take_run(self, key: tuple, observation: Observation,
+                 executable: Executable) -> _PendingRun | None:
+        """`take`, for a caller that consumes the outputs later: the run launched on
+        `executable` for this observation, without waiting for it, if it was fed exactly what
+        the caller's call feeds and is still in flight on that pipeline (a run lost to an
+        earlier failure is run again from its data when asked for)."""
+        launch = self._launch_for(key, observation)
+        if launch is None:
+            return None
+        run = launch.run
+        if run._executable is executable and run.error is None and \
+                all(fed_as_eager(leaf.kind, leaf.value, fed)
+                    for leaf, fed in zip(observation.leaves, launch.fed)):
+            self._patterns[(key, observation.shape)].hits += 1
+            return run
+        self._missed(key, observation)
+        return None
+
+    def _launch_for(self, key: tuple, observation: Observation) -> _Launch | None:
+        pattern = self._patterns.get((key, observation.shape))
+        if pattern is None or not pattern.launched:
+            return None
+        for count in [c for c in pattern.launched if c < observation.count]:
+            del pattern.launched[count]  # never consumed (the script skipped that step)
+        return pattern.launched.pop(observation.count, None)
+
+    def _missed(self, key: tuple, observation: Observation) -> None:
+        pattern = self._patterns[(key, observation.shape)]
         pattern.misses += 1
         pattern.launched.clear()
         pattern.strides = None
         pattern.confirmed = False
-        return None
 
     def learn(self, key: tuple, executable: Executable, observation: Observation,
               batch_size: int) -> None:
@@ -521,6 +626,7 @@ class Speculator:
 _calls = threading.local()  # .speculator: this thread's Speculator for compiled calls
 _compiled: weakref.WeakSet = weakref.WeakSet()  # live compiled functions (the watch's owners)
 _tagged: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(batch) -> (batch, reader) refs
+_feeding: weakref.WeakSet = weakref.WeakSet()  # readers whose eager batches fed a compiled call
 _watching = False
 
 
@@ -531,34 +637,70 @@ def _call_speculator() -> Speculator:
     return speculator
 
 
-def _note_for_calls(stream: ReaderStream, count: int, batches: tuple) -> None:
+def _note_for_calls(stream: Any, count: int, batches: tuple) -> None:
     _call_speculator().note_batch(stream, count, batches)
+
+
+def _watch() -> None:
+    """Readers, ExternalSources: their methods go through `_on_epoch`, `_on_metadata` and
+    `_on_captured` from now on (class-level wrappers, installed once)."""
+    global _watching
+    if not _watching:
+        _watching = True
+        _dali.watch_reader_methods(_on_epoch, _on_metadata, _on_captured)
 
 
 def watch_reader_epochs(owner: Any) -> None:
     """Called for each compiled function made: eager batch epochs are watched while one lives."""
-    global _watching
     _compiled.add(owner)
-    if not _watching:
-        _watching = True
-        _dali.watch_reader_epochs(_on_epoch)
+    _watch()
 
 
 def _on_epoch(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
-    """`reader.next_epoch(*args, **kwargs)` outside any trace, while compiled functions exist:
-    a reader whose batches fed a compiled function streams; other epochs run eagerly, their
+    """`reader.next_epoch(*args, **kwargs)` outside any trace. A reader with a stream reads
+    through it (whoever asks: eager code too); a compiled loop's epoch, or one of a reader whose
+    batches fed a compiled function, starts its stream; other epochs run eagerly, their
     batches remembered weakly (so that a compiled call can tell it was fed one)."""
-    if not _compiled:
-        return original(reader, *args, **kwargs)
-    if getattr(reader, "_ndd_trace_feeds_calls", False) and can_stream(reader) is None:
+    stand_in = _stand_in()
+    if stand_in is not None:
+        batch_size = _dali.reader_epoch_request(reader, args, kwargs, any_context=True,
+                                                check=False)
+        return iter([stand_in(reader, batch_size)])
+    stream = stream_of(reader)
+    if stream is not None:
+        batch_size = stream.request(args, kwargs)
+        if batch_size is None:  # eager ndd's own answer: its errors for a reader in batches
+            return original(reader, *args, **kwargs)
+        return stream.epoch(batch_size, _note_for_calls)
+    streams = _in_loop() or reader in _feeding
+    if streams and can_stream(reader) is None:
         batch_size = _dali.reader_epoch_request(reader, args, kwargs)
         if batch_size is not None:
             options = Options(_dali.current_num_threads(), _dali.current_device_id(), READ_AHEAD)
             return reader_epoch(reader, batch_size, options, _note_for_calls)
     epoch = original(reader, *args, **kwargs)
-    if kwargs.get("capture") or len(args) > 2 and args[2]:
+    if not _compiled or kwargs.get("capture") or len(args) > 2 and args[2]:
         return epoch
     return _tag_epoch(reader, epoch)
+
+
+def _on_metadata(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
+    stream = stream_of(reader)
+    if stream is not None:
+        return stream.metadata()
+    return original(reader, *args, **kwargs)
+
+
+def _on_captured(source: Any, original: Any, args: tuple, kwargs: dict) -> Any:
+    """`source.captured(batch_size=...)`: in a compiled loop, its items one per step; anywhere
+    else DALI's capture mode, as eagerly."""
+    if not _in_loop():
+        return original(source, *args, **kwargs)
+    bound = dict(zip(("batch_size", "ctx"), args), **kwargs)
+    stand_in = _stand_in()
+    if stand_in is not None:
+        return iter([stand_in(source, int(bound["batch_size"]))])
+    return external_source_epoch(source, int(bound["batch_size"]), _note_for_calls)
 
 
 def _tag_epoch(reader: Any, epoch: Iterator[Any]) -> Iterator[Any]:
@@ -587,14 +729,14 @@ def _note_inputs(bound: dict) -> None:
         if entry is not None and entry[0]() is value:
             reader = entry[1]()
             if reader is not None:
-                reader._ndd_trace_feeds_calls = True
+                _feeding.add(reader)
 
 
 def run_call(executable: Executable, key: tuple, bound: dict,
              batch_size: int) -> _PendingRun | None:
     """One call of a compiled function: a run launched ahead if the call is fed exactly what
-    it was launched with, else a run of its own (and the next ones launched ahead once the
-    calls follow a reader steadily)."""
+    it was launched with (handed over without waiting for it), else a run of its own (and the
+    next ones launched ahead once the calls follow a reader steadily)."""
     if _tagged:
         _note_inputs(bound)
     speculator = getattr(_calls, "speculator", None)
@@ -622,15 +764,15 @@ def run_call(executable: Executable, key: tuple, bound: dict,
         items.append(item)
     observation = speculator.describe(items) if items is not None else None
     key = (id(executable), key)  # two functions' entries may have equal guard keys
-    outputs = (speculator.take(key, observation, executable) if observation is not None
-               else None)
-    if outputs is not None:
-        run = _PendingRun(executable, batch_size)
-        run.outputs = tuple(outputs)
+    run = (speculator.take_run(key, observation, executable) if observation is not None
+           else None)
+    if run is not None:
         executable.ahead += 1
+        run.replay = lambda: executable._eager_error(executable._leaves_of(bound, states))
     else:
         run = executable._start(
             batch_size, lambda: executable.call_data(bound, states, batch_size))
+        run.replay = lambda: executable._eager_error(executable._leaves_of(bound, states))
     if observation is not None:
         speculator.learn(key, executable, observation, batch_size)
     return run

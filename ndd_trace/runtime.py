@@ -17,6 +17,7 @@ import dataclasses
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _dali, logs
@@ -73,8 +74,12 @@ class _PendingRun:
         self.batch_size = batch_size
         self.outputs: tuple | None = None
         self.error: BaseException | None = None
-        self.pulled: dict[int, Any] = {}  # ExternalSource items fed to this run (loops)
         self.replay: Any = None  # () -> the exception eager ndd raises on this run's data
+        self.data: list | None = None  # what it was fed (to run it again, see `lost`)
+        # an earlier run of the same pipeline failed while this one was scheduled: the pipeline
+        # is gone, and this run is run again from its data when its outputs are asked for (an
+        # eager call fails alone; the next ones give their own results)
+        self.lost = False
 
     def result(self) -> tuple:
         if self.outputs is None and self.error is None:
@@ -154,7 +159,8 @@ class Executable:
     """One cache entry's pipeline: built lazily, rebuilt for a larger batch or after a failure."""
 
     def __init__(self, graph: Graph, lowered: Lowered, draws: list, options: Options,
-                 rng_objects: dict[int, Any]):
+                 rng_objects: dict[int, Any],
+                 before_build: Callable[[Any, int], None] | None = None):
         self.graph = graph
         self.lowered = lowered
         self.draws = draws
@@ -177,6 +183,9 @@ class Executable:
         # re-reading the node (an argument's path, a state drawn per call, or anything else)
         self._sources = [self._source_kind(node) for node in lowered.external_sources]
         self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
+        # called with the pipeline and its batch size before it is built (a reader stream moves
+        # its reader's operator in); such a pipeline's runs are not run again after a failure
+        self.before_build = before_build
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
 
@@ -246,6 +255,8 @@ class Executable:
         # the generated @pipeline_def itself (what `explain` shows is what runs)
         pipe = self.lowered.function(**_dali.pipeline_options(
             batch_size, options.num_threads, options.device_id, options.prefetch_queue_depth))
+        if self.before_build is not None:
+            self.before_build(pipe, batch_size)
         pipe.build()
         self.pipeline = pipe
         self.max_batch_size = batch_size
@@ -383,7 +394,8 @@ class Executable:
                 raise self._pipeline_error(error, "building") from error
             run = _PendingRun(self, batch_size)
             try:
-                self._feed(data())
+                run.data = data()
+                self._feed(run.data)
                 started = time.perf_counter()
                 _dali.schedule_one(self.pipeline)
                 self.run_s += time.perf_counter() - started
@@ -410,6 +422,7 @@ class Executable:
                 self.pipeline = None  # rebuilt by the next run, which reports any real error
                 return None
             run = _PendingRun(self, batch_size)
+            run.data = data
             self._pending.append(run)
             return run
 
@@ -426,6 +439,9 @@ class Executable:
 
     def fetch(self, run: _PendingRun) -> None:
         with self._lock:
+            if run.lost:
+                self._run_again(run)
+                return
             while run.outputs is None and run.error is None and self._pending:
                 self._fetch_oldest()
             if run.outputs is None and run.error is None:
@@ -444,8 +460,27 @@ class Executable:
             except PipelineError as raised:
                 oldest.error = raised
             for other in self._pending:
-                other.error = oldest.error
+                if self.before_build is None and other.data is not None:
+                    other.lost = True  # run again when asked for: it did not fail itself
+                else:
+                    other.error = oldest.error
             self._pending.clear()
+
+    def _run_again(self, run: _PendingRun) -> None:
+        """Run a lost run (see `_PendingRun.lost`) on its own, from the data it was fed."""
+        run.lost = False
+        self._drain()
+        try:
+            self.ensure_built(run.batch_size)
+            self._feed(run.data)
+            _dali.schedule_one(self.pipeline)
+        except Exception as error:  # noqa: BLE001 (the run's error, raised where it is used)
+            self.pipeline = None
+            run.error = self._pipeline_error(error, "running")
+            return
+        self._pending.append(run)
+        while run.outputs is None and run.error is None and self._pending:
+            self._fetch_oldest()
 
     def _drain(self) -> None:
         while self._pending:

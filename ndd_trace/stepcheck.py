@@ -163,6 +163,9 @@ class _Checker:
         self.check_callee(value, what, call)
 
     def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
+        inlined = getattr(value, "_ndd_trace_inlined", None)
+        if inlined is not None:  # a compiled function: inlined into the loop body's trace
+            value = inlined
         module = getattr(value, "__module__", None) or ""
         if isinstance(value, types.BuiltinFunctionType) and module == "builtins":
             if value.__name__ in _PURE_BUILTINS:
@@ -303,52 +306,107 @@ def _check_helper(function: Any, depth: int) -> Finding | None:
     return None
 
 
-def check_generator(function: Any) -> Finding | None:
-    """None if each step of the generator's reader loop runs the Python the traced step ran;
-    otherwise the first construct that may not (with its file:line)."""
+@dataclasses.dataclass
+class LoopSite:
+    """A generator's reader loop whose body was proved step-invariant: the generator's AST
+    (line numbers as in its file), the loop statement, and its body's one `yield`."""
+
+    tree: ast.FunctionDef
+    filename: str
+    loop: ast.For
+    yielded: ast.Expr  # the body's `yield ...` statement
+
+
+def _reader_loops(body: list[ast.stmt]) -> list[tuple[ast.For, list[ast.stmt]]]:
+    """The `for` statements over a reader epoch (or source.captured) in these statements, in
+    blocks the generator's own frame runs (try, with, if, loops; not nested functions)."""
+    found = []
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                  ast.Lambda)):
+            continue
+        if isinstance(statement, ast.For) and _is_step_source(statement.iter):
+            found.append((statement, body))
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            found += _reader_loops(getattr(statement, field, None) or [])
+        for handler in getattr(statement, "handlers", None) or []:
+            found += _reader_loops(handler.body)
+    return found
+
+
+def _yields(nodes: list[ast.stmt]) -> list[ast.AST]:
+    return [node for statement in nodes for node in ast.walk(statement)
+            if isinstance(node, (ast.Yield, ast.YieldFrom))]
+
+
+def _loads_outside(node: ast.AST, skipped: list[ast.stmt]) -> set[str]:
+    """Names loaded anywhere in `node` but in the statements `skipped`."""
+    names: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if any(current is statement for statement in skipped):
+            continue
+        if isinstance(current, ast.Name) and isinstance(current.ctx, ast.Load):
+            names.add(current.id)
+        stack.extend(ast.iter_child_nodes(current))
+    return names
+
+
+def find_loop(function: Any) -> LoopSite | Finding:
+    """The generator's reader loop, if each of its steps runs the Python the traced step ran;
+    otherwise the first construct that may not (with its file:line). The Python around the
+    loop (before, after, try/finally, with) is not checked: a compiled loop runs it as written."""
     tree = _source_tree(function)
     code = function.__code__
     if tree is None:
         return Finding("its source is not available, so its loop body cannot be checked",
                        SourceLoc(code.co_filename, code.co_firstlineno, function.__name__))
     node, filename, first = tree
-    checker = _Checker(function)
-    loops = [s for s in node.body if isinstance(s, ast.For) and _is_step_source(s.iter)]
+    loops = _reader_loops(node.body)
     if len(loops) != 1:
-        return None  # not a single reader loop at the top: tracing decides (a graph break)
-    loop = loops[0]
-    position = node.body.index(loop)
+        what = ("has no loop over reader.next_epoch(batch_size=...) or source.captured(...)"
+                if not loops else "has several loops over readers or sources")
+        return Finding(f"{what}; only the body of one such loop can be compiled",
+                       _loc(filename, first, loops[1][0] if loops else node, function))
+    loop = loops[0][0]
+    checker = _Checker(function)
     varying: set[str] = set()
     try:
-        for statement in node.body[:position]:
-            if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
-                continue
-            if not isinstance(statement, (ast.Assign, ast.AnnAssign, ast.If, ast.Pass)):
-                raise _Unprovable("runs Python before its reader loop (eagerly once per epoch; "
-                                  "a compiled loop runs it once, when tracing)", statement)
-            checker.statement(statement, varying, set(), in_loop=False)
-        for statement in node.body[position + 1:]:
-            if isinstance(statement, ast.Pass) or (
-                    isinstance(statement, ast.Return) and statement.value is None):
-                continue
-            raise _Unprovable("runs Python after its reader loop (eagerly once per epoch; a "
-                              "compiled loop does not run it)", statement)
         if loop.orelse:
             raise _Unprovable("has a `for ... else` on its reader loop", loop)
-        for call in ast.walk(loop.iter):  # the epoch itself, and what it is called with
-            if isinstance(call, ast.Call) and not (
-                    isinstance(call.func, ast.Attribute) and call.func.attr in _STEP_SOURCES
-                    or isinstance(call.func, ast.Name) and call.func.id in ("enumerate", "zip")):
-                checker.check_call(call)
+        if any(isinstance(sub, ast.NamedExpr) for sub in ast.walk(loop.iter)):
+            raise _Unprovable("assigns with `:=` in its reader loop's iterable", loop)
+        yields = _yields(loop.body)
+        if len(yields) != 1 or not (isinstance(loop.body[-1], ast.Expr)
+                                    and loop.body[-1].value is yields[0]
+                                    and isinstance(yields[0], ast.Yield)):
+            raise _Unprovable("does not end its loop body with its one `yield`", loop)
         data = _names_bound(loop.target)
         varying |= _enumerate_counters(loop)
         checker.locals |= data
         varying |= _carried_names(loop.body, data)
         for statement in loop.body:
             checker.statement(statement, varying, data - varying, in_loop=True)
+        inside = set()
+        for statement in loop.body:
+            inside |= _names_bound(statement)
+        leaked = sorted(inside & _loads_outside(node, loop.body))
+        if leaked:
+            raise _Unprovable(f"reads `{leaked[0]}`, set in its loop body, outside that body",
+                              loop)
     except _Unprovable as problem:
         return Finding(problem.reason, _loc(filename, first, problem.node, function))
-    return None
+    ast.increment_lineno(node, first - 1)
+    return LoopSite(node, filename, loop, loop.body[-1])
+
+
+def check_generator(function: Any) -> Finding | None:
+    """None if each step of the generator's reader loop runs the Python the traced step ran;
+    otherwise the first construct that may not (with its file:line)."""
+    found = find_loop(function)
+    return found if isinstance(found, Finding) else None
 
 
 def _enumerate_counters(loop: ast.For) -> set[str]:

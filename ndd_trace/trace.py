@@ -292,11 +292,9 @@ class Tracer:
         self.output_tree: Any = None
         self.num_ops = 0
         self.failure_note: str | None = None  # why recording an op failed, for the eager error
-        self.loop_mode = False  # tracing a generator: readers become pipeline sources
         # random ops called in sample mode (one value): in a batch pipeline each sample would
         # get its own draw, so a graph that also has batches cannot use them
         self.sample_random_ops: list[SourceLoc | None] = []
-        self.reader_batch_sizes: set[int] = set()
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -324,55 +322,24 @@ class Tracer:
 
     def reader_used(self, reader: Any, batch_size: Any = None, *args: Any,
                     **kwargs: Any) -> Iterator:
-        """`reader.next_epoch(...)` while tracing: in a compiled generator, a one-step iterator
-        of placeholders for the reader's outputs; anywhere else a graph break. Operator objects
-        and ExternalSource pulls (`_ndd_trace_kind`) are graph breaks: their results would be
-        frozen into the graph as constants."""
+        """A reader, an operator object or an ExternalSource used while tracing: a graph break
+        (a reader keeps its position, and what these give would be frozen into the graph as
+        constants). A compiled generator's loop is not traced: its body is (loop.py)."""
         loc = user_location()
         kind = kwargs.pop("_ndd_trace_kind", None)
         if kind == "operator":
             raise _GraphBreak(f"calls operator object `{type(reader).__name__}` (class API or a "
                               "reader called directly); use the ndd.<op> function, or call it "
                               "outside", loc)
-        if kind == "external_source.captured" and self.loop_mode:
-            return self._external_loop_source(reader, kwargs.get("batch_size", batch_size), loc)
         if kind in ("external_source", "external_source.captured"):
             raise _GraphBreak("pulls data from an ndd.ExternalSource (its next batch would be "
                               "frozen into the graph); pass the batch as an argument, or "
                               "iterate source.captured(batch_size=...) in a compiled generator",
                               loc)
-        batch_size = kwargs.get("batch_size", batch_size)
-        if not self.loop_mode:
-            raise _GraphBreak(
-                f"reads from reader `{type(reader).__name__}` in a plain function (a reader keeps "
-                "its position); write the loop in a generator function decorated with "
-                "@ndd.compile to compile it", loc)
-        if kwargs.get("capture"):
-            raise _GraphBreak("uses DALI's capture=True inside a compiled loop", loc)
-        if batch_size is None:
-            raise _GraphBreak("iterates a reader sample by sample (next_epoch() without "
-                              "batch_size); compiled loops need batches", loc)
-        if self.num_ops:
-            raise _GraphBreak("calls ndd operators before the reader loop starts (they would "
-                              "run once per step in the pipeline)", loc)
-        if any(node.payload is reader for node in self.graph.nodes_of(NodeKind.READER)):
-            raise _GraphBreak(f"iterates reader `{type(reader).__name__}` twice", loc)
-        if _dali.reader_has_tensor_args(reader):
-            raise _GraphBreak("uses a reader constructed with tensor arguments", loc)
-        restored = _dali.adopt_loop_state(reader)
-        if restored is not None:
-            reader._ndd_trace_restore = restored
-        try:
-            node = add_reader_node(self.graph, reader, loc)
-        except Exception as error:
-            raise _GraphBreak(f"cannot describe reader `{type(reader).__name__}` to a pipeline "
-                              f"({error})", loc) from error
-        self.reader_batch_sizes.add(int(batch_size))
-        self.batch_size = int(batch_size)
-        outputs = [TracedBatch(self, Ref(node, i), node.meta[i]) for i in range(node.num_outputs)]
-        names = node.output_names
-        step = dict(zip(names, outputs)) if names else tuple(outputs)
-        return iter([step])  # one traced step; the loop then ends
+        raise _GraphBreak(
+            f"reads from reader `{type(reader).__name__}` in a plain function (a reader keeps "
+            "its position); write the loop in a generator function decorated with "
+            "@ndd.compile to compile it", loc)
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -405,36 +372,6 @@ class Tracer:
 
     def _note_static_batch_size(self, batch_size: int, loc: SourceLoc | None) -> None:
         self.static_batch_sizes.add(int(batch_size))
-
-    def _external_loop_source(self, source: Any, batch_size: Any, loc: SourceLoc | None
-                              ) -> Iterator:
-        """`source.captured(batch_size=N)` in a compiled generator: the source feeds the loop's
-        pipeline (pulled in Python as steps are scheduled). Its first item is pulled now, to
-        learn what it gives; the loop's first step uses it."""
-        if batch_size is None:
-            raise _GraphBreak("iterates an ExternalSource without batch_size", loc)
-        if self.num_ops:
-            raise _GraphBreak("calls ndd operators before the loop starts (they would run once "
-                              "per step in the pipeline)", loc)
-        if any(node.payload[0] is source for node in self.graph.nodes_of(NodeKind.EXTERNAL)):
-            raise _GraphBreak("iterates an ExternalSource twice", loc)
-        with _dali.eager_inside_trace():
-            try:  # peeked, not pulled: the loop (or an eager fallback) still gets this item
-                first = _dali.external_source_peek(source, int(batch_size))
-            except StopIteration:
-                return iter(())
-            first = tuple(value.evaluate() for value in first)
-        if not all(isinstance(value, _dali.Batch) for value in first):
-            raise _GraphBreak("an ExternalSource in a compiled loop must give batches", loc)
-        self.reader_batch_sizes.add(int(batch_size))
-        self.batch_size = int(batch_size)
-        outputs = []
-        for index, value in enumerate(first):
-            node = self.graph._add(NodeKind.EXTERNAL, "external_source",
-                                   payload=(source, index), meta=[_dali.meta_of(value)],
-                                   backend=value.device.device_type, loc=loc)
-            outputs.append(TracedBatch(self, Ref(node, 0), node.meta[0]))
-        return iter([outputs[0] if len(outputs) == 1 else tuple(outputs)])
 
     def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
         if rng is None:

@@ -1,9 +1,9 @@
 """Worker for the checkpoint test: run a compiled reader loop, save or restore mid-epoch.
 
-    python checkpoint_worker.py full DIR               # two epochs, uninterrupted
-    python checkpoint_worker.py save DIR CKPT STOP     # stop after STOP steps, save a checkpoint
-    python checkpoint_worker.py resume DIR CKPT        # restore, finish the two epochs
-Prints one digest line per consumed batch.
+    python checkpoint_worker.py MODE full DIR            # two epochs, uninterrupted
+    python checkpoint_worker.py MODE save DIR CKPT STOP  # stop after STOP steps, save a checkpoint
+    python checkpoint_worker.py MODE resume DIR CKPT     # restore, then the epochs left
+MODE is `compiled` (the loop is @ndd.compile'd) or `eager`. Prints one digest line per batch.
 """
 
 import hashlib
@@ -15,7 +15,6 @@ import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace  # noqa: F401
 
 
-@ndd.compile
 def augmented(reader):
     for jpegs, labels in reader.next_epoch(batch_size=3):
         images = ndd.resize(ndd.decoders.image(jpegs), size=[16, 16])
@@ -29,7 +28,10 @@ def digest(step, images, labels):
     print(step, hashlib.sha256(data).hexdigest()[:16], flush=True)
 
 
-mode, root = sys.argv[1], sys.argv[2]
+if sys.argv[1] == "compiled":
+    augmented = ndd.compile(augmented)
+mode, root = sys.argv[2], sys.argv[3]
+sys.argv = sys.argv[1:]
 reader = ndd.readers.File(file_root=root, random_shuffle=True, seed=7, enable_checkpointing=True)
 rng = ndd.random.RNG(seed=11)
 ndd.random.get_default_rng().state = rng.state

@@ -99,19 +99,19 @@ def test_corrupt_file_in_transparent_reader_loop(corrupt_dir):
     _same(eager, lazy)
 
 
-def test_reader_used_eagerly_first_cannot_be_replayed(corrupt_dir):
-    """A reader that read batches before a compiled loop took it over cannot be put back after
-    a failure: the next epoch says so (a RuntimeError, as eager's reader errors)."""
-    compiled = ndd.compile(_body)
-    reader = ndd.readers.File(file_root=corrupt_dir)
-    for _ in reader.next_epoch(batch_size=4):
-        break
-    with pytest.raises(RuntimeError):
-        for images, _ in compiled(reader):
-            images.torch()
-    with pytest.raises(ndd_trace.NddTraceError, match="cannot be put back"):
-        for _ in compiled(reader):
-            pass
+def test_reader_used_eagerly_first_then_compiled_goes_on_after_errors(corrupt_dir):
+    """A reader that gave batches eagerly, then feeds a compiled loop that meets a corrupt
+    file: the error at its step, and the next epochs from where eager's reader is."""
+    def run(function):
+        ndd.random.set_seed(2)
+        reader = ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=4)
+        for _ in reader.next_epoch(batch_size=4):
+            break
+        return _consume(function, reader, epochs=3, skip_errors=False)
+
+    eager, compiled = run(_body), run(ndd.compile(_body))
+    assert ("error", "RuntimeError") in [e[:2] for e in eager]
+    _same(eager, compiled)
 
 
 def test_corrupt_file_in_compiled_function(corrupt_dir):

@@ -136,19 +136,44 @@ def test_recompiling_applies_new_options(batch):
     assert second.fullgraph and second is not first
 
 
+SCALE = 1
+
+
 def test_generator_past_cache_limit_warns(jpeg_dir):
+    """A loop body whose value changes at every epoch: past cache_limit, one warning, and
+    eager's values (the new variants run in transparent mode)."""
+    def loop(reader):
+        for jpegs, labels in reader.next_epoch(batch_size=4):
+            yield labels * SCALE
+
+    def run(function):
+        global SCALE
+        out = []
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        for scale in range(1, 5):
+            SCALE = scale
+            out += [np.asarray(ndd.as_tensor(x)).tolist() for x in function(reader)]
+        return out
+
+    compiled = ndd.compile(loop, cache_limit=1)
+    eager = run(loop)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(compiled) == eager
+    assert sum("cache_limit" in str(w.message) for w in caught) == 1
+    assert compiled.cache_info().entries == 1
+
+
+def test_generator_over_new_readers_traces_once(jpeg_dir):
+    """The reader is not part of the loop body's key: a new reader every epoch reuses it."""
     def loop(reader):
         for jpegs, labels in reader.next_epoch(batch_size=4):
             yield labels
 
     compiled = ndd.compile(loop, cache_limit=1)
-    list(compiled(ndd.readers.File(file_root=str(jpeg_dir))))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            list(compiled(ndd.readers.File(file_root=str(jpeg_dir))))
-    assert sum("cache_limit" in str(w.message) for w in caught) == 1
-    assert compiled.cache_info().entries == 1
+    for _ in range(3):
+        list(compiled(ndd.readers.File(file_root=str(jpeg_dir))))
+    assert compiled.cache_info().traces == 1
 
 
 def test_tensor_copy_of_traced_tensor(images):

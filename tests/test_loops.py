@@ -5,12 +5,11 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
 import pytest
 from conftest import to_numpy
 
-import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace.loop import LoopError
 
 
 def augmented(reader, batch_size=4):
@@ -130,12 +129,19 @@ def test_exception_in_loop_body_leaves_loop_usable(jpeg_dir):
     assert steps and compiled.cache_info().traces == 1
 
 
-def test_eager_use_after_compiled_epoch_names_the_reader(jpeg_dir):
-    compiled = ndd.compile(augmented)
-    reader = file_reader(jpeg_dir)
-    list(compiled(reader))
-    with pytest.raises(LoopError, match="belongs to compiled loop"):
-        reader.next_epoch(batch_size=4)
+def test_eager_use_after_compiled_epoch_continues_like_eager(jpeg_dir):
+    """A reader a compiled loop read goes on, in plain eager code, where eager's would."""
+    def run(function):
+        reader = file_reader(jpeg_dir, random_shuffle=True, seed=6)
+        ndd.random.set_seed(3)
+        first = [to_numpy(step) for step in function(reader)]
+        later = [to_numpy(batches) for batches in reader.next_epoch(batch_size=4)]
+        return first, later, reader.get_metadata()["epoch_size"]
+
+    eager, compiled = run(augmented), run(ndd.compile(augmented))
+    assert_steps_equal(eager[0], compiled[0])
+    assert_steps_equal(eager[1], compiled[1])
+    assert eager[2] == compiled[2]
 
 
 def test_rng_reseeded_between_epochs_matches_eager(jpeg_dir):
@@ -154,11 +160,22 @@ def test_rng_reseeded_between_epochs_matches_eager(jpeg_dir):
         assert_steps_equal(eager_epoch, epoch)
 
 
-def test_rng_used_inside_loop_raises(jpeg_dir):
-    compiled = ndd.compile(augmented)
-    with pytest.raises(LoopError, match="reseeded"):
-        for _ in compiled(file_reader(jpeg_dir)):
-            ndd.random.get_default_rng()()
+def test_consumer_draws_from_the_generator_between_steps(jpeg_dir):
+    """Mixup: the consumer draws from the default generator at every step; the loop's random
+    ops draw after it, as eagerly (runs launched ahead with other states are not used)."""
+    def run(function):
+        ndd.random.set_seed(8)
+        reader = file_reader(jpeg_dir, random_shuffle=True, seed=2)
+        steps, lambdas = [], []
+        for _ in range(2):
+            for step in function(reader):
+                lambdas.append(float(np.asarray(ndd.random.uniform(range=[0, 1]))))
+                steps.append(to_numpy(step))
+        return steps, lambdas, str(ndd.random.get_default_rng().state)
+
+    eager, compiled = run(augmented), run(ndd.compile(augmented))
+    assert_steps_equal(eager[0], compiled[0])
+    assert eager[1:] == compiled[1:]
 
 
 def test_data_dependent_loop_body_runs_eagerly_and_says_so(jpeg_dir):
@@ -176,11 +193,17 @@ def test_data_dependent_loop_body_runs_eagerly_and_says_so(jpeg_dir):
     assert_steps_equal(eager, result)
 
 
-def test_loop_explain_shows_reader_in_pipeline(jpeg_dir):
+def test_loop_explain_shows_the_loop_and_its_body_pipeline(jpeg_dir):
     compiled = ndd.compile(augmented)
+    before = ndd_trace.explain(compiled, file_reader(jpeg_dir))
+    assert "not traced yet" in before.graph and "__ndd_trace_step__" in before.loop
+    list(compiled(file_reader(jpeg_dir)))
     explanation = ndd_trace.explain(compiled, file_reader(jpeg_dir))
-    assert "fn.readers.file(" in explanation.code
-    assert explanation.eager_reason is None
+    text = str(explanation)
+    assert explanation.eager_reason is None and explanation.path.startswith("compiled loop")
+    assert "in __ndd_trace_epoch__((lambda : reader.next_epoch(" in text
+    assert "fn.random_resized_crop(" in explanation.code
+    assert "test_loops.py:" in explanation.code  # each op carries the user's line
 
 
 def test_torch_handoff_from_loop(jpeg_dir):
@@ -201,7 +224,12 @@ def test_gpu_loop_matches_eager(jpeg_dir):
     assert_loops_match(gpu_loop, lambda: (file_reader(jpeg_dir, random_shuffle=True, seed=1),))
 
 
-def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path):
+@pytest.mark.parametrize("saved, restored", [("compiled", "compiled"), ("eager", "compiled"),
+                                             ("compiled", "eager")])
+def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path, saved, restored):
+    """Saved mid-epoch and restored in a fresh process, in any mix of modes: the batches of
+    an eager save and restore (the first epoch after a restore is a full one, from the saved
+    position, as eager ndd counts it)."""
     import subprocess
     import sys
 
@@ -216,12 +244,16 @@ def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path):
         assert completed.returncode == 0, completed.stderr
         return [line.split()[1] for line in completed.stdout.splitlines()]
 
-    full = run("full", str(jpeg_dir))
-    ckpt = str(tmp_path / "loop.ckpt")
     for stop in (2, 7):  # inside the first epoch, and inside the second
-        first = run("save", str(jpeg_dir), ckpt, str(stop))
-        rest = run("resume", str(jpeg_dir), ckpt)
-        assert first + rest == full, (stop, first, rest, full)
+        ckpt = str(tmp_path / f"eager_{stop}.ckpt")
+        eager = run("eager", "save", str(jpeg_dir), ckpt, str(stop)) + \
+            run("eager", "resume", str(jpeg_dir), ckpt)
+        ckpt = str(tmp_path / f"{saved}_{restored}_{stop}.ckpt")
+        mixed = run(saved, "save", str(jpeg_dir), ckpt, str(stop)) + \
+            run(restored, "resume", str(jpeg_dir), ckpt)
+        assert mixed == eager, (stop, mixed, eager)
+    full = run("compiled", "full", str(jpeg_dir))
+    assert full == run("eager", "full", str(jpeg_dir))
 
 
 def test_break_reseed_and_resume_recomputes_read_ahead(jpeg_dir):
