@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 import keyword
 import linecache
+import os
 import unicodedata
+import warnings
 
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
@@ -16,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ndd_trace  # noqa: F401 (ndd.compile)
+from ndd_trace import launch
 from ndd_trace.source import NameTable, docstring, one_line
 
 A = ndd.as_batch([np.full((2, 2), 10, np.int32)])
@@ -167,3 +170,22 @@ def test_comment_and_docstring_texts_end_where_they_should(text):
     tree = ast.parse(literal)
     assert len(tree.body) == 1 and ast.literal_eval(literal) == text
 
+
+# -- the per-rank report -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("rank", ["/../../escaped", "..", "3/../../x", "a\nb", "٣"])
+def test_report_stays_in_its_folder(monkeypatch, tmp_path, rank):
+    monkeypatch.setenv("RANK", rank)
+    folder = tmp_path / "reports"
+    for template in ("report.json", "report-{rank}.json"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            written = launch.write_report(str(folder / template))
+        assert os.path.dirname(written) == str(folder)
+        assert os.listdir(tmp_path) == ["reports"]
+    assert all(name.isascii() and "/" not in name for name in os.listdir(folder))
+
+
+def test_plain_ranks_name_reports_as_before(monkeypatch):
+    monkeypatch.setenv("RANK", "12")
+    assert launch.report_path("out/r.json") == "out/r.rank12.json"
