@@ -29,6 +29,7 @@ import dataclasses
 import importlib
 import inspect
 import os
+import shlex
 import sys
 import textwrap
 import warnings
@@ -45,7 +46,7 @@ from .loop import first_step
 from .lower import ExportError as _NotStandalone
 from .lower import lower
 from .per_sample import PerSampleFunction
-from .source import SourceLoc, unparse
+from .source import SourceLoc, docstring, one_line, unparse
 from .trace import add_reader_node
 
 FORMATS = ("python", "serialized")
@@ -297,7 +298,8 @@ def _module_text(name: str, lowered: Any, inputs: list[str], example: str, rando
                    "their values differ from eager ndd's." if random == "pipeline" else
                    "Random ops take their states as inputs `<variable>_state` (7 uint32 "
                    "words per sample), drawn as ndd draws them for eager's exact values.")
-    script = os.path.basename(path)
+    # the user's names are shown on one line each, the file name quoted as a shell would need
+    name, script = one_line(name), one_line(shlex.quote(os.path.basename(path)))
     doc = (f"{name}: a DALI pipeline exported by ndd_trace (DALI {_dali.DALI_VERSION}).\n\n"
            f"Inputs, fed with pipe.feed_input(name, samples): {', '.join(inputs) or 'none'}.\n"
            f"{_wrap(random_text)}\n\n"
@@ -311,7 +313,7 @@ def _module_text(name: str, lowered: Any, inputs: list[str], example: str, rando
     constants.body[1].value = ast.Constant(example)
     main_text = unparse(ast.fix_missing_locations(tail)).strip()
     main_text = main_text.replace("\nif (__name__ == '__main__'):", "\n\n\nif __name__ == '__main__':")
-    return ('"""' + doc + '"""\n\n' + unparse(header).strip() + "\n\n" +
+    return (docstring(doc) + "\n\n" + unparse(header).strip() + "\n\n" +
             lowered.source + "\n" + unparse(constants).strip() + "\n\n\n" +
             main_text + "\n")
 

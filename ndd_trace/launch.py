@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import threading
 
 from . import lazy, logs
@@ -32,10 +33,19 @@ def rank() -> str | None:
     return None
 
 
+def _file_token(value: str) -> str:
+    """The rank as a part of a file name: ASCII letters, digits, `-` and `_` only (a RANK of
+    "/../x" must not lead the report out of its folder)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", value)
+
+
 def report_path(path: str) -> str:
     """`path` for this rank: "{rank}" in it is replaced; else `.rank<N>` goes before the
-    extension (report.json -> report.rank3.json); without a rank, `path` as it is."""
+    extension (report.json -> report.rank3.json); without a rank, `path` as it is. The rank
+    goes in as a file-name token (`_file_token`), so the report stays in `path`'s folder."""
     this_rank = rank()
+    if this_rank is not None:
+        this_rank = _file_token(this_rank)
     if "{rank}" in path:
         return path.replace("{rank}", this_rank if this_rank is not None else "0")
     if this_rank is None:

@@ -28,7 +28,6 @@ import ast
 import dataclasses
 import functools
 import itertools
-import keyword
 import linecache
 import math
 import re
@@ -39,7 +38,7 @@ import numpy as np
 
 from . import _dali
 from .ir import Graph, Node, NodeKind, Ref, float_key
-from .source import register_source, unparse
+from .source import NameTable, one_line, register_source, unparse
 
 _counter = itertools.count()
 
@@ -58,7 +57,8 @@ _MATH = {"sqrt", "rsqrt", "cbrt", "exp", "log", "log2", "log10", "abs", "fabs", 
          "atanh", "min", "max", "pow", "fpow", "atan2", "clamp"}
 _ARITHMETIC_STATIC = {"expression_desc", "integer_constants", "real_constants"}
 _DESC = re.compile(r"^(\w+)\((.*)\)$")
-_RESERVED = {"fn", "types", "dali", "pipeline_def", "consts"}
+# names the generated module defines or reads besides the variables (`float` spells a NaN)
+_RESERVED = frozenset({"fn", "types", "dali", "pipeline_def", "consts", "float"})
 INLINE_LIMIT = 16  # elements of a constant written into the code (larger ones are fed)
 
 
@@ -142,20 +142,9 @@ def _op_label(node: Node) -> str:
 def _readable_names(graph: Graph) -> dict[int, str]:
     """A unique, readable variable per node: the user's name for the value a line assigns (its
     last op), the parameter name for inputs, the op's name otherwise."""
-    taken: set[str] = set()
+    table = NameTable(_RESERVED)
+    claim = table.claim
     names: dict[int, str] = {}
-
-    def claim(base: str) -> str:
-        base = re.sub(r"\W", "_", base) or "v"
-        if base[0].isdigit():
-            base = "v" + base
-        if keyword.iskeyword(base) or base in _RESERVED:
-            base += "_"
-        name, suffix = base, 2
-        while name in taken:
-            name, suffix = f"{base}_{suffix}", suffix + 1
-        taken.add(name)
-        return name
 
     ops = [node for node in graph.nodes if node.kind is NodeKind.OP]
     last_on_line = set()
@@ -456,8 +445,8 @@ def lower(graph: Graph, *, inline_constants: bool = False, random_states: str = 
     graph.verify()
     names = _readable_names(graph)
     emitter = _Emitter(graph, names, random_states, inline_limit, standalone)
-    safe_name = "".join(c if c.isalnum() or c == "_" else "_" for c in graph.name)
-    function_name = function_name or f"{safe_name}_pipeline"
+    safe_name = NameTable().claim(graph.name)
+    function_name = NameTable(_RESERVED).claim(function_name or f"{safe_name}_pipeline")
     lines = _header(decorator_options)
     lines.append(f"def {function_name}():")
     line_map: dict[int, Node] = {}
@@ -485,7 +474,7 @@ def lower(graph: Graph, *, inline_constants: bool = False, random_states: str = 
                 feed_names.append(names[id(node)])
         text = f"    {names[id(node)]} = {_expression(value)}"
         if node.loc is not None:
-            text += f"  # {node.loc}"
+            text += f"  # {one_line(str(node.loc))}"  # a file name may hold a line break
         lines.append(text)
         line_map[len(lines)] = node
     outputs = ast.Tuple(elts=[emitter.ref(ref) for ref in graph.outputs], ctx=ast.Load())

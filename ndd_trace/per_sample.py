@@ -220,9 +220,12 @@ def convert(function: Callable) -> Converted:
     body: list[ast.stmt] = [*helpers, definition]
     freevars = code.co_freevars
     if freevars:  # closures: the rewritten function is made inside a factory of its cells
-        factory = ast.parse(f"def _ndd_factory({', '.join(freevars)}):\n    pass").body[0]
-        factory.body = [definition, ast.Return(value=ast.Name(id=definition.name,
-                                                              ctx=ast.Load()))]
+        parameters = ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in freevars],
+                                   kwonlyargs=[], kw_defaults=[], defaults=[])
+        factory = ast.FunctionDef(name="_ndd_factory", args=parameters, decorator_list=[],
+                                  body=[definition, ast.Return(value=ast.Name(
+                                      id=definition.name, ctx=ast.Load()))], returns=None,
+                                  type_comment=None, lineno=definition.lineno)
         body = [*helpers, factory]
     module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
     text = unparse(module).strip() + "\n"

@@ -4,6 +4,8 @@
     str(loc)                              # "train.py:42"
     register_source("<ndd_trace:f#1>", code_text)   # tracebacks show generated lines
     raise_at(error, loc)                  # the traceback ends at the user's line
+    names = NameTable({"fn"}); names.claim("d_ｙ")   # "_k0_d_y": a valid ASCII identifier
+    "# " + one_line(str(loc))             # a comment that ends where it should
 
 Kept free of DALI imports: everything above it in the layering may use it.
 """
@@ -12,10 +14,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import keyword
 import linecache
 import os
+import re
 import sys
 import types
+import unicodedata
 import warnings
 
 import astunparse
@@ -95,6 +100,62 @@ def unparse(node: ast.AST) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return astunparse.unparse(node)
+
+
+class NameTable:
+    """Unique, valid ASCII identifiers for whatever names reach generated code (parameters,
+    dict keys, the user's variables, function names): the one place such names are made.
+
+    An ASCII name keeps its letters, digits and underscores (others become `_`; `v` before a
+    leading digit, `_` after a keyword or a reserved name); any other name becomes
+    `_k<n>_<its ASCII letters>`, `n` counting those in this table. `_2`, `_3`... make each name
+    unique. Every identifier given is ASCII, which NFKC normalization (how Python reads
+    identifiers) leaves as it is: two names given never read as one variable.
+    """
+
+    def __init__(self, reserved: set[str] | frozenset[str] = frozenset()):
+        self.reserved = reserved
+        self.taken: set[str] = set()
+        self.mangled = 0
+
+    def claim(self, name: str) -> str:
+        """A new identifier for `name`, unlike any other of this table."""
+        if name.isascii():
+            base = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
+        else:  # fullwidth, superscript, accented letters: their ASCII look-alikes, if any
+            letters = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+            base = f"_k{self.mangled}_" + re.sub(r"[^A-Za-z0-9_]", "_", letters)
+            self.mangled += 1
+        if base[0].isdigit():
+            base = "v" + base
+        if keyword.iskeyword(base) or base in self.reserved:
+            base += "_"
+        identifier, suffix = base, 2
+        while identifier in self.taken:
+            identifier, suffix = f"{base}_{suffix}", suffix + 1
+        self.taken.add(identifier)
+        return identifier
+
+
+def one_line(text: str) -> str:
+    """`text` for a comment or docstring of generated code: every character that is not
+    printable (line breaks above all) written as its Python escape, so the text ends nowhere
+    early."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def docstring(text: str) -> str:
+    """The triple-quoted literal of `text` (a module docstring): backslashes, quotes and
+    characters that are not printable escaped, so that nothing in it closes the string or
+    ends a line early; its own line breaks stay line breaks."""
+    body = "".join("\\" + char if char in '\\"' else
+                   char if char == "\n" or char.isprintable() else repr(char)[1:-1]
+                   for char in text)
+    literal = f'"""{body}"""'
+    assert ast.literal_eval(literal) == text, "a docstring literal that does not read back"
+    return literal
 
 
 def register_source(filename: str, text: str) -> None:

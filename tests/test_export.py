@@ -3,6 +3,7 @@ process that cannot import ndd_trace, give the compiled function's outputs."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -245,4 +246,53 @@ def test_gpu_pipeline_round_trip(batch, tmp_path):
     exported = ndd_trace.export(on_gpu, batch, path=str(tmp_path / "gpu.py"))
     assert exported.device_id is not None
     run_module("gpu.py", str(tmp_path), "--save", "out.npz")
+    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+
+
+_MODULE = ["Expr", "Import", "Import", "ImportFrom", "FunctionDef", "Assign", "Assign",
+           "FunctionDef", "If"]  # docstring, imports, the pipeline, INPUTS, EXAMPLE, main
+
+
+def _flipped(x):
+    return ndd.flip(x, horizontal=1)
+
+
+def test_export_of_a_lambda(batch, tmp_path):
+    """A lambda's name is no identifier: its pipeline function gets one."""
+    function = lambda x: ndd.flip(x, horizontal=1) * 2
+    expected = to_numpy([ndd.compile(function)(batch)])
+    ndd_trace.export(function, batch, path=str(tmp_path / "lam.py"))
+    text = (tmp_path / "lam.py").read_text()
+    assert "def _lambda__pipeline():" in text
+    run_module("lam.py", str(tmp_path), "--save", "out.npz")
+    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+
+
+def test_output_file_name_stays_in_the_docstring(batch, tmp_path):
+    """Quotes, backslashes and line breaks of the file name are escaped in the docstring."""
+    name = '_p""";open("injected.txt","w").write("ran");"""\\\n.py'
+    expected = to_numpy([ndd.compile(_flipped)(batch)])
+    ndd_trace.export(_flipped, batch, path=str(tmp_path / name))
+    tree = ast.parse((tmp_path / name).read_text())
+    assert [type(statement).__name__ for statement in tree.body] == _MODULE
+    assert "    python '_p\"\"\";open(" in ast.get_docstring(tree)
+    run_module(name, str(tmp_path), "--save", "out.npz")
+    assert not (tmp_path / "injected.txt").exists()
+    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+
+
+def test_source_file_name_stays_in_its_comment(batch, tmp_path):
+    """A line break in the user's file name does not end the `# file:line` comment."""
+    marker = tmp_path / "injected.txt"
+    filename = f"user.py\n    open({str(marker)!r}, 'w').write('ran')\n#"
+    namespace = {"ndd": ndd}
+    code = compile("def f(x):\n    return ndd.flip(x, horizontal=1)\n", filename, "exec")
+    exec(code, namespace)  # noqa: S102 (the test's own code)
+    expected = to_numpy([ndd.compile(namespace["f"])(batch)])
+    ndd_trace.export(namespace["f"], batch, path=str(tmp_path / "f.py"))
+    tree = ast.parse((tmp_path / "f.py").read_text())
+    assert [type(statement).__name__ for statement in tree.body] == _MODULE
+    assert [type(s).__name__ for s in tree.body[4].body] == ["Assign", "Assign", "Return"]
+    run_module("f.py", str(tmp_path), "--save", "out.npz")
+    assert not marker.exists()
     _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))

@@ -78,6 +78,19 @@ def test_conditional_expression_and_return_in_branch(images):
     check(pick, images)
 
 
+def test_closure_cells_reach_the_rewritten_function(images):
+    """A closure is rewritten inside a factory of its cells (built from `ast` nodes)."""
+    limit, size = 45, [12, 12]
+
+    def shrink(image):
+        if image.shape[0] > limit:
+            return ndd.resize(image, size=size)
+        return ndd.resize(ndd.flip(image, horizontal=1), size=size)
+
+    compiled = check(shrink, images)
+    assert "def _ndd_factory(limit, size):" in compiled.converted_source
+
+
 def test_python_values_branch_as_python(images):
     def scaled(image, big):
         if big and image.shape[0] > 40:  # `big` is a Python bool: an ordinary branch
