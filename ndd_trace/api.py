@@ -800,8 +800,11 @@ class Explanation:
 def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `function` for these arguments (running nothing) and report what would happen."""
     if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
-        return Explanation(function.__qualname__, "", function.converted_source, [], [], None,
-                           CacheInfo(0, 0, 0, 0, len(function._variants)), 0, None)
+        guard_lines = [f"{label} == {guards._short(value)}"
+                       for label, value in function._key(args)]
+        return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
+                           [], None, CacheInfo(0, 0, 0, 0, len(function._variants)), 0,
+                           function.last_miss_reason)
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     args, kwargs = compiled._normalize(args, kwargs)
     counters = compiled._counters
