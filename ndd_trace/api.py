@@ -738,7 +738,7 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
     written for one sample and runs on each sample of a batch (see ndd_trace.per_sample).
     """
     if per_sample:
-        return _per_sample_compile(function, num_threads, device_id)
+        return _per_sample_compile(function, num_threads, device_id, cache_limit)
     options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
                    prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit,
                    fallback=fallback)
@@ -750,10 +750,11 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
 
 
 def _per_sample_compile(function: Callable | None, num_threads: int | None,
-                        device_id: Any) -> Any:
+                        device_id: Any, cache_limit: int) -> Any:
     def make(f: Callable) -> PerSampleFunction:
         return PerSampleFunction(getattr(f, "__wrapped__", f), num_threads=num_threads,
-                                 device_id=device_id, warning=NddTraceWarning)
+                                 device_id=device_id, warning=NddTraceWarning,
+                                 cache_limit=cache_limit)
 
     return make if function is None else make(function)
 

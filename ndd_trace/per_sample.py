@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-from . import _dali, guards
+from . import _dali, guards, logs
 from .errors import NddTraceError
 from .source import SourceLoc, register_source, unparse, user_frame, user_location
 
@@ -817,9 +817,11 @@ class PerSampleFunction:
     """A function written for one sample, run on every sample of a batch in one pipeline."""
 
     def __init__(self, function: Callable, *, num_threads: int | None = None,
-                 device_id: Any = "current", warning: type = UserWarning):
+                 device_id: Any = "current", warning: type = UserWarning,
+                 cache_limit: int = 8):
         functools.update_wrapper(self, function)
         self._function = function
+        self.cache_limit = cache_limit
         self._num_threads = num_threads
         self._device_id = device_id
         self._converted = convert(function)
@@ -949,9 +951,18 @@ class PerSampleFunction:
         variant = self._variants.get(key)
         if variant is None:
             self.last_miss_reason = guards.explain_miss(key, self._last_key)
+            (logs.recompiles if self._variants else logs.trace).info(
+                "`%s`: cache miss (%d of cache_limit %d variants held): %s", self.__qualname__,
+                len(self._variants), self.cache_limit, self.last_miss_reason)
             self._plan = guards.plan_for(self._function)  # its helpers may have changed
             key = self._key(args)
             variant = self._variants.get(key)
+            if variant is None and len(self._variants) >= self.cache_limit:
+                self._last_key = key
+                return _Variant(key, eager_loc=user_location(), eager_reason=(
+                    f"was built {self.cache_limit} times (cache_limit), last change: "
+                    f"{self.last_miss_reason}; new variants are not built. Make the changing "
+                    "value an ndd Batch argument, or raise cache_limit"))
         if variant is None or not (variant.eager_reason is not None or
                                    batch_size <= variant.max_batch_size):
             if variant is not None:

@@ -597,3 +597,25 @@ def test_export_reads_the_globals_current_values(images, monkeypatch, tmp_path):
     pipe.feed_input("image", [np.asarray(sample) for sample in images])
     (output,) = pipe.run()
     assert [np.array(output[i]).shape for i in range(len(output))] == [(7, 7, 3)] * 5
+
+
+def test_past_cache_limit_runs_the_eager_loop_and_says_so(images, monkeypatch):
+    compiled = ndd.compile(by_threshold, per_sample=True, cache_limit=2)
+    for seed, threshold in enumerate([45, 40, 35, 45]):
+        monkeypatch.setitem(globals(), "THRESHOLD", threshold)
+        ndd.random.set_seed(seed)
+        expected = eager_loop(by_threshold, images)
+        state = str(ndd.random.get_default_rng().state)
+        ndd.random.set_seed(seed)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            actual = compiled(images)  # CALL
+        assert_same(expected, actual)
+        assert str(ndd.random.get_default_rng().state) == state
+        if threshold == 35:  # the third variant: not built
+            assert [w.filename for w in record] == [__file__]
+            assert "cache_limit" in str(record[0].message)
+            assert "global `THRESHOLD`: ('int', 40) -> ('int', 35)" in str(record[0].message)
+        else:
+            assert not record
+    assert compiled.builds == 2
