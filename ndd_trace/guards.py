@@ -7,7 +7,9 @@
 
 Batches and tensors contribute their kind, device, dtype, ndim and layout (not their data or batch
 size); other arguments, module globals and closure values the function reads contribute their
-value, frozen recursively (objects by their attributes), so a change re-traces.
+value, frozen recursively (objects by their attributes), so a change re-traces. A per-sample
+function's keys (`baked=True`) differ in one point: only its Batches are fed, so every other
+argument, a Tensor included, contributes its value.
 """
 
 from __future__ import annotations
