@@ -727,7 +727,7 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
     written for one sample and runs on each sample of a batch (see ndd_trace.per_sample).
     """
     if per_sample:
-        return _per_sample_compile(function, num_threads, device_id)
+        return _per_sample_compile(function, num_threads, device_id, cache_limit)
     options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
                    prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit,
                    fallback=fallback)
@@ -739,10 +739,11 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
 
 
 def _per_sample_compile(function: Callable | None, num_threads: int | None,
-                        device_id: Any) -> Any:
+                        device_id: Any, cache_limit: int) -> Any:
     def make(f: Callable) -> PerSampleFunction:
         return PerSampleFunction(getattr(f, "__wrapped__", f), num_threads=num_threads,
-                                 device_id=device_id, warning=NddTraceWarning)
+                                 device_id=device_id, warning=NddTraceWarning,
+                                 cache_limit=cache_limit)
 
     return make if function is None else make(function)
 
@@ -793,8 +794,11 @@ class Explanation:
 def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `function` for these arguments (running nothing) and report what would happen."""
     if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
-        return Explanation(function.__qualname__, "", function.converted_source, [], [], None,
-                           CacheInfo(0, 0, 0, 0, len(function._variants)), 0, None)
+        guard_lines = [f"{label} == {guards._short(value)}"
+                       for label, value in function._key(args)]
+        return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
+                           [], None, CacheInfo(0, 0, 0, 0, len(function._variants)), 0,
+                           function.last_miss_reason)
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     if compiled.is_generator:
         return _explain_generator(compiled)

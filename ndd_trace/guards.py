@@ -7,7 +7,9 @@
 
 Batches and tensors contribute their kind, device, dtype, ndim and layout (not their data or batch
 size); other arguments, module globals and closure values the function reads contribute their
-value, frozen recursively (objects by their attributes), so a change re-traces.
+value, frozen recursively (objects by their attributes), so a change re-traces. A per-sample
+function's keys (`baked=True`) differ in one point: only its Batches are fed, so every other
+argument, a Tensor included, contributes its value.
 """
 
 from __future__ import annotations
@@ -127,6 +129,17 @@ def _argument_key(value: Any) -> Any:
     return ("static", freeze(value))
 
 
+def _baked_argument_key(value: Any) -> Any:
+    """The key of an argument of a per-sample function: its Batches are fed to the pipeline
+    (their description), every other value is baked into it when it is defined (its value,
+    a Tensor's by its data: the pipeline holds that data, not the object)."""
+    if isinstance(value, _dali.Batch):
+        return describe_data(value)
+    if isinstance(value, _dali.Tensor):
+        return ("tensor", describe_data(value), freeze(_dali.host_array(value)))
+    return ("static", freeze(value))
+
+
 def _rngs_in(value: Any, found: list) -> None:
     if isinstance(value, _dali.RNG):
         found.append(value)
@@ -222,13 +235,17 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
 
 
 def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
-              batch_sizes: tuple | None = None, names: tuple[str, ...] = ()) -> tuple:
+              batch_sizes: tuple | None = None, names: tuple[str, ...] = (),
+              baked: bool = False) -> tuple:
+    """The guards of one call. `baked`: only Batch arguments are fed, every other argument is
+    part of the pipeline (a per-sample function's), keyed by its value."""
+    argument_key = _baked_argument_key if baked else _argument_key
     key: list[tuple[str, Any]] = []
     for index, value in enumerate(args):
         label = f"argument `{names[index]}`" if index < len(names) else f"argument #{index}"
-        key.append((label, _argument_key(value)))
+        key.append((label, argument_key(value)))
     for name in sorted(kwargs):
-        key.append((f"argument `{name}`", _argument_key(kwargs[name])))
+        key.append((f"argument `{name}`", argument_key(kwargs[name])))
     for prefix, name, namespace in plan.globals_read:
         value = namespace.get(name, _MISSING)
         if value is _MISSING:
@@ -292,16 +309,18 @@ class FastGuard:
         self.cells = cells  # (cell, value)
 
     @staticmethod
-    def of(args: tuple, plan: GuardPlan, entry: Any) -> FastGuard | None:
+    def of(args: tuple, plan: GuardPlan, entry: Any, baked: bool = False) -> FastGuard | None:
         """The fast guard of a call with these positional arguments (no keyword arguments),
-        or None where one of its guarded values could change in place."""
+        or None where one of its guarded values could change in place (`baked`: as in
+        `build_key`)."""
         arguments = []
         for value in args:
             kind = type(value)
-            if kind is _dali.Batch or kind is _dali.Tensor:
+            if kind is _dali.Batch or (kind is _dali.Tensor and not baked):
                 arguments.append((kind, _dali.data_signature(value)))
-            elif _same_object_same_guard(value) and not isinstance(value, _dali.RNG):
-                arguments.append((None, value))  # (RNG arguments: their aliasing is keyed)
+            elif _same_object_same_guard(value) and (baked or not isinstance(value, _dali.RNG)):
+                # (an RNG argument's aliasing is keyed; a baked one's identity is)
+                arguments.append((None, value))
             else:
                 return None
         globals_read = []

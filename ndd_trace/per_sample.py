@@ -42,12 +42,13 @@ import operator
 import sys
 import textwrap
 import threading
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 
-from . import _dali
+from . import _dali, guards, logs
 from .errors import NddTraceError
 from .source import SourceLoc, register_source, unparse, user_frame, user_location
 
@@ -217,17 +218,18 @@ def convert(function: Callable) -> Converted:
     uses_if_exp = any(isinstance(node, ast.IfExp) for node in ast.walk(definition))
     definition = _Rewriter(code.co_filename).visit(definition)
     helpers = ast.parse(_HELPERS).body if uses_if_exp else []
-    body: list[ast.stmt] = [*helpers, definition]
-    freevars = code.co_freevars
-    if freevars:  # closures: the rewritten function is made inside a factory of its cells
-        parameters = ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in freevars],
-                                   kwonlyargs=[], kw_defaults=[], defaults=[])
-        factory = ast.FunctionDef(name="_ndd_factory", args=parameters, decorator_list=[],
-                                  body=[definition, ast.Return(value=ast.Name(
-                                      id=definition.name, ctx=ast.Load()))], returns=None,
-                                  type_comment=None, lineno=definition.lineno)
-        body = [*helpers, factory]
-    module = ast.fix_missing_locations(ast.Module(body=body, type_ignores=[]))
+    # The rewritten function is made inside a factory whose parameters are the runtime helpers
+    # and the function's closure variables: it then reads the helpers from cells of its own,
+    # and everything else where the original reads it, live (its globals, its closure cells).
+    helper_names = [*_RUNTIME_HELPERS, *(["_ndd_if_exp"] if uses_if_exp else [])]
+    factory = ast.FunctionDef(
+        name="_ndd_factory",
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in
+                                                 [*helper_names, *code.co_freevars]],
+                           kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=[definition, ast.Return(value=ast.Name(id=definition.name, ctx=ast.Load()))],
+        decorator_list=[], returns=None)
+    module = ast.fix_missing_locations(ast.Module(body=[*helpers, factory], type_ignores=[]))
     text = unparse(module).strip() + "\n"
     user_lines: dict[int, int] = {}
     for printed, original in zip(ast.walk(ast.parse(text)), ast.walk(module)):
@@ -235,15 +237,19 @@ def convert(function: Callable) -> Converted:
             user_lines.setdefault(printed.lineno, original.lineno)
     filename = f"<ndd_trace per-sample:{code.co_name}#{next(_counter)}>"
     register_source(filename, text)
-    namespace = dict(function.__globals__)
-    namespace.update(_ndd_condition=_ndd_condition, _ndd_loop_condition=_ndd_loop_condition,
-                     _ndd_attribute=_ndd_attribute)
-    exec(compile(text, filename, "exec"), namespace)  # noqa: S102 (the rewritten function)
-    if freevars:
-        cells = [cell.cell_contents for cell in function.__closure__]
-        converted = namespace["_ndd_factory"](*cells)
-    else:
-        converted = namespace[definition.name]
+    scratch: dict[str, Any] = {}
+    exec(compile(text, filename, "exec"), scratch)  # noqa: S102 (the rewritten function)
+    values = {**scratch, **_RUNTIME_HELPERS}  # (`_ndd_if_exp` is defined in the text)
+    cells = dict(zip(code.co_freevars, function.__closure__ or ()))
+    inner = next(const for const in scratch["_ndd_factory"].__code__.co_consts
+                 if isinstance(const, types.CodeType) and const.co_name == definition.name)
+    # made from its code, not by calling the factory: defaults and annotations are the
+    # original's, evaluated once where it was defined, not again here
+    converted = types.FunctionType(
+        inner, function.__globals__, function.__name__, function.__defaults__,
+        tuple(cells[name] if name in cells else types.CellType(values[name])
+              for name in inner.co_freevars) or None)
+    converted.__kwdefaults__ = function.__kwdefaults__
     return Converted(converted, text, filename, user_lines)
 
 
@@ -417,7 +423,9 @@ def _ndd_attribute(value: Any, name: str, lineno: int) -> Any:
                          "does not provide (`.shape` and `.item()` are supported)", _loc(lineno))
 
 
-for _helper in (_ndd_condition, _ndd_loop_condition, _ndd_attribute):
+_RUNTIME_HELPERS = {"_ndd_condition": _ndd_condition, "_ndd_loop_condition": _ndd_loop_condition,
+                    "_ndd_attribute": _ndd_attribute}  # what the rewritten function calls
+for _helper in _RUNTIME_HELPERS.values():
     _dali.do_not_convert(_helper)
 del _helper
 
@@ -795,8 +803,9 @@ def _unflatten(tree: Any, batches: list) -> Any:
 
 @dataclasses.dataclass
 class _Variant:
-    """One input signature's pipeline (or the decision to run the eager loop)."""
+    """One guard set's pipeline (or the decision to run the eager loop)."""
 
+    key: tuple = ()
     pipeline: Any = None
     definition: _Definition | None = None
     max_batch_size: int = 0
@@ -808,21 +817,34 @@ class PerSampleFunction:
     """A function written for one sample, run on every sample of a batch in one pipeline."""
 
     def __init__(self, function: Callable, *, num_threads: int | None = None,
-                 device_id: Any = "current", warning: type = UserWarning):
+                 device_id: Any = "current", warning: type = UserWarning,
+                 cache_limit: int = 8):
         functools.update_wrapper(self, function)
         self._function = function
+        self.cache_limit = cache_limit
         self._num_threads = num_threads
         self._device_id = device_id
         self._converted = convert(function)
         self.converted_source = self._converted.source
+        # The variants are keyed as compiled functions' entries are (guards.build_key): the
+        # Batches' descriptions, the other arguments' values (baked into the pipeline), and
+        # the globals and closure variables the function and its helpers read
+        self._plan = guards.plan_for(function)
         self._variants: dict[tuple, _Variant] = {}
+        self._fast: guards.FastGuard | None = None  # the last variant's guard, checked first
+        self._last_key: tuple | None = None
+        self.last_miss_reason: str | None = None
         self._lock = threading.RLock()
         self.builds = 0
         self.runs = 0  # pipeline runs so far (more than calls where paths were guessed wrong)
         self.last_runs = 0
         self._warned: set = set()
         self._warning = warning
-        self._parameters = list(inspect.signature(function).parameters)
+        parameters = inspect.signature(function).parameters
+        self._parameters = list(parameters)
+        self._names = tuple(name for name, parameter in parameters.items()  # guards' labels
+                            if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
     def __repr__(self) -> str:
         return f"<ndd_trace per-sample function {self.__qualname__}>"
@@ -833,21 +855,19 @@ class PerSampleFunction:
             else self._device_id
         return _dali.pipeline_options(batch_size, num_threads, device_id, 1)
 
-    def _key(self, batches: list, statics: tuple) -> tuple:
-        return (tuple(_dali.meta_of(batch) for batch in batches), statics)
+    def _key(self, args: tuple) -> tuple:
+        return guards.build_key(args, {}, self._plan, names=self._names, baked=True)
 
-    def _split(self, args: tuple) -> tuple[list, tuple, int]:
-        batches = [value for value in args if isinstance(value, _dali.Batch)]
-        if not batches:
+    def _batch_size(self, args: tuple) -> int:
+        """The batch size of the Batch arguments (they must agree)."""
+        sizes = {value.batch_size for value in args if isinstance(value, _dali.Batch)}
+        if not sizes:
             raise TypeError(f"per-sample function `{self.__qualname__}` takes ndd Batches "
                             "(it runs once per sample of them)")
-        sizes = {batch.batch_size for batch in batches}
         if len(sizes) > 1:
             raise ValueError(f"per-sample function `{self.__qualname__}` got batches of "
                              f"different sizes ({sorted(sizes)})")
-        statics = tuple(("static", _hashable(value)) if not isinstance(value, _dali.Batch)
-                        else ("batch",) for value in args)
-        return batches, statics, sizes.pop()
+        return sizes.pop()
 
     def _define(self, args: tuple, batch_size: int, num_threads: int | None = None,
                 observe: bool = True) -> tuple[Any, _Definition]:
@@ -905,7 +925,7 @@ class PerSampleFunction:
                           num_threads: int | None) -> tuple[Any, list[str], int, list[str]]:
         """The pipeline for these example arguments, unbuilt: (pipeline, data input names,
         number of outputs, random-value input names)."""
-        _, _, size = self._split(args)
+        size = self._batch_size(args)
         try:
             pipe, definition = self._define(args, batch_size or size, num_threads,
                                             observe=False)
@@ -918,12 +938,43 @@ class PerSampleFunction:
                  for i, value in enumerate(args) if isinstance(value, _dali.Batch)]
         return pipe, names, definition.num_outputs, [s.source for s in definition.random_sites]
 
-    def _variant(self, args: tuple, batches: list, statics: tuple, batch_size: int) -> _Variant:
-        key = self._key(batches, statics)
+    def _variant(self, args: tuple, batch_size: int) -> _Variant:
+        """This call's variant: the last one if its fast guard matches, else its key's (built
+        on a miss, or for a larger batch than it was built for)."""
+        fast = self._fast
+        if fast is not None and fast.matches(args):
+            variant = fast.entry
+            if variant.eager_reason is not None or batch_size <= variant.max_batch_size:
+                self._last_key = variant.key
+                return variant
+        key = self._key(args)
         variant = self._variants.get(key)
-        if variant is not None and (variant.eager_reason or batch_size <= variant.max_batch_size):
-            return variant
-        variant = _Variant()
+        if variant is None:
+            self.last_miss_reason = guards.explain_miss(key, self._last_key)
+            (logs.recompiles if self._variants else logs.trace).info(
+                "`%s`: cache miss (%d of cache_limit %d variants held): %s", self.__qualname__,
+                len(self._variants), self.cache_limit, self.last_miss_reason)
+            self._plan = guards.plan_for(self._function)  # its helpers may have changed
+            key = self._key(args)
+            variant = self._variants.get(key)
+            if variant is None and len(self._variants) >= self.cache_limit:
+                self._last_key = key
+                return _Variant(key, eager_loc=user_location(), eager_reason=(
+                    f"was built {self.cache_limit} times (cache_limit), last change: "
+                    f"{self.last_miss_reason}; new variants are not built. Make the changing "
+                    "value an ndd Batch argument, or raise cache_limit"))
+        if variant is None or not (variant.eager_reason is not None or
+                                   batch_size <= variant.max_batch_size):
+            if variant is not None:
+                self.last_miss_reason = (f"batch size {batch_size} is larger than the "
+                                         f"{variant.max_batch_size} its pipeline was built for")
+            variant = self._build(key, args, batch_size)
+        self._last_key = key
+        self._fast = guards.FastGuard.of(args, self._plan, variant, baked=True)
+        return variant
+
+    def _build(self, key: tuple, args: tuple, batch_size: int) -> _Variant:
+        variant = _Variant(key)
         _scope.raised = None
         try:
             try:
@@ -944,9 +995,9 @@ class PerSampleFunction:
         return variant
 
     def __call__(self, *args: Any) -> Any:
-        batches, statics, batch_size = self._split(args)
+        batch_size = self._batch_size(args)
         with self._lock:
-            variant = self._variant(args, batches, statics, batch_size)
+            variant = self._variant(args, batch_size)
             if variant.eager_reason is not None:
                 self._warn_eager(variant)
                 return self.eager(*args)
@@ -954,7 +1005,7 @@ class PerSampleFunction:
             try:
                 outputs = self._run(variant, args, batch_size)
             except _RunFailed as failure:
-                return self._after_failed_run(self._key(batches, statics), args, failure)
+                return self._after_failed_run(variant.key, args, failure)
             except _EagerCall:  # the generators are untouched: the loop draws as it would
                 self._warn_eager(variant)
                 return self.eager(*args)
@@ -1008,8 +1059,9 @@ class PerSampleFunction:
         guess skipped, or whose per-sample arguments were not known yet): the function runs
         as the eager loop from now on, and says so."""
         del self._variants[key]
+        self._fast = None
         result = self.eager(*args)
-        variant = _Variant(eager_loc=user_location(), eager_reason=(
+        variant = _Variant(key, eager_loc=user_location(), eager_reason=(
             "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
             "random ops not known before the run), and the run failed where the eager loop "
             f"does not ({_dali.error_summary(failure.error)})"))
@@ -1020,7 +1072,7 @@ class PerSampleFunction:
     def eager(self, *args: Any) -> Any:
         """The eager per-sample loop: the function on each sample, results gathered into
         Batches (what the compiled call gives, value for value)."""
-        _, _, batch_size = self._split(args)
+        batch_size = self._batch_size(args)
         results = []
         for index in range(batch_size):
             sample_args = [value.select(index) if isinstance(value, _dali.Batch) else value
@@ -1040,15 +1092,6 @@ class PerSampleFunction:
             warnings.warn(message, self._warning, stacklevel=3)
         else:
             warnings.warn_explicit(message, self._warning, loc.filename, loc.lineno)
-
-
-def _hashable(value: Any) -> Any:
-    """A Python argument as part of the variant key (its repr where it cannot be hashed)."""
-    try:
-        hash(value)
-    except TypeError:
-        return ("repr", type(value).__name__, repr(value))
-    return value
 
 
 def _gather(results: list) -> Any:

@@ -10,6 +10,7 @@ from conftest import assert_same
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
+from ndd_trace import guards
 
 
 def test_global_defined_after_decoration_is_guarded(batch):
@@ -244,3 +245,21 @@ def test_repeated_call_skips_building_the_key(batch, monkeypatch):
     assert not built and flip.cache_info()[:3] == (2, 1, 1)
     flip(batch, 9)
     assert built and flip.cache_info().traces == 2
+
+
+def test_baked_arguments_are_keyed_by_value():
+    """A per-sample function's non-Batch arguments are part of its pipeline: a Tensor by its
+    data (not the object), an RNG by which generator it is."""
+    plan = guards.plan_for(lambda image, value: None)
+    batch = ndd.batch([np.zeros((2, 2), np.uint8)] * 3)
+    first, same, other = (ndd.tensor(np.array(v, np.float32)) for v in (1.5, 1.5, 2.5))
+
+    def key(value):
+        return guards.build_key((batch, value), {}, plan, baked=True)
+
+    assert key(first) == key(same) != key(other)
+    generators = ndd.random.RNG(seed=1), ndd.random.RNG(seed=1)
+    assert key(generators[0]) != key(generators[1])
+    assert guards.build_key((batch, generators[0]), {}, plan) == \
+        guards.build_key((batch, generators[1]), {}, plan)  # a compiled function's: fed
+    assert guards.FastGuard.of((batch, first), plan, None, baked=True) is None

@@ -480,3 +480,155 @@ def test_export_of_random_ops_in_branches(tmp_path):
                                 format="serialized", random="inputs")
     assert exported.inputs == ["image", "_random_0", "_random_1"]  # no path outputs
     assert exported.num_outputs == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# What a per-sample function reads besides its arguments: guarded as compiled functions are
+
+THRESHOLD = 45  # module globals the functions below read, changed by the tests
+
+
+class Settings:
+    angle = 10.0
+
+
+class Options:
+    def __init__(self):
+        self.side = 12
+
+
+OPTIONS = Options()
+SIDE = 10
+WIDTH = [8]  # changed in place
+
+
+def resize_to_side(image):
+    return ndd.resize(image, size=[SIDE, SIDE])  # a helper reading a global
+
+
+def by_threshold(image):
+    if image.shape[0] > THRESHOLD:
+        image = ndd.rotate(image, angle=ndd.random.uniform(range=[-Settings.angle, 0]))
+    return ndd.resize(image, size=[OPTIONS.side, WIDTH[0]])
+
+
+def through_helper(image):
+    if ndd.random.coin_flip(probability=0.5).item():
+        image = ndd.flip(image, horizontal=1)
+    return resize_to_side(image)
+
+
+def same_as_eager_after_each(function, images, changes):
+    """After each change, the compiled call equals the eager loop (values and RNG state)."""
+    compiled = ndd.compile(function, per_sample=True)
+    for seed, change in enumerate(changes):
+        change()
+        ndd.random.set_seed(seed)
+        expected = eager_loop(function, images)
+        state = str(ndd.random.get_default_rng().state)
+        ndd.random.set_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+            actual = compiled(images)
+        assert str(ndd.random.get_default_rng().state) == state
+        assert_same(expected, actual)
+    return compiled
+
+
+def test_a_changed_module_global_rebuilds(images, monkeypatch):
+    monkeypatch.setitem(globals(), "WIDTH", list(WIDTH))  # restored after the test
+    compiled = same_as_eager_after_each(by_threshold, images, [
+        lambda: None, lambda: monkeypatch.setitem(globals(), "THRESHOLD", 40),
+        lambda: monkeypatch.setitem(globals(), "THRESHOLD", 50),
+        lambda: WIDTH.__setitem__(0, 11)])  # in place
+    assert compiled.builds == 4
+    assert compiled.last_miss_reason.startswith("global `WIDTH`: ('list', (('int', 8),)) ->")
+
+
+def test_a_changed_closure_variable_rebuilds(images):
+    size = 8
+
+    def closure(image):
+        if image.shape[1] > 50:
+            image = ndd.flip(image, vertical=1)
+        return ndd.resize(image, size=[size, size + 1])
+
+    def change():
+        nonlocal size
+        size += 3
+
+    compiled = same_as_eager_after_each(closure, images, [lambda: None, change, change])
+    assert compiled.builds == 3
+    assert "closure variable `size`" in compiled.last_miss_reason
+
+
+def test_a_changed_attribute_of_a_global_object_or_class_rebuilds(images, monkeypatch):
+    compiled = same_as_eager_after_each(by_threshold, images, [
+        lambda: None, lambda: monkeypatch.setattr(Settings, "angle", 30.0),
+        lambda: monkeypatch.setattr(OPTIONS, "side", 6)])
+    assert compiled.builds == 3
+    assert "global `OPTIONS`" in compiled.last_miss_reason
+
+
+def test_a_changed_global_of_a_helper_rebuilds(images, monkeypatch):
+    def other_helper(image):
+        return ndd.resize(image, size=[SIDE + 2, 5])
+
+    compiled = same_as_eager_after_each(through_helper, images, [
+        lambda: None, lambda: monkeypatch.setitem(globals(), "SIDE", 14),
+        lambda: monkeypatch.setitem(globals(), "resize_to_side", other_helper),
+        lambda: monkeypatch.setitem(globals(), "SIDE", 3)])  # read by the new helper
+    assert compiled.builds == 4
+    assert compiled.last_miss_reason.startswith("other_helper() reads global `SIDE`")
+
+
+def test_unchanged_globals_reuse_the_variant(images, monkeypatch):
+    compiled = same_as_eager_after_each(by_threshold, images, [lambda: None] * 3)
+    assert compiled.builds == 1 and len(compiled._variants) == 1
+    monkeypatch.setitem(globals(), "THRESHOLD", 40)
+    compiled(images)
+    monkeypatch.setitem(globals(), "THRESHOLD", 45)  # back: the first variant again
+    for seed in range(2):
+        ndd.random.set_seed(seed)
+        expected = eager_loop(by_threshold, images)
+        ndd.random.set_seed(seed)
+        assert_same(expected, compiled(images))
+    assert compiled.builds == 2 and len(compiled._variants) == 2
+    explanation = ndd_trace.explain(compiled, images)
+    assert "global `THRESHOLD` == ('int', 45)" in explanation.guards
+
+
+def test_export_reads_the_globals_current_values(images, monkeypatch, tmp_path):
+    from nvidia.dali import Pipeline
+
+    compiled = ndd.compile(resize_to_side, per_sample=True)
+    compiled(images)
+    monkeypatch.setitem(globals(), "SIDE", 7)
+    ndd_trace.export(compiled, images, path=str(tmp_path / "side.dali"), format="serialized")
+    pipe = Pipeline.deserialize(filename=str(tmp_path / "side.dali"))
+    pipe.build()
+    pipe.feed_input("image", [np.asarray(sample) for sample in images])
+    (output,) = pipe.run()
+    assert [np.array(output[i]).shape for i in range(len(output))] == [(7, 7, 3)] * 5
+
+
+def test_past_cache_limit_runs_the_eager_loop_and_says_so(images, monkeypatch):
+    compiled = ndd.compile(by_threshold, per_sample=True, cache_limit=2)
+    for seed, threshold in enumerate([45, 40, 35, 45]):
+        monkeypatch.setitem(globals(), "THRESHOLD", threshold)
+        ndd.random.set_seed(seed)
+        expected = eager_loop(by_threshold, images)
+        state = str(ndd.random.get_default_rng().state)
+        ndd.random.set_seed(seed)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            actual = compiled(images)  # CALL
+        assert_same(expected, actual)
+        assert str(ndd.random.get_default_rng().state) == state
+        if threshold == 35:  # the third variant: not built
+            assert [w.filename for w in record] == [__file__]
+            assert "cache_limit" in str(record[0].message)
+            assert "global `THRESHOLD`: ('int', 40) -> ('int', 35)" in str(record[0].message)
+        else:
+            assert not record
+    assert compiled.builds == 2
