@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from . import _dali, logs
 from .api import CacheInfo, CompiledFunction, Explanation, NddTraceWarning, compile, explain
-from .errors import GraphBreakError, NddTraceError, PipelineError, TraceError
+from .errors import GraphBreakError, LoopError, NddTraceError, PipelineError, TraceError
 from .export import ExportError, export
 from .lazy import disable, enable, enabled, is_enabled, report, reset_report
 
@@ -35,6 +35,7 @@ __all__ = [
     "Explanation",
     "ExportError",
     "GraphBreakError",
+    "LoopError",
     "NddTraceError",
     "NddTraceWarning",
     "PipelineError",
