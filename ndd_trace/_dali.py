@@ -653,6 +653,18 @@ def dtype_of(name: str) -> DType:
     return DType.from_type_id(getattr(types.DALIDataType, name))
 
 
+@functools.cache
+def _public_dtypes() -> dict[Any, str]:
+    return {value.type_id: name for name, value in vars(ndd).items()
+            if isinstance(value, DType) and not name.startswith("_")}
+
+
+def dtype_public_name(dtype: DType) -> str:
+    """How a user writes this dtype (`ndd.float32`)."""
+    name = _public_dtypes().get(dtype.type_id)
+    return f"ndd.{name}" if name else str(dtype)
+
+
 def dtype_name(dtype: Any) -> str | None:
     if dtype is None:
         return None

@@ -794,8 +794,7 @@ class Explanation:
 def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `function` for these arguments (running nothing) and report what would happen."""
     if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
-        guard_lines = [f"{label} == {guards._short(value)}"
-                       for label, value in function._key(args)]
+        guard_lines = guards.describe(function._key(args))
         return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
                            [], None, CacheInfo(0, 0, 0, 0, len(function._variants)), 0,
                            function.last_miss_reason)
@@ -812,7 +811,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     finally:
         counters.hits, counters.misses, counters.traces, counters.fallbacks = saved
     key = compiled._key(args, kwargs)
-    guard_lines = [f"{label} == {guards._short(value)}" for label, value in key]
+    guard_lines = guards.describe(key)
     if entry is None:
         _, error = compiled._take_failure()
         return Explanation(compiled.__qualname__, "", "", guard_lines, [],
@@ -854,7 +853,7 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         return Explanation(compiled.__qualname__, "(not traced yet: the loop body is traced at "
                            "its first step)", "", [], [], None, compiled.cache_info(), 0,
                            None, path=_LOOP_PATH, loop=loop)
-    guard_lines = [f"{label} == {guards._short(value)}" for label, value in entry.key]
+    guard_lines = guards.describe(entry.key)
     return Explanation(
         function_name=compiled.__qualname__, graph=entry.graph_text,
         code=entry.lowered.source if entry.lowered else "", guards=guard_lines,

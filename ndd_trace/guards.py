@@ -42,6 +42,51 @@ class _FloatText(str):
         return str.__str__(self)
 
 
+class Shown:
+    """A frozen value that is compared by `key` and printed as a user reads it: an object
+    guarded by identity as `module numpy`, not as an id; a dtype as `ndd.float32`."""
+
+    __slots__ = ("key", "text")
+
+    def __init__(self, key: tuple, text: str):
+        self.key = key
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Shown) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _by_identity(value: Any) -> Shown:
+    return Shown(("id", id(value)), _named(value))
+
+
+def _named(value: Any) -> str:
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if isinstance(value, types.BuiltinFunctionType) and \
+            getattr(value, "__module__", None) == "builtins":
+        return f"builtin {value.__name__}"
+    if hasattr(value, "_ndd_trace_inlined"):
+        return f"compiled function {value.__qualname__}"
+    if isinstance(value, type):
+        return f"class {value.__module__}.{value.__qualname__}"
+    if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)) or \
+            hasattr(value, "cache_info"):
+        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "?")
+        return f"function {getattr(value, '__module__', '?')}.{name}"
+    if isinstance(value, _dali.RNG):
+        return f"RNG at {id(value):#x}"
+    if isinstance(value, _dali.Reader):
+        return f"reader {type(value).__name__} at {id(value):#x}"
+    return f"{type(value).__name__} object at {id(value):#x}"
+
+
 def freeze(value: Any, depth: int = 0) -> Any:
     """A hashable summary of `value` that changes whenever the value does."""
     if isinstance(value, float):
@@ -52,10 +97,8 @@ def freeze(value: Any, depth: int = 0) -> Any:
         return (type(value).__name__, value)
     if isinstance(value, (_dali.Batch, _dali.Tensor)):
         return ("data", id(value), describe_data(value))
-    if isinstance(value, _dali.RNG):
-        return ("rng", id(value))
-    if isinstance(value, (_dali.Reader, _dali.ExternalSource)):
-        return ("source", id(value))  # stateful: its identity is what matters
+    if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource)):
+        return _by_identity(value)  # stateful: its identity is what matters
     if isinstance(value, type) and _is_user_class(value) and depth < _MAX_DEPTH:
         # a class read for its attributes (`Config.scale`): its plain data, and its identity
         return ("class", id(value), tuple(
@@ -65,15 +108,17 @@ def freeze(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
                           type, types.MethodType)) or hasattr(value, "cache_info"):
         # code is guarded by identity (a compiled function by its own cache, not its state)
-        return ("id", id(value))
-    if isinstance(value, enum.Enum) or isinstance(value, (_dali.DType, _dali.Device)):
-        return ("enum", type(value).__name__, str(value))
+        return _by_identity(value)
+    if isinstance(value, _dali.DType):
+        return Shown(("enum", "DType", str(value)), _dali.dtype_public_name(value))
+    if isinstance(value, enum.Enum) or isinstance(value, _dali.Device):
+        return Shown(("enum", type(value).__name__, str(value)), str(value))
     if isinstance(value, np.ndarray):
         return ("ndarray", value.dtype.str, value.shape, hash(value.tobytes()))
     if isinstance(value, np.generic):
         return ("npscalar", value.dtype.str, freeze(value.item(), depth))  # -0.0 is not 0.0
     if depth >= _MAX_DEPTH:
-        return ("id", id(value))
+        return _by_identity(value)
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(freeze(v, depth + 1) for v in value))
     if isinstance(value, dict):
@@ -85,19 +130,19 @@ def freeze(value: Any, depth: int = 0) -> Any:
         try:
             return freeze(value.detach().cpu().numpy(), depth + 1)
         except Exception:
-            return ("id", id(value))
+            return _by_identity(value)
     if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
         try:
             attributes = vars(value)
         except TypeError:
-            return ("id", id(value))
+            return _by_identity(value)
         return ("object", id(type(value)),
                 tuple((k, freeze(v, depth + 1)) for k, v in attributes.items()))
     try:
         hash(value)
         return ("hashable", type(value).__name__, value)
     except TypeError:
-        return ("id", id(value))
+        return _by_identity(value)
 
 
 def _is_user_class(cls: type) -> bool:
@@ -367,14 +412,59 @@ class FastGuard:
         return True
 
 
+_PLAIN_KINDS = frozenset(("bool", "int", "str", "bytes", "complex", "NoneType"))
+
+
+def show(frozen: Any) -> str:
+    """A frozen value (a key's item) as the user would write the value: `8`, `[224, 224]`,
+    `Batch(cpu, UINT8, ndim=1)`, `module numpy`, `Config(scale=2)`."""
+    if isinstance(frozen, Shown) or not isinstance(frozen, tuple) or not frozen:
+        return repr(frozen)
+    kind = frozen[0]
+    if kind == "static" and len(frozen) == 2:
+        return show(frozen[1])
+    if kind in _PLAIN_KINDS and len(frozen) == 2:
+        return repr(frozen[1])
+    if kind == "float":
+        return str(frozen[1])
+    if kind in ("list", "tuple") and len(frozen) == 2 and isinstance(frozen[1], tuple):
+        items = ", ".join(show(item) for item in frozen[1])
+        return f"[{items}]" if kind == "list" else f"({items}{',' if len(frozen[1]) == 1 else ''})"
+    if kind == "dict" and len(frozen) == 2:
+        return "{" + ", ".join(f"{show(k)}: {show(v)}" for k, v in frozen[1]) + "}"
+    if kind in ("Batch", "Tensor") and len(frozen) == 5:
+        _, device, dtype, ndim, layout = frozen
+        return f"{kind}({device}, {dtype}, ndim={ndim}" + (f", {layout!r}" if layout else "") + ")"
+    if kind in ("object", "class") and len(frozen) == 3:
+        attributes = ", ".join(f"{name}={show(value)}" for name, value in frozen[2])
+        return f"{'object' if kind == 'object' else 'class'}({attributes})"
+    if kind == "data" and len(frozen) == 3:
+        return show(frozen[2])
+    if kind == "missing":
+        return "(not defined)"
+    if kind == "npscalar":
+        return f"numpy {frozen[1]} {show(frozen[2])}"
+    if kind == "ndarray":
+        return f"ndarray({frozen[1]}, shape={frozen[2]})"
+    return repr(frozen)
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    text = show(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def describe(key: tuple) -> list[str]:
+    """A key's guards, one line each, as explain prints them; builtins the function reads by
+    name (`enumerate`) are guarded (a module global of that name would shadow them) but not
+    listed."""
+    return [f"{label} == {_short(value)}" for label, value in key
+            if not (isinstance(value, Shown) and value.text.startswith("builtin "))]
 
 
 def _difference(old: Any, new: Any) -> str:
     """Old -> new, cut around the first place where the two texts differ."""
-    old_text, new_text = repr(old), repr(new)
+    old_text, new_text = show(old), show(new)
     if len(old_text) <= 60 and len(new_text) <= 60:
         return f"{old_text} -> {new_text}"
     start = next((i for i, (a, b) in enumerate(zip(old_text, new_text)) if a != b),
