@@ -601,12 +601,18 @@ class CompiledFunction:
 
     def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
         graph = tracer.graph
-        entry.graph_text = graph.format()
+        traced = graph.format()
         entry.num_ops = tracer.num_ops
         draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
         passes.eliminate_common_subexpressions(graph)
         passes.eliminate_dead_code(graph)
         entry.graph = graph
+        # what explain shows is what runs: the graph after the passes (and, where they changed
+        # it, the graph as traced)
+        entry.graph_text = graph.format()
+        if traced != entry.graph_text:
+            entry.graph_text += "\n\nas traced, before common subexpressions and dead code " \
+                "were removed:\n" + traced
         entry.output_tree = tracer.output_tree
         entry.lowered = lower(graph, inline_constants=True)
         entry.path = self._path

@@ -467,3 +467,19 @@ def test_fallback_eager_option(batch):
     assert_same(needs_data(batch), result)
     with pytest.raises(ValueError, match="fallback"):
         ndd.compile(needs_data, fallback="sometimes")
+
+
+def test_explain_shows_the_graph_that_runs(batch):
+    """The graph explain prints first is the one the pipeline was generated from (after the
+    passes); the traced one follows where the passes changed it."""
+    def duplicated(x):
+        unused = ndd.flip(x, horizontal=1)  # noqa: F841 (dead code: removed)
+        a = ndd.resize(x, size=[8, 8])
+        b = ndd.resize(x, size=[8, 8])  # the same call: merged with `a`
+        return a, b
+
+    explanation = ndd_trace.explain(duplicated, batch)
+    running, traced = explanation.graph.split("as traced", 1)
+    assert running.count("resize[") == 1 and "flip[" not in running
+    assert traced.count("resize[") == 2 and "flip[" in traced
+    assert explanation.code.count("fn.resize(") == 1 and "fn.flip(" not in explanation.code
