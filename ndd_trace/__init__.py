@@ -22,9 +22,10 @@ standard logging configuration of the "ndd_trace" logger) logs traces, breaks an
 from __future__ import annotations
 
 from . import _dali, logs
-from .api import CacheInfo, CompiledFunction, Explanation, NddTraceWarning, compile, explain
-from .errors import GraphBreakError, LoopError, NddTraceError, PipelineError, TraceError
-from .export import ExportError, export
+from .api import CacheInfo, CompiledFunction, Explanation, compile, explain
+from .errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
+                     PerSampleError, PipelineError)
+from .export import export
 from .lazy import disable, enable, enabled, is_enabled, report, reset_report
 
 __version__ = "0.1.0"
@@ -38,8 +39,8 @@ __all__ = [
     "LoopError",
     "NddTraceError",
     "NddTraceWarning",
+    "PerSampleError",
     "PipelineError",
-    "TraceError",
     "compile",
     "disable",
     "enable",

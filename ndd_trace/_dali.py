@@ -1163,13 +1163,6 @@ def current_device_id() -> int | None:
     return ndd.EvalContext.current().device_id
 
 
-def make_pipeline(batch_size: int, num_threads: int, device_id: int | None,
-                  prefetch_queue_depth: int, checkpointing: bool = False,
-                  checkpoint: bytes | None = None) -> Pipeline:
-    return Pipeline(**pipeline_options(batch_size, num_threads, device_id, prefetch_queue_depth,
-                                       checkpointing, checkpoint))
-
-
 def pipeline_options(batch_size: int, num_threads: int, device_id: int | None,
                      prefetch_queue_depth: int, checkpointing: bool = False,
                      checkpoint: bytes | None = None) -> dict[str, Any]:

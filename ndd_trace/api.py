@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from . import _dali, guards, lazy, logs, passes, readahead
-from .errors import GraphBreakError, _GraphBreak
+from .errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import Split, StepCall, split_generator
 from .lower import Lowered, lower
@@ -38,10 +38,6 @@ DEFAULT_CACHE_LIMIT = 8
 _CHECKED_LOOP_TEXT = ("runs each step's Python as written, in transparent mode: the reader is read "
                       "ahead, and a step's ndd calls run ahead on its batches and are used when "
                       "they match what the step calls, with the same results")
-
-
-class NddTraceWarning(UserWarning):
-    """ndd_trace ran something eagerly, or keeps re-tracing; the message says where and why."""
 
 
 class CacheInfo(NamedTuple):

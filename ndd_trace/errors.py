@@ -11,6 +11,7 @@ Every error names what failed, where (the user's ``file:line``), why, and what t
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from .source import SourceLoc
 
@@ -37,13 +38,30 @@ class GraphBreakError(NddTraceError):
         )
 
 
-class TraceError(NddTraceError):
-    """An ndd call could not be recorded (invalid arguments, unsupported value)."""
+class NddTraceWarning(UserWarning):
+    """ndd_trace ran something eagerly, or keeps re-tracing; the message says where and why."""
+
+
+class PerSampleError(NddTraceError):
+    """A per-sample function uses a construct its pipeline cannot express; names the line."""
 
     def __init__(self, message: str, loc: SourceLoc | None = None):
         self.loc = loc
-        where = f"{loc}: " if loc else ""
-        super().__init__(where + message)
+        self.filename = loc.filename if loc else None
+        self.lineno = loc.lineno if loc else None
+        super().__init__(f"{loc}: {message}" if loc else message)
+
+
+class ExportError(NddTraceError):
+    """A function cannot be exported as a standalone pipeline; the message says where and why
+    (`{where}` in it becomes " at file:line"). `node`: the graph node the pipeline code
+    cannot hold (where lowering found it)."""
+
+    def __init__(self, message: str, loc: SourceLoc | None = None, node: Any = None):
+        self.node = node
+        self.loc = loc if loc is not None else getattr(node, "loc", None)
+        where = f" at {self.loc}" if self.loc else ""
+        super().__init__(message.replace("{where}", where))
 
 
 class PipelineError(NddTraceError):

@@ -40,25 +40,15 @@ import numpy as np
 
 from . import _dali
 from .api import CompiledFunction, compile
-from .errors import NddTraceError
+from .errors import ExportError
 from .ir import Graph, NodeKind, Ref
 from .loop import first_step
-from .lower import ExportError as _NotStandalone
 from .lower import lower
 from .per_sample import PerSampleFunction
 from .source import SourceLoc, docstring, one_line, unparse
 from .trace import add_reader_node
 
 FORMATS = ("python", "serialized")
-
-
-class ExportError(NddTraceError):
-    """The function cannot be exported as a standalone pipeline; the message says where, why."""
-
-    def __init__(self, message: str, loc: SourceLoc | None = None):
-        self.loc = loc
-        where = f" at {loc}" if loc else ""
-        super().__init__(message.replace("{where}", where))
 
 
 @dataclasses.dataclass
@@ -187,8 +177,8 @@ def export(function: Callable, *example_args: Any, path: str, format: str = "pyt
         lowered = lower(graph, inline_constants=True, inline_limit=None, standalone=True,
                         random_states="own" if random == "pipeline" else "fed",
                         decorator_options=options, function_name=f"{name}_pipeline")
-    except _NotStandalone as error:
-        loc = error.node.loc if error.node is not None else None
+    except ExportError as error:
+        loc = error.loc
         raise ExportError(f"`{compiled.__qualname__}` cannot be exported{{where}}: {error}",
                           loc) from None
     inputs = lowered.feed_names

@@ -122,6 +122,17 @@ class Ref(NamedTuple):
         return f"{self.node.var}[{self.index}]"
 
 
+def op_key(node: Node, inputs: tuple, arg_inputs: tuple) -> tuple:
+    """The structural identity of an op call, given how its inputs are identified (`inputs`:
+    one item per input; `arg_inputs`: sorted (name, *item) per tensor argument): two calls with
+    equal keys compute the same values from equal inputs (tinygrad's idea). Common
+    subexpressions (passes.py) and transparent mode's region keys (lazy.py) are made of it."""
+    return (node.name, node.backend, node.is_batch,
+            node.frozen_static if node.frozen_static is not None
+            else freeze(node.static, by_identity=True),
+            inputs, tuple(node.input_devices), arg_inputs, tuple(sorted(node.arg_casts.items())))
+
+
 class GraphError(Exception):
     """The graph is malformed (an ndd_trace bug, never a user error)."""
 

@@ -30,7 +30,7 @@ from typing import Any
 from . import _dali, logs
 from .errors import _GraphBreak
 from .interpret import interpret
-from .ir import Graph, Node, NodeKind, Ref, TensorMeta, freeze
+from .ir import Graph, Node, NodeKind, Ref, TensorMeta, op_key
 from .lower import lower
 from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
 from .runtime import Executable, LazyResult, Options
@@ -926,14 +926,9 @@ def _region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVi
         inputs = [mapped(ref) for ref in node.inputs]
         arg_inputs = [(name, mapped(ref)) for name, ref in node.arg_inputs.items()]
         position[id(node)] = len(items)
-        items.append((
-            node.name, node.backend, node.is_batch,
-            node.frozen_static if node.frozen_static is not None
-            else freeze(node.static, by_identity=True),
-            tuple((at, index) for at, index, _ in inputs), tuple(node.input_devices),
-            tuple(sorted((name, at, index) for name, (at, index, _) in arg_inputs)),
-            tuple(sorted(node.arg_casts.items())),
-        ))
+        items.append(op_key(
+            node, tuple((at, index) for at, index, _ in inputs),
+            tuple(sorted((name, at, index) for name, (at, index, _) in arg_inputs))))
         if clone:
             fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(Node)
                       if f.name not in ("index", "kind", "name", "schema", "inputs",

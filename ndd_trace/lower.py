@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import _dali
+from .errors import ExportError
 from .ir import Graph, Node, NodeKind, Ref, float_key
 from .source import NameTable, one_line, register_source, unparse
 
@@ -60,14 +61,6 @@ _DESC = re.compile(r"^(\w+)\((.*)\)$")
 # names the generated module defines or reads besides the variables (`float` spells a NaN)
 _RESERVED = frozenset({"fn", "types", "dali", "pipeline_def", "consts", "float"})
 INLINE_LIMIT = 16  # elements of a constant written into the code (larger ones are fed)
-
-
-class ExportError(Exception):
-    """The graph holds something a standalone pipeline cannot express (the node says where)."""
-
-    def __init__(self, message: str, node: Node | None):
-        super().__init__(message)
-        self.node = node
 
 
 @dataclasses.dataclass
@@ -206,7 +199,7 @@ class _Emitter:
             return _attribute_chain("types", f"{type(value).__name__}.{value.name}")
         if self.standalone:
             raise ExportError(f"a static argument of type {type(value).__name__} has no Python "
-                              "spelling in a standalone pipeline", node)
+                              "spelling in a standalone pipeline", node=node)
         self.consts.append(value)  # kept as is: the runtime's namespace holds it
         return ast.Subscript(value=_name("consts"), slice=ast.Constant(len(self.consts) - 1),
                              ctx=ast.Load())
@@ -468,7 +461,7 @@ def lower(graph: Graph, *, inline_constants: bool = False, random_states: str = 
                             "constant batch, or values a DALI constant cannot hold)"
                             if node.kind is NodeKind.CONSTANT else
                             "an ndd.ExternalSource (a Python callback)")
-                    raise ExportError(f"the pipeline uses {what}", node)
+                    raise ExportError(f"the pipeline uses {what}", node=node)
                 value = emitter.external_source(node, names[id(node)])
                 external.append(node)
                 feed_names.append(names[id(node)])

@@ -1,6 +1,5 @@
 """Graph-to-graph rewrites run before lowering: common subexpressions, then dead code.
 
-    draws = random_draw_order(graph)          # the RNG slots to draw from, in eager order
     graph = eliminate_common_subexpressions(graph)
     graph = eliminate_dead_code(graph)
 
@@ -15,12 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ir import Graph, Node, NodeKind, Ref, freeze
-
-
-def random_draw_order(graph: Graph) -> list[Any]:
-    """The RNG slot of every random op, in call order (the order eager draws in)."""
-    return [node.payload for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
+from .ir import Graph, Node, NodeKind, Ref, op_key
 
 
 def _replace_refs(graph: Graph, replacement: dict[int, Node]) -> None:
@@ -46,14 +40,9 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
                 k: Ref(replacement.get(id(r.node), r.node), r.index)
                 for k, r in node.arg_inputs.items()
             }
-            key = (
-                node.name, node.backend, node.is_batch,
-                tuple((id(r.node), r.index) for r in node.inputs),
-                tuple(node.input_devices),
-                tuple(sorted((k, id(r.node), r.index) for k, r in node.arg_inputs.items())),
-                tuple(sorted(node.arg_casts.items())),
-                freeze(node.static, by_identity=True),
-            )
+            key = op_key(node, tuple((id(r.node), r.index) for r in node.inputs),
+                         tuple(sorted((k, id(r.node), r.index)
+                                      for k, r in node.arg_inputs.items())))
             existing = seen.get(key)
             if existing is not None:
                 replacement[id(node)] = existing
@@ -77,11 +66,4 @@ def eliminate_dead_code(graph: Graph) -> Graph:
         stack.extend(ref.node for ref in node.inputs)
         stack.extend(ref.node for ref in node.arg_inputs.values())
     graph.nodes = [node for node in graph.nodes if id(node) in live]
-    return graph
-
-
-def renumber(graph: Graph) -> Graph:
-    """Give nodes consecutive indices again, so printed graphs and code read v0, v1, ..."""
-    for index, node in enumerate(graph.nodes):
-        node.index = index
     return graph

@@ -49,21 +49,18 @@ from typing import Any
 
 
 from . import _dali, guards, logs
-from .errors import NddTraceError
+from .errors import PerSampleError
 from .source import SourceLoc, register_source, unparse, user_frame, user_location
 
 _counter = itertools.count()
 
 
-class PerSampleError(NddTraceError):
-    """A per-sample function uses a construct its pipeline cannot express; names the line."""
-
-    def __init__(self, message: str, loc: SourceLoc | None = None):
-        self.loc = loc
-        self.filename = loc.filename if loc else None
-        self.lineno = loc.lineno if loc else None
-        super().__init__(f"{loc}: {message}" if loc else message)
-        _scope.raised = self  # DALI's AutoGraph re-raises it wrapped: unwrapped where caught
+def _error(message: str, loc: SourceLoc | None = None) -> PerSampleError:
+    """The PerSampleError to raise, noted in this thread's scope: DALI's AutoGraph re-raises it
+    wrapped, and it is unwrapped where caught."""
+    error = PerSampleError(message, loc)
+    _scope.raised = error
+    return error
 
 
 class _RunFailed(Exception):
@@ -154,7 +151,7 @@ class _Rewriter(ast.NodeTransformer):
         return node
 
     def visit_Global(self, node: ast.Global) -> Any:
-        raise PerSampleError("`global` is not supported in a per-sample function",
+        raise _error("`global` is not supported in a per-sample function",
                              SourceLoc(self.filename, node.lineno, ""))
 
     visit_Nonlocal = visit_Global
@@ -202,18 +199,18 @@ def convert(function: Callable) -> Converted:
     try:
         source = textwrap.dedent(inspect.getsource(function))
     except (OSError, TypeError) as error:
-        raise PerSampleError(f"the source of `{function.__qualname__}` is not available "
+        raise _error(f"the source of `{function.__qualname__}` is not available "
                              f"({error}); per-sample functions are rewritten from their source",
                              SourceLoc(code.co_filename, code.co_firstlineno, code.co_name))
     tree = ast.parse(source)
     ast.increment_lineno(tree, code.co_firstlineno - 1)
     definition = tree.body[0]
     if not isinstance(definition, ast.FunctionDef):
-        raise PerSampleError("per_sample=True needs a function defined with `def`",
+        raise _error("per_sample=True needs a function defined with `def`",
                              SourceLoc(code.co_filename, code.co_firstlineno, code.co_name))
     definition.decorator_list = []
     if any(isinstance(node, (ast.Yield, ast.YieldFrom)) for node in ast.walk(definition)):
-        raise PerSampleError("a per-sample function cannot be a generator",
+        raise _error("a per-sample function cannot be a generator",
                              SourceLoc(code.co_filename, definition.lineno, code.co_name))
     uses_if_exp = any(isinstance(node, ast.IfExp) for node in ast.walk(definition))
     definition = _Rewriter(code.co_filename).visit(definition)
@@ -293,7 +290,7 @@ class Item:
         elif isinstance(other, (bool, int, float)) and not isinstance(other, Item):
             right = _dali.float64_constant(other)
         else:
-            raise PerSampleError(f"compares a per-sample number with {type(other).__name__}",
+            raise _error(f"compares a per-sample number with {type(other).__name__}",
                                  _loc(self.lineno))
         left = self._wide()
         result = {"eq": lambda: left == right, "ne": lambda: left != right,
@@ -330,7 +327,7 @@ class Item:
     __hash__ = None  # type: ignore[assignment]
 
     def _no_python(self, *args: Any) -> Any:
-        raise PerSampleError(
+        raise _error(
             "uses a per-sample number (`.item()`, `.shape[i]`) as a Python value (arithmetic, "
             "int(), range(), formatting): it differs between the samples of one pipeline run. "
             "Compare it, branch on it, or pass it to an ndd op; compute with ndd ops on the "
@@ -359,7 +356,7 @@ class _Shape:
 
     def __getitem__(self, index: Any) -> Item:
         if not isinstance(index, int):
-            raise PerSampleError("indexes a per-sample shape with something other than an int",
+            raise _error("indexes a per-sample shape with something other than an int",
                                  _loc(self._lineno))
         python = None
         if self._argument is not None:  # an input's shape: known before the run
@@ -368,7 +365,7 @@ class _Shape:
         return Item(self._node[index], self._lineno, python)
 
     def __len__(self) -> int:
-        raise PerSampleError("takes len() of a per-sample shape (use x.ndim)", _loc(self._lineno))
+        raise _error("takes len() of a per-sample shape (use x.ndim)", _loc(self._lineno))
 
 
 def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> Any:
@@ -376,7 +373,7 @@ def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> A
     DALI's conditional execution; a tensor is refused (eager's `if tensor:` is always true)."""
     if isinstance(value, Item):
         if side_effect is not None:
-            raise PerSampleError(
+            raise _error(
                 f"changes a Python object at line {side_effect} inside a per-sample branch: "
                 "both branches are run once to build the pipeline, so the change would happen "
                 "for every sample; keep per-sample branches to ndd ops on local variables",
@@ -389,7 +386,7 @@ def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> A
                 lambda sample: bool(python(sample))
         return predicate
     if _dali.is_data_node(value):
-        raise PerSampleError(
+        raise _error(
             "uses a tensor as a Python bool (`if tensor:`): in eager ndd a Tensor has no "
             "truth value of its own, so such a test is always true. Test its value with "
             "`.item()` (e.g. `if flip.item():`), or a comparison of `.item()`", _loc(lineno))
@@ -398,7 +395,7 @@ def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> A
 
 def _ndd_loop_condition(value: Any, lineno: int) -> Any:
     if isinstance(value, Item) or _dali.is_data_node(value):
-        raise PerSampleError("a `while` loop on a per-sample value is not supported (a "
+        raise _error("a `while` loop on a per-sample value is not supported (a "
                              "pipeline runs the same number of ops for every sample); loop a "
                              "fixed number of times, or branch with `if`", _loc(lineno))
     return value
@@ -419,7 +416,7 @@ def _ndd_attribute(value: Any, name: str, lineno: int) -> Any:
         return lambda: Item(_dali.fn.reshape(value, shape=[]), lineno, python)
     if name in ("gpu", "cpu") and hasattr(value, name):
         return getattr(value, name)  # a transfer inside the pipeline
-    raise PerSampleError(f"reads `.{name}` of a per-sample value, which a per-sample pipeline "
+    raise _error(f"reads `.{name}` of a per-sample value, which a per-sample pipeline "
                          "does not provide (`.shape` and `.item()` are supported)", _loc(lineno))
 
 
@@ -504,12 +501,12 @@ def _handler(definition: _Definition, op_class: type, original: Any, inputs: tup
              kwargs: dict) -> Any:
     loc = _call_location(definition)
     if _dali.is_stateful(op_class):
-        raise PerSampleError(f"calls stateful operator `{_dali.op_path(op_class)}` in a "
+        raise _error(f"calls stateful operator `{_dali.op_path(op_class)}` in a "
                              "per-sample function", loc)
     kwargs = {key: value for key, value in kwargs.items()
               if value is not None and key not in ("_caller_frame", "_backend")}
     if kwargs.pop("batch_size", None) is not None:
-        raise PerSampleError("passes batch_size= in a per-sample function (it works on one "
+        raise _error("passes batch_size= in a per-sample function (it works on one "
                              "sample)", loc)
     function, device = _dali.fn_function(op_class, kwargs.pop("device", None))
     if device is not None:
@@ -899,7 +896,7 @@ class PerSampleFunction:
             definition.output_tree = _flatten(result, flat)
             definition.num_outputs = len(flat)
             if not flat:
-                raise PerSampleError("the per-sample function returns no ndd value")
+                raise _error("the per-sample function returns no ndd value")
             return (*flat, *definition.reach_nodes)
 
         _dali.do_not_convert(make_inputs)

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _dali
 from .errors import _GraphBreak
-from .ir import Graph, Node, NodeKind, Ref, TensorMeta, freeze
+from .ir import Graph, Node, Ref, TensorMeta, freeze
 from .source import SourceLoc, raise_at, user_location
 
 
@@ -553,9 +553,6 @@ class Tracer:
         if isinstance(value, SymbolicBatchSize):
             return ("batch_size",)
         return ("static", value)  # concrete data and Python values come back as they are
-
-    def input_refs(self) -> list[Ref]:
-        return [Ref(node, 0) for node in self.graph.nodes_of(NodeKind.INPUT)]
 
 
 def add_reader_node(graph: Graph, reader: Any, loc: SourceLoc | None) -> Node:
