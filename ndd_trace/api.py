@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from . import _dali, guards, lazy, logs, passes, readahead
+from . import _dali, guards, lazy, logs, passes, readahead, trees
 from .errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import Split, StepCall, split_generator
@@ -77,15 +77,13 @@ class _Counters:
         self.hits = self.misses = self.traces = self.fallbacks = 0
 
 
+def _is_data(value: Any) -> bool:
+    return isinstance(value, (_dali.Batch, _dali.Tensor, _dali.RNG))
+
+
 def _walk_data(value: Any, path: tuple, visit: Callable[[tuple, Any], Any]) -> Any:
     """Rebuild `value`, replacing Batches, Tensors and RNGs found in lists/tuples/dicts."""
-    if isinstance(value, (_dali.Batch, _dali.Tensor, _dali.RNG)):
-        return visit(path, value)
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_walk_data(v, path + (i,), visit) for i, v in enumerate(value))
-    if isinstance(value, dict):
-        return {k: _walk_data(v, path + (k,), visit) for k, v in value.items()}
-    return value
+    return trees.map_leaves(value, _is_data, visit, path)
 
 
 def _user_loc_of(error: BaseException | None) -> SourceLoc | None:
@@ -395,18 +393,6 @@ class CompiledFunction:
                 self._split = found
         return self._split
 
-    @staticmethod
-    def _bind(args: tuple, kwargs: dict) -> dict[tuple, Any]:
-        bound: dict[tuple, Any] = {}
-
-        def visit(path: tuple, value: Any) -> Any:
-            bound[path] = value
-            return value
-
-        _walk_data(args, ("args",), visit)
-        _walk_data(kwargs, ("kwargs",), visit)
-        return bound
-
     def _batch_sizes(self, args: tuple, kwargs: dict) -> set[int]:
         sizes = set()
 
@@ -693,27 +679,19 @@ class CompiledFunction:
         return bound, sizes
 
     def _unflatten(self, tree: Any, run: Any, entry: Entry, bound: dict, batch_size: int) -> Any:
-        tag = tree[0]
-        if tag == "out":
-            index = tree[1]
+        def leaf(node: tuple) -> Any:
+            if node[0] == "batch_size":
+                return batch_size
+            index, is_batch = node[1], node[2]
             ref: Ref = entry.graph.outputs[index]
             if ref.node.kind is NodeKind.INPUT:
                 return bound[ref.node.payload]
-            is_batch = tree[2]
             lazy = LazyOutput(run, index, is_batch, entry.executable.output_device(index))
             if is_batch:
                 return _dali.lazy_batch(lazy)
             return _dali.Tensor(invocation_result=lazy)
-        if tag == "static":
-            return tree[1]
-        if tag == "batch_size":
-            return batch_size
-        if tag == "dict":
-            return {k: self._unflatten(v, run, entry, bound, batch_size) for k, v in tree[1]}
-        if tag == "namedtuple":
-            return tree[1](*(self._unflatten(v, run, entry, bound, batch_size) for v in tree[2]))
-        items = [self._unflatten(v, run, entry, bound, batch_size) for v in tree[1]]
-        return tuple(items) if tag == "tuple" else items
+
+        return trees.unflatten(tree, leaf)
 
 
 def compile(function: Callable | None = None, *, fullgraph: bool = False,

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-from . import _dali, guards, logs
+from . import _dali, guards, logs, trees
 from .errors import PerSampleError
 from .source import SourceLoc, register_source, unparse, user_frame, user_location
 
@@ -771,28 +771,16 @@ class _RandomStream:
 
 
 def _flatten(value: Any, outputs: list) -> Any:
-    if isinstance(value, Item):
-        value = value.node
-    if _dali.is_data_node(value):
-        outputs.append(value)
-        return ("out", len(outputs) - 1)
-    if isinstance(value, (tuple, list)):
-        return (type(value).__name__, [_flatten(v, outputs) for v in value])
-    if isinstance(value, dict):
-        return ("dict", [(k, _flatten(v, outputs)) for k, v in value.items()])
-    return ("static", value)
+    """The output tree of a per-sample function's result; its DataNodes go into `outputs`."""
+    def leaf(item: Any) -> tuple | None:
+        if isinstance(item, Item):
+            item = item.node
+        if _dali.is_data_node(item):
+            outputs.append(item)
+            return ("out", len(outputs) - 1)
+        return None
 
-
-def _unflatten(tree: Any, batches: list) -> Any:
-    tag = tree[0]
-    if tag == "out":
-        return batches[tree[1]]
-    if tag == "static":
-        return tree[1]
-    if tag == "dict":
-        return {k: _unflatten(v, batches) for k, v in tree[1]}
-    items = [_unflatten(v, batches) for v in tree[1]]
-    return tuple(items) if tag == "tuple" else items
+    return trees.flatten(value, leaf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1006,7 +994,8 @@ class PerSampleFunction:
             except _EagerCall:  # the generators are untouched: the loop draws as it would
                 self._warn_eager(variant)
                 return self.eager(*args)
-        return _unflatten(definition.output_tree, [_dali.wrap_batch(o) for o in outputs])
+        batches = [_dali.wrap_batch(output) for output in outputs]
+        return trees.unflatten(definition.output_tree, lambda node: batches[node[1]])
 
     def _run(self, variant: _Variant, args: tuple, batch_size: int) -> tuple:
         """Run the pipeline until the random values fed agree with the paths the samples take

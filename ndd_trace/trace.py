@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _dali
+from . import _dali, trees
 from .errors import _GraphBreak
 from .ir import Graph, Node, Ref, TensorMeta, freeze
 from .source import SourceLoc, raise_at, user_location
@@ -535,24 +535,19 @@ class Tracer:
     def set_outputs(self, result: Any) -> None:
         """Flatten the returned structure; traced leaves become graph outputs."""
         outputs: list[Ref] = []
-        self.output_tree = self._flatten(result, outputs)
-        self.graph.outputs = outputs
 
-    def _flatten(self, value: Any, outputs: list[Ref]) -> Any:
-        if _is_traced(value):
-            if value._tracer is not self:
-                raise _break("returns a traced value of another compiled call")
-            outputs.append(value._ref)
-            return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
-        if isinstance(value, tuple) and type(value) is not tuple:  # namedtuple
-            return ("namedtuple", type(value), [self._flatten(v, outputs) for v in value])
-        if isinstance(value, (tuple, list)):
-            return (type(value).__name__, [self._flatten(v, outputs) for v in value])
-        if isinstance(value, dict):
-            return ("dict", [(k, self._flatten(v, outputs)) for k, v in value.items()])
-        if isinstance(value, SymbolicBatchSize):
-            return ("batch_size",)
-        return ("static", value)  # concrete data and Python values come back as they are
+        def leaf(value: Any) -> tuple | None:
+            if _is_traced(value):
+                if value._tracer is not self:
+                    raise _break("returns a traced value of another compiled call")
+                outputs.append(value._ref)
+                return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
+            if isinstance(value, SymbolicBatchSize):
+                return ("batch_size",)
+            return None  # concrete data and Python values come back as they are
+
+        self.output_tree = trees.flatten(result, leaf)
+        self.graph.outputs = outputs
 
 
 def add_reader_node(graph: Graph, reader: Any, loc: SourceLoc | None) -> Node:

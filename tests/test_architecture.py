@@ -9,7 +9,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Each module may import only modules of a lower layer (or the same layer where listed).
 LAYERS = [
-    {"source", "errors", "logs"},
+    {"source", "errors", "logs", "trees"},
     {"ir"},
     {"_dali"},
     {"trace", "passes", "guards", "interpret", "stepcheck"},

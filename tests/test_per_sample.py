@@ -632,3 +632,23 @@ def test_past_cache_limit_runs_the_eager_loop_and_says_so(images, monkeypatch):
         else:
             assert not record
     assert compiled.builds == 2
+
+
+def test_namedtuple_outputs_come_back_as_namedtuples(images):
+    """The output structure is kept the one way every mode keeps it (ndd_trace/trees.py)."""
+    import collections
+
+    Pair = collections.namedtuple("Pair", "flipped small")
+
+    def pair(image):
+        if image.shape[0] > 40:
+            return Pair(ndd.flip(image, horizontal=1), ndd.resize(image, size=[4, 4]))
+        return Pair(image, ndd.resize(image, size=[4, 4]))
+
+    compiled = ndd.compile(pair, per_sample=True)
+    result = compiled(images)
+    assert isinstance(result, Pair)
+    for i, image in enumerate(images):
+        expected = pair(image)
+        np.testing.assert_array_equal(np.asarray(result.flipped.select(i)), np.asarray(expected.flipped))
+        np.testing.assert_array_equal(np.asarray(result.small.select(i)), np.asarray(expected.small))
