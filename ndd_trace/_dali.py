@@ -945,6 +945,17 @@ def default_rng() -> RNG:
     return ndd_random.get_default_rng()
 
 
+def existing_default_rng() -> RNG | None:
+    """This thread's default generator if ndd has made it yet, else None (making one draws its
+    seed from Python's `random`: eager ndd does that at its first random op, not before)."""
+    return getattr(ndd_random._thread_local, "default_rng", None)
+
+
+def forget_default_rng() -> None:
+    """Drop this thread's default generator: the next random op makes a new one, as ndd does."""
+    vars(ndd_random._thread_local).pop("default_rng", None)
+
+
 def resolve_rng(rng: Any) -> RNG:
     return ndd_random._resolve_rng(rng)
 

@@ -35,7 +35,8 @@ from .lower import lower
 from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
 from .runtime import Executable, LazyResult, Options
 from .source import SourceLoc, user_frame, user_location
-from .trace import TracedBatch, TracedTensor, Tracer, _is_concrete_data, inference_metas
+from .trace import (BATCH_ABSENT, TracedBatch, TracedTensor, Tracer, _is_concrete_data,
+                    inference_metas)
 
 
 @dataclasses.dataclass
@@ -366,6 +367,9 @@ class _LazyHandle(LazyResult):
 
 class LazyBatch(_LazyMixin, TracedBatch):
     """A lazy ndd.Batch of transparent mode; consumed, it runs its pending region."""
+
+    # (over _LazyMixin's, which are the tensors')
+    locals().update({name: getattr(TracedBatch, name) for name in BATCH_ABSENT})
 
     def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
         self._init_traced(tracer, ref, meta)
