@@ -258,6 +258,11 @@ class Executable:
         if self.pipeline is None or batch_size > self.max_batch_size:
             self._drain()
             self._build(max(batch_size, self.max_batch_size))
+        elif batch_size != self.max_batch_size and not self._names:
+            # nothing is fed (`ndd.zeros(batch_size=x.batch_size)`): the pipeline runs its
+            # maximum batch size, so it is built for this one
+            self._drain()
+            self._build(batch_size)
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -400,7 +405,8 @@ class Executable:
         built for this batch, its queue is full, or it refuses the data."""
         with self._lock:
             if self.pipeline is None or batch_size > self.max_batch_size or \
-                    len(self._pending) >= self.options.prefetch_queue_depth:
+                    len(self._pending) >= self.options.prefetch_queue_depth or \
+                    (batch_size != self.max_batch_size and not self._names):
                 return None
             try:
                 self._feed(data)
