@@ -19,10 +19,12 @@ and the key format of `Operator._get`.
 from __future__ import annotations
 
 import base64
+import ctypes
 import functools
 import inspect
 import json
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -916,6 +918,35 @@ def pipeline_outputs(pipe: Pipeline) -> tuple:
     pipe._consumer_iter += 1
     pipe._batches_to_consume -= 1
     return tuple(pipe._pipe.Outputs(None))
+
+
+_parked_pipelines = 0
+
+
+def park_failed_pipeline(pipe: Pipeline) -> None:
+    """Set aside, for good, a pipeline whose run failed. An operator that fails part-way through
+    a batch can leave work queued in DALI's (old) thread pool that never starts, and the
+    pool's destructor then waits for it forever: freeing such a pipeline hangs the process,
+    where it is freed or at exit, in DALI's own shutdown hook (a hand-written @pipeline_def
+    too). It is shut down (its executor's threads stop), taken off that hook's list, and its
+    backend object is never freed (its pool's few idle threads and memory stay)."""
+    global _parked_pipelines
+    held = pipe._pipe
+    if held is None:
+        return
+    try:
+        held.Shutdown()
+    except Exception:  # noqa: BLE001 (a failed pipeline may refuse; it is set aside anyway)
+        pass
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))  # not freed by the interpreter's exit
+    pipe._pipe = None
+    Pipeline._pipes.discard(weakref.ref(pipe))
+    _parked_pipelines += 1
+
+
+def parked_pipelines() -> int:
+    """How many failed pipelines `park_failed_pipeline` set aside in this process."""
+    return _parked_pipelines
 
 
 ExternalSource = ndd.ExternalSource

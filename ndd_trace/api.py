@@ -664,6 +664,16 @@ class CompiledFunction:
         try:
             run = readahead.run_call(executable, entry.key, bound, batch_size)
         except Exception as error:
+            retired = executable.retired
+            if retired is not None:
+                # its failed pipelines cannot be freed: it stops making new ones
+                entry.eager_reason = retired
+                self._warn(f"ndd_trace: `{self.__qualname__}` is no longer compiled whole: "
+                           f"{retired}. It {self._fallback_text()}.", user_location())
+                self._counters.fallbacks += 1
+                logs.fallbacks.info("`%s`: not compiled whole from now on: %s",
+                                    self.__qualname__, retired)
+                return self._fallback(args, kwargs)
             if executable.builds == 0:
                 # The pipeline could not be built: this variant runs eagerly from now on.
                 entry.eager_reason = f"pipeline build failed: {error}"

@@ -836,12 +836,13 @@ class LazyTracer(Tracer):
                 outputs = list(run.result())
                 times["fetch"] += time.perf_counter() - waited
             except Exception:
-                if region.executable.builds:
+                retired = region.executable.retired  # (its failed pipelines cannot be freed)
+                if region.executable.builds and retired is None:
                     raise
                 region.executable = None  # the pipeline cannot be built: interpret from now on
-                region.eager_reason = "pipeline build failed"
-                logs.fallbacks.info("region at %s: pipeline build failed, interpreted eagerly",
-                                    region.loc or "?")
+                region.eager_reason = retired or "pipeline build failed"
+                logs.fallbacks.info("region at %s: %s, interpreted eagerly", region.loc or "?",
+                                    region.eager_reason)
                 return self._run_region(target)
         logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
                                "run ahead" if ahead is not None else f"run {region.runs}")

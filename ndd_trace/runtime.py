@@ -28,6 +28,8 @@ from .source import SourceLoc, raise_at
 
 
 _FROM_ARGUMENT, _DRAWN_PER_CALL, _OTHER = "argument", "drawn per call", "other"
+# failed pipelines an Executable may leave set aside before its calls run eagerly instead
+MAX_FAILED_PIPELINES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +181,7 @@ class Executable:
         self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
+        self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -257,6 +260,8 @@ class Executable:
         """Build for `batch_size` (a smaller batch later reuses it; a larger one rebuilds)."""
         if self.pipeline is None or batch_size > self.max_batch_size:
             self._drain()
+            if self.pipeline is None and self.retired is not None:
+                raise RuntimeError(f"ndd_trace: not rebuilt: {self.retired}")
             self._build(max(batch_size, self.max_batch_size))
         elif batch_size != self.max_batch_size and not self._names:
             # nothing is fed (`ndd.zeros(batch_size=x.batch_size)`): the pipeline runs its
@@ -442,7 +447,7 @@ class Executable:
         try:
             oldest.outputs = _dali.pipeline_outputs(self.pipeline)
         except Exception as error:
-            self.pipeline = None  # a failed pipeline is rebuilt on the next call
+            self._park()  # a failed pipeline is rebuilt on the next call
             eager = oldest.replay() if oldest.replay is not None else None
             wrapped = self._pipeline_error(error, "running", eager)
             try:
@@ -452,6 +457,22 @@ class Executable:
             for other in self._pending:
                 other.error = oldest.error
             self._pending.clear()
+
+    def _park(self) -> None:
+        """Drop the pipeline after a failed run, set aside for good (freeing it can hang the
+        process: _dali.park_failed_pipeline)."""
+        if self.pipeline is not None:
+            _dali.park_failed_pipeline(self.pipeline)
+            self.failed_pipelines += 1
+        self.pipeline = None
+
+    @property
+    def retired(self) -> str | None:
+        """Why this variant no longer builds pipelines (then it runs eagerly), or None."""
+        if self.failed_pipelines < MAX_FAILED_PIPELINES:
+            return None
+        return (f"its pipeline failed {self.failed_pipelines} times; DALI cannot free a "
+                "pipeline that failed part-way through a batch (each one is kept until exit)")
 
     def _drain(self) -> None:
         while self._pending:
