@@ -920,6 +920,31 @@ def pipeline_outputs(pipe: Pipeline) -> tuple:
     return tuple(pipe._pipe.Outputs(None))
 
 
+# Operators that kill the process (SIGSEGV) on samples with a zero-size dimension (1x0) whose
+# data pointer is null, as DALI allocates them (a pipeline's copy of fed data has one; eager ndd
+# given the user's numpy data does not): DALI 2.4's separable convolutions. A sweep of the
+# common CPU image ops in a pipeline (blurs, resize, rotate, warps, crops, color ops, normalize,
+# pad, slice, transpose, paste, erase, reductions, ...) on 1x0, 0x2 and 2x2x0 samples found
+# only these.
+_EMPTY_SAMPLE_UNSAFE = frozenset(("GaussianBlur", "Laplacian"))
+
+
+def crashes_on_empty_samples(schema: str | None) -> bool:
+    """Whether a pipeline running this operator crashes on a sample with no elements."""
+    return schema in _EMPTY_SAMPLE_UNSAFE
+
+
+def has_empty_sample(value: Any) -> bool:
+    """Whether a Batch, Tensor or TensorList holds a sample with no elements."""
+    if isinstance(value, (Batch, Tensor)):
+        value = value.evaluate()._storage
+    if isinstance(value, (backend.TensorCPU, backend.TensorGPU)):
+        return 0 in value.shape()
+    if isinstance(value, (backend.TensorListCPU, backend.TensorListGPU)):
+        return any(0 in shape for shape in value.shape())
+    return False
+
+
 _parked_pipelines = 0
 
 
@@ -1045,10 +1070,14 @@ def snapshot(value: Any) -> Any:
     """A private copy of a concrete Batch/Tensor's data: eager ndd reads its inputs at the call,
     so a caller that mutates (or reuses) its buffers afterwards must not change the result."""
     storage = value.evaluate()._storage
-    if isinstance(storage, backend.TensorListCPU):
-        return Batch(storage._make_copy())  # DALI-owned memory (numpy copies would not be kept
-    if isinstance(storage, backend.TensorCPU):  # alive by a TensorList that wraps them)
-        return Tensor(storage._make_copy())
+    if isinstance(storage, (backend.TensorListCPU, backend.TensorCPU)):
+        # DALI-owned memory (numpy copies would not be kept alive by a TensorList that wraps
+        # them). Data of no bytes at all has nothing to copy: its copy's null data pointer
+        # crashes ops (GaussianBlur on 1x0 samples) that eager, given the original, runs.
+        copy = storage._make_copy()
+        if not copy.data_ptr():
+            return value
+        return Batch(copy) if isinstance(storage, backend.TensorListCPU) else Tensor(copy)
     with _interceptor.suspended():
         return ndd.copy(value).evaluate()  # GPU data: a device copy, made now
 

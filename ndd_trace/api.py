@@ -661,6 +661,13 @@ class CompiledFunction:
             logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
             return self._function(*args, **kwargs)
         executable = entry.executable
+        if executable.empty_sample_unsafe and executable.feeds_empty_sample(bound):
+            reason = executable.empty_sample_reason
+            self._warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
+                            f"{reason}", user_location())
+            self._counters.fallbacks += 1
+            logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
+            return self._function(*args, **kwargs)
         try:
             run = readahead.run_call(executable, entry.key, bound, batch_size)
         except Exception as error:

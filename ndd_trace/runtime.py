@@ -182,6 +182,11 @@ class Executable:
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
+        # an op that crashes the process in a pipeline on a sample with no elements: each
+        # call's data is checked for one (feeds_empty_sample), and such calls run eagerly
+        self.empty_sample_unsafe = any(
+            node.kind is NodeKind.OP and _dali.crashes_on_empty_samples(node.schema)
+            for node in graph.nodes)
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -338,6 +343,26 @@ class Executable:
             data.append(self._data_for(node, bound, states, batch_size))
         return data
 
+    def feeds_empty_sample(self, bound: dict | None = None, leaves: list | None = None) -> bool:
+        """Whether a call with these arguments (or a region with these fed leaves) would feed
+        a sample with no elements to a pipeline that crashes on one (empty_sample_unsafe)."""
+        if not self.empty_sample_unsafe:
+            return False
+        if leaves is not None:
+            return any(leaf.kind is NodeKind.CONSTANT and _dali.has_empty_sample(leaf.payload)
+                       for leaf in leaves)
+        return any(kind is _FROM_ARGUMENT and _dali.has_empty_sample(bound[where])
+                   for kind, where, _ in self._sources)
+
+    @property
+    def empty_sample_reason(self) -> str:
+        """Why a call that feeds a sample with no elements runs eagerly, naming the op."""
+        node = next(node for node in self.graph.nodes if node.kind is NodeKind.OP
+                    and _dali.crashes_on_empty_samples(node.schema))
+        return (f"a sample with no elements (a zero-size dimension) is fed to ndd.{node.name} "
+                f"(called at {node.loc or '?'}), which crashes a DALI pipeline on one; eager ndd "
+                "runs it")
+
     def output_device(self, index: int) -> Any:
         """The ndd Device of output `index` (one object per entry, made once)."""
         device = self._devices.get(index)
@@ -411,7 +436,8 @@ class Executable:
         with self._lock:
             if self.pipeline is None or batch_size > self.max_batch_size or \
                     len(self._pending) >= self.options.prefetch_queue_depth or \
-                    (batch_size != self.max_batch_size and not self._names):
+                    (batch_size != self.max_batch_size and not self._names) or \
+                    (self.empty_sample_unsafe and any(map(_dali.has_empty_sample, data))):
                 return None
             try:
                 self._feed(data)
@@ -477,6 +503,16 @@ class Executable:
     def _drain(self) -> None:
         while self._pending:
             self._fetch_oldest()
+
+    def release(self) -> bool:
+        """Free the pipeline once the runs in flight are done (built again if run again);
+        whether there was one."""
+        with self._lock:
+            self._drain()
+            had = self.pipeline is not None
+            self.pipeline = None
+            self._fed.clear()  # what DALI read in place: nothing reads it any more
+            return had
 
     def close(self) -> None:
         with self._lock:
