@@ -916,7 +916,7 @@ class LazyTracer(Tracer):
         if _state.site_regions[site] < MAX_SITE_REGIONS:
             _state.site_regions[site] += 1
             return True
-        chain = " -> ".join(node.name for node in region_ops)
+        chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
         _state.eager_ops[(chain, _SITE_FULL, site)] += 1
         logs.fallbacks.debug("region at %s: %s", site, _SITE_FULL)
         return False
