@@ -633,6 +633,12 @@ class Tracer:
             return ("dict", [(k, self._flatten(v, outputs)) for k, v in value.items()])
         if isinstance(value, SymbolicBatchSize):
             return ("batch_size",)
+        if isinstance(value, np.ndarray) and value.dtype == object and \
+                any(_is_traced(item) for item in value.flat):
+            # numpy wraps a Batch it cannot convert (`np.asarray(batch)`), as eagerly: the
+            # wrapped values are the call's results, which a pipeline cannot hand back so
+            raise _break("converts a traced value to numpy inside the function (an object "
+                         "array holding it is returned)")
         return ("static", value)  # concrete data and Python values come back as they are
 
     def input_refs(self) -> list[Ref]:

@@ -68,6 +68,25 @@ def test_batch_proxies_have_no_array_protocol_where_batch_has_none():
     assert [hasattr(x, name) for name in ("__array__", "__dlpack__", "item")] == [False] * 3
 
 
+def test_numpy_array_of_a_batch_is_an_object_array_as_eagerly():
+    x = ndd.as_batch([np.arange(18, dtype=np.uint8).reshape(2, 3, 3)], layout="HWC")
+
+    def f(x):
+        return np.asarray(ndd.flip(x, horizontal=1))
+
+    eager = f(x)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="numpy"):
+        compiled = ndd.compile(f)(x)
+    for result in (compiled, _transparent_value(f, x)):
+        assert result.dtype == eager.dtype == object and result.shape == eager.shape == ()
+        assert_same(eager.item(), result.item())
+
+
+def _transparent_value(function, *args):
+    with ndd_trace.enabled():
+        return function(*args)
+
+
 # -- tracing and ndd's default generator ---------------------------------------------------------
 
 def test_tracing_does_not_make_the_default_generator_before_eager_would():
