@@ -182,6 +182,8 @@ class Executable:
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
+        # (a compiled loop, which rebuilds after every failure, frees its failed ones as before)
+        self.keeps_failed_pipelines = type(self) is Executable
         # an op that crashes the process in a pipeline on a sample with no elements: each
         # call's data is checked for one (feeds_empty_sample), and such calls run eagerly
         self.empty_sample_unsafe = any(
@@ -265,8 +267,6 @@ class Executable:
         """Build for `batch_size` (a smaller batch later reuses it; a larger one rebuilds)."""
         if self.pipeline is None or batch_size > self.max_batch_size:
             self._drain()
-            if self.pipeline is None and self.retired is not None:
-                raise RuntimeError(f"ndd_trace: not rebuilt: {self.retired}")
             self._build(max(batch_size, self.max_batch_size))
         elif batch_size != self.max_batch_size and not self._names:
             # nothing is fed (`ndd.zeros(batch_size=x.batch_size)`): the pipeline runs its
@@ -412,6 +412,8 @@ class Executable:
             # pipeline, which is then rebuilt for this run
             self._drain()
             try:
+                if self.pipeline is None and self.retired is not None:
+                    raise RuntimeError(f"ndd_trace: not rebuilt: {self.retired}")
                 self.ensure_built(batch_size)
             except Exception as error:
                 self.pipeline = None
@@ -487,7 +489,7 @@ class Executable:
     def _park(self) -> None:
         """Drop the pipeline after a failed run, set aside for good (freeing it can hang the
         process: _dali.park_failed_pipeline)."""
-        if self.pipeline is not None:
+        if self.pipeline is not None and self.keeps_failed_pipelines:
             _dali.park_failed_pipeline(self.pipeline)
             self.failed_pipelines += 1
         self.pipeline = None
