@@ -215,7 +215,7 @@ def test_region_pipelines_are_bounded_and_freed_least_recently_run_first(monkeyp
         for i in range(8):
             assert_same(step(0.5 * i), _transparent(step, 0.5 * i))
             counts.append(_threads())
-    assert max(counts[4:]) == counts[3], counts  # no more threads past 3 regions
+    assert max(counts[4:]) <= counts[3], counts  # no more threads past 3 regions
     report = ndd_trace.report()
     assert len(report.regions) == 8 and report.releases == 16 - 3
     assert "pipelines freed as the least recently run: 13" in str(report)
@@ -238,7 +238,7 @@ def test_a_site_that_keeps_changing_runs_eagerly_past_its_limit(monkeypatch):
         for i in range(12):  # past cache_limit: transparent mode, a new region per value
             assert_same(step(images, 0.25 * i), compiled(images, 0.25 * i))
             counts.append(_threads())
-    assert counts[-1] == counts[6], counts  # 2 entries + 4 regions, then nothing more
+    assert max(counts[6:]) <= counts[5], counts  # 2 entries + 4 regions, then no more
     report = ndd_trace.report()
     assert len(report.regions) == 4
     (chain, reason, where), count = next(iter(report.eager_ops.items()))
