@@ -945,9 +945,6 @@ def has_empty_sample(value: Any) -> bool:
     return False
 
 
-_parked_pipelines = 0
-
-
 def park_failed_pipeline(pipe: Pipeline) -> None:
     """Set aside, for good, a pipeline whose run failed. An operator that fails part-way through
     a batch can leave work queued in DALI's (old) thread pool that never starts, and the
@@ -955,7 +952,6 @@ def park_failed_pipeline(pipe: Pipeline) -> None:
     where it is freed or at exit, in DALI's own shutdown hook (a hand-written @pipeline_def
     too). It is shut down (its executor's threads stop), taken off that hook's list, and its
     backend object is never freed (its pool's few idle threads and memory stay)."""
-    global _parked_pipelines
     held = pipe._pipe
     if held is None:
         return
@@ -966,12 +962,13 @@ def park_failed_pipeline(pipe: Pipeline) -> None:
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))  # not freed by the interpreter's exit
     pipe._pipe = None
     Pipeline._pipes.discard(weakref.ref(pipe))
-    _parked_pipelines += 1
 
 
-def parked_pipelines() -> int:
-    """How many failed pipelines `park_failed_pipeline` set aside in this process."""
-    return _parked_pipelines
+def frees_after_failure(schema: str | None) -> bool:
+    """Whether a pipeline whose run failed in this operator can be freed: a decoder fails (a
+    corrupt file) in the codec's own threads, leaving DALI's thread pool idle; any other op may
+    leave work queued there (park_failed_pipeline)."""
+    return schema is not None and "decoders__" in schema
 
 
 ExternalSource = ndd.ExternalSource

@@ -475,7 +475,7 @@ class Executable:
         try:
             oldest.outputs = _dali.pipeline_outputs(self.pipeline)
         except Exception as error:
-            self._park()  # a failed pipeline is rebuilt on the next call
+            self._park(error)  # a failed pipeline is rebuilt on the next call
             eager = oldest.replay() if oldest.replay is not None else None
             wrapped = self._pipeline_error(error, "running", eager)
             try:
@@ -486,10 +486,12 @@ class Executable:
                 other.error = oldest.error
             self._pending.clear()
 
-    def _park(self) -> None:
-        """Drop the pipeline after a failed run, set aside for good (freeing it can hang the
-        process: _dali.park_failed_pipeline)."""
-        if self.pipeline is not None and self.keeps_failed_pipelines:
+    def _park(self, error: BaseException) -> None:
+        """Drop the pipeline after a failed run, set aside for good where freeing it can hang
+        the process (_dali.park_failed_pipeline)."""
+        node = self._node_for_error(error)
+        if self.pipeline is not None and self.keeps_failed_pipelines and not (
+                node is not None and _dali.frees_after_failure(node.schema)):
             _dali.park_failed_pipeline(self.pipeline)
             self.failed_pipelines += 1
         self.pipeline = None
