@@ -19,9 +19,11 @@ and the key format of `Operator._get`.
 from __future__ import annotations
 
 import base64
+import ctypes
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -962,6 +964,57 @@ def pipeline_outputs(pipe: Pipeline) -> tuple:
     return tuple(pipe._pipe.Outputs(None))
 
 
+# Operators that kill the process (SIGSEGV) on samples with a zero-size dimension (1x0) whose
+# data pointer is null, as DALI allocates them (a pipeline's copy of fed data has one; eager ndd
+# given the user's numpy data does not): DALI 2.4's separable convolutions. A sweep of the
+# common CPU image ops in a pipeline (blurs, resize, rotate, warps, crops, color ops, normalize,
+# pad, slice, transpose, paste, erase, reductions, ...) on 1x0, 0x2 and 2x2x0 samples found
+# only these.
+_EMPTY_SAMPLE_UNSAFE = frozenset(("GaussianBlur", "Laplacian"))
+
+
+def crashes_on_empty_samples(schema: str | None) -> bool:
+    """Whether a pipeline running this operator crashes on a sample with no elements."""
+    return schema in _EMPTY_SAMPLE_UNSAFE
+
+
+def has_empty_sample(value: Any) -> bool:
+    """Whether a Batch, Tensor or TensorList holds a sample with no elements."""
+    if isinstance(value, (Batch, Tensor)):
+        value = value.evaluate()._storage
+    if isinstance(value, (backend.TensorCPU, backend.TensorGPU)):
+        return 0 in value.shape()
+    if isinstance(value, (backend.TensorListCPU, backend.TensorListGPU)):
+        return any(0 in shape for shape in value.shape())
+    return False
+
+
+def park_failed_pipeline(pipe: Pipeline) -> None:
+    """Set aside, for good, a pipeline whose run failed. An operator that fails part-way through
+    a batch can leave work queued in DALI's (old) thread pool that never starts, and the
+    pool's destructor then waits for it forever: freeing such a pipeline hangs the process,
+    where it is freed or at exit, in DALI's own shutdown hook (a hand-written @pipeline_def
+    too). It is shut down (its executor's threads stop), taken off that hook's list, and its
+    backend object is never freed (its pool's few idle threads and memory stay)."""
+    held = pipe._pipe
+    if held is None:
+        return
+    try:
+        held.Shutdown()
+    except Exception:  # noqa: BLE001 (a failed pipeline may refuse; it is set aside anyway)
+        pass
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))  # not freed by the interpreter's exit
+    pipe._pipe = None
+    Pipeline._pipes.discard(weakref.ref(pipe))
+
+
+def frees_after_failure(schema: str | None) -> bool:
+    """Whether a pipeline whose run failed in this operator can be freed: a decoder fails (a
+    corrupt file) in the codec's own threads, leaving DALI's thread pool idle; any other op may
+    leave work queued there (park_failed_pipeline)."""
+    return schema is not None and "decoders__" in schema
+
+
 ExternalSource = ndd.ExternalSource
 
 
@@ -974,6 +1027,17 @@ def external_source_pull(source: Any, batch_size: int) -> tuple:
 
 def default_rng() -> RNG:
     return ndd_random.get_default_rng()
+
+
+def existing_default_rng() -> RNG | None:
+    """This thread's default generator if ndd has made it yet, else None (making one draws its
+    seed from Python's `random`: eager ndd does that at its first random op, not before)."""
+    return getattr(ndd_random._thread_local, "default_rng", None)
+
+
+def forget_default_rng() -> None:
+    """Drop this thread's default generator: the next random op makes a new one, as ndd does."""
+    vars(ndd_random._thread_local).pop("default_rng", None)
 
 
 def resolve_rng(rng: Any) -> RNG:
@@ -1034,10 +1098,14 @@ def snapshot(value: Any) -> Any:
     """A private copy of a concrete Batch/Tensor's data: eager ndd reads its inputs at the call,
     so a caller that mutates (or reuses) its buffers afterwards must not change the result."""
     storage = value.evaluate()._storage
-    if isinstance(storage, backend.TensorListCPU):
-        return Batch(storage._make_copy())  # DALI-owned memory (numpy copies would not be kept
-    if isinstance(storage, backend.TensorCPU):  # alive by a TensorList that wraps them)
-        return Tensor(storage._make_copy())
+    if isinstance(storage, (backend.TensorListCPU, backend.TensorCPU)):
+        # DALI-owned memory (numpy copies would not be kept alive by a TensorList that wraps
+        # them). Data of no bytes at all has nothing to copy: its copy's null data pointer
+        # crashes ops (GaussianBlur on 1x0 samples) that eager, given the original, runs.
+        copy = storage._make_copy()
+        if not copy.data_ptr():
+            return value
+        return Batch(copy) if isinstance(storage, backend.TensorListCPU) else Tensor(copy)
     with _interceptor.suspended():
         return ndd.copy(value).evaluate()  # GPU data: a device copy, made now
 

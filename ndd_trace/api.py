@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import random
 import textwrap
 import threading
 import warnings
@@ -473,7 +474,11 @@ class CompiledFunction:
         tracer = Tracer(self.__name__, device_id)
         batch_size, consistent = self._batch_size_of(args, kwargs)
         tracer.batch_size = batch_size or 1
-        rngs: list[Any] = [_dali.default_rng()]
+        # the default generator only if ndd has made it: making it here would draw its seed
+        # from Python's `random` where eager does not (yet); one the trace makes is undone
+        default = _dali.existing_default_rng()
+        rngs: list[Any] = [default] if default is not None else []
+        python_random = random.getstate() if default is None else None
 
         def visit(path: tuple, value: Any) -> Any:
             if isinstance(value, _dali.RNG):
@@ -499,11 +504,11 @@ class CompiledFunction:
             if swallowed:  # a bare `except:` in user code caught a graph break: still a break
                 raise swallowed[0]
         except _GraphBreak as graph_break:
-            self._restore(before)
+            self._restore(before, python_random)
             record = GraphBreakRecord(graph_break.reason, graph_break.loc)
             return self._break_entry(entry, record)
         except BaseException as error:
-            self._restore(before)
+            self._restore(before, python_random)
             self._failure_note = tracer.failure_note
             self._trace_exception = error
             if raise_errors:
@@ -511,8 +516,9 @@ class CompiledFunction:
             return None
         finally:
             _GraphBreak.raised.breaks = None
-        if any(_dali.rng_snapshot(rng) != snapshot for rng, snapshot in before):
-            self._restore(before)
+        if any(_dali.rng_snapshot(rng) != snapshot for rng, snapshot in before) or (
+                python_random is not None and _dali.existing_default_rng() is not None):
+            self._restore(before, python_random)
             record = GraphBreakRecord(
                 "draws from or reseeds an RNG in Python (RNG(), set_seed, .state=); do that "
                 "outside the compiled function", self._definition_loc())
@@ -551,10 +557,14 @@ class CompiledFunction:
         return "_".join([base, *(str(p) for p in path[2:])])
 
     @staticmethod
-    def _restore(before: list) -> None:
+    def _restore(before: list, python_random: Any = None) -> None:
         for rng, snapshot in before:
             if _dali.rng_snapshot(rng) != snapshot:
                 _dali.rng_restore(rng, snapshot)
+        if python_random is not None and _dali.existing_default_rng() is not None:
+            # made during the trace, it drew its seed from Python's `random`: both as before
+            _dali.forget_default_rng()
+            random.setstate(python_random)
 
     def _break_entry(self, entry: Entry, record: GraphBreakRecord, path: str = "") -> Entry:
         entry.breaks.append(record)
@@ -628,9 +638,26 @@ class CompiledFunction:
             logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
             return self._function(*args, **kwargs)
         executable = entry.executable
+        if executable.empty_sample_unsafe and executable.feeds_empty_sample(bound):
+            reason = executable.empty_sample_reason
+            self._warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
+                            f"{reason}", user_location())
+            self._counters.fallbacks += 1
+            logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
+            return self._function(*args, **kwargs)
         try:
             run = readahead.run_call(executable, entry.key, bound, batch_size)
         except Exception as error:
+            retired = executable.retired
+            if retired is not None:
+                # its failed pipelines cannot be freed: it stops making new ones
+                entry.eager_reason = retired
+                self._warn(f"ndd_trace: `{self.__qualname__}` is no longer compiled whole: "
+                           f"{retired}. It {self._fallback_text()}.", user_location())
+                self._counters.fallbacks += 1
+                logs.fallbacks.info("`%s`: not compiled whole from now on: %s",
+                                    self.__qualname__, retired)
+                return self._fallback(args, kwargs)
             if executable.builds == 0:
                 # The pipeline could not be built: this variant runs eagerly from now on.
                 entry.eager_reason = f"pipeline build failed: {error}"

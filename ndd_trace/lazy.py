@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,7 +35,17 @@ from .lower import lower
 from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
 from .runtime import Executable, LazyResult, Options
 from .source import SourceLoc, user_frame, user_location
-from .trace import TracedBatch, TracedTensor, Tracer, _is_concrete_data, inference_metas
+from .trace import (BATCH_ABSENT, TracedBatch, TracedTensor, Tracer, _is_concrete_data,
+                    inference_metas)
+
+# Region pipelines held at once (each has a few OS threads): past it, the least recently run
+# one's pipeline is freed (built again if it runs again).
+MAX_LIVE_REGIONS = 64
+# Regions made at one line before new ones there run eagerly: a value that changes every call
+# (a float argument) would otherwise build a pipeline per value.
+MAX_SITE_REGIONS = 32
+_SITE_FULL = (f"a new region each time at this line (its arguments keep changing): past "
+              f"{MAX_SITE_REGIONS} regions there, new ones run eagerly")
 
 
 @dataclasses.dataclass
@@ -53,6 +63,7 @@ class Region:
     record_s: float = 0.0
     eager_reason: str | None = None
     ahead: int = 0  # runs served by a run launched ahead on batches read ahead
+    releases: int = 0  # times its pipeline was freed as the least recently run (rebuilt on use)
     # the region's identity for the speculator's tables (hashing `key` again costs more)
     token: object = dataclasses.field(default_factory=object, compare=False, repr=False)
 
@@ -82,6 +93,7 @@ class Report:
     ops_recorded: int
     readers: Counter  # (reader, file:line) -> epochs read through a reader pipeline
     ops_replayed: int = 0  # of ops_recorded: made from their call site's last call
+    releases: int = 0  # region pipelines freed as the least recently run (MAX_LIVE_REGIONS)
 
     def as_dict(self) -> dict:
         splits = _splits(self.regions)
@@ -89,12 +101,13 @@ class Report:
             "ops_recorded": self.ops_recorded,
             "ops_replayed": self.ops_replayed,
             "ops_eager": sum(self.eager_ops.values()),
+            "pipelines_released": self.releases,
             "regions": [
                 {"location": str(r.loc) if r.loc else None, "ops": r.num_ops, "runs": r.runs,
                  "cache_hits": r.hits, "run_ahead": r.ahead,
                  "builds": 1 if r.executable is not None else 0,
                  "build_s": round(r.build_s, 4), "record_s": round(r.record_s, 4),
-                 "eager_reason": r.eager_reason, "op_chain": r.op_chain,
+                 "eager_reason": r.eager_reason, "releases": r.releases, "op_chain": r.op_chain,
                  "inputs": r.input_kinds, "split_by": splits.get(id(r))}
                 for r in self.regions
             ],
@@ -113,11 +126,15 @@ class Report:
                  f"  ndd calls recorded: {self.ops_recorded} "
                  f"({self.ops_replayed} from their call site's last call), "
                  f"run eagerly: {sum(self.eager_ops.values())}",
-                 f"  compiled regions: {len(self.regions)}"]
+                 f"  compiled regions: {len(self.regions)}"
+                 + (f" (pipelines freed as the least recently run: {self.releases}; at most "
+                    f"{MAX_LIVE_REGIONS} held, rebuilt when run again)" if self.releases else "")]
         splits = _splits(self.regions)
         for r in sorted(self.regions, key=lambda r: -r.runs):
             where = r.loc.short if r.loc else "?"
             status = f"eager ({r.eager_reason})" if r.eager_reason else "pipeline"
+            if r.releases:
+                status += f" (freed {r.releases}x as the least recently run)"
             lines.append(f"    {where:<28} {r.num_ops:3d} ops  runs {r.runs:6d}  "
                          f"cache hits {r.hits:6d}  run ahead {r.ahead:6d}  "
                          f"build {r.build_s * 1000:7.1f} ms  record {r.record_s * 1000:7.1f} ms  "
@@ -154,7 +171,11 @@ def _splits(regions: list[Region]) -> dict[int, str]:
             parts = region.parts
             at = next((i for i, (a, b) in enumerate(zip(first, parts)) if a != b),
                       min(len(first), len(parts)))
-            if len(first) == len(parts) == at:
+            if region.key == group[0].key:
+                splits[id(region)] = ("the batch size (a random op without batch_size draws one "
+                                      "value: a pipeline of batches of more than one sample would "
+                                      "draw one per sample)")
+            elif len(first) == len(parts) == at:
                 splits[id(region)] = (
                     "the values still held when it ran (its outputs)"
                     if region.key[-1] != group[0].key[-1] else "implicit copies or casts")
@@ -229,6 +250,10 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.regions: dict[tuple, Region] = {}
+        # regions holding a built pipeline (or about to), least recently run first
+        self.live: OrderedDict[object, Region] = OrderedDict()
+        self.site_regions: Counter = Counter()  # file:line -> regions made there
+        self.releases = 0
         self.eager_ops: Counter = Counter()
         self.readers: Counter = Counter()
         self.ops_recorded = 0
@@ -366,6 +391,9 @@ class _LazyHandle(LazyResult):
 
 class LazyBatch(_LazyMixin, TracedBatch):
     """A lazy ndd.Batch of transparent mode; consumed, it runs its pending region."""
+
+    # (over _LazyMixin's, which are the tensors')
+    locals().update({name: getattr(TracedBatch, name) for name in BATCH_ABSENT})
 
     def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
         self._init_traced(tracer, ref, meta)
@@ -783,23 +811,34 @@ class LazyTracer(Tracer):
         region_ops = self._pending_cone(target)
         view = _region_view(region_ops, target, clone=False)
         key = view.key
-        batch_sizes = {int(n.batch_size) for n in region_ops if n.is_batch}
+        batch_sizes = set()
+        one_value_random = False
+        for n in region_ops:
+            if n.is_batch:
+                batch_sizes.add(int(n.batch_size))
+            elif "_random_state" in n.arg_inputs:
+                one_value_random = True
         batch_size = max(batch_sizes) if batch_sizes else 1
+        # a random op in sample mode draws one value; in a batch pipeline, one per sample: with
+        # batches of more than one sample, the region is one of its own (run eagerly)
+        lookup = (key, "batches") if one_value_random and batch_size > 1 else key
         record_s = time.perf_counter() - started
         with _state.lock:
-            region = _state.regions.get(key)
+            region = _state.regions.get(lookup)
             if region is None:
-                # a random op in sample mode draws one value; in a batch pipeline, one per sample
-                unpipelinable = len(batch_sizes) > 1 or (batch_size > 1 and any(
-                    not n.is_batch and "_random_state" in n.arg_inputs for n in region_ops))
-                region = self._new_region(key, region_ops, target, unpipelinable)
-                _state.regions[key] = region
-                logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
-                                      region.op_chain, region.eager_reason or "pipeline")
+                mixed = len(batch_sizes) > 1 or lookup is not key
+                region = self._new_region(key, region_ops, target, mixed,
+                                          mixed or self._site_has_room(region_ops))
+                if region.eager_reason is None or mixed:
+                    _state.regions[lookup] = region
+                    logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
+                                          region.op_chain, region.eager_reason or "pipeline")
             else:
                 region.hits += 1
             region.runs += 1
             region.record_s += record_s
+            if region.executable is not None:
+                self._note_live(region)
         times = _state.times
         checked = time.perf_counter()
         times["key"] += checked - started
@@ -813,7 +852,8 @@ class LazyTracer(Tracer):
             outputs = list(ahead)
             with _state.lock:
                 region.ahead += 1
-        elif region.executable is None:
+        elif region.executable is None or (region.executable.empty_sample_unsafe and
+                                           self._empty_sample_call(region, view.leaves)):
             view = _region_view(region_ops, target, clone=True)
             values = interpret(view.graph, {id(leaf): _leaf_value(leaf) for leaf in view.leaves})
             outputs = [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
@@ -832,12 +872,13 @@ class LazyTracer(Tracer):
                 outputs = list(run.result())
                 times["fetch"] += time.perf_counter() - waited
             except Exception:
-                if region.executable.builds:
+                retired = region.executable.retired  # (its failed pipelines cannot be freed)
+                if region.executable.builds and retired is None:
                     raise
                 region.executable = None  # the pipeline cannot be built: interpret from now on
-                region.eager_reason = "pipeline build failed"
-                logs.fallbacks.info("region at %s: pipeline build failed, interpreted eagerly",
-                                    region.loc or "?")
+                region.eager_reason = retired or "pipeline build failed"
+                logs.fallbacks.info("region at %s: %s, interpreted eagerly", region.loc or "?",
+                                    region.eager_reason)
                 return self._run_region(target)
         logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
                                "run ahead" if ahead is not None else f"run {region.runs}")
@@ -852,14 +893,59 @@ class LazyTracer(Tracer):
             if all(r is not None for r in original.results):
                 _settle_proxies(original)
 
+    @staticmethod
+    def _empty_sample_call(region: Region, leaves: list[Node]) -> bool:
+        """Whether this run feeds a sample with no elements to an op that crashes a pipeline on
+        one: it runs eagerly (interpreted), counted with the reason."""
+        executable = region.executable
+        if not executable.feeds_empty_sample(leaves=leaves):
+            return False
+        site = str(region.loc) if region.loc else "?"
+        with _state.lock:
+            _state.eager_ops[(region.op_chain, executable.empty_sample_reason, site)] += 1
+        logs.fallbacks.debug("region at %s runs eagerly: %s", site,
+                             executable.empty_sample_reason)
+        return True
+
+    @staticmethod
+    def _site_has_room(region_ops: list[Node]) -> bool:
+        """Whether a new pipelined region may be made at its line (MAX_SITE_REGIONS); if not,
+        this call runs eagerly (interpreted), counted with the reason."""
+        loc = region_ops[0].loc
+        site = str(loc) if loc else "?"
+        if _state.site_regions[site] < MAX_SITE_REGIONS:
+            _state.site_regions[site] += 1
+            return True
+        chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
+        _state.eager_ops[(chain, _SITE_FULL, site)] += 1
+        logs.fallbacks.debug("region at %s: %s", site, _SITE_FULL)
+        return False
+
+    @staticmethod
+    def _note_live(region: Region) -> None:
+        """`region` runs now: the most recently run; past MAX_LIVE_REGIONS pipelines, the least
+        recently run one's is freed (its threads go; it is built again if it runs again)."""
+        live = _state.live
+        live[region.token] = region
+        live.move_to_end(region.token)
+        if len(live) > MAX_LIVE_REGIONS:
+            _, oldest = live.popitem(last=False)
+            if oldest.executable is not None and oldest.executable.release():
+                oldest.releases += 1
+                _state.releases += 1
+                logs.transparent.info("region at %s: pipeline freed (the least recently run of "
+                                      "%d)", oldest.loc or "?", MAX_LIVE_REGIONS)
+
     def _new_region(self, key: tuple, region_ops: list[Node], target: Node,
-                    mixed_batch_sizes: bool) -> Region:
+                    mixed_batch_sizes: bool, site_has_room: bool = True) -> Region:
         loc = region_ops[0].loc if region_ops else None
         started = time.perf_counter()
         if mixed_batch_sizes:
             return Region(key, loc, len(region_ops), None, "",
                           eager_reason="batches of different sizes, or a one-value random op "
                                        "among batches, in one region")
+        if not site_has_room:
+            return Region(key, loc, len(region_ops), None, "", eager_reason=_SITE_FULL)
         graph = _region_view(region_ops, target, clone=True).graph
         lowered = lower(graph)
         executable = Executable(graph, lowered, [], self.options, {})
@@ -1066,7 +1152,8 @@ def report() -> Report:
     """What transparent mode compiled and ran eagerly so far (all threads)."""
     with _state.lock:
         return Report(list(_state.regions.values()), Counter(_state.eager_ops),
-                      _state.ops_recorded, Counter(_state.readers), _state.ops_replayed)
+                      _state.ops_recorded, Counter(_state.readers), _state.ops_replayed,
+                      _state.releases)
 
 
 def step_breakdown() -> dict[str, float]:
@@ -1084,6 +1171,9 @@ def reset_report() -> None:
     with _state.lock:
         _state.times = dict.fromkeys(_state.times, 0.0)
         _state.regions.clear()
+        _state.live.clear()
+        _state.site_regions.clear()
+        _state.releases = 0
         _state.eager_ops.clear()
         _state.readers.clear()
         _state.ops_recorded = 0

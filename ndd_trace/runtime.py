@@ -29,6 +29,8 @@ from .source import SourceLoc, raise_at
 
 
 _FROM_ARGUMENT, _DRAWN_PER_CALL, _OTHER = "argument", "drawn per call", "other"
+# failed pipelines an Executable may leave set aside before its calls run eagerly instead
+MAX_FAILED_PIPELINES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +190,12 @@ class Executable:
         self.before_build = before_build
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
+        self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
+        # an op that crashes the process in a pipeline on a sample with no elements: each
+        # call's data is checked for one (feeds_empty_sample), and such calls run eagerly
+        self.empty_sample_unsafe = any(
+            node.kind is NodeKind.OP and _dali.crashes_on_empty_samples(node.schema)
+            for node in graph.nodes)
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -269,6 +277,11 @@ class Executable:
         if self.pipeline is None or batch_size > self.max_batch_size:
             self._drain()
             self._build(max(batch_size, self.max_batch_size))
+        elif batch_size != self.max_batch_size and not self._names:
+            # nothing is fed (`ndd.zeros(batch_size=x.batch_size)`): the pipeline runs its
+            # maximum batch size, so it is built for this one
+            self._drain()
+            self._build(batch_size)
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -339,6 +352,26 @@ class Executable:
             data.append(self._data_for(node, bound, states, batch_size))
         return data
 
+    def feeds_empty_sample(self, bound: dict | None = None, leaves: list | None = None) -> bool:
+        """Whether a call with these arguments (or a region with these fed leaves) would feed
+        a sample with no elements to a pipeline that crashes on one (empty_sample_unsafe)."""
+        if not self.empty_sample_unsafe:
+            return False
+        if leaves is not None:
+            return any(leaf.kind is NodeKind.CONSTANT and _dali.has_empty_sample(leaf.payload)
+                       for leaf in leaves)
+        return any(kind is _FROM_ARGUMENT and _dali.has_empty_sample(bound[where])
+                   for kind, where, _ in self._sources)
+
+    @property
+    def empty_sample_reason(self) -> str:
+        """Why a call that feeds a sample with no elements runs eagerly, naming the op."""
+        node = next(node for node in self.graph.nodes if node.kind is NodeKind.OP
+                    and _dali.crashes_on_empty_samples(node.schema))
+        return (f"a sample with no elements (a zero-size dimension) is fed to ndd.{node.name} "
+                f"(called at {node.loc or '?'}), which crashes a DALI pipeline on one; eager ndd "
+                "runs it")
+
     def output_device(self, index: int) -> Any:
         """The ndd Device of output `index` (one object per entry, made once)."""
         device = self._devices.get(index)
@@ -388,6 +421,8 @@ class Executable:
             # pipeline, which is then rebuilt for this run
             self._drain()
             try:
+                if self.pipeline is None and self.retired is not None:
+                    raise RuntimeError(f"ndd_trace: not rebuilt: {self.retired}")
                 self.ensure_built(batch_size)
             except Exception as error:
                 self.pipeline = None
@@ -412,7 +447,9 @@ class Executable:
         built for this batch, its queue is full, or it refuses the data."""
         with self._lock:
             if self.pipeline is None or batch_size > self.max_batch_size or \
-                    len(self._pending) >= self.options.prefetch_queue_depth:
+                    len(self._pending) >= self.options.prefetch_queue_depth or \
+                    (batch_size != self.max_batch_size and not self._names) or \
+                    (self.empty_sample_unsafe and any(map(_dali.has_empty_sample, data))):
                 return None
             try:
                 self._feed(data)
@@ -452,7 +489,7 @@ class Executable:
         try:
             oldest.outputs = _dali.pipeline_outputs(self.pipeline)
         except Exception as error:
-            self.pipeline = None  # a failed pipeline is rebuilt on the next call
+            self._park(error)  # a failed pipeline is rebuilt on the next call
             eager = oldest.replay() if oldest.replay is not None else None
             wrapped = self._pipeline_error(error, "running", eager)
             try:
@@ -475,16 +512,44 @@ class Executable:
             self._feed(run.data)
             _dali.schedule_one(self.pipeline)
         except Exception as error:  # noqa: BLE001 (the run's error, raised where it is used)
-            self.pipeline = None
+            self._park(error)
             run.error = self._pipeline_error(error, "running")
             return
         self._pending.append(run)
         while run.outputs is None and run.error is None and self._pending:
             self._fetch_oldest()
 
+    def _park(self, error: BaseException) -> None:
+        """Drop the pipeline after a failed run, set aside for good where freeing it can hang
+        the process (_dali.park_failed_pipeline)."""
+        node = self._node_for_error(error)
+        if self.pipeline is not None and not (
+                node is not None and _dali.frees_after_failure(node.schema)):
+            _dali.park_failed_pipeline(self.pipeline)
+            self.failed_pipelines += 1
+        self.pipeline = None
+
+    @property
+    def retired(self) -> str | None:
+        """Why this variant no longer builds pipelines (then it runs eagerly), or None."""
+        if self.failed_pipelines < MAX_FAILED_PIPELINES:
+            return None
+        return (f"its pipeline failed {self.failed_pipelines} times; DALI cannot free a "
+                "pipeline that failed part-way through a batch (each one is kept until exit)")
+
     def _drain(self) -> None:
         while self._pending:
             self._fetch_oldest()
+
+    def release(self) -> bool:
+        """Free the pipeline once the runs in flight are done (built again if run again);
+        whether there was one."""
+        with self._lock:
+            self._drain()
+            had = self.pipeline is not None
+            self.pipeline = None
+            self._fed.clear()  # what DALI read in place: nothing reads it any more
+            return had
 
     def close(self) -> None:
         with self._lock:

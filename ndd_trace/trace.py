@@ -205,8 +205,26 @@ class _TracedMixin:
         return self.to_device(_dali.Device("gpu", index))
 
 
+def _absent(name: str) -> property:
+    """An attribute ndd.Batch does not have, absent from a batch proxy too (`hasattr` says
+    False): numpy, seeing no array protocol, leaves `np.float32(k) * batch` to Batch.__rmul__."""
+
+    def getter(self: Any) -> Any:
+        raise AttributeError(f"'Batch' object has no attribute '{name}'")
+
+    return property(getter)
+
+
+# what the proxies' shared mixins define for tensors and ndd.Batch lacks
+BATCH_ABSENT = tuple(name for name in ("__array__", "__dlpack__", "__dlpack_device__",
+                                       "__cuda_array_interface__", "item", "tolist")
+                     if not hasattr(_dali.Batch, name))
+
+
 class TracedBatch(_TracedMixin, _dali.Batch):
     """A symbolic ndd.Batch recorded by the tracer."""
+
+    locals().update({name: _absent(name) for name in BATCH_ABSENT})
 
     def __init__(self, tracer: Tracer, ref: Ref, meta: TensorMeta):
         self._init_traced(tracer, ref, meta)
@@ -544,6 +562,12 @@ class Tracer:
                 return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
             if isinstance(value, SymbolicBatchSize):
                 return ("batch_size",)
+            if isinstance(value, np.ndarray) and value.dtype == object and \
+                    any(_is_traced(item) for item in value.flat):
+                # numpy wraps a Batch it cannot convert (`np.asarray(batch)`), as eagerly: the
+                # wrapped values are the call's results, which a pipeline cannot hand back so
+                raise _break("converts a traced value to numpy inside the function (an object "
+                             "array holding it is returned)")
             return None  # concrete data and Python values come back as they are
 
         self.output_tree = trees.flatten(result, leaf)

@@ -102,6 +102,8 @@ def assert_same(eager, compiled):
         assert eager.batch_size == compiled.batch_size
         assert eager.dtype == compiled.dtype
         assert eager.layout == compiled.layout
+        # the shapes of the data held (iteration and `batch_size` stop at the declared size)
+        assert eager.shape == compiled.shape, (eager.shape, compiled.shape)
         for a, b in zip(to_numpy(eager), to_numpy(compiled)):
             assert a.dtype == b.dtype and a.shape == b.shape
             np.testing.assert_array_equal(a, b)
