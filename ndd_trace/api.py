@@ -233,7 +233,7 @@ class CompiledFunction:
                 self._counters.hits += 1
                 self._last_key = entry.key
         else:
-            key = self._key(args, kwargs)
+            key = self._guard_key(args, kwargs)
             entry, status = self._lookup(key, args, kwargs)
             if status == "storm":
                 return self._fallback(args, kwargs)
@@ -417,7 +417,7 @@ class CompiledFunction:
         code = self._function.__code__
         return SourceLoc(code.co_filename, code.co_firstlineno, code.co_name)
 
-    def _key(self, args: tuple, kwargs: dict) -> tuple:
+    def _guard_key(self, args: tuple, kwargs: dict) -> tuple:
         sizes = None
         if self._specialize_batch_size:
             sizes = self._batch_size_of(args, kwargs)[0]
@@ -469,7 +469,7 @@ class CompiledFunction:
         """Trace one call into a cache entry (not stored). Draws nothing from any RNG."""
         # Re-plan: the helpers the function calls may have changed since the last trace.
         self._plan = guards.plan_for(self._function)
-        key = self._key(args, kwargs)
+        key = self._guard_key(args, kwargs)
         device_id = self._options().device_id
         tracer = Tracer(self.__name__, device_id)
         batch_size, consistent = self._batch_size_of(args, kwargs)
@@ -542,7 +542,7 @@ class CompiledFunction:
         if tracer.specialized_on_batch_size is not None and not self._specialize_batch_size:
             self._specialize_batch_size = True
             self._fast = None  # keys hold the batch size from now on
-            entry.key = self._key(args, kwargs)
+            entry.key = self._guard_key(args, kwargs)
         entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
         return self._finish(entry, tracer)
 
@@ -801,7 +801,7 @@ class Explanation:
 def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `function` for these arguments (running nothing) and report what would happen."""
     if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
-        guard_lines = guards.describe(function._key(args))
+        guard_lines = guards.describe(function._guard_key(args))
         return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
                            [], None, CacheInfo(0, 0, 0, 0, len(function._variants)), 0,
                            function.last_miss_reason)
@@ -817,7 +817,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         raise
     finally:
         counters.hits, counters.misses, counters.traces, counters.fallbacks = saved
-    key = compiled._key(args, kwargs)
+    key = compiled._guard_key(args, kwargs)
     guard_lines = guards.describe(key)
     if entry is None:
         _, error = compiled._take_failure()

@@ -840,7 +840,7 @@ class PerSampleFunction:
             else self._device_id
         return _dali.pipeline_options(batch_size, num_threads, device_id, 1)
 
-    def _key(self, args: tuple) -> tuple:
+    def _guard_key(self, args: tuple) -> tuple:
         return guards.build_key(args, {}, self._plan, names=self._names, baked=True)
 
     def _batch_size(self, args: tuple) -> int:
@@ -932,7 +932,7 @@ class PerSampleFunction:
             if variant.eager_reason is not None or batch_size <= variant.max_batch_size:
                 self._last_key = variant.key
                 return variant
-        key = self._key(args)
+        key = self._guard_key(args)
         variant = self._variants.get(key)
         if variant is None:
             self.last_miss_reason = guards.explain_miss(key, self._last_key)
@@ -940,7 +940,7 @@ class PerSampleFunction:
                 "`%s`: cache miss (%d of cache_limit %d variants held): %s", self.__qualname__,
                 len(self._variants), self.cache_limit, self.last_miss_reason)
             self._plan = guards.plan_for(self._function)  # its helpers may have changed
-            key = self._key(args)
+            key = self._guard_key(args)
             variant = self._variants.get(key)
             if variant is None and len(self._variants) >= self.cache_limit:
                 self._last_key = key

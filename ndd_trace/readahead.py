@@ -746,7 +746,7 @@ def run_call(executable: Executable, key: tuple, bound: dict,
     states: dict[int, Any] = {}
     drawn: dict[int, tuple] = {}
     for slot, node in executable.draws:  # in eager call order, from the caller's generators
-        rng = executable._resolve_rng(slot, bound)
+        rng = executable.rng_for(slot, bound)
         position = _dali.rng_position(rng)
         words = states[id(node)] = _dali.draw_state(rng)
         drawn[id(node)] = ("state", words, rng, position)

@@ -285,7 +285,7 @@ class Executable:
 
     # -- feeding -------------------------------------------------------------------------------
 
-    def _resolve_rng(self, slot: tuple, bound: dict) -> Any:
+    def rng_for(self, slot: tuple, bound: dict) -> Any:
         kind = slot[0]
         if kind == "default":
             return _dali.default_rng()
@@ -333,7 +333,7 @@ class Executable:
         """Draw every random op's state, in eager call order, from the caller's generators."""
         states: dict[int, Any] = {}
         for slot, node in self.draws:
-            states[id(node)] = _dali.draw_state(self._resolve_rng(slot, bound))
+            states[id(node)] = _dali.draw_state(self.rng_for(slot, bound))
         return states
 
     def call_data(self, bound: dict, states: dict[int, Any], batch_size: int) -> list:
