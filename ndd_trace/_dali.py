@@ -41,6 +41,7 @@ from nvidia.dali.experimental.dynamic import random as ndd_random
 from nvidia.dali.pipeline import Pipeline
 
 from .ir import TensorMeta, float_key, freeze
+from .source import hide_own_frames
 
 DALI_VERSION = dali.__version__
 Batch = ndd.Batch
@@ -156,7 +157,11 @@ class _Interceptor:
             handler = getattr(local, "handler", None)
             if handler is None or capture_running():
                 return original(*inputs, **kwargs)
-            return handler(op_class, original, inputs, kwargs)
+            try:
+                return handler(op_class, original, inputs, kwargs)
+            except Exception as error:  # the eager call's error, with the eager traceback
+                hide_own_frames(error)
+                raise
 
         hook._ndd_trace_original = original  # type: ignore[attr-defined]
         return _plumbing(hook)
@@ -187,7 +192,11 @@ class _Interceptor:
                 replacement = on_reader(obj, *args, _ndd_trace_kind=kind, **kwargs)
                 if replacement is not None:
                     return replacement
-            return original(obj, *args, **kwargs)
+            try:
+                return original(obj, *args, **kwargs)
+            except Exception as error:  # as without the hook (below an op hook: done there)
+                hide_own_frames(error)
+                raise
 
         method._ndd_trace_original = original  # type: ignore[attr-defined]
         return _plumbing(method)

@@ -558,6 +558,7 @@ class LazyTracer(Tracer):
         frame = user_frame(sys._getframe(1))
         site_key = (op_class, frame.f_code, frame.f_lasti) if frame is not None else None
         site = self._sites.get(site_key) if site_key is not None else None
+        reason = None
         try:
             result = self._replay(site, op_class, inputs, kwargs) if site is not None else None
             replayed = result is not None
@@ -569,10 +570,11 @@ class LazyTracer(Tracer):
                 if site_key is not None:
                     self._remember_site(site_key, result, inputs, kwargs, instance)
         except _GraphBreak as graph_break:
-            return self._eager(original, inputs, kwargs, name, graph_break.reason)
+            reason = graph_break.reason
         except Exception as error:  # DALI rejects the call: eager raises its own error
-            return self._eager(original, inputs, kwargs, name,
-                               f"could not be recorded ({type(error).__name__})")
+            reason = f"could not be recorded ({type(error).__name__})"
+        if reason is not None:  # run outside the handler: eager's error has no internal context
+            return self._eager(original, inputs, kwargs, name, reason)
         state = _first_output(result)._ref.node.arg_inputs.get("_random_state")
         if state is not None:  # draw now, in call order, exactly as the eager call would
             _, rng = state.node.payload

@@ -8,9 +8,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import traceback
 
 import pytest
 from conftest import subprocess_env
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
 
 
 def _python(arguments: list[str], cwd, **env: str) -> subprocess.CompletedProcess:
@@ -111,3 +115,25 @@ def test_script_globals_and_sys_path_as_python_gives_them(tmp_path):
     assert plain.returncode == traced.returncode == 0, traced.stderr
     assert traced.stdout == plain.stdout
     assert str(folder) in plain.stdout
+
+
+# -- a call DALI rejects, in transparent mode ----------------------------------------------------
+
+def _rejected_call() -> tuple:
+    try:
+        ndd.resize(ndd.tensor([[1]]), size=[-5, 2])  # a 2-D input: no layout resize takes
+    except Exception as error:  # noqa: BLE001 (compared with the other mode's)
+        frames = [(os.path.basename(frame.filename).split("-")[0], frame.name, frame.lineno)
+                  for frame in traceback.extract_tb(error.__traceback__)]
+        return type(error), str(error), error.__context__, error.__cause__, frames
+    return ("no error",)
+
+
+def test_rejected_call_raises_as_eagerly_without_internal_context():
+    """The same exception, text and traceback (the eager call's frames only), and no internal
+    exception chained as its context."""
+    eager = _rejected_call()
+    with ndd_trace.enabled():
+        transparent = _rejected_call()
+    assert eager[0] is ValueError and eager[2] is None
+    assert transparent == eager
