@@ -860,7 +860,7 @@ class LazyTracer(Tracer):
                 builds = region.executable.builds
                 run_s = region.executable.run_s
                 started = time.perf_counter()
-                run = region.executable.run_leaves(view.leaves, batch_size)
+                run = region.executable.run_leaves(view.leaves, batch_size, region_ops)
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
                 waited = time.perf_counter()

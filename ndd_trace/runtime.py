@@ -81,6 +81,9 @@ class _PendingRun:
         self.failed: Node | None = None  # the op whose failure `error` is, where DALI names it
         self.deferred = _dali.eval_mode_is_deferred()  # the EvalMode eager's error text names
         self.as_is = False  # `error` raised as it is (a reader's: eager raises it at once)
+        # the recorded op calls the run stands for, in the graph's op order (a transparent-mode
+        # region's calls this time): its errors name their lines; None: the graph's own
+        self.calls: list[Node] | None = None
 
     def result(self) -> tuple:
         """The run's outputs; its error (the operator's own, as eager raises it at the call)
@@ -186,6 +189,7 @@ class Executable:
         self._sources = [self._source_kind(node) for node in lowered.external_sources]
         self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
         self._fed_as_they_are: list[tuple[Node, tuple]] | None = None  # see ops_run_at_call
+        self._op_positions: dict[int, int] | None = None  # id(op node) -> its position
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
 
@@ -225,13 +229,25 @@ class Executable:
                 leaves[id(node)] = bound[node.payload]
         return leaves
 
+    def _call_of(self, node: Node | None, calls: list[Node] | None) -> Node | None:
+        """The recorded call `node` (an op of the graph) stands for in a run of `calls`."""
+        if node is None or calls is None:
+            return node
+        if self._op_positions is None:
+            self._op_positions = {id(op): position for position, op in
+                                  enumerate(self.graph.nodes_of(NodeKind.OP))}
+        position = self._op_positions.get(id(node))
+        return calls[position] if position is not None and position < len(calls) else node
+
     def _pipeline_error(self, error: BaseException, stage: str,
-                        eager: BaseException | None = None) -> PipelineError:
+                        eager: BaseException | None = None,
+                        calls: list[Node] | None = None) -> PipelineError:
         """The operator's error as eager ndd raises it at the call: eager's type and text (from
         the eager re-run `eager`, else the operator's message in DALI's report, a RuntimeError),
-        its traceback at the user's line that created the op; what ndd_trace adds (the op, the
-        line, the pipeline) is a note. DALI's own report stays on it as `dali_error`."""
-        node = self._node_for_error(error)
+        its traceback at the user's line that made the call (of `calls`, where the run stands
+        for other calls than the graph's own); what ndd_trace adds (the op, the line, the
+        pipeline) is a note. DALI's own report stays on it as `dali_error`."""
+        node = self._call_of(self._node_for_error(error), calls)
         loc: SourceLoc | None = node.loc if node is not None else None
         failure = _dali.pipeline_failure(error)
         name = f"ndd.{node.name}" if node is not None else failure.ndd_name
@@ -440,10 +456,13 @@ class Executable:
                                                batch_size)
         return run
 
-    def run_leaves(self, leaves: list[Node], batch_size: int) -> _PendingRun:
-        """Run with the data of `leaves` (a structurally equal graph's leaves, in order)."""
+    def run_leaves(self, leaves: list[Node], batch_size: int,
+                   calls: list[Node] | None = None) -> _PendingRun:
+        """Run with the data of `leaves` (a structurally equal graph's leaves, in order), for
+        the op calls `calls` (in order; their lines are the ones errors name)."""
         run = self._start(batch_size,
                           lambda: [self.leaf_data(leaf, batch_size) for leaf in leaves])
+        run.calls = calls
 
         def replay() -> BaseException | None:
             values = self._leaves_of({}, {})
@@ -530,7 +549,7 @@ class Executable:
         except Exception as error:
             self.pipeline = None  # a failed pipeline is rebuilt on the next call
             eager = oldest.replay() if oldest.replay is not None else None
-            oldest.error = self._pipeline_error(error, "running", eager)
+            oldest.error = self._pipeline_error(error, "running", eager, oldest.calls)
             oldest.failed = self._node_for_error(error)
             oldest.as_is = _dali.pipeline_failure(error).from_reader
             for other in self._pending:
