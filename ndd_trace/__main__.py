@@ -49,11 +49,14 @@ def main(argv: list[str] | None = None) -> None:
 
     # `python -m ndd_trace` put the current directory first on sys.path, as `python -m mod`
     # does (kept for -m); `python script.py` puts the script's own directory there instead
+    # (runpy.run_path puts a directory or zip file's path there)
     sys.argv = [options.target, *options.args]
     script = not options.module and os.path.isfile(options.target)
     if not options.module and not sys.flags.safe_path:
-        where = os.path.realpath(options.target) if script else os.path.abspath(options.target)
-        sys.path[0:1] = [os.path.dirname(where) if script else where]
+        if sys.path and sys.path[0] in ("", os.getcwd()):
+            del sys.path[0]
+        if script:
+            sys.path.insert(0, os.path.dirname(os.path.realpath(options.target)))
     lazy.enable()
     launch.write_report_at_exit()  # NDD_TRACE_REPORT, if set
     try:

@@ -440,19 +440,20 @@ def _is_lazy(value: Any) -> bool:
 
 def _runs_at_call(node: Node, inputs: tuple, kwargs: dict) -> bool:
     """Whether eager ndd runs this recorded call at once: an input or tensor argument it reads
-    as it is wraps user data (DALI's `has_external_inputs`; ~0.3 us a call)."""
+    as it is wraps user data (DALI's `has_external_inputs`; under 1 us a call)."""
     devices = node.input_devices
     index = 0
     for value in inputs:
         if value is None:
             continue
-        if index < len(devices) and _dali.eager_reads_as_is(value, node.is_batch) == \
-                devices[index]:
+        if not isinstance(value, _LazyMixin) and index < len(devices) and \
+                _dali.eager_reads_as_is(value, node.is_batch) == devices[index]:
             return True
         index += 1
-    casts = node.arg_casts
     for key in node.arg_inputs:
-        if key not in casts and _dali.eager_reads_as_is(kwargs.get(key), node.is_batch) == "cpu":
+        value = kwargs.get(key)
+        if value is not None and not isinstance(value, _LazyMixin) and \
+                key not in node.arg_casts and _dali.eager_reads_as_is(value, node.is_batch) == "cpu":
             return True
     return False
 
