@@ -15,11 +15,17 @@ NDD_TRACE_REPORT=path writes it too.
 from __future__ import annotations
 
 import argparse
+import builtins
+import io
 import os
 import runpy
 import sys
+import types
+from importlib.machinery import SourceFileLoader
 
 from . import launch, lazy
+
+_THIS_FILE = os.path.abspath(__file__)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,26 +47,92 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its own arguments")
     options = parser.parse_args(argv)
 
-    if options.module:
-        # as `python -m`: the current directory first on sys.path, argv[0] the module's file
-        sys.path.insert(0, os.getcwd())
-        sys.argv = [options.target, *options.args]
-    else:
-        sys.argv = [options.target, *options.args]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(options.target)))
+    # `python -m ndd_trace` put the current directory first on sys.path, as `python -m mod`
+    # does (kept for -m); `python script.py` puts the script's own directory there instead
+    # (runpy.run_path puts a directory or zip file's path there)
+    sys.argv = [options.target, *options.args]
+    script = not options.module and os.path.isfile(options.target)
+    if not options.module and not sys.flags.safe_path:
+        if sys.path and sys.path[0] in ("", os.getcwd()):
+            del sys.path[0]
+        if script:
+            sys.path.insert(0, os.path.dirname(os.path.realpath(options.target)))
     lazy.enable()
     launch.write_report_at_exit()  # NDD_TRACE_REPORT, if set
     try:
-        if options.module:
+        if script:
+            _run_script(options.target)
+        elif options.module:  # (argv[0] becomes the module's file, as with `python -m`)
             runpy.run_module(options.target, run_name="__main__", alter_sys=True)
-        else:
+        else:  # a directory or zip file with a __main__.py
             runpy.run_path(options.target, run_name="__main__")
+    except BaseException as error:
+        if argv is None and not isinstance(error, SystemExit):  # (the command line's run)
+            _print_uncaught_as_python_does(error, keep_runpy=options.module)
+        raise
     finally:
         lazy.disable()
         if options.report:
             print(lazy.report(), file=sys.stderr)
         if options.report_json:
             launch.write_report(options.report_json)
+
+
+def _run_script(path: str) -> None:
+    """Run a script as `python script.py` does: its code compiled under its absolute path
+    (tracebacks and `__file__` show that), as the `__main__` module with the globals Python
+    gives a script, and no compiler flags of this file."""
+    filename = os.path.abspath(path)
+    with io.open_code(filename) as file:
+        source = file.read()
+    code = compile(source, filename, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__package__=None, __loader__=SourceFileLoader("__main__", filename),
+                           __spec__=None, __annotations__={}, __builtins__=builtins,
+                           __file__=filename, __cached__=None)
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
+
+
+def _print_uncaught_as_python_does(error: BaseException, keep_runpy: bool) -> None:
+    """If `error` ends the program, Python prints it through sys.excepthook: give the hook the
+    traceback of a plain run, without this launcher's frames (for `-m`, with the two runpy
+    frames above them, which `python -m module` shows too)."""
+    previous = sys.excepthook
+
+    def excepthook(kind: type, value: BaseException, tb: types.TracebackType | None) -> None:
+        sys.excepthook = previous
+        if value is error:
+            tb = value.__traceback__ = _without_launcher(tb, keep_runpy)
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def _without_launcher(tb: types.TracebackType | None,
+                      keep_runpy: bool) -> types.TracebackType | None:
+    """`tb` without this module's frames and the runpy frames that run the user's code."""
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+
+    def launcher(entry: types.TracebackType) -> bool:
+        filename = entry.tb_frame.f_code.co_filename
+        return filename in (_THIS_FILE, "<frozen runpy>", runpy.__file__)
+
+    first = next((i for i, entry in enumerate(entries)
+                  if entry.tb_frame.f_code.co_filename == _THIS_FILE), None)
+    if first is None:
+        return entries[0] if entries else None
+    last = first
+    while last < len(entries) and launcher(entries[last]):
+        last += 1
+    kept = (entries[:first] if keep_runpy else []) + entries[last:]
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import base64
 import ctypes
 import functools
 import inspect
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -36,12 +37,13 @@ import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 from nvidia.dali import fn
 from nvidia.dali.data_node import DataNode
-from nvidia.dali.experimental.dynamic import (_call_site, _capture, _eval_context, _op_builder,
-                                              _ops, _source_analysis)
+from nvidia.dali.experimental.dynamic import (_call_site, _capture, _eval_context, _exceptions,
+                                              _op_builder, _ops, _source_analysis)
 from nvidia.dali.experimental.dynamic import random as ndd_random
 from nvidia.dali.pipeline import Pipeline
 
 from .ir import TensorMeta, float_key, freeze
+from .source import hide_own_frames
 
 DALI_VERSION = dali.__version__
 Batch = ndd.Batch
@@ -157,7 +159,11 @@ class _Interceptor:
             handler = getattr(local, "handler", None)
             if handler is None or capture_running():
                 return original(*inputs, **kwargs)
-            return handler(op_class, original, inputs, kwargs)
+            try:
+                return handler(op_class, original, inputs, kwargs)
+            except Exception as error:  # the eager call's error, with the eager traceback
+                hide_own_frames(error)
+                raise
 
         hook._ndd_trace_original = original  # type: ignore[attr-defined]
         return _plumbing(hook)
@@ -188,7 +194,11 @@ class _Interceptor:
                 replacement = on_reader(obj, *args, _ndd_trace_kind=kind, **kwargs)
                 if replacement is not None:
                     return replacement
-            return original(obj, *args, **kwargs)
+            try:
+                return original(obj, *args, **kwargs)
+            except Exception as error:  # as without the hook (below an op hook: done there)
+                hide_own_frames(error)
+                raise
 
         method._ndd_trace_original = original  # type: ignore[attr-defined]
         return _plumbing(method)
@@ -1451,13 +1461,96 @@ def logical_hooks(on_result: Callable[[str, list, Any], None]) -> Iterator[None]
 _logical_hooks_lock = threading.RLock()
 
 
-def error_summary(error: Exception) -> str:
-    """The operator and the message of a pipeline run's error, on one line (DALI's message
-    wraps them in tracebacks and repeated headers)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    operator = next((line for line in lines if line.startswith("Error in")), "")
+class PipelineFailure(NamedTuple):
+    """What a DALI pipeline's error report says: the failing operator (DALI's name for it, as
+    `nvidia.dali.fn.decoders.image`; None where it names none) and the operator's own message,
+    as eager ndd raises it for the same call (without the pipeline's framing and C++ context)."""
+
+    operator: str | None
+    message: str
+
+    @property
+    def ndd_name(self) -> str | None:
+        """The operator as ndd spells it (`ndd.readers.File`, `ndd.decoders.image`)."""
+        if self.operator is None:
+            return None
+        for prefix in ("nvidia.dali.ops.", "nvidia.dali.fn."):
+            if self.operator.startswith(prefix):
+                return "ndd." + self.operator[len(prefix):]
+        return self.operator
+
+    @property
+    def from_reader(self) -> bool:
+        """Whether a reader failed: eager ndd reads a batch at the loop's iteration, at once,
+        and raises the reader's own error there."""
+        return self.operator is not None and "readers" in self.operator.split(".")
+
+    def summary(self) -> str:
+        """Both on one line (the message's first)."""
+        first = self.message.splitlines()[0] if self.message else ""
+        return f"{self.operator}: {first}" if self.operator else first
+
+
+_FAILED_OPERATOR = re.compile(r"Error in \w+ operator `([^`]+)`")
+_PIPELINE_FRAMING = ("Critical error in pipeline", "Current pipeline object is no longer valid")
+
+
+def pipeline_failure(error: BaseException) -> PipelineFailure:
+    """Read a pipeline's error report (the one parser of DALI's report text): "Critical error in
+    pipeline: Error in CPU operator `...`, which was used ... encountered: <message> C++ context:
+    [...]". An error that is no such report gives its own text."""
+    text = str(error)
+    match = _FAILED_OPERATOR.search(text)
+    if "encountered:" in text:
+        text = text.split("encountered:", 1)[1].split("\nC++ context:", 1)[0]
+    lines = [line for line in text.strip().splitlines()
+             if not line.strip().startswith(_PIPELINE_FRAMING)]
+    message = "\n".join(lines).strip() or repr(error)
+    return PipelineFailure(match.group(1) if match else None, message)
+
+
+@functools.cache
+def _deferred_error_text(mode: Any) -> str:
     try:
-        message = lines[lines.index("encountered:") + 1]
-    except (ValueError, IndexError):
-        message = lines[0] if lines else type(error).__name__
-    return f"{operator.rstrip(',')}: {message}" if operator else message
+        _exceptions.rethrow_exception(RuntimeError(), (), mode)
+    except RuntimeError as error:
+        return str(error)
+    return "An error happened during asynchronous execution"
+
+
+def deferred_error_text(deferred: bool) -> str:
+    """What eager ndd's error says when an operator's run-time error surfaces at the first use of
+    its result (`rethrow_exception`'s text for the EvalMode of the call: `deferred` or eager),
+    the operator's own error being its cause."""
+    return _deferred_error_text(EvalMode.deferred if deferred else EvalMode.eager)
+
+
+def eval_mode_is_deferred() -> bool:
+    """Whether this thread's ndd calls are in EvalMode.deferred (~0.1 us)."""
+    return EvalMode.current() is EvalMode.deferred
+
+
+def eager_reads_as_is(value: Any, is_batch: bool) -> str | None:
+    """The device type ("cpu", "gpu") of user data an eager op call reads as it is, without a
+    copy (so it runs the call at once): a Batch or Tensor, as the call's mode, that wraps user
+    data; an array (numpy, torch, DLPack) given to a call on samples. None for anything else
+    (results, copies, data an op call converts)."""
+    kind = type(value)
+    if kind is Batch or kind is Tensor:
+        if (kind is Batch) != is_batch or not value._is_external():
+            return None
+        return value.device.device_type
+    if is_batch or value is None or isinstance(value, (Batch, Tensor, list, tuple, int, float,
+                                                       str, bool)):
+        return None
+    if hasattr(value, "__dlpack_device__"):
+        return "gpu" if int(value.__dlpack_device__()[0]) == 2 else "cpu"
+    if hasattr(value, "__array_interface__"):
+        return "cpu"
+    return None
+
+
+def wraps_user_data(value: Any) -> bool:
+    """Whether eager ndd reads `value` (a concrete Batch/Tensor) as external data: an op call
+    given it runs at the call, and raises its run-time error there (`has_external_inputs`)."""
+    return isinstance(value, (Batch, Tensor)) and value._is_external()

@@ -31,7 +31,7 @@ from .loop import Split, StepCall, split_generator
 from .lower import Lowered, lower
 from .per_sample import PerSampleFunction
 from .runtime import Executable, LazyOutput, Options
-from .source import SourceLoc, is_internal_file, raise_at, user_location
+from .source import SourceLoc, hide_own_frames, is_internal_file, raise_at, user_location
 from .stepcheck import Finding
 from .trace import GraphBreakRecord, Tracer
 
@@ -244,7 +244,11 @@ class CompiledFunction:
         if entry.eager:
             self._counters.fallbacks += 1
             return self._fallback(args, kwargs)
-        return self._run(entry, args, kwargs)
+        try:
+            return self._run(entry, args, kwargs)
+        except Exception as error:  # an op's error at the call: the traceback of eager's
+            hide_own_frames(error)
+            raise
 
     def _fallback(self, args: tuple, kwargs: dict) -> Any:
         """Run a call that cannot be compiled whole: in transparent mode by default (its ndd
@@ -645,6 +649,8 @@ class CompiledFunction:
             self._counters.fallbacks += 1
             logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
             return self._function(*args, **kwargs)
+        at_call = executable.ops_run_at_call(bound)  # ops eager runs at once (user data)
+        snapshots = executable.rng_snapshots(bound) if at_call and executable.draws else []
         try:
             run = readahead.run_call(executable, entry.key, bound, batch_size)
         except Exception as error:
@@ -671,6 +677,8 @@ class CompiledFunction:
             raise
         logs.runtime.debug("`%s`: pipeline run scheduled (batch size %d)", self.__qualname__,
                            batch_size)
+        if at_call and run is not None:  # their run-time errors raise here, as eagerly
+            executable.raise_at_call(run, at_call, bound, snapshots)
         return self._unflatten(entry.output_tree, run, entry, bound, batch_size)
 
     @staticmethod

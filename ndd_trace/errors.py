@@ -65,18 +65,19 @@ class ExportError(NddTraceError):
 
 
 class PipelineError(NddTraceError):
-    """The compiled pipeline failed while being built or run; points at the op's user line.
+    """An operator failed in a pipeline ndd_trace built or ran; its traceback ends at the op's
+    user line.
 
     Each one raised is also the built-in exception eager ndd raises for the same failure
     (`pipeline_error_type`): a RuntimeError for most operator failures, a ValueError for an
-    input layout an operator rejects, and so on; `except PipelineError` catches them all."""
+    input layout an operator rejects, and so on; `except PipelineError` catches them all. Its
+    text is eager's (DALI's own message); the op (`op_name`), its line (`loc`) and the pipeline
+    are in a note."""
 
     def __init__(self, message: str, loc: SourceLoc | None = None, op_name: str | None = None):
         self.loc = loc
         self.op_name = op_name
-        where = f" created at {loc}" if loc else ""
-        what = f"operator `{op_name}`{where}" if op_name else "the compiled pipeline"
-        super().__init__(f"{what} failed: {message}")
+        super().__init__(message)
 
 
 class LoopError(NddTraceError, RuntimeError):

@@ -15,9 +15,12 @@ from . import _dali
 from .ir import Graph, NodeKind, Ref
 
 
-def interpret(graph: Graph, leaves: dict[Any, Any]) -> dict[Ref, Any]:
+def interpret(graph: Graph, leaves: dict[Any, Any],
+              batch_size: int | None = None) -> dict[Ref, Any]:
     """Evaluate every op node of `graph` eagerly; `leaves` maps id(node) (or (id(node), output
-    index)) -> value for the other nodes (inputs, constants, random-state words, readers)."""
+    index)) -> value for the other nodes (inputs, constants, random-state words, readers).
+    `batch_size`: the batch size of the run being replayed (a pipeline runs every batch op at
+    it; the graph holds the batch size it was recorded or traced with)."""
     values: dict[Ref, Any] = {}
 
     def value_of(ref: Ref) -> Any:
@@ -41,7 +44,7 @@ def interpret(graph: Graph, leaves: dict[Any, Any]) -> dict[Ref, Any]:
             inputs = [value_of(ref) for ref in node.inputs]
             device = "gpu" if node.backend in ("gpu", "mixed") else "cpu"
             if node.is_batch and not inputs:
-                kwargs["batch_size"] = int(node.batch_size)
+                kwargs["batch_size"] = int(node.batch_size if batch_size is None else batch_size)
             result = function(*inputs, device=device, **kwargs)
             if node.num_outputs == 1:
                 values[Ref(node, 0)] = result

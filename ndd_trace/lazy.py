@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import _dali, logs
-from .errors import _GraphBreak
+from .errors import PipelineError, _GraphBreak
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind, Ref, TensorMeta, op_key
 from .lower import lower
@@ -466,6 +466,26 @@ def _is_lazy(value: Any) -> bool:
     return isinstance(value, _LazyMixin)
 
 
+def _runs_at_call(node: Node, inputs: tuple, kwargs: dict) -> bool:
+    """Whether eager ndd runs this recorded call at once: an input or tensor argument it reads
+    as it is wraps user data (DALI's `has_external_inputs`; under 1 us a call)."""
+    devices = node.input_devices
+    index = 0
+    for value in inputs:
+        if value is None:
+            continue
+        if not isinstance(value, _LazyMixin) and index < len(devices) and \
+                _dali.eager_reads_as_is(value, node.is_batch) == devices[index]:
+            return True
+        index += 1
+    for key in node.arg_inputs:
+        value = kwargs.get(key)
+        if value is not None and not isinstance(value, _LazyMixin) and \
+                key not in node.arg_casts and _dali.eager_reads_as_is(value, node.is_batch) == "cpu":
+            return True
+    return False
+
+
 class LazyTracer(Tracer):
     """Records ndd calls of one thread for transparent mode; runs regions when consumed."""
 
@@ -586,6 +606,7 @@ class LazyTracer(Tracer):
         frame = user_frame(sys._getframe(1))
         site_key = (op_class, frame.f_code, frame.f_lasti) if frame is not None else None
         site = self._sites.get(site_key) if site_key is not None else None
+        reason = None
         try:
             result = self._replay(site, op_class, inputs, kwargs) if site is not None else None
             replayed = result is not None
@@ -597,10 +618,11 @@ class LazyTracer(Tracer):
                 if site_key is not None:
                     self._remember_site(site_key, result, inputs, kwargs, instance)
         except _GraphBreak as graph_break:
-            return self._eager(original, inputs, kwargs, name, graph_break.reason)
+            reason = graph_break.reason
         except Exception as error:  # DALI rejects the call: eager raises its own error
-            return self._eager(original, inputs, kwargs, name,
-                               f"could not be recorded ({type(error).__name__})")
+            reason = f"could not be recorded ({type(error).__name__})"
+        if reason is not None:  # run outside the handler: eager's error has no internal context
+            return self._eager(original, inputs, kwargs, name, reason)
         state = _first_output(result)._ref.node.arg_inputs.get("_random_state")
         if state is not None:  # draw now, in call order, exactly as the eager call would
             _, rng = state.node.payload
@@ -611,7 +633,23 @@ class LazyTracer(Tracer):
         with _state.lock:
             _state.ops_recorded += 1
             _state.ops_replayed += replayed
+        node = _first_output(result)._ref.node
+        if _runs_at_call(node, inputs, kwargs):
+            self._run_at_call(node)
         return result
+
+    def _run_at_call(self, node: Node) -> None:
+        """Run `node`'s region now, as eager ndd runs a call given user data as it is, so that
+        its run-time error raises at this call (the calls after it never happen, nor draw):
+        the op's own error, or eager's error for a result used if an op it reads failed."""
+        try:
+            self.materialize(Ref(node, 0))
+            return
+        except PipelineError as error:  # raised as at a result's first use
+            own = error.__cause__
+            at_call = own if isinstance(own, PipelineError) and own.loc == node.loc and \
+                own.op_name == f"ndd.{node.name}" else error
+        raise at_call  # (outside the handler: no internal context)
 
     # -- replaying a call site ------------------------------------------------------------------
     #
@@ -689,9 +727,10 @@ class LazyTracer(Tracer):
         return tuple(described)
 
     def _replayable_input(self, value: Any) -> bool:
-        """A value this tracer recorded, or concrete ndd data (fed as a constant)."""
+        """A value this tracer recorded, or concrete ndd data (fed as a constant), a lazy value
+        that ran included (an op given user data runs at its call)."""
         if _is_lazy(value):
-            return value._storage is None and value._tracer is self
+            return value._storage is not None or value._tracer is self
         return _is_concrete_data(value)
 
     def _replay(self, site: _Site, op_class: type, inputs: tuple, kwargs: dict) -> Any:
@@ -862,7 +901,7 @@ class LazyTracer(Tracer):
                 builds = region.executable.builds
                 run_s = region.executable.run_s
                 started = time.perf_counter()
-                run = region.executable.run_leaves(view.leaves, batch_size)
+                run = region.executable.run_leaves(view.leaves, batch_size, region_ops)
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
                 waited = time.perf_counter()

@@ -13,7 +13,9 @@ Channels (loggers `ndd_trace.<channel>`): `trace` (traces and their op counts), 
 transparent mode or eager), `builds` (pipeline builds and their times), `runtime` (compiled
 calls and loop epochs), `transparent` (regions of transparent mode, calls it ran eagerly,
 readers read ahead). Warnings stay warnings; these logs are for the curious. Nothing is printed
-unless NDD_TRACE_LOGS is set or the application configures logging.
+unless NDD_TRACE_LOGS is set or the application sets a level on the "ndd_trace" logger or a
+channel: as torch's loggers under TORCH_LOGS, they stay quiet under a root logger configured
+for INFO (`logging.basicConfig(level=logging.INFO)` prints the application's lines only).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ ENV_VAR = "NDD_TRACE_LOGS"
 
 root = logging.getLogger("ndd_trace")
 root.addHandler(logging.NullHandler())  # a library prints nothing unless asked
+if root.level == logging.NOTSET:
+    # not the root logger's level: an application that logs its own INFO lines does not get
+    # ndd_trace's in its output; a level the user sets on "ndd_trace" (before or after this)
+    # or on a channel, or NDD_TRACE_LOGS, switches them on
+    root.setLevel(logging.WARNING)
 trace = logging.getLogger("ndd_trace.trace")
 recompiles = logging.getLogger("ndd_trace.recompiles")
 breaks = logging.getLogger("ndd_trace.breaks")

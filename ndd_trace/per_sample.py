@@ -1050,7 +1050,7 @@ class PerSampleFunction:
         variant = _Variant(key, eager_loc=user_location(), eager_reason=(
             "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
             "random ops not known before the run), and the run failed where the eager loop "
-            f"does not ({_dali.error_summary(failure.error)})"))
+            f"does not ({_dali.pipeline_failure(failure.error).summary()})"))
         self._variants[key] = variant
         self._warn_eager(variant)
         return result

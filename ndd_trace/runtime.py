@@ -25,7 +25,7 @@ from .errors import PipelineError, pipeline_error_type
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind
 from .lower import Lowered
-from .source import SourceLoc, raise_at
+from .source import SourceLoc, hide_own_frames, raise_at
 
 
 _FROM_ARGUMENT, _DRAWN_PER_CALL, _OTHER = "argument", "drawn per call", "other"
@@ -45,27 +45,30 @@ class Options:
 _GENERATED_LINE = re.compile(r'File "(<ndd_trace:[^>]*>)", line (\d+)')
 
 
-def _dali_message(error: BaseException) -> str:
-    """The part of a DALI pipeline error that says what went wrong (not where: we say that)."""
-    text = str(error).strip()
-    if "encountered:" in text:
-        text = text.split("encountered:", 1)[1]
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and "pipeline object is no longer valid" not in line
-             and not line.startswith("Critical error in pipeline")]
-    return " ".join(lines[:3]) or repr(error)
+def surfacing(error: BaseException, deferred: bool = False) -> BaseException:
+    """The exception a run's error is raised as at the first use of a result, as eager ndd's: a
+    new "An error happened during asynchronous execution" (`deferred`: "... deferred
+    evaluation", as for a call in EvalMode.deferred) of the operator error's type, caused by it
+    (its traceback at the user's line), with its notes; other errors are raised as they are."""
+    if not isinstance(error, PipelineError):
+        return error
+    wrapper = type(error)(_dali.deferred_error_text(deferred), error.loc, error.op_name)
+    wrapper.__cause__ = error
+    for note in getattr(error, "__notes__", ()):
+        wrapper.add_note(note)
+    return wrapper
 
 
-def _operator_error(error: BaseException) -> BaseException | None:
-    """The operator's own error inside a pipeline's report, as eager ndd raises it for the
-    same call (same text, without the pipeline's framing and C++ context); None if the report
-    holds none."""
-    text = str(error)
-    if "encountered:" not in text:
-        return None
-    text = text.split("encountered:", 1)[1].split("\nC++ context:", 1)[0]
-    text = text.split("\nCurrent pipeline object is no longer valid.", 1)[0].strip()
-    return RuntimeError(text) if text else None
+def _cone(node: Node) -> set[Node]:
+    """The ops `node` reads, directly or not."""
+    seen: dict[int, Node] = {}
+    stack = [ref.node for ref in (*node.inputs, *node.arg_inputs.values())]
+    while stack:
+        other = stack.pop()
+        if other.kind is NodeKind.OP and id(other) not in seen:
+            seen[id(other)] = other
+            stack.extend(ref.node for ref in (*other.inputs, *other.arg_inputs.values()))
+    return set(seen.values())
 
 
 class _PendingRun:
@@ -82,12 +85,20 @@ class _PendingRun:
         # is gone, and this run is run again from its data when its outputs are asked for (an
         # eager call fails alone; the next ones give their own results)
         self.lost = False
+        self.failed: Node | None = None  # the op whose failure `error` is, where DALI names it
+        self.deferred = _dali.eval_mode_is_deferred()  # the EvalMode eager's error text names
+        self.as_is = False  # `error` raised as it is (a reader's: eager raises it at once)
+        # the recorded op calls the run stands for, in the graph's op order (a transparent-mode
+        # region's calls this time): its errors name their lines; None: the graph's own
+        self.calls: list[Node] | None = None
 
     def result(self) -> tuple:
+        """The run's outputs; its error (the operator's own, as eager raises it at the call)
+        raised as eager raises it at the first use of a result."""
         if self.outputs is None and self.error is None:
             self._executable.fetch(self)
         if self.error is not None:
-            raise self.error
+            raise self.error if self.as_is else surfacing(self.error, self.deferred)
         return self.outputs  # type: ignore[return-value]
 
 
@@ -188,6 +199,8 @@ class Executable:
         # called with the pipeline and its batch size before it is built (a reader stream moves
         # its reader's operator in); such a pipeline's runs are not run again after a failure
         self.before_build = before_build
+        self._fed_as_they_are: list[tuple[Node, tuple]] | None = None  # see ops_run_at_call
+        self._op_positions: dict[int, int] | None = None  # id(op node) -> its position
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
@@ -208,13 +221,14 @@ class Executable:
                     return node
         return None
 
-    def _eager_error(self, leaves: dict) -> BaseException | None:
-        """What eager ndd raises for a failed run: its graph run op by op on the same data,
-        each call synchronous (a pipeline reports every failure as a RuntimeError; eager ndd
-        raises the operator's own type, a ValueError for a layout it rejects)."""
+    def _eager_error(self, leaves: dict, batch_size: int) -> BaseException | None:
+        """What eager ndd raises for a failed run: its graph run op by op on the same data (the
+        run's batch size), each call synchronous (a pipeline reports every failure as a
+        RuntimeError; eager ndd raises the operator's own type, a ValueError for a layout it
+        rejects)."""
         try:
             with _dali.synchronous():
-                for value in interpret(self.graph, leaves).values():
+                for value in interpret(self.graph, leaves, batch_size).values():
                     value.evaluate()
         except Exception as error:  # noqa: BLE001 (returned as the run's error)
             return error
@@ -232,27 +246,113 @@ class Executable:
                 leaves[id(node)] = bound[node.payload]
         return leaves
 
+    def _call_of(self, node: Node | None, calls: list[Node] | None) -> Node | None:
+        """The recorded call `node` (an op of the graph) stands for in a run of `calls`."""
+        if node is None or calls is None:
+            return node
+        if self._op_positions is None:
+            self._op_positions = {id(op): position for position, op in
+                                  enumerate(self.graph.nodes_of(NodeKind.OP))}
+        position = self._op_positions.get(id(node))
+        return calls[position] if position is not None and position < len(calls) else node
+
     def _pipeline_error(self, error: BaseException, stage: str,
-                        eager: BaseException | None = None) -> PipelineError:
-        node = self._node_for_error(error)
+                        eager: BaseException | None = None,
+                        calls: list[Node] | None = None) -> PipelineError:
+        """The operator's error as eager ndd raises it at the call: eager's type and text (from
+        the eager re-run `eager`, else the operator's message in DALI's report, a RuntimeError),
+        its traceback at the user's line that made the call (of `calls`, where the run stands
+        for other calls than the graph's own); what ndd_trace adds (the op, the line, the
+        pipeline) is a note. DALI's own report stays on it as `dali_error`."""
+        node = self._call_of(self._node_for_error(error), calls)
         loc: SourceLoc | None = node.loc if node is not None else None
-        name = f"ndd.{node.name}" if node is not None else None
-        message = _dali_message(error)
-        cause = eager if eager is not None else _operator_error(error)
-        kind = type(cause) if cause is not None else RuntimeError
-        wrapped = pipeline_error_type(kind)(
-            f"{message} (while {stage} the compiled pipeline)", loc, name)
-        if cause is None:
-            wrapped.__cause__ = error
+        failure = _dali.pipeline_failure(error)
+        name = f"ndd.{node.name}" if node is not None else failure.ndd_name
+        kind = type(eager) if eager is not None else RuntimeError
+        wrapped = pipeline_error_type(kind)(str(eager) if eager is not None else failure.message,
+                                            loc, name)
+        wrapped.dali_error = error
+        what = f"`{name}`" if name else "an operator"
+        where = f" (created at {loc})" if loc else ""
+        wrapped.add_note(f"ndd_trace: raised by {what}{where} while {stage} pipeline "
+                         f"{self.lowered.filename}")
+        if loc is None:
             return wrapped
-        # as eager ndd: the cause is the operator's own error, its traceback at the user's call
-        cause.__cause__ = error
-        cause.__traceback__ = None
         try:
-            raise_at(cause, loc)
-        except BaseException as raised:  # noqa: BLE001 (it is `cause`, with its traceback)
-            wrapped.__cause__ = raised
+            raise_at(wrapped, loc)
+        except PipelineError as raised:  # (it is `wrapped`, with its traceback at `loc`)
+            wrapped = raised
+        wrapped.__context__ = None  # the pipeline's report is `dali_error`, not a context
+        hide_own_frames(wrapped)
         return wrapped
+
+    # -- errors at the call --------------------------------------------------------------------
+    #
+    # Eager ndd runs an op call at once where an input or tensor argument wraps user data as it
+    # is (`ndd.as_batch(arrays)`, `ndd.as_tensor(torch_tensor)`: DALI's `has_external_inputs`),
+    # with the pending calls it reads; their run-time errors raise at that call, and the calls
+    # after it never happen (nor draw random states). A compiled call given such data waits for
+    # its run, so that such an error raises at the call too, with the generators where eager's
+    # stand; any other failure stays for the first use of a result, as eagerly.
+
+    def ops_run_at_call(self, bound: dict) -> list[Node]:
+        """The ops eager ndd would run at the call, given these arguments (usually none)."""
+        fed = self._fed_as_they_are
+        if fed is None:
+            fed = self._fed_as_they_are = self._ops_fed_as_they_are()
+        if not fed:
+            return []
+        return [node for node, path in fed if _dali.wraps_user_data(bound.get(path))]
+
+    def _ops_fed_as_they_are(self) -> list[tuple[Node, tuple]]:
+        """(op, argument path) where the op reads a call argument without converting it (same
+        device, batch or sample as the call, no cast): what eager hands the op as it is."""
+        fed = []
+        for node in self.graph.nodes_of(NodeKind.OP):
+            for index, ref in enumerate(node.inputs):
+                leaf = ref.node
+                if leaf.kind is NodeKind.INPUT and leaf.is_batch == node.is_batch and \
+                        leaf.meta[ref.index].device == node.input_devices[index]:
+                    fed.append((node, leaf.payload))
+            for key, ref in node.arg_inputs.items():
+                leaf = ref.node
+                if leaf.kind is NodeKind.INPUT and key not in node.arg_casts and \
+                        leaf.is_batch == node.is_batch and leaf.meta[ref.index].device == "cpu":
+                    fed.append((node, leaf.payload))
+        return fed
+
+    def rng_snapshots(self, bound: dict) -> list[tuple[Any, Any]]:
+        """The generators this call draws from, as they are before it draws."""
+        seen: dict[int, tuple[Any, Any]] = {}
+        for slot, _ in self.draws:
+            rng = self._resolve_rng(slot, bound)
+            if id(rng) not in seen:
+                seen[id(rng)] = (rng, _dali.rng_snapshot(rng))
+        return list(seen.values())
+
+    def raise_at_call(self, run: _PendingRun, at_call: list[Node], bound: dict,
+                      snapshots: list[tuple[Any, Any]]) -> None:
+        """Wait for `run`; if an op of `at_call` failed (or an op it reads), raise as eager
+        does at the call: the op's own error (an op it reads: eager's error for a result used),
+        after putting back the draws of the random ops called after it."""
+        try:
+            run.result()
+            return
+        except Exception:  # noqa: BLE001 (kept in the run, for the first use of a result)
+            pass
+        failed = run.failed
+        if failed is None or run.error is None:
+            return
+        first = next((node for node in sorted(at_call, key=lambda n: n.index)
+                      if node is failed or failed in _cone(node)), None)
+        if first is None:
+            return
+        for rng, snapshot in snapshots:
+            _dali.rng_restore(rng, snapshot)
+        for slot, state in self.draws:  # eager called the ops before `first`, and drew
+            if state.index < first.index:
+                _dali.draw_state(self._resolve_rng(slot, bound))
+        raise run.error if failed is first else surfacing(run.error, run.deferred)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -396,20 +496,24 @@ class Executable:
             return self.call_data(bound, states, batch_size)
 
         run = self._start(batch_size, data)
-        run.replay = lambda: self._eager_error(self._leaves_of(bound, drawn["states"]))
+        run.replay = lambda: self._eager_error(self._leaves_of(bound, drawn["states"]),
+                                               batch_size)
         return run
 
-    def run_leaves(self, leaves: list[Node], batch_size: int) -> _PendingRun:
-        """Run with the data of `leaves` (a structurally equal graph's leaves, in order)."""
+    def run_leaves(self, leaves: list[Node], batch_size: int,
+                   calls: list[Node] | None = None) -> _PendingRun:
+        """Run with the data of `leaves` (a structurally equal graph's leaves, in order), for
+        the op calls `calls` (in order; their lines are the ones errors name)."""
         run = self._start(batch_size,
                           lambda: [self.leaf_data(leaf, batch_size) for leaf in leaves])
+        run.calls = calls
 
         def replay() -> BaseException | None:
             values = self._leaves_of({}, {})
             for node, leaf in zip(self.lowered.external_sources, leaves):
                 values[id(node)] = leaf.payload[1] if leaf.kind is NodeKind.RANDOM_STATE \
                     else leaf.payload
-            return self._eager_error(values)
+            return self._eager_error(values, batch_size)
 
         run.replay = replay
         return run
@@ -426,7 +530,11 @@ class Executable:
                 self.ensure_built(batch_size)
             except Exception as error:
                 self.pipeline = None
-                raise self._pipeline_error(error, "building") from error
+                building_error = self._pipeline_error(error, "building")
+            else:
+                building_error = None
+            if building_error is not None:
+                raise building_error  # (outside the handler: DALI's report is its dali_error)
             run = _PendingRun(self, batch_size)
             try:
                 run.data = data()
@@ -436,8 +544,11 @@ class Executable:
                 self.run_s += time.perf_counter() - started
             except Exception as error:
                 self.pipeline = None
-                wrapped = self._pipeline_error(error, "feeding")
-                raise_at(wrapped, wrapped.loc)
+                feeding_error = self._pipeline_error(error, "feeding")
+            else:
+                feeding_error = None
+            if feeding_error is not None:
+                raise feeding_error
             self._pending.append(run)
             return run
 
@@ -491,16 +602,15 @@ class Executable:
         except Exception as error:
             self._park(error)  # a failed pipeline is rebuilt on the next call
             eager = oldest.replay() if oldest.replay is not None else None
-            wrapped = self._pipeline_error(error, "running", eager)
-            try:
-                raise_at(wrapped, wrapped.loc)
-            except PipelineError as raised:
-                oldest.error = raised
+            oldest.error = self._pipeline_error(error, "running", eager, oldest.calls)
+            oldest.failed = self._node_for_error(error)
+            oldest.as_is = _dali.pipeline_failure(error).from_reader
             for other in self._pending:
                 if self.before_build is None and other.data is not None:
                     other.lost = True  # run again when asked for: it did not fail itself
                 else:
-                    other.error = oldest.error
+                    other.error, other.failed, other.as_is = \
+                        oldest.error, oldest.failed, oldest.as_is
             self._pending.clear()
 
     def _run_again(self, run: _PendingRun) -> None:

@@ -164,6 +164,26 @@ def register_source(filename: str, text: str) -> None:
     linecache.cache[filename] = (len(text), None, lines, filename)
 
 
+def hide_own_frames(error: BaseException) -> None:
+    """Drop ndd_trace's frames from the traceback of an error that is not ndd_trace's own (DALI's
+    or the user's, raised below a hook or at the user's line by `raise_at`): it reads as the
+    traceback of the eager call. An error raised in ndd_trace's code keeps them (a bug to find).
+    Called where the error leaves ndd_trace, before a bare `raise`."""
+    entries = []
+    tb = error.__traceback__
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    if not entries or entries[-1].tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        return
+    rebuilt = None
+    for entry in reversed(entries):
+        if not entry.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti,
+                                          entry.tb_lineno)
+    error.__traceback__ = rebuilt
+
+
 def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
     """Raise `error` from a frame that claims the user's `file:line`, so tracebacks end there.
 

@@ -304,17 +304,12 @@ def test_eval_mode_error_moment(case, mode):
     both(_moment_without_message, ERROR_CASES[case], mode)
 
 
-_WRAPPER_MESSAGE = ("issue 9: the raised error's own message: ndd says 'An error happened during "
-                    "deferred evaluation / asynchronous execution' (cause: DALI's error); "
-                    "ndd_trace says 'operator `ndd.x` created at file:line failed: ...'")
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", list(ERROR_CASES))
-def test_eval_mode_error_message(case, mode, request):
-    """The raised error's own message too (stricter than the moment/type/cause test)."""
-    if case in ("crop_too_big", "reshape_mismatch") and mode in ("deferred", "eager"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=_WRAPPER_MESSAGE))
+def test_eval_mode_error_message(case, mode):
+    """The raised error's own message too (stricter than the moment/type/cause test): a run
+    error used later says "An error happened during deferred evaluation / asynchronous
+    execution", caused by DALI's error, as eager ndd's."""
     both(_moment, ERROR_CASES[case], mode)
 
 

@@ -48,7 +48,7 @@ def _consume(generator_function, reader, epochs, skip_errors):
                 try:
                     seen.append(("ok", np.stack([np.asarray(s) for s in images.cpu()]),
                                  np.asarray(ndd.as_tensor(labels)).copy()))
-                except RuntimeError as error:
+                except RuntimeError:
                     seen.append(("error", "RuntimeError"))  # eager: DALI's RuntimeError
                     if not skip_errors:
                         raise

@@ -192,8 +192,9 @@ def test_a_failed_earlier_run_does_not_break_the_next_call(jpeg_bytes):
     def decode(data):
         return ndd.resize(ndd.decoders.image(data), size=[8, 8])
 
-    good = ndd.as_batch(jpeg_bytes[:2])
-    bad = ndd.as_batch([np.frombuffer(b"\xff\xd8\xff not a jpeg" * 8, dtype=np.uint8)] * 2)
+    # copies (ndd.batch): data given as it is (ndd.as_batch) would fail at the call, as eagerly
+    good = ndd.batch(jpeg_bytes[:2])
+    bad = ndd.batch([np.frombuffer(b"\xff\xd8\xff not a jpeg" * 8, dtype=np.uint8)] * 2)
     decode(good).evaluate()  # traced and built
     failed = decode(bad)  # fails in the pipeline; not consumed yet
     result = decode(good)

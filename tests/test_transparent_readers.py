@@ -330,9 +330,10 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
             np.asarray(_augment(jpegs).torch())  # RAISE-LINE
     text = "".join(__import__("traceback").format_exception(info.value))
     assert "RAISE-LINE" in text  # the consuming line is in the traceback...
-    assert "ndd.decoders.image" in str(info.value)  # ...and the failing op, with its own line
+    # ...and the failing op, with its own line (in ndd_trace's note: the text is eager's)
+    assert info.value.op_name == "ndd.decoders.image" and "ndd.decoders.image" in text
     decode_line = __import__("inspect").getsourcelines(_augment)[1] + 1
-    assert f"test_transparent_readers.py:{decode_line}" in str(info.value)
+    assert f"test_transparent_readers.py:{decode_line}" in text
 
 
 def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):

@@ -111,7 +111,7 @@ def _replay_disabled():
         lazy.LazyTracer._replay = replay
 
 
-def _same_steps(eager, traced, exact_moment):
+def _same_steps(eager, traced):
     assert len(eager) == len(traced)
     for step, (e, t) in enumerate(zip(eager, traced)):
         if e[0] != "ok" or t[0] != "ok":
@@ -119,9 +119,9 @@ def _same_steps(eager, traced, exact_moment):
             # the same exception (ndd_trace's PipelineError for a run error is also the
             # built-in type eager ndd raises, and carries its name)
             assert issubclass(t[1], e[1]) and t[1].__name__ == e[1].__name__, (step, e, t)
-            # documented (docs/limitations.md): a run error of an op on user data raises at
-            # the call in eager ndd, at the first use of the result in transparent mode
-            assert e[0] == t[0] or (not exact_moment and e[0] == "call"), (step, e, t)
+            # at the same moment: an op given user data runs, and raises, at the call in
+            # transparent mode as in eager ndd
+            assert e[0] == t[0], (step, e, t)
             continue
         assert e[2] == t[2], (step, e[2], t[2])  # metadata as read right after the call
         assert_same(e[1], t[1])
@@ -142,8 +142,8 @@ def differential(body, steps, generators=0, min_replayed=1):
     with ndd_trace.enabled():
         traced, traced_state, traced_rngs = _run(body, steps, generators)
     report = ndd_trace.report()
-    _same_steps(full, traced, exact_moment=True)  # replayed calls as if recorded in full
-    _same_steps(eager, traced, exact_moment=False)
+    _same_steps(full, traced)  # replayed calls as if recorded in full
+    _same_steps(eager, traced)
     assert traced_state == full_state == eager_state, "the default generator's state"
     assert traced_rngs == full_rngs == eager_rngs, "an explicit generator's state"
     assert report.ops_replayed >= min_replayed, report

@@ -1,0 +1,386 @@
+"""Errors read as eager's: the same type, text, moment (the line that raises) and RNG state
+afterwards, compiled and in transparent mode; and ndd_trace changes no program's output (its
+logs, the tracebacks of `python -m ndd_trace`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import traceback
+import warnings
+
+import numpy as np
+import pytest
+from conftest import subprocess_env
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """DALI's decoder prints its complaints about corrupt data on the process's stderr."""
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _python(arguments: list[str], cwd, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *arguments], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=subprocess_env(**env))
+
+
+# -- the program's output ------------------------------------------------------------------------
+
+LOGGING_SCRIPT = """\
+import logging, os, sys
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s %(message)s")
+if os.environ.get("CHANNEL"):
+    logging.getLogger(os.environ["CHANNEL"]).setLevel(logging.INFO)
+
+def preprocess(images):
+    return ndd.flip(ndd.resize(images, size=[4, 4]), horizontal=1)
+
+if os.environ.get("COMPILE"):
+    import ndd_trace
+    preprocess = ndd.compile(preprocess)
+batch = ndd.as_batch([np.full((6, 8, 3), 7, np.uint8)] * 2, layout="HWC")
+for step in range(2):
+    logging.getLogger("train").info("step %d sum %d", step,
+                                    int(np.asarray(preprocess(batch).select(0)).sum()))
+"""
+
+
+def test_root_logger_at_info_prints_no_ndd_trace_lines(tmp_path):
+    """`logging.basicConfig(level=logging.INFO)`: the script's own lines only, plain, compiled
+    and under `python -m ndd_trace`; a level set on an ndd_trace logger switches it on."""
+    script = tmp_path / "train.py"
+    script.write_text(LOGGING_SCRIPT)
+    plain = _python([str(script)], tmp_path)
+    compiled = _python([str(script)], tmp_path, COMPILE="1")
+    transparent = _python(["-m", "ndd_trace", str(script)], tmp_path)
+    assert plain.returncode == compiled.returncode == transparent.returncode == 0, (
+        compiled.stderr + transparent.stderr)
+    assert [line[:12] for line in plain.stdout.splitlines()] == ["train step 0", "train step 1"]
+    assert compiled.stdout == transparent.stdout == plain.stdout
+    asked = _python([str(script)], tmp_path, COMPILE="1", CHANNEL="ndd_trace.builds")
+    assert "ndd_trace.builds built" in asked.stdout and "ndd_trace.trace" not in asked.stdout
+    everything = _python([str(script)], tmp_path, COMPILE="1", CHANNEL="ndd_trace")
+    assert "ndd_trace.trace" in everything.stdout and "ndd_trace.builds" in everything.stdout
+    by_environment = _python([str(script)], tmp_path, COMPILE="1", NDD_TRACE_LOGS="builds")
+    assert by_environment.stdout == plain.stdout
+    assert "[ndd_trace.builds] built" in by_environment.stderr
+
+
+# -- tracebacks under python -m ndd_trace --------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    'def configure():\n    raise ValueError("bad config")\n\nconfigure()\n',
+    "raise KeyboardInterrupt\n",
+    'import sys\nsys.excepthook = lambda kind, value, tb: print("hook", len(__import__('
+    '"traceback").extract_tb(tb)), file=sys.stderr)\nraise KeyError(1)\n',
+], ids=["error", "keyboard-interrupt", "own-excepthook"])
+def test_uncaught_error_prints_as_a_plain_run(tmp_path, body):
+    """The whole stderr and the exit status of `python -m ndd_trace script.py` are those of
+    `python script.py`: no runpy or ndd_trace frames, the script by its absolute path."""
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "boom.py").write_text("import numpy as np\nimport nvidia.dali.experimental."
+                                    "dynamic as ndd\nx = ndd.as_batch([np.zeros(3)])\n" + body)
+    plain = _python([os.path.join("app", "boom.py")], tmp_path)
+    traced = _python(["-m", "ndd_trace", os.path.join("app", "boom.py")], tmp_path)
+    assert plain.returncode != 0
+    assert (traced.returncode, traced.stderr) == (plain.returncode, plain.stderr)
+    assert "<frozen runpy>" not in traced.stderr
+
+
+def test_uncaught_error_of_a_module_prints_as_python_m(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "main.py").write_text("def run():\n    raise KeyError('missing')\n\nrun()\n")
+    plain = _python(["-m", "pkg.main"], tmp_path)
+    traced = _python(["-m", "ndd_trace", "-m", "pkg.main"], tmp_path)
+    assert (traced.returncode, traced.stderr) == (plain.returncode, plain.stderr) != (0, "")
+
+
+def test_script_globals_and_sys_path_as_python_gives_them(tmp_path):
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "probe.py").write_text(textwrap.dedent('''\
+        """The probe."""
+        import sys
+        print(sorted((k, type(v).__name__) for k, v in globals().items()))
+        print(__file__, __doc__, sys.argv, sys.path[0], sys.path.count(sys.path[0]))
+        print(sys.modules["__main__"].__dict__ is globals(), __loader__.name)
+        x: int = 1
+        print(__annotations__)
+        '''))
+    plain = _python([os.path.join("app", "probe.py"), "--flag"], tmp_path)
+    traced = _python(["-m", "ndd_trace", os.path.join("app", "probe.py"), "--flag"], tmp_path)
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout
+    assert str(folder) in plain.stdout
+
+
+# -- a call DALI rejects, in transparent mode ----------------------------------------------------
+
+def _rejected_call() -> tuple:
+    try:
+        ndd.resize(ndd.tensor([[1]]), size=[-5, 2])  # a 2-D input: no layout resize takes
+    except Exception as error:  # noqa: BLE001 (compared with the other mode's)
+        frames = [(os.path.basename(frame.filename).split("-")[0], frame.name, frame.lineno)
+                  for frame in traceback.extract_tb(error.__traceback__)]
+        return type(error), str(error), error.__context__, error.__cause__, frames
+    return ("no error",)
+
+
+def test_rejected_call_raises_as_eagerly_without_internal_context():
+    """The same exception, text and traceback (the eager call's frames only), and no internal
+    exception chained as its context."""
+    eager = _rejected_call()
+    with ndd_trace.enabled():
+        transparent = _rejected_call()
+    assert eager[0] is ValueError and eager[2] is None
+    assert transparent == eager
+
+
+# -- run-time errors: type, text, moment, RNG ----------------------------------------------------
+
+def _chain(error: BaseException | None) -> list[tuple[str, str]]:
+    """The exception and its causes: (built-in type name, text), outermost first."""
+    chain = []
+    while error is not None:
+        builtin = next(cls for cls in type(error).__mro__ if cls.__module__ == "builtins")
+        chain.append((builtin.__name__, str(error)))
+        error = error.__cause__
+    return chain
+
+
+def _three_ways(scenario, *args) -> tuple:
+    """`scenario(function_runner, *args)` eagerly, compiled and in transparent mode, each from
+    seed 7; each observation ends with the default generator's state."""
+    observed = []
+    for mode in ("eager", "compiled", "transparent"):
+        ndd.random.set_seed(7)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
+            if mode == "transparent":
+                with ndd_trace.enabled():
+                    seen = scenario(lambda f: f, *args)
+            else:
+                seen = scenario(ndd.compile if mode == "compiled" else (lambda f: f), *args)
+        observed.append((seen, str(ndd.random.get_default_rng().state)))
+    return tuple(observed)
+
+
+def _not_an_image() -> ndd.Batch:
+    return ndd.as_batch([np.arange(100, dtype=np.uint8)] * 2)  # user data, not image bytes
+
+
+def _decode_at_call(wrap):
+    def prep(data):
+        images = ndd.decoders.image(data)  # DECODE
+        angle = ndd.random.uniform(batch_size=images.batch_size, range=[-10, 10])
+        return ndd.rotate(ndd.resize(images, size=[8, 8]), angle=angle)
+
+    prep = wrap(prep)
+    try:
+        out = prep(_not_an_image())
+    except Exception as error:  # noqa: BLE001 (compared with the other modes')
+        lines = [frame.line for frame in traceback.extract_tb(error.__traceback__)
+                 if frame.filename == __file__]
+        return "at call", _chain(error), lines[-1]
+    try:
+        out.evaluate()
+    except Exception as error:  # noqa: BLE001
+        return "at use", _chain(error)
+    return ("no error",)
+
+
+def test_decode_error_on_user_data_raises_at_the_call_as_eagerly():
+    """Decoding user bytes that are not an image: eager ndd runs the decoder at the call and
+    raises DALI's own error there; so do compiled functions and transparent mode (same type
+    and text, traceback ending at the decoder's line), and the random op after it draws
+    nothing."""
+    eager, compiled, transparent = _three_ways(_decode_at_call)
+    assert eager[0][0] == "at call" and eager[0][1][0][0] == "RuntimeError", eager
+    assert "DECODE" in eager[0][2]
+    assert compiled == eager and transparent == eager
+
+
+def _decode_or_skip(wrap, batches):
+    def step(jpegs):
+        images = ndd.decoders.image(jpegs)
+        angle = ndd.random.uniform(batch_size=images.batch_size, range=[-30, 30])
+        return ndd.rotate(images, angle=angle, fill_value=0)
+
+    step = wrap(step)
+    seen = []
+    for batch in batches:  # a loop that skips the batches it cannot decode
+        try:
+            out = step(ndd.as_batch(batch))
+            seen.append([np.asarray(out.select(i)).tobytes() for i in range(out.batch_size)])
+        except Exception as error:  # noqa: BLE001
+            seen.append(_chain(error))
+    return seen
+
+
+def test_random_ops_after_a_caught_decode_error_as_eagerly(jpeg_bytes):
+    """The same values at every step after a batch that fails to decode: the random op after
+    the decoder never drew for it, as eagerly."""
+    good = [np.frombuffer(data, dtype=np.uint8) for data in jpeg_bytes[:2]]
+    corrupt = np.frombuffer(b"\xff\xd8\xff\xe0 this is not a jpeg" * 4, dtype=np.uint8)
+    batches = [good, [good[0], corrupt], good, good]
+    with _quiet_stderr():
+        eager, compiled, transparent = _three_ways(_decode_or_skip, batches)
+    assert isinstance(eager[0][1][0], tuple)  # the second step raised
+    assert compiled == eager and transparent == eager
+
+
+def _grown_batch(wrap):
+    def f(x):
+        return x + ndd.random.uniform(batch_size=x.batch_size, range=[0, 1], shape=[2])
+
+    f = wrap(f)
+    seen = []
+    for x in (ndd.as_batch([np.zeros((3, 2), np.float32)] * 2),
+              ndd.as_batch([np.zeros((3, 5), np.float32)] * 4)):  # larger, cannot broadcast
+        try:
+            out = f(x)
+            seen.append(np.asarray(out.select(0)).tobytes())
+        except Exception as error:  # noqa: BLE001
+            seen.append(_chain(error))
+    return seen
+
+
+def test_error_after_the_batch_grows_as_eagerly():
+    """A broadcast error on a call larger than the first: eager's RuntimeError and text, not
+    the error of a re-run at the first call's batch size."""
+    eager, compiled, transparent = _three_ways(_grown_batch)
+    assert eager[0][1][0][0] == "RuntimeError", eager
+    assert compiled == eager and transparent == eager
+
+
+def _masked(wrap):
+    x = ndd.as_batch([np.ones((4, 4, 3), np.int32)], layout="HWC")
+
+    def f(x):
+        y = ndd.resize(x, size=[6, 6])  # FIRST: int32, rejected when it runs
+        return ndd.resize(ndd.tensor([[1]]), size=[2, 2]), y  # rejected at the call
+
+    try:
+        wrap(f)(x)
+    except Exception as error:  # noqa: BLE001
+        lines = [frame.line for frame in traceback.extract_tb(error.__traceback__)
+                 if frame.filename == __file__]
+        return _chain(error), lines[-1]
+    return ("no error",)
+
+
+def test_error_at_a_call_is_not_masked_by_a_later_calls_error():
+    """Eager ndd raises the first call's run-time error (it runs at the call: user data), and
+    never reaches the second call, which DALI would reject: so does ndd_trace."""
+    eager, compiled, transparent = _three_ways(_masked)
+    assert "FIRST" in eager[0][1] and "int32" in eager[0][0][0][1]
+    assert compiled == eager and transparent == eager
+
+
+def _used_later(wrap):
+    def crop(x):
+        return ndd.crop(x, crop=(20, 20))  # larger than the data: fails when it runs
+
+    crop = wrap(crop)
+    data = ndd.zeros(shape=(10, 10, 3), batch_size=2)  # an op's result: not run at the call
+    seen = []
+    for use in ("evaluate", "select", "torch"):
+        out = crop(data)
+        try:
+            if use == "evaluate":
+                out.evaluate()
+            elif use == "select":
+                np.asarray(out.select(0))
+            else:
+                out.torch(pad=True)
+        except Exception as error:  # noqa: BLE001
+            seen.append((use, _chain(error)[-2:]))
+    return seen
+
+
+def test_error_of_a_result_used_later_reads_as_eagers():
+    """An op that fails when it runs, its result used later: eager's "An error happened during
+    asynchronous execution", caused by DALI's own error (same types, same texts)."""
+    eager, compiled, transparent = _three_ways(_used_later)
+    assert eager[0][0][1][0] == ("RuntimeError",
+                                    "An error happened during asynchronous execution")
+    assert compiled == eager and transparent == eager
+
+
+def test_pipeline_error_names_the_op_and_line_in_a_note():
+    prep = ndd.compile(lambda data: ndd.decoders.image(data))
+    with _quiet_stderr(), pytest.raises(ndd_trace.PipelineError) as info:
+        prep(_not_an_image())
+    error = info.value
+    assert isinstance(error, RuntimeError) and error.op_name == "ndd.decoders.image"
+    assert error.__cause__ is None and error.__context__ is None
+    notes = "\n".join(error.__notes__)
+    assert "ndd.decoders.image" in notes and f"{os.path.basename(__file__)}:" in notes
+    assert "Critical error in pipeline" in str(error.dali_error)
+
+
+def _zero_byte_file_loop(root):
+    reader = ndd.readers.File(file_root=root)
+    seen = []
+    for epoch in range(2):
+        step = 0
+        try:
+            for jpegs, _ in reader.next_epoch(batch_size=4):
+                ndd.decoders.image(jpegs).torch(pad=True)
+                step += 1
+        except Exception as error:  # noqa: BLE001
+            seen.append((epoch, step, _chain(error)))
+    return seen
+
+
+def test_reader_error_in_transparent_mode_reads_as_eagers(jpeg_dir, tmp_path):
+    """A plain reader loop (nothing compiled) over a folder with an empty file: the same step,
+    type and text (DALI's own, no pipeline framing or C++ context) in transparent mode."""
+    root = tmp_path / "photos"
+    shutil.copytree(jpeg_dir, root)
+    victim = sorted(p for p in root.rglob("*.jpg"))[5]
+    victim.write_bytes(b"")
+    plain = _zero_byte_file_loop(str(root))
+    with ndd_trace.enabled():
+        traced = _zero_byte_file_loop(str(root))
+    assert plain and "File mapping failed" in plain[0][2][0][1]
+    assert traced == plain
+
+
+def _two_sites(jpeg_bytes):
+    good = ndd.as_batch([np.frombuffer(data, dtype=np.uint8) for data in jpeg_bytes[:2]])
+    ndd.decoders.image(good).evaluate()  # a region of this structure, made at this line
+    try:
+        ndd.decoders.image(_not_an_image())  # SECOND SITE
+    except Exception as error:  # noqa: BLE001
+        return _chain(error), [frame.line for frame in traceback.extract_tb(error.__traceback__)
+                               if frame.filename == __file__][-1]
+    return None
+
+
+def test_error_names_the_line_of_this_call_not_of_the_region_first_made(jpeg_bytes):
+    """Transparent mode reuses a region made at another line: its error is at this call."""
+    eager = _two_sites(jpeg_bytes)
+    with _quiet_stderr(), ndd_trace.enabled():
+        transparent = _two_sites(jpeg_bytes)
+    assert "SECOND SITE" in eager[1] and transparent == eager
