@@ -43,7 +43,7 @@ from .errors import LoopError
 from .lower import lower
 from .runahead import (KEEP_BATCHES, READ_AHEAD, RUN_AHEAD, StateForecast, fed_as_eager,
                        gave_up)
-from .runtime import Executable, Options, _PendingRun
+from .runtime import Executable, Options, PendingRun
 from .trace import add_reader_node
 
 # a worker thread reads ahead (NDD_TRACE_READER_THREAD=0: the script's thread does, when it takes)
@@ -81,7 +81,7 @@ class ReaderStream:
         self._stopping = False
         self._threaded = False
         self._worker: threading.Thread | None = None
-        self._in_flight: list[_PendingRun] = []  # scheduled, not fetched (without the thread)
+        self._in_flight: list[PendingRun] = []  # scheduled, not fetched (without the thread)
         self._meta: dict = {}
 
     def _move_reader_in(self, pipe: Any, batch_size: int) -> None:
@@ -177,7 +177,7 @@ class ReaderStream:
         _dali.advance_shard(reader)
 
 
-def _schedule(executable: Executable, in_flight: list[_PendingRun], ready: int) -> None:
+def _schedule(executable: Executable, in_flight: list[PendingRun], ready: int) -> None:
     """Schedule reader runs until `ready` batches and those in flight make READ_AHEAD."""
     with executable._lock:
         while ready + len(in_flight) < READ_AHEAD:
@@ -187,7 +187,7 @@ def _schedule(executable: Executable, in_flight: list[_PendingRun], ready: int) 
             in_flight.append(run)
 
 
-def _fetch(run: _PendingRun) -> tuple:
+def _fetch(run: PendingRun) -> tuple:
     """A reader run's outputs, as the Batches the stream hands out."""
     return tuple(_dali.wrap_batch(output) for output in run.result())
 
@@ -195,7 +195,7 @@ def _fetch(run: _PendingRun) -> tuple:
 def _read_ahead(ref: weakref.ref, cond: threading.Condition) -> None:
     """A stream's worker: keep READ_AHEAD batches scheduled or fetched, in order. It holds its
     stream weakly while it waits, and ends once the stream (with its reader) is dropped."""
-    in_flight: list[_PendingRun] = []
+    in_flight: list[PendingRun] = []
     try:
         while True:
             stream = ref()
@@ -370,7 +370,7 @@ class Observation:
 @dataclasses.dataclass
 class _Launch:
     count: int
-    run: _PendingRun
+    run: PendingRun
     fed: list[Any]
 
 
@@ -510,7 +510,7 @@ class Speculator:
         return None
 
     def take_run(self, key: tuple, observation: Observation,
-                 executable: Executable) -> _PendingRun | None:
+                 executable: Executable) -> PendingRun | None:
         """`take`, for a caller that consumes the outputs later: the run launched on
         `executable` for this observation, without waiting for it, if it was fed exactly what
         the caller's call feeds and is still in flight on that pipeline (a run lost to an
@@ -733,7 +733,7 @@ def _note_inputs(bound: dict) -> None:
 
 
 def run_call(executable: Executable, key: tuple, bound: dict,
-             batch_size: int) -> _PendingRun | None:
+             batch_size: int) -> PendingRun | None:
     """One call of a compiled function: a run launched ahead if the call is fed exactly what
     it was launched with (handed over without waiting for it), else a run of its own (and the
     next ones launched ahead once the calls follow a reader steadily)."""
@@ -768,11 +768,10 @@ def run_call(executable: Executable, key: tuple, bound: dict,
            else None)
     if run is not None:
         executable.ahead += 1
-        run.replay = lambda: executable._eager_error(executable._leaves_of(bound, states))
     else:
-        run = executable._start(
+        run = executable.start(
             batch_size, lambda: executable.call_data(bound, states, batch_size))
-        run.replay = lambda: executable._eager_error(executable._leaves_of(bound, states))
+    run.replay = lambda: executable.eager_error_of(bound, states, batch_size)
     if observation is not None:
         speculator.learn(key, executable, observation, batch_size)
     return run

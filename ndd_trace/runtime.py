@@ -71,7 +71,7 @@ def _cone(node: Node) -> set[Node]:
     return set(seen.values())
 
 
-class _PendingRun:
+class PendingRun:
     """One scheduled pipeline iteration whose outputs are fetched on first use."""
 
     def __init__(self, executable: Executable, batch_size: int):
@@ -147,7 +147,7 @@ class LazyResult:
 class LazyOutput(LazyResult):
     """One output of a scheduled pipeline run."""
 
-    def __init__(self, run: _PendingRun, index: int, is_batch: bool, device: Any):
+    def __init__(self, run: PendingRun, index: int, is_batch: bool, device: Any):
         self.is_batch = is_batch  # (LazyResult's fields, set here: one per call's output)
         self.device = device
         self._run = run
@@ -182,7 +182,7 @@ class Executable:
         self.pipeline: Any = None
         self.max_batch_size = 0
         self.builds = 0
-        self._pending: list[_PendingRun] = []
+        self._pending: list[PendingRun] = []
         self._lock = threading.RLock()
         self._constants: dict[tuple, Any] = {}
         self.cache_constants = True  # off where each run brings new constant nodes
@@ -325,12 +325,12 @@ class Executable:
         """The generators this call draws from, as they are before it draws."""
         seen: dict[int, tuple[Any, Any]] = {}
         for slot, _ in self.draws:
-            rng = self._resolve_rng(slot, bound)
+            rng = self.rng_for(slot, bound)
             if id(rng) not in seen:
                 seen[id(rng)] = (rng, _dali.rng_snapshot(rng))
         return list(seen.values())
 
-    def raise_at_call(self, run: _PendingRun, at_call: list[Node], bound: dict,
+    def raise_at_call(self, run: PendingRun, at_call: list[Node], bound: dict,
                       snapshots: list[tuple[Any, Any]]) -> None:
         """Wait for `run`; if an op of `at_call` failed (or an op it reads), raise as eager
         does at the call: the op's own error (an op it reads: eager's error for a result used),
@@ -351,7 +351,7 @@ class Executable:
             _dali.rng_restore(rng, snapshot)
         for slot, state in self.draws:  # eager called the ops before `first`, and drew
             if state.index < first.index:
-                _dali.draw_state(self._resolve_rng(slot, bound))
+                _dali.draw_state(self.rng_for(slot, bound))
         raise run.error if failed is first else surfacing(run.error, run.deferred)
 
     # -- building ------------------------------------------------------------------------------
@@ -481,7 +481,7 @@ class Executable:
                 meta.device, self.options.device_id if meta.device == "gpu" else None)
         return device
 
-    def run(self, bound: dict, batch_size: int) -> _PendingRun | None:
+    def run(self, bound: dict, batch_size: int) -> PendingRun | None:
         """Draw, feed and schedule one iteration; outputs are fetched when first used."""
         if not self.graph.outputs:
             with self._lock:
@@ -495,16 +495,20 @@ class Executable:
             states = drawn["states"] = self.draw_states(bound)
             return self.call_data(bound, states, batch_size)
 
-        run = self._start(batch_size, data)
-        run.replay = lambda: self._eager_error(self._leaves_of(bound, drawn["states"]),
-                                               batch_size)
+        run = self.start(batch_size, data)
+        run.replay = lambda: self.eager_error_of(bound, drawn["states"], batch_size)
         return run
 
+    def eager_error_of(self, bound: dict, states: dict, batch_size: int) -> BaseException | None:
+        """What eager ndd raises for a call with these arguments and random states (a failed
+        run's replay)."""
+        return self._eager_error(self._leaves_of(bound, states), batch_size)
+
     def run_leaves(self, leaves: list[Node], batch_size: int,
-                   calls: list[Node] | None = None) -> _PendingRun:
+                   calls: list[Node] | None = None) -> PendingRun:
         """Run with the data of `leaves` (a structurally equal graph's leaves, in order), for
         the op calls `calls` (in order; their lines are the ones errors name)."""
-        run = self._start(batch_size,
+        run = self.start(batch_size,
                           lambda: [self.leaf_data(leaf, batch_size) for leaf in leaves])
         run.calls = calls
 
@@ -518,7 +522,7 @@ class Executable:
         run.replay = replay
         return run
 
-    def _start(self, batch_size: int, data: Any) -> _PendingRun:
+    def start(self, batch_size: int, data: Any) -> PendingRun:
         """Build if needed, then feed `data()` and schedule one iteration."""
         with self._lock:
             # earlier runs first: one that failed (kept for whoever consumes it) drops the
@@ -535,7 +539,7 @@ class Executable:
                 building_error = None
             if building_error is not None:
                 raise building_error  # (outside the handler: DALI's report is its dali_error)
-            run = _PendingRun(self, batch_size)
+            run = PendingRun(self, batch_size)
             try:
                 run.data = data()
                 self._feed(run.data)
@@ -552,7 +556,7 @@ class Executable:
             self._pending.append(run)
             return run
 
-    def launch(self, data: list, batch_size: int) -> _PendingRun | None:
+    def launch(self, data: list, batch_size: int) -> PendingRun | None:
         """Feed `data` (one item per fed leaf, in lowering order) and schedule one iteration
         ahead of the previous ones, without waiting for them; None where the pipeline is not
         built for this batch, its queue is full, or it refuses the data."""
@@ -569,7 +573,7 @@ class Executable:
                 self._pending.clear()
                 self.pipeline = None  # rebuilt by the next run, which reports any real error
                 return None
-            run = _PendingRun(self, batch_size)
+            run = PendingRun(self, batch_size)
             run.data = data
             self._pending.append(run)
             return run
@@ -585,7 +589,7 @@ class Executable:
             _dali.feed(pipeline, name, item)
         self._fed.append(data)
 
-    def fetch(self, run: _PendingRun) -> None:
+    def fetch(self, run: PendingRun) -> None:
         with self._lock:
             if run.lost:
                 self._run_again(run)
@@ -613,8 +617,8 @@ class Executable:
                         oldest.error, oldest.failed, oldest.as_is
             self._pending.clear()
 
-    def _run_again(self, run: _PendingRun) -> None:
-        """Run a lost run (see `_PendingRun.lost`) on its own, from the data it was fed."""
+    def _run_again(self, run: PendingRun) -> None:
+        """Run a lost run (see `PendingRun.lost`) on its own, from the data it was fed."""
         run.lost = False
         self._drain()
         try:
