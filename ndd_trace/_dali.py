@@ -1199,6 +1199,50 @@ def process_params_replaced() -> bool:
     return _OPERATOR_ATTRIBUTES.get("_process_params") is not _PROCESS_PARAMS
 
 
+# ---------------------------------------------------------------------------------------------
+# Proxies: ndd_trace's Batch/Tensor subclasses (traced values, transparent mode's lazy ones)
+#
+# They are built without ndd's constructors, so they get the fields ndd's own methods read
+# here; the rest of the package reads and writes them through these functions.
+
+_PROXY_FIELDS = {"_storage": None, "_tensors": None, "_invocation_result": None,
+                 "_wraps_external_data": False, "_slice": None, "_shape": None,
+                 "_batch": None, "_index_in_batch": None}
+
+
+def init_proxy(proxy: Any, device: Any, dtype: Any = None, result: Any = None) -> None:
+    """Give a proxy (an instance of a Batch/Tensor subclass) the fields ndd's methods read:
+    no data, its `device`; a lazy one its known `dtype` and the `result` handle ndd code copies
+    (`ndd.as_tensor(x)`, `ndd.batch([...])` keep it, and it runs the value when read)."""
+    fields = proxy.__dict__
+    fields.update(_PROXY_FIELDS)
+    fields["_device"] = device
+    if result is not None:
+        fields["_dtype"] = dtype
+        fields["_layout"] = None
+        fields["_ndim"] = None
+        fields["_invocation_result"] = result
+
+
+def proxy_device(proxy: Any) -> Any:
+    return proxy._device
+
+
+def proxy_storage(proxy: Any) -> Any:
+    """A proxy's data once it ran (a TensorList, or a Tensor's one sample), else None."""
+    return proxy._storage
+
+
+def set_proxy_storage(proxy: Any, storage: Any) -> None:
+    """A proxy's data, from its value's TensorList (a Tensor keeps its one sample)."""
+    proxy._storage = storage if isinstance(proxy, Batch) else storage[0]
+
+
+def tensor_subscript(value: Any, **ranges: Any) -> Any:
+    """`tensor[...]` as ndd records it (its `_tensor_subscript` op), for a traced Tensor."""
+    return ndd._tensor_subscript(value, **ranges)
+
+
 _LAZY_BATCH_FIELDS = {"_wraps_external_data": False, "_tensors": None, "_storage": None,
                       "_dtype": None, "_device": None, "_layout": None, "_ndim": None}
 _lazy_batch_checked: bool | None = None

@@ -286,9 +286,8 @@ class _LazyMixin:
     _ref: Ref
 
     def _materialize(self) -> None:
-        if self._storage is None:
-            storage = self._tracer.materialize(self._ref)
-            self._storage = storage if isinstance(self, _dali.Batch) else storage[0]
+        if _dali.proxy_storage(self) is None:
+            _dali.set_proxy_storage(self, self._tracer.materialize(self._ref))
 
     def _concrete(name: str):  # noqa: N805 (a method factory used in the class bodies)
         def method(self, *args: Any, **kwargs: Any) -> Any:
@@ -310,9 +309,10 @@ class _LazyMixin:
     def _known_or_concrete(name: str):  # noqa: N805
         def getter(self: Any) -> Any:
             value = getattr(self._meta, name)
-            if value is None and self._storage is None and self._tracer.refine_meta(self._ref):
+            ran = _dali.proxy_storage(self) is not None
+            if value is None and not ran and self._tracer.refine_meta(self._ref):
                 value = getattr(self._meta, name)
-            if value is not None and self._storage is None:
+            if value is not None and not ran:
                 return getattr(TracedBatch, name).fget(self)
             self._materialize()
             base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
@@ -333,10 +333,10 @@ class _LazyMixin:
 
     @property
     def layout(self) -> str | None:
-        if self._storage is None and self._meta.ndim is None:
+        ran = _dali.proxy_storage(self) is not None
+        if not ran and self._meta.ndim is None:
             self._tracer.refine_meta(self._ref)
-        if self._storage is None and (self._meta.ndim is not None or
-                                      self._meta.layout is not None):
+        if not ran and (self._meta.ndim is not None or self._meta.layout is not None):
             return self._meta.layout or None  # ("" where DALI knows the ndim-less output has none)
         self._materialize()
         base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
@@ -396,10 +396,8 @@ class LazyBatch(_LazyMixin, TracedBatch):
     locals().update({name: getattr(TracedBatch, name) for name in BATCH_ABSENT})
 
     def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
-        self._init_traced(tracer, ref, meta)
-        self._dtype = _known_dtype(meta)
-        self._layout = self._ndim = None
-        self._invocation_result = _LazyHandle(tracer, ref, True, self._device)
+        self._init_traced(tracer, ref, meta, _known_dtype(meta),
+                          lambda device: _LazyHandle(tracer, ref, True, device))
 
     @property
     def batch_size(self) -> int:
@@ -419,11 +417,8 @@ class LazyTensor(_LazyMixin, TracedTensor):
     """A lazy ndd.Tensor of transparent mode."""
 
     def __init__(self, tracer: LazyTracer, ref: Ref, meta: TensorMeta):
-        self._init_traced(tracer, ref, meta)
-        self._dtype = _known_dtype(meta)  # ndd copies these fields (`ndd.batch([...])`)
-        self._layout = None
-        self._shape = None
-        self._invocation_result = _LazyHandle(tracer, ref, False, self._device)
+        self._init_traced(tracer, ref, meta, _known_dtype(meta),
+                          lambda device: _LazyHandle(tracer, ref, False, device))
 
     def __getitem__(self, ranges: Any) -> Any:
         return TracedTensor.__getitem__(self, ranges)
@@ -507,11 +502,12 @@ class LazyTracer(Tracer):
 
     def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
         if _is_lazy(value):
-            if value._storage is None and value._tracer is self:
+            if _dali.proxy_storage(value) is None and value._tracer is self:
                 return value._ref
             value._materialize()
-            concrete = (_dali.wrap_batch(value._storage) if isinstance(value, _dali.Batch)
-                        else _dali.Tensor(value._storage))
+            storage = _dali.proxy_storage(value)
+            concrete = (_dali.wrap_batch(storage) if isinstance(value, _dali.Batch)
+                        else _dali.Tensor(storage))
             return super()._constant_ref(concrete, is_batch, loc)
         return super()._ref_of(value, is_batch, loc)
 
@@ -717,7 +713,8 @@ class LazyTracer(Tracer):
             if key == "rng" and _dali.is_random(op_class):
                 described.append((key, _RNG))
                 continue
-            if _is_lazy(value) and value._storage is None and value._tracer is self:
+            if _is_lazy(value) and _dali.proxy_storage(value) is None and \
+                    value._tracer is self:
                 described.append((key, _DATA))
                 continue
             token = _dali.argument_token(value)
@@ -730,7 +727,7 @@ class LazyTracer(Tracer):
         """A value this tracer recorded, or concrete ndd data (fed as a constant), a lazy value
         that ran included (an op given user data runs at its call)."""
         if _is_lazy(value):
-            return value._storage is not None or value._tracer is self
+            return _dali.proxy_storage(value) is not None or value._tracer is self
         return _is_concrete_data(value)
 
     def _replay(self, site: _Site, op_class: type, inputs: tuple, kwargs: dict) -> Any:
@@ -1097,9 +1094,8 @@ def _leaf_value(leaf: Node) -> Any:
 def _settle_proxies(node: Node) -> None:
     for proxy_ref in node.proxies:
         proxy = proxy_ref()
-        if proxy is not None and proxy._storage is None:
-            data = node.results[proxy._ref.index]
-            proxy._storage = data if isinstance(proxy, _dali.Batch) else data[0]
+        if proxy is not None and _dali.proxy_storage(proxy) is None:
+            _dali.set_proxy_storage(proxy, node.results[proxy._ref.index])
     node.proxies = []
 
 

@@ -116,20 +116,14 @@ class _TracedMixin:
     _ref: Ref
     _meta: TensorMeta
 
-    def _init_traced(self, tracer: Tracer, ref: Ref, meta: TensorMeta) -> None:
+    def _init_traced(self, tracer: Tracer, ref: Ref, meta: TensorMeta, dtype: Any = None,
+                     handle: Any = None) -> None:
+        """`handle(device)`: a lazy value's result handle (transparent mode's), else none."""
         self._tracer = tracer
         self._ref = ref
         self._meta = meta
-        self._storage = None
-        self._tensors = None
-        self._invocation_result = None
-        self._wraps_external_data = False
-        self._slice = None
-        self._shape = None
-        self._batch = None  # ndd.Tensor's own fields, read by its methods
-        self._index_in_batch = None
-        self._device = _dali.device(meta.device,
-                                    tracer.device_id if meta.device == "gpu" else None)
+        device = _dali.device(meta.device, tracer.device_id if meta.device == "gpu" else None)
+        _dali.init_proxy(self, device, dtype, handle(device) if handle is not None else None)
 
     def _known(self, what: str, value: Any) -> Any:
         if value is None:
@@ -139,7 +133,7 @@ class _TracedMixin:
 
     @property
     def device(self):
-        return self._device
+        return _dali.proxy_device(self)
 
     @property
     def dtype(self):
@@ -265,7 +259,7 @@ class TracedTensor(_TracedMixin, _dali.Tensor):
                 dim += 1
         if not args:
             return self
-        return _dali.ndd._tensor_subscript(self, **args)
+        return _dali.tensor_subscript(self, **args)
 
     @property
     def size(self):

@@ -30,6 +30,7 @@ OWNERS = {
     "_capture": "nvidia.dali.experimental.dynamic._capture",
     "_eval_context": "nvidia.dali.experimental.dynamic._eval_context",
     "_source_analysis": "nvidia.dali.experimental.dynamic._source_analysis",
+    "_exceptions": "nvidia.dali.experimental.dynamic._exceptions",
     "random": "nvidia.dali.experimental.dynamic.random",
     "_conditionals": "nvidia.dali._conditionals",
     "tf_stack": "nvidia.dali._autograph.utils.tf_stack",
@@ -62,6 +63,9 @@ SURFACE = {
     ("ndd", "_op_builder"): "ndd's backend resolution and argument decay",
     ("ndd", "_ops"): "Operator, Reader, the op classes and ndd's data conversions",
     ("ndd", "_source_analysis"): "eager's constant-argument analysis of a call site",
+    ("ndd", "_exceptions"): "eager's text for an error met at first use (rethrow_exception)",
+    ("ndd", "_tensor_subscript"): "`tensor[...]` of a traced Tensor, recorded as ndd records it",
+    ("_exceptions", "rethrow_exception"): "eager's text for an error met at first use",
     # operator classes (made by _op_builder from the schemas)
     ("Operator", "_schema"): "the op's schema: argument kinds, backends",
     ("Operator", "_schema_name"): "the schema's name (PerFrame's layout, error messages)",
@@ -124,6 +128,7 @@ SURFACE = {
     ("RNG", "_flush_pending"): "applying them",
     # data objects
     ("Batch", "_storage"): "a Batch's TensorList",
+    ("Batch", "_is_external"): "whether eager reads a Batch as user data (runs its op at once)",
     ("Batch", "_invocation_result"): "a lazy Batch built on ndd_trace's result",
     ("Batch", "_wraps_external_data"): "the fields of a Batch made without its constructor",
     ("Batch", "_tensors"): "the fields of a Batch made without its constructor",
