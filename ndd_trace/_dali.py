@@ -42,7 +42,7 @@ from nvidia.dali.experimental.dynamic import (_call_site, _capture, _eval_contex
 from nvidia.dali.experimental.dynamic import random as ndd_random
 from nvidia.dali.pipeline import Pipeline
 
-from .ir import TensorMeta, float_key, freeze
+from .ir import TensorMeta, freeze
 from .source import hide_own_frames
 
 DALI_VERSION = dali.__version__
@@ -624,26 +624,18 @@ def decay_static(value: Any) -> Any:
 
 def argument_token(value: Any) -> Any:
     """A hashable description of a Python-side operator argument such that equal tokens give
-    the same static argument to DALI, bit for bit (floats by their bits, types kept apart:
-    `1`, `1.0`, `True`, `-0.0` and `0.0` all differ, and so do NaNs of another sign, which
-    `float.hex` writes alike); None where there is none cheaply (data, numpy values, user
-    objects)."""
+    the same static argument to DALI, bit for bit: `ir.freeze`'s (`1`, `1.0`, `True`, `-0.0`
+    and `0.0` all differ, and so do NaNs of another sign), for what it describes cheaply (plain
+    values and lists of them, dtypes, devices, DALI's enums); None for anything else (data,
+    numpy values, user objects)."""
     kind = type(value)
-    if kind is float:
-        return float_key(value)
-    if kind in _PLAIN_SCALARS:
-        return (kind, value)
+    if kind in _PLAIN_SCALARS or kind is float:
+        return freeze(value)
     if kind is list or kind is tuple:
-        items = []
         for item in value:
-            item_kind = type(item)
-            if item_kind is float:
-                items.append(float_key(item))
-            elif item_kind in _PLAIN_SCALARS:
-                items.append((item_kind, item))
-            else:
+            if type(item) not in _PLAIN_SCALARS and type(item) is not float:
                 return None
-        return (kind, tuple(items))
+        return freeze(value)
     if kind is DType:
         return (kind, value.type_id)
     if kind is Device:

@@ -18,7 +18,6 @@ import builtins
 import dataclasses
 import dis
 import enum
-import math
 import types
 from collections.abc import Callable
 from typing import Any
@@ -26,20 +25,10 @@ from typing import Any
 import numpy as np
 
 from . import _dali
-from .ir import float_key
+from .ir import freeze as ir_freeze
 from .source import is_internal_file
 
 _MAX_DEPTH = 4
-
-
-class _FloatText(str):
-    """A float in a key: its shortest round-trip text (repr), which tells -0.0 from 0.0 and
-    makes nan equal itself, printed without quotes, as the user wrote it (`128.0`, `0.1`)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return str.__str__(self)
 
 
 class Shown:
@@ -89,10 +78,9 @@ def _named(value: Any) -> str:
 
 def freeze(value: Any, depth: int = 0) -> Any:
     """A hashable summary of `value` that changes whenever the value does."""
-    if isinstance(value, float):
+    if isinstance(value, float):  # ir's one float rule (-0.0 is not 0.0; NaNs by their bits)
         value = float(value)
-        text = ("float", _FloatText(repr(value)))
-        return (*text, float_key(value)) if math.isnan(value) else text  # NaNs differ by sign
+        return Shown(ir_freeze(value), repr(value))
     if value is None or isinstance(value, (bool, int, str, bytes, complex)):
         return (type(value).__name__, value)
     if isinstance(value, (_dali.Batch, _dali.Tensor)):

@@ -252,12 +252,11 @@ def test_guards_print_floats_as_written():
     key_b = guards.build_key((0.1, 120.5), {}, guards.plan_for(lambda a, b: None), None, ("a", "b"))
     assert guards.explain_miss(key_b, key_a) == \
         "argument `b`: 128.0 -> 120.5"
-    assert "0x1" not in repr(key_a) and "('float', 0.1)" in repr(key_a)
+    assert "0x1" not in repr(key_a) and guards.show(key_a[0][1]) == "0.1"
     assert guards.freeze(-0.0) != guards.freeze(0.0)
     assert guards.freeze(math.nan) == guards.freeze(float("nan"))
     assert guards.freeze(np.float64(2.5)) == guards.freeze(2.5)
-    assert repr(guards.freeze(np.float32(0.1))) == \
-        "('npscalar', '<f4', ('float', 0.10000000149011612))"
+    assert guards.show(guards.freeze(np.float32(0.1))) == "numpy <f4 0.10000000149011612"
     assert guards.freeze(np.float32(-0.0)) != guards.freeze(np.float32(0.0))
 
 
