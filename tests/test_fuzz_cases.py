@@ -226,7 +226,8 @@ def test_region_pipelines_are_bounded_and_freed_least_recently_run_first(monkeyp
 def test_a_site_that_keeps_changing_runs_eagerly_past_its_limit(monkeypatch):
     monkeypatch.setattr(lazy, "MAX_SITE_REGIONS", 4)
     lazy.reset_report()
-    images = ndd.as_batch([np.zeros((16, 16, 3), np.uint8)] * 2, layout="HWC")
+    # a copy: user data as it is would run its op at the call, as a region of its own
+    images = ndd.batch([np.zeros((16, 16, 3), np.uint8)] * 2, layout="HWC")
 
     def step(images, angle):
         return ndd.rotate(ndd.flip(images, horizontal=1), angle=angle, fill_value=0)
