@@ -374,6 +374,23 @@ def test_gpu_decode_and_random_resized_crop_fuse_with_hw_decoder_load():
     assert "hw_decoder_load=0.5)" in code  # the user's own value stays
 
 
+def test_hw_decoder_load_comes_from_the_environment(monkeypatch):
+    def graph_with_a_gpu_decoder() -> Graph:
+        graph = Graph("gpu")
+        jpegs = graph.add_input("jpegs", ("args", 0), TensorMeta("cpu", "UINT8", 1, None), True)
+        graph.outputs = [Ref(_op(graph, ndd.decoders.image, "mixed", [Ref(jpegs)], ["cpu"],
+                                 "gpu", 3))]
+        return graph
+
+    monkeypatch.setenv(optimize.HW_DECODER_LOAD_ENV_VAR, "0.75")
+    graph = graph_with_a_gpu_decoder()
+    optimize.optimize(graph)
+    assert "hw_decoder_load=0.75)" in lower(graph).source
+    monkeypatch.setenv(optimize.HW_DECODER_LOAD_ENV_VAR, "most")
+    with pytest.raises(ValueError, match="NDD_TRACE_HW_DECODER_LOAD must be a number"):
+        optimize.optimize(graph_with_a_gpu_decoder())
+
+
 def test_cpu_ops_read_only_on_the_gpu_move_there():
     """flip and a widening cast between a CPU decoder and `.gpu()`: they run on the GPU, the
     narrow uint8 data moves; an op also read on the CPU stays."""
