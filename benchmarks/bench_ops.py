@@ -14,6 +14,9 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
   device, before timing) instead of calling the ExternalSource per step: the compiled function's
   own cost, fed as ``pipeline_percall`` is (``small_ops`` only).
 - ``ndd_trace_loop``: a compiled generator over the reader (``decode_rrc_cmn`` only).
+- ``ndd_trace_optimize``: the same compiled generator with ``optimize=True`` (the decoder and
+  ``random_resized_crop`` fused into ``decoders.image_random_crop`` + ``resize``; on the GPU the
+  decoder's ``hw_decoder_load`` set to ``--hw-decoder-load``), ``decode_rrc_cmn`` only.
 - ``ndd_trace_checked``: the same compiled generator with per-step Python in its loop body (an
   ``enumerate`` step counter and a side effect), which ndd_trace cannot prove step-invariant, so
   it runs in checked mode (each step's Python as written, its ndd calls run ahead and checked).
@@ -22,6 +25,13 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
 - ``dataloader``: a torchvision ``DataLoader`` doing the same work (``decode_rrc_cmn``).
 - ``pipeline``: a hand-written ``@pipeline_def`` with the same operators, fed the same data
   (``fn.external_source`` over the same in-memory batches, or ``fn.readers.file``).
+- ``pipeline_fused``: the hand-written pipeline as a DALI expert writes it
+  (``fn.decoders.image_random_crop`` + ``fn.resize`` instead of decode + ``random_resized_crop``,
+  ``hw_decoder_load=--hw-decoder-load`` on the GPU), ``decode_rrc_cmn`` only.
+- ``decode_only``: the reader and the decoder alone (``fn.decoders.image``, the same
+  ``hw_decoder_load``): the ceiling of the machine for this data, every mode is also reported as
+  a fraction of it (``decode_rrc_cmn`` only; ROI decoding decodes less, so a fused mode can pass
+  it).
 - ``pipeline_percall``: the same hand-written pipeline, built by hand with a named
   ``fn.external_source`` and driven one step at a time from Python (``feed_input`` + ``run``, no
   prefetching): the floor of a per-call function (``small_ops`` only).
@@ -86,7 +96,9 @@ if str(BENCHMARK_DIR) not in sys.path:
 from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
 MODES = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "ndd_trace_checked",
-         "transparent", "pipeline_percall", "pipeline", "dataloader")
+         "ndd_trace_optimize", "transparent", "pipeline_percall", "pipeline", "pipeline_fused",
+         "decode_only", "dataloader")
+DECODE_ONLY_MODES = ("ndd_trace_optimize", "pipeline_fused", "decode_only")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -190,9 +202,11 @@ def workload_function(workload: str, device: str) -> Callable:
 # --------------------------------------------------------------------------------------------
 
 
-def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: bool = False):
+def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: bool = False,
+                   variant: str = "pipeline"):
     """Build the hand-written pipeline of `workload` (`inputs`: batches or a JPEG directory);
-    `percall`: small_ops with a named external source fed by `feed_input`, no prefetching."""
+    `percall`: small_ops with a named external source fed by `feed_input`, no prefetching;
+    `variant`: "pipeline_fused" or "decode_only" for decode_rrc_cmn's expert-written ones."""
 
     @pipeline_def
     def small_ops_pipeline():
@@ -220,6 +234,41 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
             mean=[123.675, 116.28, 103.53],
             std=[58.395, 57.12, 57.375],
         )
+
+    decoder_device = "mixed" if options.device == "gpu" else "cpu"
+    # the GPU decoder's share for the hardware JPEG decoder (a mixed-backend argument only)
+    tuning = {"hw_decoder_load": options.hw_decoder_load} if options.device == "gpu" else {}
+
+    @pipeline_def
+    def decode_rrc_cmn_fused_pipeline():
+        jpegs, _labels = fn.readers.file(
+            file_root=str(inputs),
+            random_shuffle=True,
+            seed=options.seed,
+            pad_last_batch=True,
+            name="Reader",
+        )
+        images = fn.decoders.image_random_crop(jpegs, device=decoder_device, **tuning)
+        images = fn.resize(images, size=[224, 224])
+        return fn.crop_mirror_normalize(
+            images,
+            mirror=fn.random.coin_flip(probability=0.5),
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[123.675, 116.28, 103.53],
+            std=[58.395, 57.12, 57.375],
+        )
+
+    @pipeline_def
+    def decode_only_pipeline():
+        jpegs, _labels = fn.readers.file(
+            file_root=str(inputs),
+            random_shuffle=True,
+            seed=options.seed,
+            pad_last_batch=True,
+            name="Reader",
+        )
+        return fn.decoders.image(jpegs, device=decoder_device, **tuning)
 
     @pipeline_def
     def small_ops_percall_pipeline():
@@ -249,6 +298,10 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         pipe.build()
         return pipe
     definition = small_ops_pipeline if workload == "small_ops" else decode_rrc_cmn_pipeline
+    if variant == "pipeline_fused":
+        definition = decode_rrc_cmn_fused_pipeline
+    elif variant == "decode_only":
+        definition = decode_only_pipeline
     pipe = definition(
         batch_size=options.batch_size,
         num_threads=options.threads,
@@ -380,9 +433,11 @@ def dynamic_mode_steps(workload, options, data, mode, notes: dict, times: dict) 
             close()
 
 
-def compiled_loop_steps(workload, options, data, checked: bool = False) -> Iterator:
+def compiled_loop_steps(workload, options, data, checked: bool = False,
+                        optimize: bool = False) -> Iterator:
     """Yield once per batch of a compiled generator over the reader (ndd_trace_loop; with
-    `checked`, the body with per-step Python: ndd_trace_checked)."""
+    `checked`, the body with per-step Python: ndd_trace_checked; with `optimize`, compiled with
+    optimize=True: ndd_trace_optimize)."""
     if workload != "decode_rrc_cmn":
         raise NotImplementedError("compiled loops need a reader loop (decode_rrc_cmn only)")
     reader = ndd.readers.File(
@@ -398,7 +453,7 @@ def compiled_loop_steps(workload, options, data, checked: bool = False) -> Itera
         def loop(reader, batch_size, device):
             return counted(reader, batch_size, device, seen)
     else:
-        loop = ndd.compile(decode_rrc_cmn_loop)
+        loop = ndd.compile(decode_rrc_cmn_loop, optimize=optimize)
     synchronize = options.device == "gpu"
     while True:
         for outputs in loop(reader, options.batch_size, options.device):
@@ -441,9 +496,9 @@ def dataloader_steps(workload, options, data) -> Iterator:
             yield
 
 
-def pipeline_mode_steps(workload, options, data) -> Iterator:
-    """Yield once per batch produced by the hand-written pipeline."""
-    pipe = build_pipeline(workload, options, data)
+def pipeline_mode_steps(workload, options, data, variant: str = "pipeline") -> Iterator:
+    """Yield once per batch produced by the hand-written pipeline (or its `variant`)."""
+    pipe = build_pipeline(workload, options, data, variant=variant)
     while True:
         pipe.run()  # outputs are synchronized with the host
         yield
@@ -502,8 +557,10 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     if options.device == "gpu":
         require_gpu()
 
+    if mode == "ndd_trace_optimize":  # the same hardware decoder share as pipeline_fused's
+        os.environ["NDD_TRACE_HW_DECODER_LOAD"] = str(options.hw_decoder_load)
     if mode in ("ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "ndd_trace_checked",
-                "transparent"):
+                "ndd_trace_optimize", "transparent"):
         if str(REPO_ROOT) not in sys.path:
             sys.path.append(str(REPO_ROOT))  # a checkout without `pip install -e .`
         try:
@@ -526,10 +583,14 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         result.status = "unavailable"
         result.error = f"n/a: {mode} is for small_ops"
         return result
+    if mode in DECODE_ONLY_MODES and workload != "decode_rrc_cmn":
+        result.status = "unavailable"
+        result.error = f"n/a: {mode} is for decode_rrc_cmn"
+        return result
     if mode == "pipeline_percall":
         steps = pipeline_percall_steps(workload, options, data, times)
-    elif mode == "pipeline":
-        steps = pipeline_mode_steps(workload, options, data)
+    elif mode in ("pipeline", "pipeline_fused", "decode_only"):
+        steps = pipeline_mode_steps(workload, options, data, mode)
     elif mode == "dataloader":
         try:
             import torchvision  # noqa: F401
@@ -542,12 +603,13 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
             result.error = "n/a: the DataLoader comparison is for decode_rrc_cmn"
             return result
         steps = dataloader_steps(workload, options, data)
-    elif mode in ("ndd_trace_loop", "ndd_trace_checked"):
+    elif mode in ("ndd_trace_loop", "ndd_trace_checked", "ndd_trace_optimize"):
         if workload != "decode_rrc_cmn":
             result.status = "unavailable"
             result.error = "n/a: a compiled loop needs a reader (decode_rrc_cmn only)"
             return result
-        steps = compiled_loop_steps(workload, options, data, mode == "ndd_trace_checked")
+        steps = compiled_loop_steps(workload, options, data, mode == "ndd_trace_checked",
+                                    mode == "ndd_trace_optimize")
     elif mode == "transparent":  # the eager code, unmodified, under ndd_trace.enable()
         ndd_trace.enable()
         steps = dynamic_mode_steps(workload, options, data, "eager", notes, times)
@@ -618,6 +680,8 @@ def worker_command(mode: str, workload: str, options: argparse.Namespace) -> lis
         str(options.data_dir),
         "--train-ms",
         str(options.train_ms),
+        "--hw-decoder-load",
+        str(options.hw_decoder_load),
     ]
 
 
@@ -659,8 +723,9 @@ def ratio(value: float | None, base: float | None) -> str:
 def print_table(results: list[Result]) -> None:
     """Print one block per workload: steps/s, samples/s, ratios and time to first batch."""
     header = (
-        f"{'mode':<16} {'steps/s':>9} {'samples/s':>10} {'vs eager':>9} {'vs pipeline':>12} "
-        f"{'vs per-call pipe':>17} {'first batch':>12} {'warm-up':>9}  notes"
+        f"{'mode':<18} {'steps/s':>9} {'samples/s':>10} {'vs eager':>9} {'vs pipeline':>12} "
+        f"{'vs per-call pipe':>17} {'vs decode-only':>15} {'first batch':>12} {'warm-up':>9}  "
+        "notes"
     )
     for workload in dict.fromkeys(result.workload for result in results):
         rows = [result for result in results if result.workload == workload]
@@ -677,10 +742,11 @@ def print_table(results: list[Result]) -> None:
                 print(f"{result.mode}: {result.status} ({result.error})")
                 continue
             print(
-                f"{result.mode:<16} {result.steps_per_s:>9.1f} {result.samples_per_s:>10.1f} "
+                f"{result.mode:<18} {result.steps_per_s:>9.1f} {result.samples_per_s:>10.1f} "
                 f"{ratio(result.steps_per_s, by_mode.get('eager')):>9} "
                 f"{ratio(result.steps_per_s, by_mode.get('pipeline')):>12} "
                 f"{ratio(result.steps_per_s, by_mode.get('pipeline_percall')):>17} "
+                f"{ratio(result.steps_per_s, by_mode.get('decode_only')):>15} "
                 f"{result.first_batch_s * 1000:>10.1f}ms {result.warmup_s:>8.2f}s  {result.notes}"
             )
 
@@ -730,6 +796,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--train-ms", type=float, default=0.0,
                         help="simulated training step after each batch (milliseconds)")
+    parser.add_argument("--hw-decoder-load", type=float, default=0.9,
+                        help="the GPU decoder's hw_decoder_load in pipeline_fused, decode_only "
+                             "and ndd_trace_optimize (pipeline keeps DALI's default, 0.65)")
     parser.add_argument("--images", type=int, default=256, help="JPEG files in the data set")
     parser.add_argument(
         "--data-dir",

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 MODE_ORDER = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop",
-              "ndd_trace_checked",
-              "transparent", "pipeline_percall", "pipeline", "dataloader")
+              "ndd_trace_checked", "ndd_trace_optimize",
+              "transparent", "pipeline_percall", "pipeline", "pipeline_fused", "decode_only",
+              "dataloader")
 LABELS = {
     "eager": "eager ndd",
     "capture": "DALI capture mode",
@@ -27,9 +28,12 @@ LABELS = {
     "ndd_trace_fed": "@ndd.compile step fed ready-made batches",
     "ndd_trace_loop": "compiled generator",
     "ndd_trace_checked": "compiled generator, checked mode",
+    "ndd_trace_optimize": "compiled generator, optimize=True",
     "transparent": "transparent mode",
     "pipeline_percall": "hand-built per-call pipeline",
     "pipeline": "@pipeline_def",
+    "pipeline_fused": "@pipeline_def, fused by hand",
+    "decode_only": "reader + decoder alone (ceiling)",
     "dataloader": "torch DataLoader",
 }
 

@@ -35,16 +35,16 @@ for round in $(seq 1 "$DECODE_ROUNDS"); do
     suffix=$([ "$DECODE_ROUNDS" = 1 ] && echo "" || echo "_r$round")
     python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps "$STEPS" \
         --warmup 30 --threads 4 \
-        --modes eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,transparent,pipeline \
-        --json "$OUT/bench_decode$suffix.json" 2>&1 | tail -10 | tee "$OUT/bench_decode$suffix.log"
+        --modes eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,transparent,pipeline,pipeline_fused,decode_only \
+        --json "$OUT/bench_decode$suffix.json" 2>&1 | tail -13 | tee "$OUT/bench_decode$suffix.log"
 done
 esac
 case " $PARTS " in *" train "*) ;; *) ROUNDS=0 ;; esac
 for round in $(seq 1 "$ROUNDS"); do
     python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 100 \
         --warmup 40 --threads 16 --batch-size 256 --images 4096 \
-        --modes eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,transparent,pipeline \
-        --json "$OUT/bench_train_r$round.json" 2>&1 | tail -11 | tee "$OUT/bench_train_r$round.log"
+        --modes eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,transparent,pipeline,pipeline_fused,decode_only \
+        --json "$OUT/bench_train_r$round.json" 2>&1 | tail -14 | tee "$OUT/bench_train_r$round.log"
 done
 echo
 echo "ratios to the hand-written pipeline (steps/s):"

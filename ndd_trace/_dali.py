@@ -13,7 +13,7 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 `_unsupported_args` and `_next_pow2`; `_ops._to_tensor`; `random._draw_state`; `Batch._storage`;
 `TensorList._make_copy`; `_source_analysis.constant_kwargs` and
 `_call_site.resolve_callsite_frame` (eager's call-site analysis); `EvalContext._instance_cache`
-and the key format of `Operator._get`.
+and the key format of `Operator._get`; `Operator._supported_backends`.
 """
 
 from __future__ import annotations
@@ -584,6 +584,26 @@ def keep_eager_instance(op_class: type, key: tuple, init_args: dict) -> None:
 def argument_dtype(op_class: type, name: str) -> str | None:
     dtype = op_class._argument_conversion_map.get(name)
     return dtype.type_id.name if dtype is not None else None
+
+
+def op_class_at(path: str) -> type:
+    """The ndd operator class of `fn.<path>` ("decoders.image_crop"), for rewrites that make a
+    call the user did not write (optimize.py)."""
+    function: Any = ndd
+    for part in path.split("."):
+        function = getattr(function, part)
+    return function._op_class
+
+
+@functools.cache
+def argument_names(op_class: type) -> frozenset[str]:
+    """Every argument the op's schema takes (its own and those all ops share)."""
+    return frozenset(op_class._schema.GetArgumentNames())
+
+
+def has_gpu_backend(op_class: type) -> bool:
+    """Whether DALI has a "gpu" implementation of the op."""
+    return "gpu" in op_class._supported_backends
 
 
 def is_tensor_argument(op_class: type, name: str) -> bool:

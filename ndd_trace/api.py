@@ -29,6 +29,7 @@ from .errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import Split, StepCall, split_generator
 from .lower import Lowered, lower
+from .optimize import optimize as optimize_graph
 from .per_sample import PerSampleFunction
 from .runtime import Executable, LazyOutput, Options
 from .source import SourceLoc, hide_own_frames, is_internal_file, raise_at, user_location
@@ -67,6 +68,7 @@ class Entry:
     eager_reason: str | None = None
     num_ops: int = 0
     path: str = ""  # how calls run: "one pipeline", "compiled loop", "checked loop", ...
+    optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied (optimize)
 
     @property
     def eager(self) -> bool:
@@ -122,7 +124,7 @@ class CompiledFunction:
     def __init__(self, function: Callable, *, fullgraph: bool = False,
                  num_threads: int | None = None, device_id: Any = "current",
                  prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
-                 fallback: str = "lazy"):
+                 fallback: str = "lazy", optimize: bool = False):
         if not callable(function):
             raise TypeError(f"ndd.compile expects a function, got {type(function).__name__}")
         functools.update_wrapper(self, function)
@@ -135,6 +137,7 @@ class CompiledFunction:
         if fallback not in ("lazy", "eager"):
             raise ValueError(f"fallback must be 'lazy' or 'eager', got {fallback!r}")
         self.fallback = fallback
+        self.optimize = bool(optimize)  # optimize.py's rewrites (values may differ from eager)
         self._plan = guards.plan_for(function)
         self._signature = inspect.signature(function)
         self.is_generator = inspect.isgeneratorfunction(function)
@@ -257,7 +260,7 @@ class CompiledFunction:
         logs.fallbacks.debug("`%s`: this call %s", self.__qualname__, self._fallback_text())
         if self.fallback != "lazy" or lazy.is_enabled():
             return self._function(*args, **kwargs)
-        with lazy.enabled():
+        with lazy.enabled(optimize=self.optimize):
             return self._function(*args, **kwargs)
 
     def _fallback_epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
@@ -286,7 +289,7 @@ class CompiledFunction:
         setting = (_dali.current_device_id(), _dali.current_num_threads())
         held = getattr(self._step_tracers, "held", None)
         if held is None or held[0] != setting:
-            held = self._step_tracers.held = (setting, lazy.new_tracer())
+            held = self._step_tracers.held = (setting, lazy.new_tracer(self.optimize))
         return held[1]
 
     def _lookup(self, key: tuple, args: tuple, kwargs: dict) -> tuple[Entry | None, str]:
@@ -392,7 +395,8 @@ class CompiledFunction:
                 self._step = CompiledFunction(
                     found.step, fullgraph=self.fullgraph, num_threads=self._num_threads,
                     device_id=self._device_id, prefetch_queue_depth=self.prefetch_queue_depth,
-                    cache_limit=self.cache_limit, fallback=self.fallback)
+                    cache_limit=self.cache_limit, fallback=self.fallback,
+                    optimize=self.optimize)
                 self._step._path = "compiled loop"
                 found.step_cell.cell_contents = StepCall(self._step)
                 self._split = found
@@ -602,13 +606,18 @@ class CompiledFunction:
         draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
         passes.eliminate_common_subexpressions(graph)
         passes.eliminate_dead_code(graph)
+        if self.optimize:  # after the passes: a value's users are then all the users it has
+            entry.optimizations = optimize_graph(graph)
+            for applied in entry.optimizations:
+                logs.trace.info("`%s`: optimization applied at %s", self.__qualname__, applied)
         entry.graph = graph
         # what explain shows is what runs: the graph after the passes (and, where they changed
         # it, the graph as traced)
         entry.graph_text = graph.format()
         if traced != entry.graph_text:
-            entry.graph_text += "\n\nas traced, before common subexpressions and dead code " \
-                "were removed:\n" + traced
+            removed = ("common subexpressions and dead code were removed" if not
+                       entry.optimizations else "the passes and optimizations")
+            entry.graph_text += f"\n\nas traced, before {removed}:\n" + traced
         entry.output_tree = tracer.output_tree
         entry.lowered = lower(graph, inline_constants=True)
         entry.path = self._path
@@ -732,7 +741,7 @@ class CompiledFunction:
 def compile(function: Callable | None = None, *, fullgraph: bool = False,
             num_threads: int | None = None, device_id: Any = "current",
             prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
-            fallback: str = "lazy", per_sample: bool = False) -> Any:
+            fallback: str = "lazy", per_sample: bool = False, optimize: bool = False) -> Any:
     """Compile a function that calls ndd operators into cached DALI pipelines.
 
     Use as `@ndd.compile` or `@ndd.compile(fullgraph=True, num_threads=4, ...)`. Defaults come
@@ -740,12 +749,18 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
     be compiled whole runs in transparent mode (`fallback="lazy"`) or eagerly
     (`fallback="eager"`), with a warning either way. `per_sample=True`: the function is
     written for one sample and runs on each sample of a batch (see ndd_trace.per_sample).
+    `optimize=True`: the rewrites a DALI expert makes by hand (ROI decoding, placement, ...;
+    see docs/optimize.md), each listed by `explain`; values may then differ from eager's where
+    a rewrite says so (a fused random crop), and stay exact everywhere else.
     """
     if per_sample:
+        if optimize:
+            raise ValueError("ndd.compile: optimize=True is not available with per_sample=True "
+                             "(a per-sample function runs its own rewritten Python)")
         return _per_sample_compile(function, num_threads, device_id, cache_limit)
     options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
                    prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit,
-                   fallback=fallback)
+                   fallback=fallback, optimize=optimize)
     if function is None:
         return lambda f: CompiledFunction(f, **options)
     if isinstance(function, CompiledFunction):
@@ -778,6 +793,16 @@ class Explanation:
     miss_reason: str | None
     path: str = ""
     loop: str = ""  # a compiled generator: its Python as it runs, and its loop body
+    optimize: bool = False  # compiled with optimize=True
+    optimizations: list[str] = dataclasses.field(default_factory=list)  # what was rewritten
+
+    @property
+    def optimizations_text(self) -> list[str]:
+        """The "optimizations applied:" section (empty without optimize=True)."""
+        if not self.optimize:
+            return []
+        return [f"  optimizations applied: {len(self.optimizations) or 'none'}",
+                *(f"    - {applied}" for applied in self.optimizations)]
 
     def __str__(self) -> str:
         lines = [f"ndd_trace.explain: `{self.function_name}`"]
@@ -791,6 +816,7 @@ class Explanation:
             lines.append(f"  last cache miss: {self.miss_reason}")
         lines.append(f"  graph breaks: {len(self.breaks)}")
         lines += [f"    - {record}" for record in self.breaks]
+        lines += self.optimizations_text
         lines.append("  guards (a change in any of these re-traces):")
         lines += [f"    - {guard}" for guard in self.guards]
         if self.loop:
@@ -843,6 +869,8 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
         path=entry.path,
+        optimize=compiled.optimize,
+        optimizations=[str(applied) for applied in entry.optimizations],
     )
 
 
@@ -875,4 +903,6 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         breaks=list(entry.breaks), eager_reason=entry.eager_reason,
         cache=compiled.cache_info(), num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
-        path=_LOOP_PATH if not entry.eager else f"checked loop ({entry.path})", loop=loop)
+        path=_LOOP_PATH if not entry.eager else f"checked loop ({entry.path})", loop=loop,
+        optimize=compiled.optimize,
+        optimizations=[str(applied) for applied in entry.optimizations])

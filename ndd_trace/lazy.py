@@ -32,6 +32,8 @@ from .errors import PipelineError, _GraphBreak
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind, Ref, TensorMeta, op_key
 from .lower import lower
+from .optimize import optimize as optimize_graph
+from .optimize import requested as optimize_requested
 from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
 from .runtime import Executable, LazyResult, Options
 from .source import SourceLoc, user_frame, user_location
@@ -66,6 +68,7 @@ class Region:
     releases: int = 0  # times its pipeline was freed as the least recently run (rebuilt on use)
     # the region's identity for the speculator's tables (hashing `key` again costs more)
     token: object = dataclasses.field(default_factory=object, compare=False, repr=False)
+    optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied, in order
 
     @property
     def parts(self) -> list[str]:
@@ -108,7 +111,8 @@ class Report:
                  "builds": 1 if r.executable is not None else 0,
                  "build_s": round(r.build_s, 4), "record_s": round(r.record_s, 4),
                  "eager_reason": r.eager_reason, "releases": r.releases, "op_chain": r.op_chain,
-                 "inputs": r.input_kinds, "split_by": splits.get(id(r))}
+                 "inputs": r.input_kinds, "split_by": splits.get(id(r)),
+                 "optimizations": [str(applied) for applied in r.optimizations]}
                 for r in self.regions
             ],
             "eager_ops": [
@@ -143,6 +147,7 @@ class Report:
                 lines.append(f"      ops: {r.op_chain}")
                 lines.append(f"      inputs: {', '.join(r.input_kinds) or '-'}")
                 lines.append(f"      split by: {splits[id(r)]}")
+            lines += [f"      optimization applied: {applied}" for applied in r.optimizations]
         if self.readers:
             lines.append("  readers in a read-ahead pipeline:")
             for (reader, where), epochs in sorted(self.readers.items()):
@@ -488,6 +493,7 @@ class LazyTracer(Tracer):
         super().__init__("transparent", device_id)
         self.graph = _UnlistedGraph("transparent")
         self.options = Options(num_threads, device_id, RUN_AHEAD)
+        self.optimize = False  # regions get optimize.py's rewrites (enable(optimize=True))
         self.speculator = Speculator()
         self._sites: dict[tuple, _Site] = {}  # (op, code, instruction) -> its last call
         self._converted: dict[tuple, Any] = {}  # lists converted to tensor arguments, kept
@@ -857,12 +863,15 @@ class LazyTracer(Tracer):
         batch_size = max(batch_sizes) if batch_sizes else 1
         # a random op in sample mode draws one value; in a batch pipeline, one per sample: with
         # batches of more than one sample, the region is one of its own (run eagerly)
-        lookup = (key, "batches") if one_value_random and batch_size > 1 else key
+        own_region = one_value_random and batch_size > 1
+        lookup = (key, "batches") if own_region else key
+        if self.optimize:  # (regions are shared by threads, which may differ in this)
+            lookup = (lookup, "optimize")
         record_s = time.perf_counter() - started
         with _state.lock:
             region = _state.regions.get(lookup)
             if region is None:
-                mixed = len(batch_sizes) > 1 or lookup is not key
+                mixed = len(batch_sizes) > 1 or own_region
                 region = self._new_region(key, region_ops, target, mixed,
                                           mixed or self._site_has_room(region_ops))
                 if region.eager_reason is None or mixed:
@@ -983,10 +992,12 @@ class LazyTracer(Tracer):
         if not site_has_room:
             return Region(key, loc, len(region_ops), None, "", eager_reason=_SITE_FULL)
         graph = _region_view(region_ops, target, clone=True).graph
+        applied = optimize_graph(graph) if self.optimize else []
         lowered = lower(graph)
         executable = Executable(graph, lowered, [], self.options, {})
         executable.cache_constants = False
-        region = Region(key, loc, len(region_ops), executable, lowered.source)
+        region = Region(key, loc, len(region_ops), executable, lowered.source,
+                        optimizations=applied)
         region.build_s = time.perf_counter() - started  # lowering; the build is added on run
         return region
 
@@ -1106,10 +1117,13 @@ def _local() -> Any:
     return _state.local
 
 
-def enable() -> None:
-    """Record ndd calls of this thread lazily and run them as cached pipelines."""
+def enable(optimize: bool | None = None) -> None:
+    """Record ndd calls of this thread lazily and run them as cached pipelines; `optimize`:
+    with optimize.py's rewrites (None: as NDD_TRACE_OPTIMIZE says, off by default)."""
     if not is_enabled():
-        _switch_on(new_tracer())
+        _switch_on(new_tracer(optimize))
+    elif optimize is not None:
+        _local().tracer.optimize = bool(optimize)
 
 
 def _switch_on(tracer: LazyTracer) -> None:
@@ -1120,9 +1134,12 @@ def _switch_on(tracer: LazyTracer) -> None:
     local.context, local.tracer = context, tracer
 
 
-def new_tracer() -> LazyTracer:
-    """A transparent-mode tracer set up for this thread's device and thread count."""
-    return LazyTracer(_dali.current_device_id(), _dali.current_num_threads())
+def new_tracer(optimize: bool | None = None) -> LazyTracer:
+    """A transparent-mode tracer set up for this thread's device and thread count (and
+    `optimize`, as `enable` takes it)."""
+    tracer = LazyTracer(_dali.current_device_id(), _dali.current_num_threads())
+    tracer.optimize = optimize_requested(optimize)
+    return tracer
 
 
 def disable() -> None:
@@ -1172,15 +1189,19 @@ class Steps:
 
 
 @contextmanager
-def enabled() -> Iterator[None]:
-    """`with ndd_trace.enabled(): ...` runs the block in transparent mode."""
+def enabled(optimize: bool | None = None) -> Iterator[None]:
+    """`with ndd_trace.enabled(): ...` runs the block in transparent mode (`optimize`: as
+    `enable` takes it)."""
     was_enabled = is_enabled()
-    enable()
+    previous = _local().tracer.optimize if was_enabled else None
+    enable(optimize)
     try:
         yield
     finally:
         if not was_enabled:
             disable()
+        elif optimize is not None:
+            _local().tracer.optimize = previous
 
 
 def report() -> Report:

@@ -12,7 +12,7 @@ LAYERS = [
     {"source", "errors", "logs", "trees"},
     {"ir"},
     {"_dali"},
-    {"trace", "passes", "guards", "interpret", "stepcheck"},
+    {"trace", "passes", "optimize", "guards", "interpret", "stepcheck"},
     {"lower"},
     {"runtime"},
     {"runahead"},
