@@ -312,7 +312,7 @@ def external_source_epoch(source: Any, batch_size: int, on_batch: Callable | Non
     """`source.captured(batch_size=...)` in a compiled loop: one item per step, pulled when the
     loop takes its step, converted as `source(batch_size=...)` converts it; the epoch ends
     where the source raises StopIteration."""
-    count = 0
+    tag = _SourceTag.of(source)
     while True:
         try:
             values = _dali.external_source_pull(source, batch_size)
@@ -320,15 +320,18 @@ def external_source_epoch(source: Any, batch_size: int, on_batch: Callable | Non
             return
         values = tuple(value.evaluate() for value in values)
         if on_batch is not None:
-            on_batch(_SourceTag.of(source), count, values)
-        count += 1
+            on_batch(tag, tag.count, values)
+        tag.count += 1
         yield values[0] if len(values) == 1 else values
 
 
 class _SourceTag:
-    """What an ExternalSource's items are noted under (their step count is per epoch)."""
+    """What an ExternalSource's items are noted under, with the number pulled so far."""
 
     _tags: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.count = 0
 
     @classmethod
     def of(cls, source: Any) -> _SourceTag:
@@ -694,9 +697,9 @@ def _on_metadata(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
 def _on_captured(source: Any, original: Any, args: tuple, kwargs: dict) -> Any:
     """`source.captured(batch_size=...)`: in a compiled loop, its items one per step; anywhere
     else DALI's capture mode, as eagerly."""
-    if not _in_loop():
-        return original(source, *args, **kwargs)
     bound = dict(zip(("batch_size", "ctx"), args), **kwargs)
+    if not _in_loop() or bound.get("batch_size") is None or set(bound) - {"batch_size", "ctx"}:
+        return original(source, *args, **kwargs)  # (eager's own errors for a bad call)
     stand_in = _stand_in()
     if stand_in is not None:
         return iter([stand_in(source, int(bound["batch_size"]))])
