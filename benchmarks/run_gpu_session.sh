@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One GPU lease, in a few full calls: PARTS picks what a call runs (each writes under $OUT).
+#
+#     OUT=$OUT PARTS="tests small" bash benchmarks/run_gpu_session.sh
+#     OUT=$OUT PARTS="train ddp" ROUNDS=2 bash benchmarks/run_gpu_session.sh
+#     OUT=$OUT PARTS="ab scaling" OLD=.ab/old bash benchmarks/run_gpu_session.sh
+#
+# tests:   the GPU tests, then the whole suite on 8 workers (pytest-xdist)
+# small:   the tiny workload (small_ops, batch 8), every mode
+# decode:  the decode workload (batch 16), every mode
+# train:   the train workload (batch 256, 16 threads, 4096 JPEGs), ROUNDS rounds, every mode
+# ddp:     benchmarks/bench_ddp.py on the GPUs there are (torchrun, one pipeline per rank)
+# ab:      the train workload for the compiled generator, transparent mode and the pipeline,
+#          this tree against the one in $OLD (an older checkout's ndd_trace/ and benchmarks/),
+#          alternating, ROUNDS rounds each
+# scaling: throughput against batch size (64, 256, 512) and threads (4, 16) for the pipeline,
+#          capture mode, the compiled generator and optimize (benchmarks/chart.py --scaling)
+set -u
+OUT=${OUT:-/tmp/ndd_trace_gpu_out}
+ROUNDS=${ROUNDS:-2}
+PARTS=${PARTS:-tests small train}
+OLD=${OLD:-.ab/old}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+ALL=eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,transparent,pipeline,pipeline_fused,decode_only
+TRAIN="--device gpu --workloads decode_rrc_cmn --steps 100 --warmup 40 --threads 16 --batch-size 256 --images 4096"
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+nvidia-smi -L
+python3 -c 'import nvidia.dali as d, torch; print("DALI", d.__version__, "torch", torch.__version__)'
+if has tests; then
+    python3 -m pytest -q -rs -m gpu tests -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+    python3 -m pytest -q -n 8 tests -p no:cacheprovider 2>&1 | tail -12 | tee "$OUT/all_tests.log"
+fi
+if has small; then
+    python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps 300 --warmup 30 \
+        --threads 4 --modes eager,capture,ndd_trace,ndd_trace_fed,transparent,pipeline_percall,pipeline \
+        --json "$OUT/bench_small_ops.json" 2>&1 | tail -12 | tee "$OUT/bench_small_ops.log"
+fi
+if has decode; then
+    python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 300 --warmup 30 \
+        --threads 4 --modes "$ALL" --json "$OUT/bench_decode.json" 2>&1 | tail -14 \
+        | tee "$OUT/bench_decode.log"
+fi
+if has train; then
+    for round in $(seq 1 "$ROUNDS"); do
+        python3 benchmarks/bench_ops.py $TRAIN --modes "$ALL" --json "$OUT/bench_train_r$round.json" \
+            2>&1 | tail -14 | tee "$OUT/bench_train_r$round.log"
+    done
+fi
+if has ddp; then
+    python3 benchmarks/bench_ddp.py --json "$OUT/bench_ddp.json" 2>&1 | tail -14 | tee "$OUT/bench_ddp.log"
+fi
+if has ab; then
+    for round in $(seq 1 "$ROUNDS"); do
+        for tree in new old; do
+            script=benchmarks/bench_ops.py
+            [ "$tree" = old ] && script="$OLD/benchmarks/bench_ops.py"
+            python3 "$script" $TRAIN --modes ndd_trace_loop,transparent,pipeline \
+                --json "$OUT/ab_${tree}_r$round.json" 2>&1 | tail -6 | tee "$OUT/ab_${tree}_r$round.log"
+        done
+    done
+fi
+if has scaling; then
+    for threads in 4 16; do
+        for batch in 64 256 512; do
+            python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 60 \
+                --warmup 20 --threads "$threads" --batch-size "$batch" --images 4096 \
+                --modes capture,ndd_trace_loop,ndd_trace_optimize,pipeline \
+                --json "$OUT/scaling_t${threads}_b$batch.json" 2>&1 | tail -7 \
+                | tee "$OUT/scaling_t${threads}_b$batch.log"
+        done
+    done
+fi
