@@ -23,6 +23,7 @@ LAYERS = [
     {"api"},
     {"export"},
     {"__init__", "__main__", "launch"},
+    {"nodes"},  # torchdata.nodes (an optional dependency): imported by no module
 ]
 
 
