@@ -1215,6 +1215,14 @@ def lazy_batch(invocation_result: Any) -> Batch:
     return batch
 
 
+def pending_run_of(value: Any) -> Any:
+    """The ndd_trace pipeline run behind a Batch or Tensor made by `lazy_batch` (a compiled
+    call's output), else None."""
+    if isinstance(value, (Batch, Tensor)):
+        return getattr(vars(value).get("_invocation_result"), "_run", None)
+    return None
+
+
 def wrap_batch(tensor_list: Any) -> Batch:
     return Batch(tensor_list)
 

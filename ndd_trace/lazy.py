@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import _dali, logs
+from . import _dali, logs, waits
 from .errors import _GraphBreak
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind, Ref, TensorMeta, op_key
@@ -86,7 +86,8 @@ class Region:
 
 @dataclasses.dataclass
 class Report:
-    """What transparent mode compiled and what it ran eagerly, with reasons and locations."""
+    """What transparent mode compiled and what it ran eagerly, with reasons and locations; the
+    reader loops' waits for data and the loader verdict."""
 
     regions: list[Region]
     eager_ops: Counter  # (op name, reason, file:line) -> count
@@ -94,6 +95,8 @@ class Report:
     readers: Counter  # (reader, file:line) -> epochs read through a reader pipeline
     ops_replayed: int = 0  # of ops_recorded: made from their call site's last call
     releases: int = 0  # region pipelines freed as the least recently run (MAX_LIVE_REGIONS)
+    # reader loops timed from their consumer's side: its wait for data vs its own step
+    loops: list[waits.LoopTimes] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict:
         splits = _splits(self.regions)
@@ -119,7 +122,13 @@ class Report:
                 {"reader": reader, "location": where, "epochs": epochs}
                 for (reader, where), epochs in sorted(self.readers.items())
             ],
+            "loops": [times.as_dict() for times in self.loops],
         }
+
+    def chart(self, path: str) -> str:
+        """A chart of each reader loop's per-step wait for data, written to `path` (needs
+        matplotlib: ImportError, saying so, without it)."""
+        return waits.chart(path, self.loops)
 
     def __str__(self) -> str:
         lines = ["ndd_trace report (transparent mode)",
@@ -151,6 +160,10 @@ class Report:
             lines.append("  calls run eagerly:")
             for (op, reason, where), count in sorted(self.eager_ops.items()):
                 lines.append(f"    {where}: ndd.{op} x{count}: {reason}")
+        if self.loops:
+            lines.append("  reader loops (the consumer's wait for data vs its own step):")
+            for times in self.loops:
+                lines.extend(times.lines())
         return "\n".join(lines)
 
 
@@ -550,8 +563,9 @@ class LazyTracer(Tracer):
                         _state.readers[(type(obj).__name__, str(loc) if loc else "?")] += 1
                     logs.transparent.debug("%s.next_epoch(batch_size=%s) at %s: read ahead",
                                            type(obj).__name__, batch_size, loc or "?")
-                    return reader_epoch(obj, batch_size, self.options,
-                                        self.speculator.note_batch)
+                    return waits.timed(
+                        reader_epoch(obj, batch_size, self.options, self.speculator.note_batch),
+                        f"{type(obj).__name__}.next_epoch", str(loc) if loc else "?")
                 reason = ("DALI's capture mode runs this loop (capture=True)"
                           if _dali.reader_epoch_captures(args, kwargs) else
                           "reader epochs of single samples (or an explicit ctx) run eagerly")
@@ -1149,11 +1163,12 @@ def enabled() -> Iterator[None]:
 
 
 def report() -> Report:
-    """What transparent mode compiled and ran eagerly so far (all threads)."""
+    """What transparent mode compiled and ran eagerly so far, and how long the consumer of each
+    reader loop waited for its data (the loader verdict; compiled generators too), all threads."""
     with _state.lock:
         return Report(list(_state.regions.values()), Counter(_state.eager_ops),
                       _state.ops_recorded, Counter(_state.readers), _state.ops_replayed,
-                      _state.releases)
+                      _state.releases, waits.loops())
 
 
 def step_breakdown() -> dict[str, float]:
@@ -1167,7 +1182,7 @@ def step_breakdown() -> dict[str, float]:
 
 
 def reset_report() -> None:
-    """Forget the regions, eager calls and readers counted so far (all threads)."""
+    """Forget the regions, eager calls, readers and loop times counted so far (all threads)."""
     with _state.lock:
         _state.times = dict.fromkeys(_state.times, 0.0)
         _state.regions.clear()
@@ -1178,3 +1193,4 @@ def reset_report() -> None:
         _state.readers.clear()
         _state.ops_recorded = 0
         _state.ops_replayed = 0
+    waits.reset()

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _dali, logs
+from . import _dali, logs, waits
 from .errors import PipelineError, pipeline_error_type
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind
@@ -82,10 +82,13 @@ class _PendingRun:
         # is gone, and this run is run again from its data when its outputs are asked for (an
         # eager call fails alone; the next ones give their own results)
         self.lost = False
+        self.fetched: tuple | None = None  # (seconds waited, when, thread) once fetched
 
     def result(self) -> tuple:
         if self.outputs is None and self.error is None:
+            started = time.perf_counter()
             self._executable.fetch(self)
+            waits.note_fetched(self, started)  # the consumer's wait, for the loader verdict
         if self.error is not None:
             raise self.error
         return self.outputs  # type: ignore[return-value]

@@ -12,6 +12,7 @@ LAYERS = [
     {"source", "errors", "logs", "trees"},
     {"ir"},
     {"_dali"},
+    {"waits"},
     {"trace", "passes", "guards", "interpret", "stepcheck"},
     {"lower"},
     {"runtime"},
