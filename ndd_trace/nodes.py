@@ -41,7 +41,7 @@ except ImportError as error:  # the package works without torchdata; this module
     raise ImportError("ndd_trace.nodes needs torchdata: pip install torchdata "
                       "(or pip install 'ndd_trace[torchdata]')") from error
 
-__all__ = ["Loop", "to_torch", "STATE_KEY"]
+__all__ = ["Loader", "Loop", "to_torch", "STATE_KEY"]
 
 STATE_KEY = "ndd_trace_loop"  # marks (and versions) a Loop's state
 _VERSION = 1
@@ -284,6 +284,28 @@ class Loop(tn.BaseNode, metaclass=_dali.cuda_node_meta()):
         finally:
             if steps is not None:
                 steps.close()
+
+
+class Loader(tn.Loader):
+    """torchdata's Loader, with `len()` (batches per epoch) when given `length`.
+
+    A trainer that is not told an epoch's length fetches ahead to see where it ends (Lightning
+    fetches one batch ahead): the state it then saves with a checkpoint is one batch past the
+    steps it took, and a resumed run skips that batch. Told the length, it fetches nothing
+    ahead, and saves the state of the batches its steps consumed."""
+
+    def __init__(self, root: tn.BaseNode, length: int | None = None,
+                 restart_on_stop_iteration: bool = True):
+        super().__init__(root, restart_on_stop_iteration)
+        if length is not None and (not isinstance(length, int) or length < 1):
+            raise ValueError(f"ndd_trace.nodes.Loader: `length` must be a positive int (the "
+                             f"batches of an epoch), got {length!r}")
+        self.length = length
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("this ndd_trace.nodes.Loader was not given a length")
+        return self.length
 
 
 def _arguments(function: Callable, args: tuple) -> list[Any]:

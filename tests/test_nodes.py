@@ -18,7 +18,7 @@ import ndd_trace
 
 tn = pytest.importorskip("torchdata.nodes")
 torch = pytest.importorskip("torch")
-from ndd_trace.nodes import STATE_KEY, Loop, to_torch  # noqa: E402
+from ndd_trace.nodes import STATE_KEY, Loader, Loop, to_torch  # noqa: E402
 
 BATCH = 3  # 16 photos: epochs of 6 batches, the last one padded
 
@@ -238,6 +238,15 @@ def test_loop_refuses_a_state_lost_by_dalis_nodes(jpeg_dir):
                                          "save none"):
         iter(restored)
     gc.collect()
+
+
+def test_loader_length(jpeg_dir):
+    """Told its length, a Loader has len() (a trainer then fetches nothing ahead)."""
+    assert len(Loader(Loop(augmented, _reader(jpeg_dir)), length=6)) == 6
+    with pytest.raises(TypeError, match="was not given a length"):
+        len(Loader(Loop(augmented, _reader(jpeg_dir))))
+    with pytest.raises(ValueError, match="`length` must be a positive int"):
+        Loader(Loop(augmented, _reader(jpeg_dir)), length=0)
 
 
 def test_to_torch():
