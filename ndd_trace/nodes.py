@@ -191,6 +191,8 @@ class Loop(tn.BaseNode, metaclass=_dali.cuda_node_meta()):
     # -- torchdata's protocol -----------------------------------------------------------------
 
     def reset(self, initial_state: dict | None = None) -> None:
+        """Start the next epoch (the next call of the function); given a state this node's
+        kind saved, resume where it was saved, into readers that have not read yet."""
         super().reset(initial_state)
         self._close()
         if initial_state is None:
@@ -201,6 +203,7 @@ class Loop(tn.BaseNode, metaclass=_dali.cuda_node_meta()):
         self._restore(initial_state)
 
     def next(self) -> Any:
+        """The epoch's next item (StopIteration at its end)."""
         if self._finished:
             raise StopIteration
         if self._pending_default is not None:  # in the thread that runs the loop
@@ -226,6 +229,8 @@ class Loop(tn.BaseNode, metaclass=_dali.cuda_node_meta()):
         return item
 
     def get_state(self) -> dict:
+        """The state now (JSON-serializable): reader positions, generator states, the batches
+        left in each reader's open epoch, shards, the epoch and step counts."""
         if not self._checkpointing:
             raise ValueError("ndd_trace.nodes.Loop(checkpointing=False) keeps no state: its "
                              "readers are not checkpointed")
