@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> None:
                          max_steps=args.steps, callbacks=callbacks, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
-    trainer.fit(Classifier(), datamodule=Photos(root, args.images, args.device), ckpt_path=args.resume)
-    weights = torch.cat([p.detach().flatten() for p in trainer.lightning_module.parameters()])
+    trainer.fit(Classifier(), datamodule=Photos(root, args.images, args.device),
+                ckpt_path=args.resume)
+    weights = torch.cat([p.detach().cpu().flatten()
+                         for p in trainer.lightning_module.parameters()])
     print(f"weights {hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]}")
 
 

@@ -41,7 +41,7 @@ except ImportError as error:  # the package works without torchdata; this module
     raise ImportError("ndd_trace.nodes needs torchdata: pip install torchdata "
                       "(or pip install 'ndd_trace[torchdata]')") from error
 
-__all__ = ["Loader", "Loop", "to_torch", "STATE_KEY"]
+__all__ = ["STATE_KEY", "Loader", "Loop", "to_torch"]
 
 STATE_KEY = "ndd_trace_loop"  # marks (and versions) a Loop's state
 _VERSION = 1
@@ -146,7 +146,8 @@ class Loop(tn.BaseNode, metaclass=_dali.cuda_node_meta()):
                 default generator of the thread that pulls is always saved).
             transparent: run each step of an uncompiled generator in transparent mode.
             checkpointing: switch checkpointing on in the readers (False keeps them streamed
-                ahead by ndd_trace, and the node's state then cannot be restored).
+                ahead by ndd_trace; the node's state then holds its counts only, and cannot
+                be restored).
         """
         super().__init__()
         if not callable(function):
@@ -231,9 +232,9 @@ class Loop(tn.BaseNode, metaclass=_dali.cuda_node_meta()):
     def get_state(self) -> dict:
         """The state now (JSON-serializable): reader positions, generator states, the batches
         left in each reader's open epoch, shards, the epoch and step counts."""
-        if not self._checkpointing:
-            raise ValueError("ndd_trace.nodes.Loop(checkpointing=False) keeps no state: its "
-                             "readers are not checkpointed")
+        if not self._checkpointing:  # (asked for anyway: tn.Prefetcher snapshots every item)
+            return {STATE_KEY: _VERSION, "epoch": self.epoch, "step": self.step,
+                    "finished": self._finished, "readers": None}
         if self._pending_default is not None:
             default = self._pending_default
         elif self._default_rng is not None:
@@ -262,8 +263,9 @@ class Loop(tn.BaseNode, metaclass=_dali.cuda_node_meta()):
                 f"state (version {_VERSION}); got {_summary(state)}. A node between the Loader "
                 "and the Loop must save its source's state (tn.Mapper does; DALI's DictMapper "
                 "and ToTorch save none)")
-        if not self._checkpointing:
-            raise ValueError("ndd_trace.nodes.Loop(checkpointing=False) cannot restore a state")
+        if not self._checkpointing or state["readers"] is None:
+            raise ValueError("ndd_trace.nodes.Loop.reset(initial_state): a Loop made with "
+                             "checkpointing=False saves no reader positions, and restores none")
         if len(state["readers"]) != len(self._seats) or len(state["rngs"]) != len(self._rngs):
             raise ValueError(
                 f"ndd_trace.nodes.Loop.reset(initial_state): the state was saved by a Loop of "

@@ -15,6 +15,7 @@ from conftest import ROOT, assert_same, subprocess_env, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
+from ndd_trace import _dali
 
 tn = pytest.importorskip("torchdata.nodes")
 torch = pytest.importorskip("torch")
@@ -43,9 +44,9 @@ def augmented_with(reader, rng):
 compiled_augmented_with = ndd.compile(augmented_with)
 
 MODES = {
-    "eager": dict(function=augmented),
-    "compiled": dict(function=compiled_augmented),
-    "transparent": dict(function=augmented, transparent=True),
+    "eager": {"function": augmented},
+    "compiled": {"function": compiled_augmented},
+    "transparent": {"function": augmented, "transparent": True},
 }
 
 
@@ -219,6 +220,19 @@ def test_loop_errors(jpeg_dir):
     with pytest.raises(RuntimeError, match="initialized with checkpointing disabled"):
         Loop(augmented, plain)  # DALI's own error: it read without checkpointing
     gc.collect()
+
+
+def test_loop_without_checkpointing(jpeg_dir):
+    """checkpointing=False: the readers stream (as without a node), tn.Prefetcher's snapshots
+    work, and a state is refused on restore."""
+    reader = _reader(jpeg_dir)
+    loader = tn.Loader(tn.Prefetcher(Loop(augmented, reader, checkpointing=False), 2))
+    assert len([to_numpy(item) for item in loader]) == 6
+    assert not _dali.reader_checkpointing(reader)
+    state = Loop(augmented, _reader(jpeg_dir), checkpointing=False).state_dict()
+    assert state["readers"] is None
+    with pytest.raises(ValueError, match="checkpointing=False saves no reader positions"):
+        Loop(augmented, _reader(jpeg_dir), checkpointing=False).reset(state)
 
 
 def test_loop_refuses_a_state_lost_by_dalis_nodes(jpeg_dir):
