@@ -54,6 +54,16 @@ _ALSO = """
 ::: ndd_trace.lazy.Region
 
 ::: ndd_trace.loop.LoopError
+
+::: ndd_trace.waits.LoopTimes
+
+## torchdata nodes (`ndd_trace.nodes`, needs torchdata)
+
+::: ndd_trace.nodes.Loop
+
+::: ndd_trace.nodes.Loader
+
+::: ndd_trace.nodes.to_torch
 """
 
 

@@ -4,12 +4,14 @@
     python -m ndd_trace -m mypackage.train --epochs 3       # same as: python -m mypackage.train
     python -m ndd_trace --report train.py                   # plus what was compiled, on stderr
     python -m ndd_trace --report-json report.json train.py  # the same report as JSON
+    python -m ndd_trace --report --wait-chart waits.png train.py  # per-step waits (matplotlib)
 
 The script (or module) runs as `__main__` with its own `sys.argv`; exit codes, exceptions and
 tracebacks are those of a plain run. ndd calls are recorded lazily and run as cached pipelines
-when their results are consumed (see ndd_trace.lazy). Under a launcher that sets RANK or
-LOCAL_RANK (torchrun), the JSON report of each rank goes to its own file (report.rank0.json);
-NDD_TRACE_REPORT=path writes it too.
+when their results are consumed (see ndd_trace.lazy). The report ends with each reader loop's
+loader verdict: how long its consumer waited for data vs its own step (ndd_trace.waits). Under
+a launcher that sets RANK or LOCAL_RANK (torchrun), the JSON report of each rank goes to its own
+file (report.rank0.json); NDD_TRACE_REPORT=path writes it too.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="print what was compiled and what ran eagerly (stderr)")
     parser.add_argument("--report-json", metavar="PATH",
                         help="write the report as JSON (one file per rank under torchrun)")
+    parser.add_argument("--wait-chart", metavar="PNG",
+                        help="write a chart of each reader loop's per-step wait for data "
+                             "(needs matplotlib)")
     parser.add_argument("-m", dest="module", action="store_true",
                         help="run a module as `python -m` does (the target is a module name)")
     parser.add_argument("target", metavar="script.py | -m module",
@@ -76,6 +81,11 @@ def main(argv: list[str] | None = None) -> None:
             print(lazy.report(), file=sys.stderr)
         if options.report_json:
             launch.write_report(options.report_json)
+        if options.wait_chart:
+            try:
+                lazy.report().chart(options.wait_chart)
+            except ImportError as error:
+                print(f"ndd_trace: no wait chart: {error}", file=sys.stderr)
 
 
 def _run_script(path: str) -> None:

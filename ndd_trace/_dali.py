@@ -1281,6 +1281,14 @@ def lazy_batch(invocation_result: Any) -> Batch:
     return batch
 
 
+def pending_run_of(value: Any) -> Any:
+    """The ndd_trace pipeline run behind a Batch or Tensor made by `lazy_batch` (a compiled
+    call's output), else None."""
+    if isinstance(value, (Batch, Tensor)):
+        return getattr(vars(value).get("_invocation_result"), "_run", None)
+    return None
+
+
 def wrap_batch(tensor_list: Any) -> Batch:
     return Batch(tensor_list)
 
@@ -1322,6 +1330,37 @@ _LOOP_STATE_MAGIC = b"NDDTRACE-LOOP1\n"
 
 def reader_checkpointing(reader: Any) -> bool:
     return bool(reader._checkpointing_enabled)
+
+
+def enable_reader_checkpointing(reader: Any) -> None:
+    """What `ndd.checkpoint.Checkpoint.register(reader)` does to a reader (DALI's own error for
+    one that already read without checkpointing)."""
+    reader._enable_checkpointing()
+
+
+def reader_started(reader: Any) -> bool:
+    """Whether the reader made its operator (it has a position: `get_state()` answers, and
+    `set_state()` no longer does)."""
+    return reader._op_backend is not None
+
+
+def set_reader_shard_id(reader: Any, shard_id: int) -> None:
+    """The shard the reader's next epoch reads (ndd keeps it in Python, not in the reader's
+    checkpoint)."""
+    reader._shard_id = int(shard_id)
+
+
+def eager_epoch_steps(reader: Any, batch_size: int) -> int:
+    """Batches in the reader's open eager epoch, as ndd counted them at its first step."""
+    return -(-reader._shard_epoch_size() // batch_size)
+
+
+def cuda_node_meta() -> type:
+    """The metaclass of DALI's own torchdata nodes (`ndd.pytorch.nodes`): `next` runs on the
+    CUDA device `reset` saw, whichever thread calls it."""
+    from nvidia.dali.experimental.dynamic.pytorch import nodes
+
+    return type(nodes.Reader)
 
 
 def check_reader_state(state: Any) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from . import _dali, guards, lazy, logs, passes, readahead, trees
+from . import _dali, guards, lazy, logs, passes, readahead, trees, waits
 from .errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from .ir import Graph, NodeKind, Ref
 from .loop import Split, StepCall, split_generator
@@ -376,8 +376,11 @@ class CompiledFunction:
         split = self._loop()
         if split is None:
             self._counters.fallbacks += 1
-            return self._fallback_epoch(args, kwargs)
-        return split.generator(*args, **kwargs)
+            epoch = self._fallback_epoch(args, kwargs)
+        else:
+            epoch = split.generator(*args, **kwargs)
+        # the report's loader verdict: the consumer's wait for each item vs its own step
+        return waits.timed(epoch, self.__qualname__, str(self._definition_loc()))
 
     def _loop(self) -> Split | None:
         """The generator taken apart (None: its loop body runs in checked mode), at its first

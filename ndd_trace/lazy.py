@@ -27,14 +27,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import _dali, logs
+from . import _dali, logs, waits
 from .errors import PipelineError, _GraphBreak
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind, Ref, TensorMeta, op_key
 from .lower import lower
 from .optimize import optimize as optimize_graph
 from .optimize import requested as optimize_requested
-from .readahead import RUN_AHEAD, Speculator, can_stream, reader_epoch, stream_of
+from .readahead import (RUN_AHEAD, Speculator, can_stream, epoch_of, has_epoch_wrapper,
+                        reader_epoch, stream_of)
 from .runtime import Executable, LazyResult, Options
 from .source import SourceLoc, user_frame, user_location
 from .trace import (BATCH_ABSENT, TracedBatch, TracedTensor, Tracer, _is_concrete_data,
@@ -89,7 +90,8 @@ class Region:
 
 @dataclasses.dataclass
 class Report:
-    """What transparent mode compiled and what it ran eagerly, with reasons and locations."""
+    """What transparent mode compiled and what it ran eagerly, with reasons and locations; the
+    reader loops' waits for data and the loader verdict."""
 
     regions: list[Region]
     eager_ops: Counter  # (op name, reason, file:line) -> count
@@ -97,6 +99,8 @@ class Report:
     readers: Counter  # (reader, file:line) -> epochs read through a reader pipeline
     ops_replayed: int = 0  # of ops_recorded: made from their call site's last call
     releases: int = 0  # region pipelines freed as the least recently run (MAX_LIVE_REGIONS)
+    # reader loops timed from their consumer's side: its wait for data vs its own step
+    loops: list[waits.LoopTimes] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict:
         splits = _splits(self.regions)
@@ -123,7 +127,13 @@ class Report:
                 {"reader": reader, "location": where, "epochs": epochs}
                 for (reader, where), epochs in sorted(self.readers.items())
             ],
+            "loops": [times.as_dict() for times in self.loops],
         }
+
+    def chart(self, path: str) -> str:
+        """A chart of each reader loop's per-step wait for data, written to `path` (needs
+        matplotlib: ImportError, saying so, without it)."""
+        return waits.chart(path, self.loops)
 
     def __str__(self) -> str:
         lines = ["ndd_trace report (transparent mode)",
@@ -156,6 +166,10 @@ class Report:
             lines.append("  calls run eagerly:")
             for (op, reason, where), count in sorted(self.eager_ops.items()):
                 lines.append(f"    {where}: ndd.{op} x{count}: {reason}")
+        if self.loops:
+            lines.append("  reader loops (the consumer's wait for data vs its own step):")
+            for times in self.loops:
+                lines.extend(times.lines())
         return "\n".join(lines)
 
 
@@ -572,8 +586,10 @@ class LazyTracer(Tracer):
                         _state.readers[(type(obj).__name__, str(loc) if loc else "?")] += 1
                     logs.transparent.debug("%s.next_epoch(batch_size=%s) at %s: read ahead",
                                            type(obj).__name__, batch_size, loc or "?")
-                    return reader_epoch(obj, batch_size, self.options,
-                                        self.speculator.note_batch)
+                    epoch = waits.timed(
+                        reader_epoch(obj, batch_size, self.options, self.speculator.note_batch),
+                        f"{type(obj).__name__}.next_epoch", str(loc) if loc else "?")
+                    return epoch_of(obj, epoch, args, kwargs)
                 reason = ("DALI's capture mode runs this loop (capture=True)"
                           if _dali.reader_epoch_captures(args, kwargs) else
                           "reader epochs of single samples (or an explicit ctx) run eagerly")
@@ -584,6 +600,9 @@ class LazyTracer(Tracer):
             name = f"{type(obj).__name__}.next_epoch" if kind is None else type(obj).__name__
             with _state.lock:
                 _state.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
+        if kind is None and has_epoch_wrapper(obj):  # an eager epoch, through its wrapper
+            epoch = _dali.unwatched(_dali.Reader, "next_epoch")(obj, *args, **kwargs)
+            return epoch_of(obj, epoch, args, kwargs)
         return None
 
     def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
@@ -1205,11 +1224,12 @@ def enabled(optimize: bool | None = None) -> Iterator[None]:
 
 
 def report() -> Report:
-    """What transparent mode compiled and ran eagerly so far (all threads)."""
+    """What transparent mode compiled and ran eagerly so far, and how long the consumer of each
+    reader loop waited for its data (the loader verdict; compiled generators too), all threads."""
     with _state.lock:
         return Report(list(_state.regions.values()), Counter(_state.eager_ops),
                       _state.ops_recorded, Counter(_state.readers), _state.ops_replayed,
-                      _state.releases)
+                      _state.releases, waits.loops())
 
 
 def step_breakdown() -> dict[str, float]:
@@ -1223,7 +1243,7 @@ def step_breakdown() -> dict[str, float]:
 
 
 def reset_report() -> None:
-    """Forget the regions, eager calls and readers counted so far (all threads)."""
+    """Forget the regions, eager calls, readers and loop times counted so far (all threads)."""
     with _state.lock:
         _state.times = dict.fromkeys(_state.times, 0.0)
         _state.regions.clear()
@@ -1234,3 +1254,4 @@ def reset_report() -> None:
         _state.readers.clear()
         _state.ops_recorded = 0
         _state.ops_replayed = 0
+    waits.reset()

@@ -659,11 +659,40 @@ def watch_reader_epochs(owner: Any) -> None:
     _watch()
 
 
+# reader -> what each of its epochs is handed out through (ndd_trace.nodes counts them so)
+_epoch_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def wrap_epochs(reader: Any, wrap: Callable[[Iterator[Any], tuple, dict], Iterator[Any]]
+                ) -> None:
+    """From now on, each epoch of `reader`, whoever opens it (eager code, a compiled loop,
+    transparent mode), is handed out as `wrap(epoch, args, kwargs)`, `args`/`kwargs` being
+    those of its `next_epoch` call. The reader object itself is left as it is."""
+    _epoch_wrappers[reader] = wrap
+    _watch()
+
+
+def has_epoch_wrapper(reader: Any) -> bool:
+    return bool(_epoch_wrappers) and reader in _epoch_wrappers
+
+
+def epoch_of(reader: Any, epoch: Any, args: tuple, kwargs: dict) -> Any:
+    """`epoch`, through the reader's wrapper where it has one (`wrap_epochs`)."""
+    wrap = _epoch_wrappers.get(reader) if _epoch_wrappers else None
+    return epoch if wrap is None else wrap(epoch, args, kwargs)
+
+
 def _on_epoch(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
-    """`reader.next_epoch(*args, **kwargs)` outside any trace. A reader with a stream reads
-    through it (whoever asks: eager code too); a compiled loop's epoch, or one of a reader whose
-    batches fed a compiled function, starts its stream; other epochs run eagerly, their
-    batches remembered weakly (so that a compiled call can tell it was fed one)."""
+    """`reader.next_epoch(*args, **kwargs)` outside any trace (see `_open_epoch`), through the
+    reader's epoch wrapper where it has one."""
+    return epoch_of(reader, _open_epoch(reader, original, args, kwargs), args, kwargs)
+
+
+def _open_epoch(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
+    """A reader with a stream reads through it (whoever asks: eager code too); a compiled
+    loop's epoch, or one of a reader whose batches fed a compiled function, starts its stream;
+    other epochs run eagerly, their batches remembered weakly (so that a compiled call can tell
+    it was fed one)."""
     stand_in = _stand_in()
     if stand_in is not None:
         batch_size = _dali.reader_epoch_request(reader, args, kwargs, any_context=True,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _dali, logs
+from . import _dali, logs, waits
 from .errors import PipelineError, pipeline_error_type
 from .interpret import interpret
 from .ir import Graph, Node, NodeKind
@@ -91,12 +91,15 @@ class PendingRun:
         # the recorded op calls the run stands for, in the graph's op order (a transparent-mode
         # region's calls this time): its errors name their lines; None: the graph's own
         self.calls: list[Node] | None = None
+        self.fetched: tuple | None = None  # (seconds waited, when, thread) once fetched
 
     def result(self) -> tuple:
         """The run's outputs; its error (the operator's own, as eager raises it at the call)
         raised as eager raises it at the first use of a result."""
         if self.outputs is None and self.error is None:
+            started = time.perf_counter()
             self._executable.fetch(self)
+            waits.note_fetched(self, started)  # the consumer's wait, for the loader verdict
         if self.error is not None:
             raise self.error if self.as_is else surfacing(self.error, self.deferred)
         return self.outputs  # type: ignore[return-value]

@@ -12,6 +12,7 @@ LAYERS = [
     {"source", "errors", "logs", "trees"},
     {"ir"},
     {"_dali"},
+    {"waits"},
     {"trace", "passes", "optimize", "guards", "interpret", "stepcheck"},
     {"lower"},
     {"runtime"},
@@ -23,6 +24,7 @@ LAYERS = [
     {"api"},
     {"export"},
     {"__init__", "__main__", "launch"},
+    {"nodes"},  # torchdata.nodes (an optional dependency): imported by no module
 ]
 
 

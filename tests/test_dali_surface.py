@@ -112,6 +112,8 @@ SURFACE = {
     ("Reader", "_raw_tensor_args"): "readers with tensor arguments are read eagerly",
     ("Reader", "_require_api_type"): "eager's 'Cannot mix samples, batches' check",
     ("Reader", "_transferred"): "a reader whose operator moved into a pipeline",
+    ("Reader", "_enable_checkpointing"): "ndd_trace.nodes.Loop makes its readers checkpoint",
+    ("Reader", "_shard_epoch_size"): "an epoch's batches, as eager's next_epoch counts them",
     # external sources
     ("ExternalSource", "_callback"): "one item of a source, pulled as `source()` pulls it",
     ("ExternalSource", "_convert_outputs"): "an item converted as `source()` converts it",
