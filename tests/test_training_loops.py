@@ -838,6 +838,59 @@ _RETURNED_GENERATOR = ("ndd.compile on a plain function returning a generator ca
                        "generator object: every later call returns the same, exhausted one")
 
 
+_TARGET_REBOUND = ("a loop target rebound in the body (`labels = ndd.cast(labels, ...)`): the "
+                   "compiled step loses it as a parameter, UnboundLocalError")
+
+
+def labels_cast(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.int64_label_batches)
+    reader = file_reader(data.jpeg_dir, seed=38)
+    ndd.random.set_seed(43)
+    for epoch in range(2):
+        step = 0
+        try:
+            for images, labels in batches(reader, 12):
+                record.add(epoch, images, labels)
+                step += 1
+        except Exception as error:  # noqa: BLE001 (compared with eager's)
+            record.error(error, epoch, step)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_TARGET_REBOUND))
+def test_labels_cast_in_the_loop_body(data, mode):
+    run_modes(labels_cast, data, mode, "compiled loop")
+
+
+_PARTIAL = ("ndd.compile(functools.partial(...)) raises AttributeError when called "
+            "(no __code__ / __qualname__)")
+
+
+def partial_generator(mode: Mode, data: Data) -> list:
+    """The generator's settings bound with functools.partial before compiling."""
+    import functools
+
+    record = Record()
+    batches = mode.generator(functools.partial(programs.sized_batches, size=14))
+    reader = file_reader(data.jpeg_dir, seed=39)
+    ndd.random.set_seed(44)
+    for epoch in range(2):
+        step = 0
+        try:
+            for images, labels in batches(reader):
+                record.add(epoch, images, labels)
+                step += 1
+        except Exception as error:  # noqa: BLE001 (compared with eager's)
+            record.error(error, epoch, step)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_PARTIAL))
+def test_generator_bound_with_functools_partial(data, mode):
+    run_modes(partial_generator, data, mode)
+
+
 def decorated_generator(mode: Mode, data: Data) -> list:
     """`@ndd.compile` over the user's own decorator, which returns the generator."""
     record = Record()
@@ -928,8 +981,8 @@ def zip_external_source(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-_CAPTURED_STEP = ("a compiled step called inside DALI's capture-mode loop "
-                  "(source.captured) raises TypeError (a _GraphBreak rebuilt by DALI)")
+_CAPTURED_STEP = ("a compiled step called inside DALI's capture-mode loop (source.captured) "
+                  "raises TypeError (a _GraphBreak rebuilt by DALI, or skipahead(-7))")
 
 
 @pytest.mark.parametrize("mode", modes(step=_CAPTURED_STEP))
@@ -983,6 +1036,37 @@ def source_pulled_by_the_loop(mode: Mode, data: Data) -> list:
 @pytest.mark.parametrize("mode", modes(step=_CAPTURED_STEP))
 def test_callable_external_source_and_a_break(data, mode):
     run_modes(source_pulled_by_the_loop, data, mode, "compiled loop")
+
+
+_PREFETCHED_ITEM = ("an ExternalSource zipped with a reader, whose batch an operator uses: eager "
+                    "(DALI's capture mode) drops one prefetched item at each epoch's end and "
+                    "break, the compiled loop does not")
+
+
+def _masks(count: int) -> list:
+    rng = np.random.default_rng(count)
+    return [ndd.as_batch([rng.integers(0, 3, (20, 24, 1), dtype=np.uint8)
+                          for _ in range(programs.BATCH_SIZE)], layout="HWC")
+            for _ in range(count)]
+
+
+def segmentation(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.segmentation_batches)
+    reader = file_reader(data.jpeg_dir, seed=37)
+    masks = ndd.ExternalSource(_masks(16), cycle="quiet")
+    ndd.random.set_seed(42)
+    for epoch in range(3):
+        for step, (images, mask) in enumerate(batches(reader, masks)):
+            record.add(epoch, images, mask)
+            if epoch == 1 and step == 1:
+                break
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_PREFETCHED_ITEM, step=_CAPTURED_STEP))
+def test_segmentation_masks_from_an_external_source(data, mode):
+    run_modes(segmentation, data, mode, "compiled loop")
 
 
 # -- shards: two ranks in one process ----------------------------------------------------------
@@ -1221,3 +1305,89 @@ def test_reduced_compiled_function_returning_a_generator(jpeg_dir):
 
     assert run(batches) == [4, 4]
     assert run(ndd.compile(batches)) == [4, 4]
+
+
+@pytest.mark.xfail(strict=True, reason=_TARGET_REBOUND)
+def test_reduced_loop_target_rebound_in_the_body(jpeg_dir):
+    def batches(reader):
+        for _, labels in reader.next_epoch(batch_size=4):
+            labels = labels + 1
+            yield labels
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
+
+    assert run(ndd.compile(batches)) == run(batches)
+
+
+@pytest.mark.xfail(strict=True, reason=_PARTIAL)
+@pytest.mark.parametrize("kind", ["generator", "function"])
+def test_reduced_compiled_functools_partial(jpeg_dir, kind):
+    import functools
+
+    def batches(reader, offset):
+        for _, labels in reader.next_epoch(batch_size=4):
+            yield labels + offset
+
+    def shifted(labels, offset):
+        return labels + offset
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        if kind == "generator":
+            return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
+        return [np.asarray(ndd.as_tensor(function(labels))).tolist()
+                for _, labels in reader.next_epoch(batch_size=4)]
+
+    bound = functools.partial(batches if kind == "generator" else shifted, offset=3)
+    assert run(ndd.compile(bound)) == run(bound)
+
+
+@pytest.mark.xfail(strict=True, reason=_PREFETCHED_ITEM)
+def test_reduced_external_source_item_prefetched_by_capture_mode(jpeg_dir):
+    def batches(reader, source):
+        for _, extra in zip(reader.next_epoch(batch_size=4), source.captured(batch_size=4)):
+            yield ndd.flip(extra, horizontal=1)
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        source = ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 4,
+                                                  layout="HWC") for i in range(20)],
+                                    cycle="quiet")
+        return [[int(np.asarray(ndd.as_tensor(x)).ravel()[0]) for x in function(reader, source)]
+                for _ in range(2)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = run(batches)
+        compiled = run(ndd.compile(batches))
+    assert eager == [[0, 1, 2, 3], [5, 6, 7, 8]]  # DALI drops item 4, prefetched
+    assert compiled == eager
+
+
+_TWO_CAPTURE_LOOPS = ("two capture-mode loops open at once: eager DALI raises RuntimeError "
+                      "'Only one capture-mode loop can be active at a time', compiled runs both")
+
+
+@pytest.mark.xfail(strict=True, reason=_TWO_CAPTURE_LOOPS)
+def test_reduced_two_capture_mode_loops_open_at_once():
+    def batches(source):
+        for extra in source.captured(batch_size=2):
+            yield ndd.flip(extra, horizontal=1)
+
+    def run(function):
+        sources = [ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 2,
+                                                    layout="HWC") for i in range(3)])
+                   for _ in range(2)]
+        try:
+            return [len(pair) for pair in zip(function(sources[0]), function(sources[1]))]
+        except RuntimeError as error:
+            return str(error)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = run(batches)
+        compiled = run(ndd.compile(batches))
+    assert eager == "Only one capture-mode loop can be active at a time"
+    assert compiled == eager

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 
 import nvidia.dali.experimental.dynamic as ndd
+from nvidia.dali import types
 
 STEP_FUNCTIONS: list[str] = []  # names of this module's per-batch functions (compiled in "step")
 
@@ -377,3 +378,28 @@ def no_grad_batches(reader):
     """A generator under `torch.no_grad()` (torch wraps generator functions specially)."""
     for jpegs, labels in reader.next_epoch(batch_size=BATCH_SIZE):
         yield val_transform(jpegs), labels
+
+
+# -- more loop bodies --------------------------------------------------------------------------
+
+def int64_label_batches(reader, size):
+    """Labels cast for the loss function, rebinding the loop's own target."""
+    for jpegs, labels in reader.next_epoch(batch_size=BATCH_SIZE):
+        labels = ndd.cast(labels, dtype=ndd.int64)
+        yield train_transform(jpegs, size), labels
+
+
+@step_function
+def image_and_mask(jpegs, masks):
+    """Segmentation: the same random flip for an image and its mask."""
+    images = ndd.resize(ndd.decoders.image(jpegs), size=[12, 12])
+    masks = ndd.resize(masks, size=[12, 12], interp_type=types.INTERP_NN)
+    flip = ndd.random.coin_flip(batch_size=images.batch_size)
+    return ndd.flip(images, horizontal=flip), ndd.flip(masks, horizontal=flip)
+
+
+def segmentation_batches(reader, masks):
+    """Images from a reader, their masks from an ExternalSource."""
+    for (jpegs, _), mask in zip(reader.next_epoch(batch_size=BATCH_SIZE),
+                                masks.captured(batch_size=BATCH_SIZE)):
+        yield image_and_mask(jpegs, mask)
