@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from loopfuzz import LoopProgram, check_loop_program  # noqa: E402
-from loopshapes import LoopShape, check_loop_shape, no_stray_modules  # noqa: E402
+from loopshapes import (LoopShape, check_loop_shape, corrupt_copy,  # noqa: E402
+                        no_stray_modules)
 
 from benchmarks._data import make_jpeg_dir  # noqa: E402
 from benchmarks._examples import run_examples  # noqa: E402
@@ -44,6 +45,8 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="ndd_trace_loopfuzz_")
     jpeg_dir = make_jpeg_dir(os.path.join(folder, "photos"), n=16, seed=0)
     short_dir = make_jpeg_dir(os.path.join(folder, "short"), n=10, seed=1)
+    dirs = (str(jpeg_dir), str(short_dir), corrupt_copy(str(jpeg_dir),
+                                                       os.path.join(folder, "corrupt")))
     paths: collections.Counter = collections.Counter()
     mismatches: list[str] = []
 
@@ -58,7 +61,7 @@ def main() -> None:
         shape = LoopShape.draw(data, known=args.known)
         try:
             with no_stray_modules():
-                paths[check_loop_shape(shape, (str(jpeg_dir), str(short_dir)), folder)] += 1
+                paths[check_loop_shape(shape, dirs, folder, known=args.known)] += 1
         except AssertionError as error:
             mismatches.append(str(error)[:6000])
 

@@ -109,6 +109,9 @@ KNOWN_MISMATCHES = {
     "one item and drops it at a break and at the epoch's end; ndd_trace keeps it",
     "two capture-mode loops open at once": "eager DALI raises RuntimeError 'Only one "
     "capture-mode loop can be active at a time'; compiled generators run both",
+    "a failed run's error text": "not eager's 'An error happened during asynchronous "
+    "execution' but 'the compiled pipeline failed: ...' or 'operator `ndd.decoders.image` "
+    "created at FILE:LINE failed: Failed to decode sample #2 ...' (compared with `known`)",
 }
 
 _BEFORE = [
@@ -168,6 +171,7 @@ class LoopShape:
     batch_size: int
     seed: int
     consumer_draws: bool
+    corrupt: bool  # the first reader's folder has a truncated JPEG (dirs[2])
     alternate: bool  # odd epochs run a second generator (program_odd)
     depth: int | None  # ndd.compile(prefetch_queue_depth=...)
     ranks: int  # 2: two data-parallel ranks, their epochs zipped by the consumer
@@ -341,7 +345,8 @@ class LoopShape:
         return LoopShape(source, style, nesting, size_from, parameters, readers,
                          draw(st.booleans()), source_kind, draw(st.integers(2, 6)),
                          reader_options, batch_size, draw(st.integers(0, 2**31)),
-                         draw(st.integers(0, 2)) == 0, alternate,
+                         draw(st.integers(0, 2)) == 0,
+                         readers > 0 and _sometimes(draw, 15, 0, 0) is not None, alternate,
                          draw(st.sampled_from([None, None, 1, 3])),
                          draw(st.sampled_from([1, 1, 1, 2] if known or source_kind is None
                                               else [1])),
@@ -367,7 +372,8 @@ class LoopShape:
                 f"second_short={self.second_short} source={self.source_kind}"
                 f"({self.source_items}) options={self.reader_options} "
                 f"batch_size={self.batch_size} seed={self.seed} "
-                f"consumer_draws={self.consumer_draws} alternate={self.alternate} "
+                f"consumer_draws={self.consumer_draws} corrupt={self.corrupt} "
+                f"alternate={self.alternate} "
                 f"depth={self.depth} "
                 f"ranks={self.ranks} "
                 f"deferred={self.deferred}\n{plans}")
@@ -415,9 +421,19 @@ def _rank_options(options: dict, rank: int) -> dict:
     return options
 
 
-def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, str]) -> tuple[list, list]:
+def _observe(item: Any, known: bool) -> Any:
+    """What the consumer sees of an item; for one that fails (a truncated JPEG), the error."""
+    try:
+        return _plain(item)
+    except RuntimeError as error:  # its text only with `known` (KNOWN_MISMATCHES)
+        return ("failed", type(error).__name__, str(error) if known else None)
+
+
+def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...],
+           known: bool = False) -> tuple[list, list]:
     """Everything the consumer observes over the shape's epochs; and the compiled functions.
-    `mode`: "eager", or "compiled" (the shape's generator under ndd.compile)."""
+    `mode`: "eager", or "compiled" (the shape's generator under ndd.compile). `dirs`: 16
+    photos, 10 others, and (optional) 15 photos and a truncated JPEG."""
     compiled: list = []
     inner = getattr(module, "inner", None)
     loader_class = module.Loader
@@ -445,8 +461,8 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, str]) -> t
     for rank in range(shape.ranks):
         reader = second = source = None
         if shape.readers >= 1:
-            reader = ndd.readers.File(file_root=dirs[0],
-                                      **_rank_options(shape.reader_options, rank))
+            reader = ndd.readers.File(file_root=dirs[2] if shape.corrupt and len(dirs) > 2
+                                      else dirs[0], **_rank_options(shape.reader_options, rank))
         if shape.readers == 2:
             second = ndd.readers.File(file_root=dirs[1] if shape.second_short else dirs[0],
                                       random_shuffle=True, seed=9 + rank)
@@ -504,7 +520,7 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, str]) -> t
                         if shape.deferred:
                             kept.append((epoch, steps, item))
                         else:
-                            seen.append(("item", epoch, steps, _plain(item)))
+                            seen.append(("item", epoch, steps, _observe(item, known)))
                         steps += 1
                         if shape.consumer_draws:
                             seen.append(float(np.asarray(ndd.random.uniform(range=[0, 1]))))
@@ -520,7 +536,7 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, str]) -> t
             except Exception as error:  # noqa: BLE001 (compared with the other runs')
                 seen.append(("raised", epoch, steps, type(error).__name__, str(error)))
             epochs = None
-            seen += [("item", *where, _plain(item)) for *where, item in kept]
+            seen += [("item", *where, _observe(item, known)) for *where, item in kept]
             seen.append(("log", tuple(log), *((loader.count, loader.epochs, str(loader.rng.state),
                                                _plain(getattr(loader, "last", None)))
                                               for loader, _ in ranks)))
@@ -560,29 +576,43 @@ def _short(events: Any) -> str:
     return text[:1500]
 
 
-def check_loop_shape(shape: LoopShape, dirs: tuple[str, str], folder: str,
-                     transparent: bool = True) -> str:
+def check_loop_shape(shape: LoopShape, dirs: tuple[str, ...], folder: str,
+                     transparent: bool = True, known: bool = False) -> str:
     """Run the shape eagerly, compiled and (`transparent`) in transparent mode; return the
     path its compiled generator took, or raise AssertionError naming the first difference."""
     module = shape.load(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # capture mode's, checked mode's notices
-        eager, _ = _drive(shape, module, "eager", dirs)
-        observed, compiled = _drive(shape, module, "compiled", dirs)
+        eager, _ = _drive(shape, module, "eager", dirs, known)
+        observed, compiled = _drive(shape, module, "compiled", dirs, known)
         found = _compare(eager, observed)
         assert found is None, f"compiled: {found}\n{shape.describe()}"
         if transparent:
             with ndd_trace.enabled():
-                observed, _ = _drive(shape, module, "eager", dirs)
+                observed, _ = _drive(shape, module, "eager", dirs, known)
             found = _compare(eager, observed)
             assert found is None, f"transparent: {found}\n{shape.describe()}"
             if shape.seed % 4 == 0:  # a compiled generator in a transparent-mode script
                 with ndd_trace.enabled():
-                    observed, _ = _drive(shape, module, "compiled", dirs)
+                    observed, _ = _drive(shape, module, "compiled", dirs, known)
                 found = _compare(eager, observed)
                 assert found is None, f"compiled, transparent: {found}\n{shape.describe()}"
     paths = sorted({entry.path for function in compiled for entry in function.entries})
     return "+".join(paths) or "none"
+
+
+def corrupt_copy(jpeg_dir: str, root: str) -> str:
+    """A copy of the first 15 photos of `jpeg_dir` under `root`, with a truncated JPEG."""
+    from pathlib import Path
+
+    for index, path in enumerate(sorted(Path(jpeg_dir).rglob("*.jpg"))[:15]):
+        folder = Path(root) / path.parent.name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / path.name).write_bytes(path.read_bytes())
+        if index == 5:
+            data = path.read_bytes()
+            (folder / f"{path.stem}_cut.jpg").write_bytes(data[:len(data) // 5])
+    return str(root)
 
 
 @contextlib.contextmanager

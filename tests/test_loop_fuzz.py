@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loopfuzz import LoopProgram, check_loop_program
-from loopshapes import LoopShape, check_loop_shape, no_stray_modules
+from loopshapes import LoopShape, check_loop_shape, corrupt_copy, no_stray_modules
 
 from benchmarks._data import make_jpeg_dir
 
@@ -38,5 +38,6 @@ def test_random_loop_shapes_match_eager(loop_shape_dirs, tmp_path_factory, data)
 
 @pytest.fixture(scope="module")
 def loop_shape_dirs(jpeg_dir, tmp_path_factory):
-    """16 photos, and 10 others (a second reader with fewer batches)."""
-    return str(jpeg_dir), str(make_jpeg_dir(tmp_path_factory.mktemp("short"), n=10, seed=1))
+    """16 photos, 10 others (a second reader with fewer batches), 15 and a truncated JPEG."""
+    return (str(jpeg_dir), str(make_jpeg_dir(tmp_path_factory.mktemp("short"), n=10, seed=1)),
+            corrupt_copy(str(jpeg_dir), str(tmp_path_factory.mktemp("corrupt"))))
