@@ -1391,3 +1391,39 @@ def test_reduced_two_capture_mode_loops_open_at_once():
         compiled = run(ndd.compile(batches))
     assert eager == "Only one capture-mode loop can be active at a time"
     assert compiled == eager
+
+
+_CAPTURED_DECODE_ERROR = ("a truncated JPEG in a loop zipped with source.captured(): eager "
+                          "(DALI's capture mode) raises from the loop at that step, ending the "
+                          "epoch; the compiled loop yields it (failing at use) and goes on")
+
+
+@pytest.mark.xfail(strict=True, reason=_CAPTURED_DECODE_ERROR)
+def test_reduced_decode_error_in_a_capture_mode_loop(data):
+    def batches(reader, source):
+        for extra, (jpegs, _) in zip(source.captured(batch_size=4),
+                                     reader.next_epoch(batch_size=4)):
+            yield ndd.cast(_decode(jpegs), dtype=ndd.float32) * extra
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(data.bad_dir))
+        source = ndd.ExternalSource([ndd.as_batch([np.ones((1, 1, 1), np.float32)] * 4)
+                                     for _ in range(4)], cycle="raise")
+        seen = []
+        try:
+            for images in function(reader, source):
+                try:
+                    np.asarray(ndd.as_tensor(images))
+                    seen.append("ok")
+                except RuntimeError:
+                    seen.append("failed at use")
+        except RuntimeError:
+            seen.append("raised by the loop")
+        return seen
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = run(batches)
+        compiled = run(ndd.compile(batches))
+    assert eager == ["ok", "raised by the loop"]
+    assert compiled == eager
