@@ -891,6 +891,33 @@ def test_generator_bound_with_functools_partial(data, mode):
     run_modes(partial_generator, data, mode)
 
 
+_SENT_VALUE = ("a value sent into the generator (`requested = yield ...`, generator.send) "
+               "arrives as None in the compiled generator")
+
+
+def curriculum(mode: Mode, data: Data) -> list:
+    """The trainer sends the next size into the running epoch (`batches.send(size)`)."""
+    record = Record()
+    batches = mode.generator(programs.curriculum_batches)
+    reader = file_reader(data.jpeg_dir, seed=40)
+    ndd.random.set_seed(45)
+    for epoch in range(2):
+        epoch_batches = batches(reader, 10)
+        images, labels = next(epoch_batches)
+        try:
+            for step in itertools.count():
+                record.add(epoch, step, images, labels)
+                images, labels = epoch_batches.send(10 + 2 * (step % 3))
+        except StopIteration:
+            record.add("epoch", epoch)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_SENT_VALUE))
+def test_sizes_sent_into_the_generator(data, mode):
+    run_modes(curriculum, data, mode)
+
+
 def decorated_generator(mode: Mode, data: Data) -> list:
     """`@ndd.compile` over the user's own decorator, which returns the generator."""
     record = Record()
@@ -1427,3 +1454,54 @@ def test_reduced_decode_error_in_a_capture_mode_loop(data):
         compiled = run(ndd.compile(batches))
     assert eager == ["ok", "raised by the loop"]
     assert compiled == eager
+
+
+@pytest.mark.xfail(strict=True, reason=_SENT_VALUE)
+def test_reduced_value_sent_into_the_generator(jpeg_dir):
+    def batches(reader, log):
+        for _, labels in reader.next_epoch(batch_size=4):
+            sent = yield labels
+            log.append(sent)
+
+    def run(function):
+        log: list = []
+        epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
+        next(epoch)
+        with contextlib.suppress(StopIteration):
+            for value in range(10):
+                epoch.send(value)
+        return log
+
+    assert run(batches) == [0, 1, 2, 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)  # checked mode's notice
+        assert run(ndd.compile(batches)) == [0, 1, 2, 3]
+
+
+_THROWN = ("an exception thrown into the compiled generator (generator.throw) is not raised "
+           "at its `yield`: the body's own except misses it and it comes out of throw()")
+
+
+@pytest.mark.xfail(strict=True, reason=_THROWN)
+def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
+    def batches(reader, log):
+        for _, labels in reader.next_epoch(batch_size=4):
+            try:
+                yield labels
+            except ValueError as error:
+                log.append(str(error))
+
+    def run(function):
+        log: list = []
+        epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
+        next(epoch)
+        try:
+            epoch.throw(ValueError("skip"))
+        except ValueError as error:
+            log.append(("raised", str(error)))
+        return log, len(list(epoch))
+
+    assert run(batches) == (["skip"], 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)  # checked mode's notice
+        assert run(ndd.compile(batches)) == (["skip"], 2)

@@ -403,3 +403,11 @@ def segmentation_batches(reader, masks):
     for (jpegs, _), mask in zip(reader.next_epoch(batch_size=BATCH_SIZE),
                                 masks.captured(batch_size=BATCH_SIZE)):
         yield image_and_mask(jpegs, mask)
+
+
+def curriculum_batches(reader, size):
+    """The trainer sends the next image size into the generator (`generator.send(size)`)."""
+    for jpegs, labels in reader.next_epoch(batch_size=BATCH_SIZE):
+        requested = yield train_transform(jpegs, size), labels
+        if requested is not None:
+            size = requested
