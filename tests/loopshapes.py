@@ -153,6 +153,7 @@ class EpochPlan:
     switch: str | None  # compiled runs only: this epoch "plain" (uncompiled) or "transparent"
     draw: bool  # a draw from the default generator before the epoch
     peek: int | None  # before the epoch, the consumer reads this many batches eagerly
+    state_at: int | None  # the consumer records the readers' checkpoint state after this step
     break_at: int | None  # the consumer breaks after this many steps
     raise_at: int | None  # the consumer raises after this many steps
 
@@ -328,6 +329,7 @@ class LoopShape:
             {"shard_id": 1, "num_shards": 2, "random_shuffle": True, "seed": 2},
             {"shard_id": 0, "num_shards": 3, "stick_to_shard": True},
             {"shuffle_after_epoch": True, "seed": 4},
+            {"enable_checkpointing": True, "random_shuffle": True, "seed": 3},
         ]))
         epochs = draw(st.integers(1, 4))
         plans = []
@@ -342,6 +344,8 @@ class LoopShape:
                 if style == "function" and nesting == "direct" else None,
                 draw=_sometimes(draw, 25, 0, 0) is not None,
                 peek=_sometimes(draw, 15, 1, 2) if readers else None,
+                state_at=_sometimes(draw, 40, 1, 3)
+                if reader_options.get("enable_checkpointing") else None,
                 break_at=_sometimes(draw, 30, 1, 3),
                 raise_at=_sometimes(draw, 12, 1, 3),
             ))
@@ -528,6 +532,9 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...],
                         steps += 1
                         if shape.consumer_draws:
                             seen.append(float(np.asarray(ndd.random.uniform(range=[0, 1]))))
+                        if plan.state_at == steps:
+                            seen.append(("state", *(str(values["reader"].get_state())
+                                                    for _, values in ranks)))
                         if plan.reseed_at == steps:
                             ndd.random.set_seed(plan.reseed_at)
                         if plan.change_at is not None and steps == plan.change_at + 1:

@@ -1181,11 +1181,12 @@ def test_corrupt_jpeg_error_text_is_eagers(data, mode):
 
 # -- checkpoints -------------------------------------------------------------------------------
 
-def _checkpointed(mode: Mode, data: Data, record: Record, stop: int | None,
-                  saved: str | None) -> tuple[str, int] | None:
-    """Train two epochs from scratch (stopping after `stop` steps with a checkpoint) or from
-    the checkpoint `saved`; returns the checkpoint and the epoch it was taken in."""
-    reader = file_reader(data.jpeg_dir, seed=7, enable_checkpointing=True)
+def _checkpointed(mode: Mode, data: Data, record: Record, stop: int | str | None,
+                  saved: tuple[str, int] | None, options: dict) -> tuple[str, int] | None:
+    """Train two epochs from scratch (stopping after `stop` steps, or at the end of the first
+    epoch, with a checkpoint) or from the checkpoint `saved`; returns the checkpoint and the
+    epoch to go on with."""
+    reader = file_reader(data.jpeg_dir, seed=7, enable_checkpointing=True, **options)
     ndd.random.set_seed(31 if saved is None else 999)
     checkpoint = ndd.checkpoint.Checkpoint()
     checkpoint.register(reader, name="reader")
@@ -1197,41 +1198,91 @@ def _checkpointed(mode: Mode, data: Data, record: Record, stop: int | None,
         checkpoint.restore()
     batches = mode.generator(programs.sized_batches)
     step = 0
-    for epoch in range(first_epoch, 2):
+    for epoch in range(first_epoch, 3):
         for images, labels in batches(reader, 12):
             record.add(epoch, step, images, labels)
             step += 1
             if step == stop:
                 checkpoint.collect()
                 return checkpoint.serialize(), epoch
+        if stop == "epoch":  # saved at the end of the first epoch
+            checkpoint.collect()
+            return checkpoint.serialize(), epoch + 1
     return None
 
 
-def checkpoint_scenario(saved_mode: str, restored_mode: str, stop: int):
+def checkpoint_scenario(saved_mode: str, restored_mode: str, stop: int | str, options: dict):
     def scenario(_: Mode, data: Data) -> list:
         record = Record()
         with Mode(saved_mode).active() as mode:
-            saved = _checkpointed(mode, data, record, stop, None)
+            saved = _checkpointed(mode, data, record, stop, None, options)
         record.add("restored")
         with Mode(restored_mode).active() as mode:
-            _checkpointed(mode, data, record, None, saved)
+            _checkpointed(mode, data, record, None, saved, options)
         return record.finish()
 
     return scenario
 
 
 CHECKPOINT_MODES = [("generator", "generator"), ("eager", "generator"), ("generator", "eager"),
-                    ("step", "step"), ("transparent", "transparent"), ("step", "generator")]
+                    ("step", "step"), ("transparent", "transparent"), ("step", "generator"),
+                    ("generator", "transparent")]
+CHECKPOINT_READERS = {"one shard": {}, "shard 1 of 2": {"shard_id": 1, "num_shards": 2},
+                      "padded, stuck to shard 0 of 3": {"shard_id": 0, "num_shards": 3,
+                                                        "stick_to_shard": True,
+                                                        "pad_last_batch": True}}
 
 
-@pytest.mark.parametrize("stop", [2, 6])
+@pytest.mark.parametrize("reader", CHECKPOINT_READERS)
+@pytest.mark.parametrize("stop", [2, 6, "epoch"])
 @pytest.mark.parametrize("saved_mode, restored_mode", CHECKPOINT_MODES)
-def test_checkpoint_mid_epoch_restored_in_a_fresh_reader(data, saved_mode, restored_mode, stop):
-    key = f"checkpoint_{stop}"
+def test_checkpoint_mid_epoch_restored_in_a_fresh_reader(data, saved_mode, restored_mode, stop,
+                                                         reader):
+    options = CHECKPOINT_READERS[reader]
+    key = f"checkpoint_{stop}_{reader}"
     if key not in _EAGER:
-        _EAGER[key] = checkpoint_scenario("eager", "eager", stop)(Mode("eager"), data)
-    observed = checkpoint_scenario(saved_mode, restored_mode, stop)(Mode("eager"), data)
+        _EAGER[key] = checkpoint_scenario("eager", "eager", stop, options)(Mode("eager"), data)
+    observed = checkpoint_scenario(saved_mode, restored_mode, stop, options)(Mode("eager"), data)
     assert_same_observations(_EAGER[key], observed)
+
+
+# -- one reader, every mode in turn -----------------------------------------------------------
+
+MIXED_EPOCHS = ["generator", "eager", "step", "transparent", "generator", "generator in "
+                "transparent", "step in transparent", "eager"]
+
+
+def mixed_modes(epoch_modes: list[str], data: Data) -> list:
+    """Epochs of one reader, each run its own way (a script that compiles its loop later, a
+    validation pass in plain code, a transparent-mode run), breaking out of some."""
+    record = Record()
+    reader = file_reader(data.jpeg_dir, seed=41)
+    compiled_generator = ndd.compile(programs.sized_batches)
+    compiled_step = ndd.compile(programs.train_transform)
+
+    def step_epoch(reader, size):  # the eager loop around a compiled step
+        for jpegs, labels in reader.next_epoch(batch_size=programs.BATCH_SIZE):
+            yield compiled_step(jpegs, size), labels
+
+    ndd.random.set_seed(46)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for epoch, name in enumerate(epoch_modes):
+            batches = {"generator": compiled_generator, "step": step_epoch,
+                       "eager": programs.sized_batches,
+                       "transparent": programs.sized_batches}[name.split()[0]]
+            with ndd_trace.enabled() if name.endswith("transparent") else \
+                    contextlib.nullcontext():
+                for step, (images, labels) in enumerate(batches(reader, 12)):
+                    record.add(epoch, step, images, labels)
+                    if epoch % 3 == 1 and step == 1:
+                        break
+    return record.finish()
+
+
+def test_one_reader_every_mode_in_turn(data):
+    eager = mixed_modes(["eager"] * len(MIXED_EPOCHS), data)
+    assert_same_observations(eager, mixed_modes(MIXED_EPOCHS, data))
 
 
 # -- the mismatches found above, reduced -------------------------------------------------------
