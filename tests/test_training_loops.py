@@ -407,6 +407,40 @@ def test_two_views_of_each_batch(data, mode):
     run_modes(two_view, data, mode, "compiled loop")
 
 
+def per_iteration_schedule(mode: Mode, data: Data) -> list:
+    """More distinct Python arguments than the compile cache holds (cache_limit)."""
+    record = Record()
+    batches = mode.generator(programs.warmup_batches)
+    reader = file_reader(data.jpeg_dir, seed=42)
+    for epoch in range(3):
+        for images, labels in batches(reader):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_per_iteration_schedule_of_python_numbers(data, mode):
+    run_modes(per_iteration_schedule, data, mode)
+
+
+def step_called_twice(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.twice_called_batches)
+    reader = file_reader(data.jpeg_dir, seed=43)
+    ndd.random.set_seed(47)
+    for epoch in range(3):
+        for step, (first, second) in enumerate(batches(reader)):
+            record.add(epoch, first, second)
+            if epoch == 1 and step == 2:
+                break
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_one_step_function_called_twice_a_batch(data, mode):
+    run_modes(step_called_twice, data, mode, "compiled loop")
+
+
 def reseed_each_epoch(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.sized_batches)

@@ -411,3 +411,28 @@ def curriculum_batches(reader, size):
         requested = yield train_transform(jpegs, size), labels
         if requested is not None:
             size = requested
+
+
+@step_function
+def rotate_by(jpegs, angle):
+    """A rotation whose angle the schedule gives each iteration (a Python float)."""
+    images = ndd.resize(ndd.decoders.image(jpegs), size=[12, 12])
+    return ndd.rotate(images, angle=angle, keep_size=True)
+
+
+def warmup_batches(reader):
+    """A per-iteration schedule: the step gets another Python number every iteration."""
+    for step, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=BATCH_SIZE)):
+        yield rotate_by(jpegs, 3.0 * step), labels
+
+
+@step_function
+def one_view(jpegs):
+    images = ndd.decoders.image(jpegs)
+    return simclr_view(images)
+
+
+def twice_called_batches(reader):
+    """The same per-batch function called twice on each batch (two random views)."""
+    for jpegs, _ in reader.next_epoch(batch_size=BATCH_SIZE):
+        yield one_view(jpegs), one_view(jpegs)
