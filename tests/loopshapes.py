@@ -41,11 +41,14 @@ SIZES = (8, 10, 12, 14)
 
 _PRELUDE = '''\
 import contextlib
+import types
 
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 
 SIZE = 12
+config = types.ModuleType("config")  # a configuration module
+config.SIZE = 12
 
 
 class StopTraining(Exception):
@@ -112,6 +115,8 @@ KNOWN_MISMATCHES = {
     "a truncated JPEG read in a capture-mode loop": "eager (DALI's capture mode) raises the "
     "decoding error from the loop at that step, ending the epoch; the compiled loop yields "
     "the step, which fails where it is used, and goes on",
+    "an attribute of a module read by the loop body": "changed between epochs, compiled "
+    "code keeps the first value (modules are guarded by identity)",
     "a failed run's error text": "not eager's 'An error happened during asynchronous "
     "execution' but 'the compiled pipeline failed: ...' or 'operator `ndd.decoders.image` "
     "created at FILE:LINE failed: Failed to decode sample #2 ...' (compared with `known`)",
@@ -165,7 +170,7 @@ class LoopShape:
     source: str
     style: str  # function, method, iter
     nesting: str  # direct, yield_from, loop_over, compiled_inner
-    size_from: str  # global, argument, attribute, none
+    size_from: str  # global, argument, attribute, module (with `known`), none
     parameters: list[str]  # the positional parameters the consumer passes, in order
     readers: int  # 0, 1 or 2
     second_short: bool  # the second reader has fewer batches
@@ -194,12 +199,13 @@ class LoopShape:
         if readers == 0:  # the source alone ends the epoch: it must end
             source_kind = "items"
         size_from = draw(st.sampled_from(
-            ["global", "attribute", "none"] + (["argument"] if style != "iter" else [])))
+            ["global", "attribute", "none"] + (["argument"] if style != "iter" else [])
+            + (["module"] if known else [])))
         readers_as_arguments = style != "iter" and draw(st.booleans())
         owner = "loader" if style == "function" else "self"
         log = f"{owner}.log"
         size = {"global": "SIZE", "argument": "size", "attribute": f"{owner}.size",
-                "none": "12"}[size_from]
+                "module": "config.SIZE", "none": "12"}[size_from]
         names = {"reader": "reader", "second": "second", "source": "source"}
         if not readers_as_arguments:
             names = {key: f"{owner}.{key}" for key in names}
@@ -481,7 +487,7 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...],
                                "source": source}))
 
     def set_size(size: int) -> None:
-        module.SIZE = size
+        module.SIZE = module.config.SIZE = size
         for loader, values in ranks:
             loader.size = values["size"] = size
 
@@ -555,7 +561,7 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...],
     finally:
         if inner is not None:
             module.inner = inner
-        module.SIZE = 12
+        module.SIZE = module.config.SIZE = 12
     return seen, compiled
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
+import training_config
 import training_programs as programs
 
 import ndd_trace
@@ -745,6 +746,31 @@ def config_between_epochs(mode: Mode, data: Data) -> list:
 @pytest.mark.parametrize("mode", modes())
 def test_config_dict_edited_between_epochs(data, mode):
     run_modes(config_between_epochs, data, mode, "compiled loop")
+
+
+_MODULE_ATTRIBUTE = ("an attribute of a configuration module (`training_config.IMAGE_SIZE`) "
+                     "changed between epochs: compiled code keeps the first value, silently "
+                     "(modules are guarded by identity; docs/limitations.md)")
+
+
+def config_module(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.configured_batches)
+    reader = file_reader(data.jpeg_dir, seed=44)
+    ndd.random.set_seed(48)
+    try:
+        for epoch in range(3):
+            training_config.IMAGE_SIZE = 10 + 2 * epoch
+            for images, labels in batches(reader):
+                record.add(epoch, images, labels)
+    finally:
+        training_config.IMAGE_SIZE = 12
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_MODULE_ATTRIBUTE, step=_MODULE_ATTRIBUTE))
+def test_config_module_edited_between_epochs(data, mode):
+    run_modes(config_module, data, mode, "compiled loop")
 
 
 def config_within_epochs(mode: Mode, data: Data) -> list:
@@ -1590,3 +1616,31 @@ def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)  # checked mode's notice
         assert run(ndd.compile(batches)) == (["skip"], 2)
+
+
+@pytest.mark.xfail(strict=True, reason=_MODULE_ATTRIBUTE)
+@pytest.mark.parametrize("kind", ["generator", "step"])
+def test_reduced_module_attribute_changed_between_calls(jpeg_dir, kind):
+    def resized(jpegs):
+        return ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
+
+    def batches(reader):
+        for jpegs, _ in reader.next_epoch(batch_size=4):
+            yield ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        widths = []
+        try:
+            for size in (10, 14):
+                training_config.IMAGE_SIZE = size
+                epoch = function(reader) if kind == "generator" else (
+                    function(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4))
+                widths += [np.asarray(ndd.as_tensor(images)).shape[2] for images in epoch]
+        finally:
+            training_config.IMAGE_SIZE = 12
+        return widths
+
+    function = batches if kind == "generator" else resized
+    assert run(function) == [10] * 4 + [14] * 4
+    assert run(ndd.compile(function)) == [10] * 4 + [14] * 4

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 
 import nvidia.dali.experimental.dynamic as ndd
+import training_config
 from nvidia.dali import types
 
 STEP_FUNCTIONS: list[str] = []  # names of this module's per-batch functions (compiled in "step")
@@ -436,3 +437,15 @@ def twice_called_batches(reader):
     """The same per-batch function called twice on each batch (two random views)."""
     for jpegs, _ in reader.next_epoch(batch_size=BATCH_SIZE):
         yield one_view(jpegs), one_view(jpegs)
+
+
+@step_function
+def configured_transform(jpegs):
+    """The size read from the configuration module at every call."""
+    images = ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
+    return ndd.flip(images, horizontal=ndd.random.coin_flip(batch_size=images.batch_size))
+
+
+def configured_batches(reader):
+    for jpegs, labels in reader.next_epoch(batch_size=BATCH_SIZE):
+        yield configured_transform(jpegs), labels
