@@ -652,11 +652,11 @@ def held_outputs(mode: Mode, data: Data) -> list:
     batches = mode.generator(programs.sized_batches)
     reader = file_reader(data.jpeg_dir, seed=25)
     ndd.random.set_seed(29)
-    kept = [(epoch, images, labels) for epoch in range(3) for images, labels in
-            batches(reader, 12)]
+    kept = [(epoch, images, labels, images.torch(), np.asarray(labels.select(0)))
+            for epoch in range(3) for images, labels in batches(reader, 12)]
     record = Record()
-    for epoch, images, labels in kept:
-        record.add(epoch, images, labels)
+    for epoch, images, labels, tensor, first_label in kept:  # views of the outputs, too
+        record.add(epoch, images, labels, tensor, first_label)
     return record.finish()
 
 
