@@ -1,0 +1,1646 @@
+"""A corpus of training loops, each run four ways and compared exactly with eager ndd.
+
+Every program (its generators and per-batch functions are in tests/training_programs.py) is a
+scenario: the code a trainer runs over a few epochs (breaks, draws between steps, reseeds,
+checkpoints, several ranks). It is run
+
+    eager        as written;
+    generator    its generators (or loader methods) under `ndd.compile`;
+    step         its per-batch functions under `ndd.compile`, called from the eager loop;
+    transparent  as written, under `ndd_trace.enabled()`;
+
+and what the trainer observes must be identical to the eager run: every value bit for bit
+(dtype, shape, layout), batch counts per epoch, logs and counters, exceptions (type, text and
+the step they came at), and the default generator's state afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import shutil
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+import pytest
+import training_config
+import training_programs as programs
+
+import ndd_trace
+from benchmarks._data import make_jpeg_dir
+
+MODES = ("generator", "step", "transparent")
+
+
+# -- running a program four ways ---------------------------------------------------------------
+
+class Mode:
+    """How a scenario's code is run: which of its functions are compiled, or transparent mode."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.compiled: list[ndd_trace.CompiledFunction] = []
+
+    def generator(self, function: Callable) -> Callable:
+        """A program's generator function, compiled in "generator" mode."""
+        if self.name != "generator":
+            return function
+        compiled = ndd.compile(function)
+        self.compiled.append(compiled)
+        return compiled
+
+    def loader(self, cls: type, method: str) -> type:
+        """A loader class, with its generator method compiled in "generator" mode (a subclass
+        whose body says `method = ndd.compile(Base.method)`)."""
+        if self.name != "generator":
+            return cls
+        compiled = ndd.compile(getattr(cls, method))
+        self.compiled.append(compiled)
+        return type(cls.__name__, (cls,), {method: compiled})
+
+    @contextlib.contextmanager
+    def active(self):
+        """Compile the per-batch functions ("step") or enable transparent mode, for a while."""
+        originals = {name: getattr(programs, name) for name in programs.STEP_FUNCTIONS}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # checked-mode and capture-mode notices
+            if self.name == "step":
+                for name, function in originals.items():
+                    compiled = ndd.compile(function)
+                    self.compiled.append(compiled)
+                    setattr(programs, name, compiled)
+            try:
+                with ndd_trace.enabled() if self.name == "transparent" else \
+                        contextlib.nullcontext():
+                    yield self
+            finally:
+                for name, function in originals.items():
+                    setattr(programs, name, function)
+
+    def paths(self) -> list[str]:
+        """The path each compiled function took ("compiled loop", "checked loop", ...)."""
+        return [entry.path for compiled in self.compiled for entry in compiled.entries]
+
+
+def plain(value: Any) -> Any:
+    """What the trainer can see of a value, as numpy and Python data."""
+    if isinstance(value, ndd.Batch):
+        return ("Batch", str(value.dtype), str(value.layout),
+                tuple(np.asarray(sample.cpu()) for sample in value))
+    if isinstance(value, ndd.Tensor):
+        return ("Tensor", str(value.layout), np.asarray(value.cpu()))
+    if type(value).__module__.startswith("torch"):
+        return ("torch", value.numpy().copy())
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(item) for item in value)
+    return value
+
+
+class Record:
+    """The trainer's observations, in order."""
+
+    def __init__(self):
+        self.events: list = []
+
+    def add(self, *items: Any) -> None:
+        self.events.append(tuple(plain(item) for item in items))
+
+    def error(self, error: BaseException, *where: Any) -> None:
+        self.events.append(("raised", *where, type(error).__name__, str(error)))
+
+    def finish(self, *extra: Any) -> list:
+        self.add("rng", str(ndd.random.get_default_rng().state), *extra)
+        return self.events
+
+
+def assert_same_observations(eager: Any, other: Any, where: str = "") -> None:
+    """Exact equality of two observation trees, with the path of the first difference."""
+    if isinstance(eager, np.ndarray):
+        assert isinstance(other, np.ndarray), (where, type(other))
+        assert eager.dtype == other.dtype and eager.shape == other.shape, \
+            (where, eager.dtype, eager.shape, other.dtype, other.shape)
+        assert np.array_equal(eager, other), (where, "values differ")
+    elif isinstance(eager, (list, tuple)):
+        assert type(eager) is type(other), (where, eager, other)
+        assert len(eager) == len(other), (where, len(eager), len(other),
+                                          _summary(eager), _summary(other))
+        for index, (a, b) in enumerate(zip(eager, other)):
+            assert_same_observations(a, b, f"{where}[{index}]")
+    elif isinstance(eager, dict):
+        assert isinstance(other, dict) and eager.keys() == other.keys(), (where, eager, other)
+        for key in eager:
+            assert_same_observations(eager[key], other[key], f"{where}[{key!r}]")
+    else:
+        assert eager == other, (where, eager, other)
+
+
+def _summary(events: Any) -> list:
+    """The events without their arrays (for a readable assertion message)."""
+    return [tuple(item for item in event if not isinstance(item, (tuple, dict)))
+            if isinstance(event, tuple) else event for event in events][:40]
+
+
+@dataclasses.dataclass
+class Data:
+    jpeg_dir: Path  # 16 photos, two classes
+    small_dir: Path  # 10 photos
+    bad_dir: Path  # 15 photos and one truncated JPEG
+
+
+@pytest.fixture(scope="module")
+def data(jpeg_dir, tmp_path_factory) -> Data:
+    small = make_jpeg_dir(tmp_path_factory.mktemp("small"), n=10, seed=1)
+    bad = tmp_path_factory.mktemp("bad")
+    for index, path in enumerate(sorted(Path(jpeg_dir).rglob("*.jpg"))[:15]):
+        (bad / path.parent.name).mkdir(exist_ok=True)
+        shutil.copy(path, bad / path.parent.name / path.name)
+        if index == 6:  # a truncated copy sorts right after it
+            data = path.read_bytes()
+            (bad / path.parent.name / (path.stem + "_cut.jpg")).write_bytes(data[:len(data) // 5])
+    return Data(Path(jpeg_dir), small, bad)
+
+
+_EAGER: dict[str, list] = {}
+
+
+def run_modes(scenario: Callable[[Mode, Data], list], data: Data, mode_name: str,
+              expected_path: str | None = None) -> Mode:
+    """Run `scenario` eagerly (once per scenario) and in `mode_name`; compare everything."""
+    if scenario.__name__ not in _EAGER:
+        with Mode("eager").active() as eager_mode:
+            _EAGER[scenario.__name__] = scenario(eager_mode, data)
+    with Mode(mode_name).active() as mode:
+        observed = scenario(mode, data)
+    assert_same_observations(_EAGER[scenario.__name__], observed)
+    if expected_path is not None and mode_name == "generator":
+        assert set(mode.paths()) == {expected_path}, mode.paths()
+    return mode
+
+
+def file_reader(root: Path, seed: int = 1, **options: Any) -> Any:
+    return ndd.readers.File(file_root=str(root), random_shuffle=True, seed=seed, **options)
+
+
+def modes(**xfails: str) -> list:
+    """The three modes as parameters, `mode=reason` marking a known mismatch."""
+    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=xfails[name]))
+            if name in xfails else name for name in MODES]
+
+
+# -- progressive resizing ----------------------------------------------------------------------
+
+def progressive_argument(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir)
+    ndd.random.set_seed(21)
+    for epoch, size in enumerate([12, 16, 16, 20]):
+        for images, labels in batches(reader, size):
+            record.add(epoch, images, labels)
+        record.add("epoch done", epoch)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_progressive_resizing_by_argument(data, mode):
+    run_modes(progressive_argument, data, mode, "compiled loop")
+
+
+def progressive_global(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.global_sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=2)
+    ndd.random.set_seed(22)
+    try:
+        for epoch, size in enumerate([12, 12, 18]):
+            programs.IMAGE_SIZE = size  # the schedule callback, between epochs
+            for images, labels in batches(reader):
+                record.add(epoch, images, labels)
+    finally:
+        programs.IMAGE_SIZE = 16
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_progressive_resizing_by_global(data, mode):
+    run_modes(progressive_global, data, mode, "compiled loop")
+
+
+def inline_body(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.inline_batches)
+    reader = file_reader(data.jpeg_dir, seed=3)
+    ndd.random.set_seed(23)
+    for epoch in range(3):
+        for images, labels in batches(reader, 10 + 2 * epoch):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_loop_body_written_in_the_generator(data, mode):
+    run_modes(inline_body, data, mode, "compiled loop")
+
+
+# -- loader classes ----------------------------------------------------------------------------
+
+def lightning_loader(mode: Mode, data: Data) -> list:
+    record = Record()
+    loader_class = mode.loader(programs.ImageLoader, "batches")
+    loader = loader_class(data.jpeg_dir)
+    ndd.random.set_seed(4)
+    for epoch in range(3):
+        record.add("len", len(loader))
+        for batch_index, batch in enumerate(loader):
+            record.add(epoch, batch_index, batch["image"].torch(), batch["label"].torch())
+        record.add("epoch", loader.epoch, loader.size)
+    return record.finish()
+
+
+_METADATA = ("transparent mode: reader.get_metadata() after the reader's first epoch raises "
+             "RuntimeError 'Reader was transferred to a captured pipeline.'")
+
+
+@pytest.mark.parametrize("mode", modes(transparent=_METADATA))
+def test_lightning_style_loader(data, mode):
+    run_modes(lightning_loader, data, mode, "compiled loop")
+
+
+def iter_is_the_generator(mode: Mode, data: Data) -> list:
+    record = Record()
+    log: list = []
+    loader = mode.loader(programs.EpochLoader, "__iter__")(data.jpeg_dir, log)
+    ndd.random.set_seed(5)
+    for epoch in range(3):
+        loader.size = 12 + 4 * epoch
+        for step, (images, labels) in enumerate(loader):
+            record.add(epoch, step, images, labels)
+            if epoch == 1 and step == 1:
+                break  # early stop in the middle of the second epoch
+    return record.finish(log, loader.epoch)
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_loader_whose_iter_is_the_generator(data, mode):
+    run_modes(iter_is_the_generator, data, mode, "compiled loop")
+
+
+# -- early stop --------------------------------------------------------------------------------
+
+def early_stop(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=4)
+    ndd.random.set_seed(6)
+    for epoch in range(4):
+        for step, (images, labels) in enumerate(batches(reader, 12)):
+            loss = float(images.torch().mean())  # the consumer's own data-dependent stop
+            record.add(epoch, step, images, labels, loss)
+            if epoch == 0 and step == 1 or epoch == 2 and loss > 0.0:
+                break
+        record.add("epoch", epoch, step)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_early_stop_then_new_epoch(data, mode):
+    run_modes(early_stop, data, mode, "compiled loop")
+
+
+def sliced_epochs(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=5)
+    ndd.random.set_seed(7)
+    for epoch in range(3):
+        for images, labels in itertools.islice(batches(reader, 12), 3):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_epochs_cut_by_islice(data, mode):
+    run_modes(sliced_epochs, data, mode, "compiled loop")
+
+
+def generator_returns(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.limited_batches)
+    reader = file_reader(data.jpeg_dir, seed=6)
+    ndd.random.set_seed(8)
+    for epoch in range(3):
+        for images, labels in batches(reader, max_steps=epoch + 1):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_generator_returns_mid_epoch(data, mode):
+    run_modes(generator_returns, data, mode)
+
+
+def stop_flag(mode: Mode, data: Data) -> list:
+    record = Record()
+
+    class Trainer:
+        should_stop = False
+
+    trainer = Trainer()
+    batches = mode.generator(programs.stop_flag_batches)
+    reader = file_reader(data.jpeg_dir, seed=7)
+    ndd.random.set_seed(9)
+    for epoch in range(3):
+        trainer.should_stop = False
+        for step, (images, labels) in enumerate(batches(reader, trainer)):
+            record.add(epoch, step, images, labels)
+            if epoch == 1 and step == 1:
+                trainer.should_stop = True  # seen by the generator at its next step
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_stop_flag_set_by_the_trainer(data, mode):
+    run_modes(stop_flag, data, mode)
+
+
+# -- random draws between and around steps -----------------------------------------------------
+
+def mixup(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=8)
+    ndd.random.set_seed(10)
+    for epoch in range(2):
+        for images, labels in batches(reader, 12):
+            lam = float(np.asarray(ndd.random.uniform(range=[0.0, 1.0])))
+            x = images.torch()
+            if bool(np.asarray(ndd.random.coin_flip())):
+                x = lam * x + (1 - lam) * x.flip(0)
+            record.add(epoch, lam, x, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_mixup_draws_between_steps(data, mode):
+    run_modes(mixup, data, mode, "compiled loop")
+
+
+def two_view(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.contrastive_batches)
+    reader = file_reader(data.jpeg_dir, seed=9)
+    ndd.random.set_seed(11)
+    for epoch in range(2):
+        for first, second in batches(reader):
+            record.add(epoch, first, second)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_two_views_of_each_batch(data, mode):
+    run_modes(two_view, data, mode, "compiled loop")
+
+
+def per_iteration_schedule(mode: Mode, data: Data) -> list:
+    """More distinct Python arguments than the compile cache holds (cache_limit)."""
+    record = Record()
+    batches = mode.generator(programs.warmup_batches)
+    reader = file_reader(data.jpeg_dir, seed=42)
+    for epoch in range(3):
+        for images, labels in batches(reader):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_per_iteration_schedule_of_python_numbers(data, mode):
+    run_modes(per_iteration_schedule, data, mode)
+
+
+def step_called_twice(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.twice_called_batches)
+    reader = file_reader(data.jpeg_dir, seed=43)
+    ndd.random.set_seed(47)
+    for epoch in range(3):
+        for step, (first, second) in enumerate(batches(reader)):
+            record.add(epoch, first, second)
+            if epoch == 1 and step == 2:
+                break
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_one_step_function_called_twice_a_batch(data, mode):
+    run_modes(step_called_twice, data, mode, "compiled loop")
+
+
+def reseed_each_epoch(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=10, shuffle_after_epoch=False)
+    for epoch in range(3):
+        ndd.random.set_seed(100 + epoch % 2)
+        for step, (images, labels) in enumerate(batches(reader, 12)):
+            record.add(epoch, images, labels)
+            if epoch == 1 and step == 0:
+                break
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_reseed_between_epochs(data, mode):
+    run_modes(reseed_each_epoch, data, mode, "compiled loop")
+
+
+def generator_reseeds(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.seeded_batches)
+    reader = file_reader(data.jpeg_dir, seed=11)
+    for epoch in range(3):
+        for images, labels in batches(reader, seed=epoch):
+            record.add(epoch, images, labels)
+        record.add("drawn", ndd.random.uniform(range=[0, 1]))
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_generator_reseeds_before_its_loop(data, mode):
+    run_modes(generator_reseeds, data, mode)
+
+
+def explicit_rng(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.rng_batches)
+    reader = file_reader(data.jpeg_dir, seed=12)
+    rng = ndd.random.RNG(seed=9)
+    ndd.random.set_seed(12)
+    for epoch in range(3):
+        for images, labels in batches(reader, rng):
+            record.add(epoch, images, labels)
+        record.add("rng", str(rng.state))
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_explicit_random_generator(data, mode):
+    run_modes(explicit_rng, data, mode, "compiled loop")
+
+
+def shuffle_after_epoch(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = ndd.readers.File(file_root=str(data.jpeg_dir), shuffle_after_epoch=True, seed=3)
+    ndd.random.set_seed(13)
+    for epoch in range(3):
+        for images, labels in batches(reader, 12, batch_size=5):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_shuffle_after_epoch_and_partial_last_batch(data, mode):
+    run_modes(shuffle_after_epoch, data, mode, "compiled loop")
+
+
+# -- code around the loop ----------------------------------------------------------------------
+
+def try_finally_with(mode: Mode, data: Data) -> list:
+    record = Record()
+    log: list = []
+    batches = mode.generator(programs.guarded_batches)
+    reader = file_reader(data.jpeg_dir, seed=13, max_batch_size=programs.BATCH_SIZE)
+    ndd.random.set_seed(14)
+    for epoch in range(4):
+        log.append(("trainer epoch", epoch))
+        try:
+            for step, (images, labels) in enumerate(batches(reader, log, 12)):
+                record.add(epoch, step, images, labels)
+                if epoch == 0 and step == 1:
+                    break
+                if epoch == 2 and step == 2:
+                    raise ValueError("loss is NaN")
+        except ValueError as error:
+            record.error(error, epoch, step)
+        log.append(("trainer after", epoch))
+    return record.finish(log)
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_try_finally_and_with_around_the_loop(data, mode):
+    run_modes(try_finally_with, data, mode, "compiled loop")
+
+
+def before_and_after(mode: Mode, data: Data) -> list:
+    record = Record()
+    log: list = []
+    counters = programs.Counters()
+    batches = mode.generator(programs.counted_batches)
+    reader = file_reader(data.jpeg_dir, seed=14)
+    ndd.random.set_seed(15)
+    for epoch in range(3):
+        for step, (images, labels) in enumerate(batches(reader, counters, log)):
+            record.add(epoch, images, labels, counters.started, counters.finished, len(log))
+            if epoch == 1 and step == 2:
+                break
+        record.add("counters", counters.started, counters.finished)
+    return record.finish(log)
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_side_effects_before_and_after_the_loop(data, mode):
+    run_modes(before_and_after, data, mode, "compiled loop")
+
+
+def progress_logging(mode: Mode, data: Data) -> list:
+    record = Record()
+    log: list = []
+    batches = mode.generator(programs.logging_batches)
+    reader = file_reader(data.jpeg_dir, seed=15)
+    ndd.random.set_seed(16)
+    for epoch in range(2):
+        for images, labels in batches(reader, log):
+            record.add(epoch, images, labels, len(log))
+    return record.finish(log)
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_progress_logged_inside_the_loop(data, mode):
+    run_modes(progress_logging, data, mode)
+
+
+def yields_the_step(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.numbered_batches)
+    reader = file_reader(data.jpeg_dir, seed=16)
+    ndd.random.set_seed(17)
+    for epoch in range(2):
+        for step, images, labels in batches(reader):
+            record.add(epoch, step, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_generator_yields_its_step_counter(data, mode):
+    run_modes(yields_the_step, data, mode)
+
+
+def nested_generators(mode: Mode, data: Data) -> list:
+    record = Record()
+    delegating = mode.generator(programs.delegating_batches)
+    relabeled = mode.generator(programs.relabeled_batches)
+    reader = file_reader(data.jpeg_dir, seed=17)
+    ndd.random.set_seed(18)
+    for epoch in range(2):
+        for images, labels in delegating(reader, 12):
+            record.add(epoch, images, labels)
+        for images, labels in relabeled(reader):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_nested_helper_generators(data, mode):
+    run_modes(nested_generators, data, mode)
+
+
+def fresh_reader_each_epoch(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    ndd.random.set_seed(19)
+    for epoch in range(3):
+        reader = file_reader(data.jpeg_dir, seed=epoch)
+        for images, labels in batches(reader, 12):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_new_reader_every_epoch(data, mode):
+    run_modes(fresh_reader_each_epoch, data, mode, "compiled loop")
+
+
+def train_and_validate(mode: Mode, data: Data) -> list:
+    record = Record()
+    train = mode.generator(programs.sized_batches)
+    validate = mode.generator(programs.val_batches)
+    train_reader = file_reader(data.jpeg_dir, seed=18)
+    val_reader = ndd.readers.File(file_root=str(data.small_dir))
+    ndd.random.set_seed(20)
+    for epoch in range(2):
+        for images, labels in train(train_reader, 12):
+            record.add("train", epoch, images, labels)
+        for images, labels in validate(val_reader):
+            record.add("val", epoch, images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_train_and_validation_epochs_alternate(data, mode):
+    run_modes(train_and_validate, data, mode, "compiled loop")
+
+
+def held_outputs(mode: Mode, data: Data) -> list:
+    """Outputs kept across steps and epochs and read at the end (a metric over the epoch)."""
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=25)
+    ndd.random.set_seed(29)
+    kept = [(epoch, images, labels, images.torch(), np.asarray(labels.select(0)))
+            for epoch in range(3) for images, labels in batches(reader, 12)]
+    record = Record()
+    for epoch, images, labels, tensor, first_label in kept:  # views of the outputs, too
+        record.add(epoch, images, labels, tensor, first_label)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_outputs_kept_across_epochs_read_at_the_end(data, mode):
+    run_modes(held_outputs, data, mode, "compiled loop")
+
+
+def peek_one_batch(mode: Mode, data: Data) -> list:
+    """`next(iter(loader))` for a shape check before training; one peek kept open."""
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=26)
+    ndd.random.set_seed(30)
+    images, labels = next(iter(batches(reader, 12)))
+    record.add("peeked", images, labels)
+    kept_open = iter(batches(reader, 12))
+    record.add("second peek", *next(kept_open))
+    for epoch in range(2):
+        for images, labels in batches(reader, 12):
+            record.add(epoch, images, labels)
+    for images, labels in kept_open:  # the open epoch, finished last
+        record.add("rest", images, labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_peeked_batches_before_training(data, mode):
+    run_modes(peek_one_batch, data, mode, "compiled loop")
+
+
+def prefetch_thread(mode: Mode, data: Data) -> list:
+    """A background thread runs the epochs (a hand-written prefetcher); the trainer draws
+    from its own generator as it consumes."""
+    import queue
+    import threading
+
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=27)
+    handoff: queue.Queue = queue.Queue(maxsize=2)
+    ndd.random.set_seed(31)
+
+    def produce():
+        ndd.random.set_seed(32)  # the thread's own default generator
+        try:
+            for epoch in range(3):
+                for step, (images, labels) in enumerate(batches(reader, 12)):
+                    handoff.put((epoch, plain(images), plain(labels)))
+                    if epoch == 1 and step == 1:
+                        break
+            handoff.put(("thread rng", str(ndd.random.get_default_rng().state)))
+        except Exception as error:  # noqa: BLE001 (compared with eager's)
+            handoff.put(("raised", type(error).__name__, str(error)))
+        handoff.put(None)
+
+    with mode.active() if mode.name == "transparent" else contextlib.nullcontext():
+        worker = threading.Thread(target=produce)
+        worker.start()
+    record = Record()
+    while (item := handoff.get()) is not None:
+        record.add(*item, float(np.asarray(ndd.random.uniform(range=[0, 1]))))
+    worker.join()
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_epochs_run_by_a_prefetch_thread(data, mode):
+    run_modes(prefetch_thread, data, mode, "compiled loop")
+
+
+def config_between_epochs(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.config_batches)
+    reader = file_reader(data.jpeg_dir, seed=28)
+    ndd.random.set_seed(33)
+    try:
+        for epoch in range(3):
+            programs.CONFIG["size"] = 8 + 2 * epoch
+            programs.CONFIG["angle"] = 5.0 + 5.0 * epoch
+            for images, labels in batches(reader):
+                record.add(epoch, images, labels)
+    finally:
+        programs.CONFIG.update(size=12, angle=10.0)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_config_dict_edited_between_epochs(data, mode):
+    run_modes(config_between_epochs, data, mode, "compiled loop")
+
+
+_MODULE_ATTRIBUTE = ("an attribute of a configuration module (`training_config.IMAGE_SIZE`) "
+                     "changed between epochs: compiled code keeps the first value, silently "
+                     "(modules are guarded by identity; docs/limitations.md)")
+
+
+def config_module(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.configured_batches)
+    reader = file_reader(data.jpeg_dir, seed=44)
+    ndd.random.set_seed(48)
+    try:
+        for epoch in range(3):
+            training_config.IMAGE_SIZE = 10 + 2 * epoch
+            for images, labels in batches(reader):
+                record.add(epoch, images, labels)
+    finally:
+        training_config.IMAGE_SIZE = 12
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_MODULE_ATTRIBUTE, step=_MODULE_ATTRIBUTE))
+def test_config_module_edited_between_epochs(data, mode):
+    run_modes(config_module, data, mode, "compiled loop")
+
+
+def config_within_epochs(mode: Mode, data: Data) -> list:
+    """A per-iteration schedule: the trainer edits the config after every step."""
+    record = Record()
+    batches = mode.generator(programs.config_batches)
+    reader = file_reader(data.jpeg_dir, seed=29)
+    ndd.random.set_seed(34)
+    try:
+        for epoch in range(2):
+            for step, (images, labels) in enumerate(batches(reader)):
+                record.add(epoch, step, images, labels)
+                programs.CONFIG["size"] = 8 + step
+    finally:
+        programs.CONFIG.update(size=12, angle=10.0)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_config_dict_edited_within_an_epoch(data, mode):
+    run_modes(config_within_epochs, data, mode)
+
+
+def global_within_epochs(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.global_sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=30)
+    ndd.random.set_seed(35)
+    try:
+        for epoch in range(2):
+            for step, (images, labels) in enumerate(batches(reader)):
+                record.add(epoch, step, images, labels)
+                programs.IMAGE_SIZE = 10 + 2 * step
+    finally:
+        programs.IMAGE_SIZE = 16
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_global_changed_within_an_epoch(data, mode):
+    run_modes(global_within_epochs, data, mode)
+
+
+def hyperparameter_schedule(mode: Mode, data: Data) -> list:
+    """A scheduler object's fields, read as `hparams.size` by the body, updated every step."""
+    record = Record()
+    batches = mode.generator(programs.scheduled_batches)
+    reader = file_reader(data.jpeg_dir, seed=31)
+    hparams = programs.Hyperparameters()
+    ndd.random.set_seed(36)
+    for epoch in range(3):
+        for step, (images, labels) in enumerate(batches(reader, hparams)):
+            record.add(epoch, step, images, labels)
+            if epoch > 0:
+                hparams.size = 8 + step
+                hparams.brightness = 1.0 + 0.25 * step
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_hyperparameters_scheduled_every_step(data, mode):
+    run_modes(hyperparameter_schedule, data, mode)
+
+
+def batch_size_changed(mode: Mode, data: Data) -> list:
+    """A last epoch asked with another batch size: eager's ValueError, at the same step."""
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=32)
+    ndd.random.set_seed(37)
+    for epoch, batch_size in enumerate([4, 4, 5, 4]):
+        step = 0
+        try:
+            for images, labels in batches(reader, 12, batch_size=batch_size):
+                record.add(epoch, images, labels)
+                step += 1
+        except ValueError as error:
+            record.error(error, epoch, step)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_batch_size_changed_between_epochs(data, mode):
+    run_modes(batch_size_changed, data, mode)
+
+
+def invalid_size(mode: Mode, data: Data) -> list:
+    """A schedule that yields an invalid crop size: the error, type and text, then recovery."""
+    record = Record()
+    batches = mode.generator(programs.sized_batches)
+    reader = file_reader(data.jpeg_dir, seed=33)
+    ndd.random.set_seed(38)
+    for epoch, size in enumerate([12, -1, 12]):
+        step = 0
+        try:
+            for images, labels in batches(reader, size):
+                record.add(epoch, images, labels)
+                step += 1
+        except Exception as error:  # noqa: BLE001 (compared with eager's)
+            record.error(error, epoch, step)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_invalid_size_from_the_schedule(data, mode):
+    run_modes(invalid_size, data, mode)
+
+
+def no_grad_generator(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.no_grad_batches)
+    reader = file_reader(data.jpeg_dir, seed=34)
+    for epoch in range(2):
+        for images, labels in batches(reader):
+            record.add(epoch, images.torch(), labels)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_generator_under_torch_no_grad(data, mode):
+    run_modes(no_grad_generator, data, mode)
+
+
+_RETURNED_GENERATOR = ("ndd.compile on a plain function returning a generator caches the "
+                       "generator object: every later call returns the same, exhausted one")
+
+
+_TARGET_REBOUND = ("a loop target rebound in the body (`labels = ndd.cast(labels, ...)`): the "
+                   "compiled step loses it as a parameter, UnboundLocalError")
+
+
+def labels_cast(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.int64_label_batches)
+    reader = file_reader(data.jpeg_dir, seed=38)
+    ndd.random.set_seed(43)
+    for epoch in range(2):
+        step = 0
+        try:
+            for images, labels in batches(reader, 12):
+                record.add(epoch, images, labels)
+                step += 1
+        except Exception as error:  # noqa: BLE001 (compared with eager's)
+            record.error(error, epoch, step)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_TARGET_REBOUND))
+def test_labels_cast_in_the_loop_body(data, mode):
+    run_modes(labels_cast, data, mode, "compiled loop")
+
+
+_PARTIAL = ("ndd.compile(functools.partial(...)) raises AttributeError when called "
+            "(no __code__ / __qualname__)")
+
+
+def partial_generator(mode: Mode, data: Data) -> list:
+    """The generator's settings bound with functools.partial before compiling."""
+    import functools
+
+    record = Record()
+    batches = mode.generator(functools.partial(programs.sized_batches, size=14))
+    reader = file_reader(data.jpeg_dir, seed=39)
+    ndd.random.set_seed(44)
+    for epoch in range(2):
+        step = 0
+        try:
+            for images, labels in batches(reader):
+                record.add(epoch, images, labels)
+                step += 1
+        except Exception as error:  # noqa: BLE001 (compared with eager's)
+            record.error(error, epoch, step)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_PARTIAL))
+def test_generator_bound_with_functools_partial(data, mode):
+    run_modes(partial_generator, data, mode)
+
+
+_SENT_VALUE = ("a value sent into the generator (`requested = yield ...`, generator.send) "
+               "arrives as None in the compiled generator")
+
+
+def curriculum(mode: Mode, data: Data) -> list:
+    """The trainer sends the next size into the running epoch (`batches.send(size)`)."""
+    record = Record()
+    batches = mode.generator(programs.curriculum_batches)
+    reader = file_reader(data.jpeg_dir, seed=40)
+    ndd.random.set_seed(45)
+    for epoch in range(2):
+        epoch_batches = batches(reader, 10)
+        images, labels = next(epoch_batches)
+        try:
+            for step in itertools.count():
+                record.add(epoch, step, images, labels)
+                images, labels = epoch_batches.send(10 + 2 * (step % 3))
+        except StopIteration:
+            record.add("epoch", epoch)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_SENT_VALUE))
+def test_sizes_sent_into_the_generator(data, mode):
+    run_modes(curriculum, data, mode)
+
+
+def decorated_generator(mode: Mode, data: Data) -> list:
+    """`@ndd.compile` over the user's own decorator, which returns the generator."""
+    record = Record()
+    batches = mode.generator(programs.wrapped_batches)
+    reader = file_reader(data.jpeg_dir, seed=35)
+    ndd.random.set_seed(39)
+    for epoch in range(3):
+        for images, labels in batches(reader, 12):
+            record.add(epoch, images, labels)
+        record.add("epoch", epoch)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_RETURNED_GENERATOR))
+def test_compiled_decorator_returning_the_generator(data, mode):
+    run_modes(decorated_generator, data, mode)
+
+
+def compiled_iter(mode: Mode, data: Data) -> list:
+    """The loader's `__iter__` (which returns `self.batches()`) is what the user compiled."""
+    record = Record()
+    loader = mode.loader(programs.SimpleLoader, "__iter__")(data.jpeg_dir)
+    ndd.random.set_seed(40)
+    for epoch in range(3):
+        for images, labels in loader:
+            record.add(epoch, images, labels)
+        record.add("epoch", epoch)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_RETURNED_GENERATOR))
+def test_compiled_iter_returning_the_generator(data, mode):
+    run_modes(compiled_iter, data, mode)
+
+
+# -- several sources ---------------------------------------------------------------------------
+
+def zip_same_length(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.paired_batches)
+    first, second = file_reader(data.jpeg_dir, seed=19), file_reader(data.jpeg_dir, seed=20)
+    ndd.random.set_seed(24)
+    for epoch in range(3):
+        for step, (images, labels) in enumerate(batches(first, second)):
+            record.add(epoch, images, labels)
+            if epoch == 1 and step == 0:
+                break
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_zip_of_two_readers(data, mode):
+    run_modes(zip_same_length, data, mode, "compiled loop")
+
+
+def zip_different_lengths(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.paired_batches)
+    first, second = file_reader(data.jpeg_dir, seed=21), file_reader(data.small_dir, seed=22)
+    ndd.random.set_seed(25)
+    for epoch in range(3):
+        for images, labels in batches(first, second):
+            record.add(epoch, images, labels)
+        record.add("epoch", epoch)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_zip_of_readers_of_different_lengths(data, mode):
+    run_modes(zip_different_lengths, data, mode)
+
+
+def _weights(count: int) -> list:
+    rng = np.random.default_rng(count)
+    return [ndd.as_batch([rng.uniform(0.5, 1.5, (1, 1, 1)).astype(np.float32)
+                          for _ in range(programs.BATCH_SIZE)]) for _ in range(count)]
+
+
+def zip_external_source(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.weighted_batches)
+    reader = file_reader(data.jpeg_dir, seed=23)
+    weights = ndd.ExternalSource(_weights(6), cycle="quiet")
+    ndd.random.set_seed(26)
+    for epoch in range(3):
+        for images, labels in batches(reader, weights):
+            record.add(epoch, images, labels)
+    return record.finish()
+
+
+_CAPTURED_STEP = ("a compiled step called inside DALI's capture-mode loop (source.captured) "
+                  "raises TypeError (a _GraphBreak rebuilt by DALI, or skipahead(-7))")
+
+
+@pytest.mark.parametrize("mode", modes(step=_CAPTURED_STEP))
+def test_zip_with_external_source(data, mode):
+    run_modes(zip_external_source, data, mode, "compiled loop")
+
+
+def external_source_ends_first(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.weighted_batches)
+    reader = file_reader(data.jpeg_dir, seed=24)
+    weights = ndd.ExternalSource(_weights(3), cycle="raise")
+    ndd.random.set_seed(27)
+    for epoch in range(3):
+        for images, labels in batches(reader, weights):
+            record.add(epoch, images, labels)
+        record.add("epoch", epoch)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(step=_CAPTURED_STEP))
+def test_zip_with_external_source_that_ends_first(data, mode):
+    run_modes(external_source_ends_first, data, mode)
+
+
+def source_pulled_by_the_loop(mode: Mode, data: Data) -> list:
+    """A callable ExternalSource logging its pulls; the trainer breaks out of the first epoch
+    (how many items were pulled, and which the next epoch gets, are eager capture mode's)."""
+    record = Record()
+    batches = mode.generator(programs.weighted_batches)
+    reader = file_reader(data.jpeg_dir, seed=36)
+    pulls: list = []
+    counter = itertools.count()
+
+    def next_weights():
+        index = next(counter)
+        pulls.append(index)
+        return ndd.as_batch([np.full((1, 1, 1), 0.5 + index / 8, np.float32)
+                             for _ in range(programs.BATCH_SIZE)])
+
+    weights = ndd.ExternalSource(next_weights)
+    ndd.random.set_seed(41)
+    for epoch in range(3):
+        for step, (images, labels) in enumerate(batches(reader, weights)):
+            record.add(epoch, step, images, labels, len(pulls))
+            if epoch == 0 and step == 1:
+                break
+    return record.finish(pulls)
+
+
+@pytest.mark.parametrize("mode", modes(step=_CAPTURED_STEP))
+def test_callable_external_source_and_a_break(data, mode):
+    run_modes(source_pulled_by_the_loop, data, mode, "compiled loop")
+
+
+_PREFETCHED_ITEM = ("an ExternalSource zipped with a reader, whose batch an operator uses: eager "
+                    "(DALI's capture mode) drops one prefetched item at each epoch's end and "
+                    "break, the compiled loop does not")
+
+
+def _masks(count: int) -> list:
+    rng = np.random.default_rng(count)
+    return [ndd.as_batch([rng.integers(0, 3, (20, 24, 1), dtype=np.uint8)
+                          for _ in range(programs.BATCH_SIZE)], layout="HWC")
+            for _ in range(count)]
+
+
+def segmentation(mode: Mode, data: Data) -> list:
+    record = Record()
+    batches = mode.generator(programs.segmentation_batches)
+    reader = file_reader(data.jpeg_dir, seed=37)
+    masks = ndd.ExternalSource(_masks(16), cycle="quiet")
+    ndd.random.set_seed(42)
+    for epoch in range(3):
+        for step, (images, mask) in enumerate(batches(reader, masks)):
+            record.add(epoch, images, mask)
+            if epoch == 1 and step == 1:
+                break
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes(generator=_PREFETCHED_ITEM, step=_CAPTURED_STEP))
+def test_segmentation_masks_from_an_external_source(data, mode):
+    run_modes(segmentation, data, mode, "compiled loop")
+
+
+# -- shards: two ranks in one process ----------------------------------------------------------
+
+SHARDINGS = {
+    "plain": ((0, 1), 2, 3, {}),
+    "stick_to_shard": ((0, 1), 2, 3, {"stick_to_shard": True}),
+    "pad_last_batch": ((1, 0), 2, 3, {"pad_last_batch": True}),
+    "uneven_lockstep": ((2, 0), 3, 5, {}),  # rank 2 has one batch more than rank 0
+}
+
+
+def sharded(sharding: str) -> Callable[[Mode, Data], list]:
+    ranks, world_size, batch_size, options = SHARDINGS[sharding]
+
+    def scenario(mode: Mode, data: Data) -> list:
+        record = Record()
+        loader_class = mode.loader(programs.ShardLoader, "batches")
+        loaders = [loader_class(data.jpeg_dir, rank, world_size, **options) for rank in ranks]
+        ndd.random.set_seed(28)
+        for epoch in range(3):  # the ranks in lockstep, as DDP runs them
+            for step, ((x0, y0), (x1, y1)) in enumerate(zip(
+                    *(loader.batches(batch_size) for loader in loaders))):
+                record.add(epoch, step, x0, y0, x1, y1)
+        for loader in loaders:  # then each rank alone
+            for images, labels in loader.batches(batch_size):
+                record.add(loader.rank, images, labels)
+        return record.finish()
+
+    scenario.__name__ = f"sharded_{sharding}"
+    return scenario
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+@pytest.mark.parametrize("mode", modes())
+def test_two_ranks_in_one_process(data, mode, sharding):
+    run_modes(sharded(sharding), data, mode, "compiled loop")
+
+
+# -- a corrupt file ----------------------------------------------------------------------------
+
+def corrupt_jpeg(mode: Mode, data: Data, text: bool = False) -> list:
+    """A truncated JPEG: its batch fails where the trainer uses it, the next ones go on. The
+    errors are recorded by type and step (`text`: and their message)."""
+    record = Record()
+    batches = mode.generator(programs.decoded_batches)
+    reader = ndd.readers.File(file_root=str(data.bad_dir))
+    for epoch in range(3):
+        step = 0
+        try:
+            for images, labels in batches(reader):
+                try:
+                    pixels = np.asarray(ndd.as_tensor(images))
+                except RuntimeError as error:  # skip the bad batch, as trainers do
+                    record.add("raised", epoch, step, type(error).__name__,
+                               str(error) if text else None)
+                else:
+                    record.add(epoch, step, pixels, labels)
+                step += 1
+        except RuntimeError as error:
+            record.add("raised in the loop", epoch, step, type(error).__name__,
+                       str(error) if text else None)
+        record.add("epoch", epoch, step)
+    return record.finish()
+
+
+@pytest.mark.parametrize("mode", modes())
+def test_corrupt_jpeg_fails_its_step_and_the_loop_goes_on(data, mode):
+    run_modes(corrupt_jpeg, data, mode, "compiled loop")
+
+
+def corrupt_jpeg_text(mode: Mode, data: Data) -> list:
+    return corrupt_jpeg(mode, data, text=True)
+
+
+_ERROR_TEXT = ("the decoding error's text is eager's with 'the compiled pipeline failed: ' "
+               "before it (and no operator or line named)")
+
+
+@pytest.mark.parametrize("mode", modes(generator=_ERROR_TEXT, step=_ERROR_TEXT,
+                                       transparent=_ERROR_TEXT))
+def test_corrupt_jpeg_error_text_is_eagers(data, mode):
+    run_modes(corrupt_jpeg_text, data, mode)
+
+
+# -- checkpoints -------------------------------------------------------------------------------
+
+def _checkpointed(mode: Mode, data: Data, record: Record, stop: int | str | None,
+                  saved: tuple[str, int] | None, options: dict) -> tuple[str, int] | None:
+    """Train two epochs from scratch (stopping after `stop` steps, or at the end of the first
+    epoch, with a checkpoint) or from the checkpoint `saved`; returns the checkpoint and the
+    epoch to go on with."""
+    reader = file_reader(data.jpeg_dir, seed=7, enable_checkpointing=True, **options)
+    ndd.random.set_seed(31 if saved is None else 999)
+    checkpoint = ndd.checkpoint.Checkpoint()
+    checkpoint.register(reader, name="reader")
+    checkpoint.register(ndd.random.get_default_rng(), name="rng")
+    first_epoch = 0
+    if saved is not None:
+        text, first_epoch = saved
+        checkpoint.deserialize(text)
+        checkpoint.restore()
+    batches = mode.generator(programs.sized_batches)
+    step = 0
+    for epoch in range(first_epoch, 3):
+        for images, labels in batches(reader, 12):
+            record.add(epoch, step, images, labels)
+            step += 1
+            if step == stop:
+                checkpoint.collect()
+                return checkpoint.serialize(), epoch
+        if stop == "epoch":  # saved at the end of the first epoch
+            checkpoint.collect()
+            return checkpoint.serialize(), epoch + 1
+    return None
+
+
+def checkpoint_scenario(saved_mode: str, restored_mode: str, stop: int | str, options: dict):
+    def scenario(_: Mode, data: Data) -> list:
+        record = Record()
+        with Mode(saved_mode).active() as mode:
+            saved = _checkpointed(mode, data, record, stop, None, options)
+        record.add("restored")
+        with Mode(restored_mode).active() as mode:
+            _checkpointed(mode, data, record, None, saved, options)
+        return record.finish()
+
+    return scenario
+
+
+CHECKPOINT_MODES = [("generator", "generator"), ("eager", "generator"), ("generator", "eager"),
+                    ("step", "step"), ("transparent", "transparent"), ("step", "generator"),
+                    ("generator", "transparent")]
+CHECKPOINT_READERS = {"one shard": {}, "shard 1 of 2": {"shard_id": 1, "num_shards": 2},
+                      "padded, stuck to shard 0 of 3": {"shard_id": 0, "num_shards": 3,
+                                                        "stick_to_shard": True,
+                                                        "pad_last_batch": True}}
+
+
+@pytest.mark.parametrize("reader", CHECKPOINT_READERS)
+@pytest.mark.parametrize("stop", [2, 6, "epoch"])
+@pytest.mark.parametrize("saved_mode, restored_mode", CHECKPOINT_MODES)
+def test_checkpoint_mid_epoch_restored_in_a_fresh_reader(data, saved_mode, restored_mode, stop,
+                                                         reader):
+    options = CHECKPOINT_READERS[reader]
+    key = f"checkpoint_{stop}_{reader}"
+    if key not in _EAGER:
+        _EAGER[key] = checkpoint_scenario("eager", "eager", stop, options)(Mode("eager"), data)
+    observed = checkpoint_scenario(saved_mode, restored_mode, stop, options)(Mode("eager"), data)
+    assert_same_observations(_EAGER[key], observed)
+
+
+# -- one reader, every mode in turn -----------------------------------------------------------
+
+MIXED_EPOCHS = ["generator", "eager", "step", "transparent", "generator", "generator in "
+                "transparent", "step in transparent", "eager"]
+
+
+def mixed_modes(epoch_modes: list[str], data: Data) -> list:
+    """Epochs of one reader, each run its own way (a script that compiles its loop later, a
+    validation pass in plain code, a transparent-mode run), breaking out of some."""
+    record = Record()
+    reader = file_reader(data.jpeg_dir, seed=41)
+    compiled_generator = ndd.compile(programs.sized_batches)
+    compiled_step = ndd.compile(programs.train_transform)
+
+    def step_epoch(reader, size):  # the eager loop around a compiled step
+        for jpegs, labels in reader.next_epoch(batch_size=programs.BATCH_SIZE):
+            yield compiled_step(jpegs, size), labels
+
+    ndd.random.set_seed(46)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for epoch, name in enumerate(epoch_modes):
+            batches = {"generator": compiled_generator, "step": step_epoch,
+                       "eager": programs.sized_batches,
+                       "transparent": programs.sized_batches}[name.split()[0]]
+            with ndd_trace.enabled() if name.endswith("transparent") else \
+                    contextlib.nullcontext():
+                for step, (images, labels) in enumerate(batches(reader, 12)):
+                    record.add(epoch, step, images, labels)
+                    if epoch % 3 == 1 and step == 1:
+                        break
+    return record.finish()
+
+
+def test_one_reader_every_mode_in_turn(data):
+    eager = mixed_modes(["eager"] * len(MIXED_EPOCHS), data)
+    assert_same_observations(eager, mixed_modes(MIXED_EPOCHS, data))
+
+
+# -- the mismatches found above, reduced -------------------------------------------------------
+
+def _decode_epochs(reader_root: Path, run_step: Callable, epochs: int = 2) -> list:
+    reader = ndd.readers.File(file_root=str(reader_root))
+    out = []
+    for _ in range(epochs):
+        for jpegs, _ in reader.next_epoch(batch_size=4):
+            try:
+                out.append(int(np.asarray(ndd.as_tensor(run_step(jpegs))).sum()))
+            except RuntimeError as error:
+                out.append((type(error).__name__, str(error)))
+    return out
+
+
+def _decode(jpegs):
+    return ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])
+
+
+@pytest.mark.xfail(strict=True, reason=_METADATA)
+def test_reduced_get_metadata_after_a_streamed_epoch_in_transparent_mode(jpeg_dir):
+    def run():
+        reader = ndd.readers.File(file_root=str(jpeg_dir), max_batch_size=4)
+        sizes = []
+        for _ in range(2):
+            sizes.append(reader.get_metadata()["epoch_size"])
+            for jpegs, _ in reader.next_epoch(batch_size=4):
+                np.asarray(ndd.as_tensor(_decode(jpegs)))
+        return sizes
+
+    eager = run()
+    with ndd_trace.enabled():
+        assert run() == eager == [16, 16]
+
+
+@pytest.mark.xfail(strict=True, reason=_CAPTURED_STEP)
+def test_reduced_compiled_step_inside_a_capture_mode_loop():
+    def scale(weights):
+        return weights * 2.0
+
+    def run(step):
+        source = ndd.ExternalSource([ndd.as_batch([np.full((2,), i, np.float32)] * 4)
+                                     for i in range(3)])
+        return [np.asarray(ndd.as_tensor(step(w))) for w in source.captured(batch_size=4)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = run(scale)
+        compiled = run(ndd.compile(scale))
+    assert len(eager) == len(compiled) == 3
+    for a, b in zip(eager, compiled):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("mode", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=_ERROR_TEXT))
+    for name in MODES])
+def test_reduced_decode_error_text(data, mode):
+    def decoded(reader):
+        for jpegs, _ in reader.next_epoch(batch_size=4):
+            yield _decode(jpegs)
+
+    eager = _decode_epochs(data.bad_dir, _decode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if mode == "generator":
+            compiled = ndd.compile(decoded)
+            reader = ndd.readers.File(file_root=str(data.bad_dir))
+            observed = []
+            for _ in range(2):
+                for images in compiled(reader):
+                    try:
+                        observed.append(int(np.asarray(ndd.as_tensor(images)).sum()))
+                    except RuntimeError as error:
+                        observed.append((type(error).__name__, str(error)))
+        elif mode == "step":
+            observed = _decode_epochs(data.bad_dir, ndd.compile(_decode))
+        else:
+            with ndd_trace.enabled():
+                observed = _decode_epochs(data.bad_dir, _decode)
+    assert ("RuntimeError", "An error happened during asynchronous execution") in eager
+    assert observed == eager
+
+
+@pytest.mark.xfail(strict=True, reason=_RETURNED_GENERATOR)
+def test_reduced_compiled_function_returning_a_generator(jpeg_dir):
+    def epoch(reader):
+        for _, labels in reader.next_epoch(batch_size=4):
+            yield labels
+
+    def batches(reader):
+        return epoch(reader)
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        return [len(list(function(reader))) for _ in range(2)]
+
+    assert run(batches) == [4, 4]
+    assert run(ndd.compile(batches)) == [4, 4]
+
+
+@pytest.mark.xfail(strict=True, reason=_TARGET_REBOUND)
+def test_reduced_loop_target_rebound_in_the_body(jpeg_dir):
+    def batches(reader):
+        for _, labels in reader.next_epoch(batch_size=4):
+            labels = labels + 1
+            yield labels
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
+
+    assert run(ndd.compile(batches)) == run(batches)
+
+
+@pytest.mark.xfail(strict=True, reason=_PARTIAL)
+@pytest.mark.parametrize("kind", ["generator", "function"])
+def test_reduced_compiled_functools_partial(jpeg_dir, kind):
+    import functools
+
+    def batches(reader, offset):
+        for _, labels in reader.next_epoch(batch_size=4):
+            yield labels + offset
+
+    def shifted(labels, offset):
+        return labels + offset
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        if kind == "generator":
+            return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
+        return [np.asarray(ndd.as_tensor(function(labels))).tolist()
+                for _, labels in reader.next_epoch(batch_size=4)]
+
+    bound = functools.partial(batches if kind == "generator" else shifted, offset=3)
+    assert run(ndd.compile(bound)) == run(bound)
+
+
+@pytest.mark.xfail(strict=True, reason=_PREFETCHED_ITEM)
+def test_reduced_external_source_item_prefetched_by_capture_mode(jpeg_dir):
+    def batches(reader, source):
+        for _, extra in zip(reader.next_epoch(batch_size=4), source.captured(batch_size=4)):
+            yield ndd.flip(extra, horizontal=1)
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        source = ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 4,
+                                                  layout="HWC") for i in range(20)],
+                                    cycle="quiet")
+        return [[int(np.asarray(ndd.as_tensor(x)).ravel()[0]) for x in function(reader, source)]
+                for _ in range(2)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = run(batches)
+        compiled = run(ndd.compile(batches))
+    assert eager == [[0, 1, 2, 3], [5, 6, 7, 8]]  # DALI drops item 4, prefetched
+    assert compiled == eager
+
+
+_TWO_CAPTURE_LOOPS = ("two capture-mode loops open at once: eager DALI raises RuntimeError "
+                      "'Only one capture-mode loop can be active at a time', compiled runs both")
+
+
+@pytest.mark.xfail(strict=True, reason=_TWO_CAPTURE_LOOPS)
+def test_reduced_two_capture_mode_loops_open_at_once():
+    def batches(source):
+        for extra in source.captured(batch_size=2):
+            yield ndd.flip(extra, horizontal=1)
+
+    def run(function):
+        sources = [ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 2,
+                                                    layout="HWC") for i in range(3)])
+                   for _ in range(2)]
+        try:
+            return [len(pair) for pair in zip(function(sources[0]), function(sources[1]))]
+        except RuntimeError as error:
+            return str(error)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = run(batches)
+        compiled = run(ndd.compile(batches))
+    assert eager == "Only one capture-mode loop can be active at a time"
+    assert compiled == eager
+
+
+_CAPTURED_DECODE_ERROR = ("a truncated JPEG in a loop zipped with source.captured(): eager "
+                          "(DALI's capture mode) raises from the loop at that step, ending the "
+                          "epoch; the compiled loop yields it (failing at use) and goes on")
+
+
+@pytest.mark.xfail(strict=True, reason=_CAPTURED_DECODE_ERROR)
+def test_reduced_decode_error_in_a_capture_mode_loop(data):
+    def batches(reader, source):
+        for extra, (jpegs, _) in zip(source.captured(batch_size=4),
+                                     reader.next_epoch(batch_size=4)):
+            yield ndd.cast(_decode(jpegs), dtype=ndd.float32) * extra
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(data.bad_dir))
+        source = ndd.ExternalSource([ndd.as_batch([np.ones((1, 1, 1), np.float32)] * 4)
+                                     for _ in range(4)], cycle="raise")
+        seen = []
+        try:
+            for images in function(reader, source):
+                try:
+                    np.asarray(ndd.as_tensor(images))
+                    seen.append("ok")
+                except RuntimeError:
+                    seen.append("failed at use")
+        except RuntimeError:
+            seen.append("raised by the loop")
+        return seen
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = run(batches)
+        compiled = run(ndd.compile(batches))
+    assert eager == ["ok", "raised by the loop"]
+    assert compiled == eager
+
+
+@pytest.mark.xfail(strict=True, reason=_SENT_VALUE)
+def test_reduced_value_sent_into_the_generator(jpeg_dir):
+    def batches(reader, log):
+        for _, labels in reader.next_epoch(batch_size=4):
+            sent = yield labels
+            log.append(sent)
+
+    def run(function):
+        log: list = []
+        epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
+        next(epoch)
+        with contextlib.suppress(StopIteration):
+            for value in range(10):
+                epoch.send(value)
+        return log
+
+    assert run(batches) == [0, 1, 2, 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)  # checked mode's notice
+        assert run(ndd.compile(batches)) == [0, 1, 2, 3]
+
+
+_THROWN = ("an exception thrown into the compiled generator (generator.throw) is not raised "
+           "at its `yield`: the body's own except misses it and it comes out of throw()")
+
+
+@pytest.mark.xfail(strict=True, reason=_THROWN)
+def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
+    def batches(reader, log):
+        for _, labels in reader.next_epoch(batch_size=4):
+            try:
+                yield labels
+            except ValueError as error:
+                log.append(str(error))
+
+    def run(function):
+        log: list = []
+        epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
+        next(epoch)
+        try:
+            epoch.throw(ValueError("skip"))
+        except ValueError as error:
+            log.append(("raised", str(error)))
+        return log, len(list(epoch))
+
+    assert run(batches) == (["skip"], 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)  # checked mode's notice
+        assert run(ndd.compile(batches)) == (["skip"], 2)
+
+
+@pytest.mark.xfail(strict=True, reason=_MODULE_ATTRIBUTE)
+@pytest.mark.parametrize("kind", ["generator", "step"])
+def test_reduced_module_attribute_changed_between_calls(jpeg_dir, kind):
+    def resized(jpegs):
+        return ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
+
+    def batches(reader):
+        for jpegs, _ in reader.next_epoch(batch_size=4):
+            yield ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
+
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        widths = []
+        try:
+            for size in (10, 14):
+                training_config.IMAGE_SIZE = size
+                epoch = function(reader) if kind == "generator" else (
+                    function(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4))
+                widths += [np.asarray(ndd.as_tensor(images)).shape[2] for images in epoch]
+        finally:
+            training_config.IMAGE_SIZE = 12
+        return widths
+
+    function = batches if kind == "generator" else resized
+    assert run(function) == [10] * 4 + [14] * 4
+    assert run(ndd.compile(function)) == [10] * 4 + [14] * 4
