@@ -304,11 +304,14 @@ _interceptor = _Interceptor()
 _WATCHED: dict[tuple[type, str], Callable] = {}  # (class, method) -> ndd's own function
 
 
-def watch_method(owner: type, name: str, callback: Callable) -> None:
+def watch_method(owner: type, name: str, callback: Callable,
+                 during_traces: bool = False) -> None:
     """From now on, `obj.name(*args, **kwargs)` (a method of `owner`) called outside any trace
     returns `callback(obj, original, args, kwargs)`, `original` being ndd's own function. The
-    class gets one wrapper, installed once (user objects are never patched); the interceptor's
-    own hook goes on top of it while tracing, and it steps aside then."""
+    class gets one wrapper, installed once (user objects are never patched). Where the
+    interceptor hooks the method too (it goes on top while tracing), the wrapper steps aside
+    while a trace or transparent mode runs; `during_traces`: it never does (a method the
+    interceptor leaves alone)."""
     with _interceptor._lock:
         if (owner, name) in _WATCHED:
             return
@@ -316,7 +319,7 @@ def watch_method(owner: type, name: str, callback: Callable) -> None:
         original = getattr(current, "_ndd_trace_original", current)
 
         def watched(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if _interceptor.handler() is not None:
+            if not during_traces and _interceptor.handler() is not None:
                 return original(obj, *args, **kwargs)
             return callback(obj, original, args, kwargs)
 
@@ -344,15 +347,13 @@ def unwatched(owner: type, name: str) -> Callable:
     return getattr(current, "_ndd_trace_original", current)
 
 
-def watch_reader_methods(on_epoch: Callable, on_metadata: Callable,
-                         on_captured: Callable) -> None:
-    """`reader.next_epoch`, `reader.get_metadata` and `ExternalSource.captured` outside traces
-    go to these callbacks (see `watch_method`); `reader.set_state` refuses ndd_trace 0.1's own
-    checkpoint format clearly (`check_reader_state`)."""
+def watch_reader_methods(on_epoch: Callable, on_metadata: Callable) -> None:
+    """`reader.next_epoch` (outside traces) and `reader.get_metadata` go to these callbacks
+    (see `watch_method`); `reader.set_state` refuses ndd_trace 0.1's own checkpoint format
+    clearly (`check_reader_state`)."""
     watch_method(_ops.Reader, "next_epoch", on_epoch)
-    watch_method(_ops.Reader, "get_metadata", on_metadata)
-    watch_method(ndd.ExternalSource, "captured", on_captured)
-    watch_method(_ops.Reader, "set_state", _checked_set_state)
+    watch_method(_ops.Reader, "get_metadata", on_metadata, during_traces=True)
+    watch_method(_ops.Reader, "set_state", _checked_set_state, during_traces=True)
 
 
 def _checked_set_state(reader: Any, original: Callable, args: tuple, kwargs: dict) -> Any:

@@ -37,6 +37,9 @@ from .stepcheck import Finding
 from .trace import GraphBreakRecord, Tracer
 
 DEFAULT_CACHE_LIMIT = 8
+_CAPTURE_LOOP_TEXT = ("runs as written: DALI's capture mode records its loop body and runs it as "
+                      "a pipeline, as it does without ndd_trace (iterate reader.next_epoch(...) "
+                      "to have ndd_trace compile the body)")
 _CHECKED_LOOP_TEXT = ("runs each step's Python as written, in transparent mode: the reader is read "
                       "ahead, and a step's ndd calls run ahead on its batches and are used when "
                       "they match what the step calls, with the same results")
@@ -127,6 +130,13 @@ class CompiledFunction:
                  fallback: str = "lazy", optimize: bool = False):
         if not callable(function):
             raise TypeError(f"ndd.compile expects a function, got {type(function).__name__}")
+        # a functools.partial: its function is compiled, its bound arguments passed each call
+        self._bound_args: tuple = ()
+        self._bound_kwargs: dict = {}
+        while isinstance(function, functools.partial):
+            self._bound_args = function.args + self._bound_args
+            self._bound_kwargs = {**function.keywords, **self._bound_kwargs}
+            function = function.func
         functools.update_wrapper(self, function)
         self._function = function
         self.fullgraph = fullgraph
@@ -225,6 +235,10 @@ class CompiledFunction:
         if _dali.tracing_active():
             # Called from inside another trace: inline, so its ops join the outer graph.
             return self._function(*args, **kwargs)
+        if self._bound_args or self._bound_kwargs:  # (compiled from a functools.partial)
+            args, kwargs = self._bound_args + args, {**self._bound_kwargs, **kwargs}
+        if _dali.capture_running():  # DALI's capture mode records the calls: they are its own
+            return self._in_capture_mode(args, kwargs)
         args, kwargs = self._normalize(args, kwargs)
         if self.is_generator:
             return self._epoch(args, kwargs)
@@ -253,6 +267,18 @@ class CompiledFunction:
             hide_own_frames(error)
             raise
 
+    def _in_capture_mode(self, args: tuple, kwargs: dict) -> Any:
+        """A call made in a loop DALI's capture mode records: its ndd calls run as written, for
+        capture mode to record and run as a pipeline (as without ndd_trace)."""
+        self._counters.fallbacks += 1
+        logs.fallbacks.info("`%s`: called in DALI's capture mode, whose pipeline runs its calls",
+                            self.__qualname__)
+        self._warn_once(f"ndd_trace: `{self.__qualname__}` is called in a loop DALI's capture "
+                        "mode records (source.captured(...) or next_epoch(capture=True)): its "
+                        "ndd calls run as written, and capture mode runs them as a pipeline",
+                        user_location())
+        return self._function(*args, **kwargs)
+
     def _fallback(self, args: tuple, kwargs: dict) -> Any:
         """Run a call that cannot be compiled whole: in transparent mode by default (its ndd
         calls still run as cached pipeline regions, split where Python needs data, with the
@@ -271,14 +297,8 @@ class CompiledFunction:
             yield from generator
             return
         steps = lazy.Steps(self._step_tracer())
-        try:
-            while True:
-                with steps.step():
-                    try:
-                        item = next(generator)
-                    except StopIteration:
-                        return
-                yield item
+        try:  # each resumption in transparent mode; send() and throw() reach its own `yield`
+            return (yield from trees.relay(generator, steps.step))
         finally:
             steps.close()
             generator.close()
@@ -376,7 +396,10 @@ class CompiledFunction:
         split = self._loop()
         if split is None:
             self._counters.fallbacks += 1
-            epoch = self._fallback_epoch(args, kwargs)
+            if self._loop_break is not None and self._loop_break.captures:
+                epoch = self._function(*args, **kwargs)  # DALI's capture mode runs its loop
+            else:
+                epoch = self._fallback_epoch(args, kwargs)
         else:
             epoch = split.generator(*args, **kwargs)
         # the report's loader verdict: the consumer's wait for each item vs its own step
@@ -387,7 +410,12 @@ class CompiledFunction:
         call; a graph break under fullgraph=True raises GraphBreakError there."""
         if self._split is False:
             found = split_generator(self._function)
-            if isinstance(found, Finding):
+            if isinstance(found, Finding) and found.captures:
+                self._split = None
+                self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
+                self._entries[("capture mode",)] = self._break_entry(
+                    Entry(key=("capture mode",)), self._loop_break, path="DALI's capture mode")
+            elif isinstance(found, Finding):
                 self._split = None
                 self._loop_break = GraphBreakRecord(
                     f"its loop body's Python may not do the same at every step ({found.reason});"
@@ -587,7 +615,8 @@ class CompiledFunction:
             error = GraphBreakError(record.reason, record.loc, self.__qualname__)
             error.filename, error.lineno = record.filename, record.lineno
             raise_at(error, record.loc)
-        then = self._fallback_text() if path != "checked loop" else _CHECKED_LOOP_TEXT
+        then = (_CHECKED_LOOP_TEXT if path == "checked loop" else _CAPTURE_LOOP_TEXT
+                if path == "DALI's capture mode" else self._fallback_text())
         self._warn_once(f"ndd_trace: `{self.__qualname__}` cannot be compiled whole: "
                         f"{record.reason}. It {then}. See ndd_trace.explain().", record.loc)
         return entry
@@ -888,7 +917,8 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
     if split is None:
         record = compiled._loop_break
         return Explanation(compiled.__qualname__, "", "", [], [record], f"graph break: {record}",
-                           compiled.cache_info(), 0, None, path="checked loop")
+                           compiled.cache_info(), 0, None,
+                           path="DALI's capture mode" if record.captures else "checked loop")
     loop = "\n".join([
         "the generator, as it runs:", textwrap.indent(split.generator_source, "    "), "",
         f"its loop body ({split.body_loc}), compiled:",

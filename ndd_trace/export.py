@@ -96,10 +96,6 @@ def _loop_graph(compiled: CompiledFunction, args: tuple, kwargs: dict) -> tuple[
     fed: dict[int, tuple[Any, int]] = {}
 
     def stand_in(reader: Any, batch_size: int) -> Any:
-        if not isinstance(reader, _dali.Reader):
-            raise ExportError(f"the loop of `{compiled.__qualname__}`{{where}} pulls an "
-                              "ndd.ExternalSource (a Python callback); export needs a pipeline "
-                              "that holds all its sources", split.body_loc)
         _, names, metas = _dali.reader_metadata(reader)
         batches = [_dali.stand_in_batch(meta, batch_size) for meta in metas]
         for index, batch in enumerate(batches):
@@ -302,7 +298,8 @@ def _module_text(name: str, lowered: Any, inputs: list[str], example: str, rando
     constants.body[0].value = ast.List(elts=[ast.Constant(n) for n in inputs], ctx=ast.Load())
     constants.body[1].value = ast.Constant(example)
     main_text = unparse(ast.fix_missing_locations(tail)).strip()
-    main_text = main_text.replace("\nif (__name__ == '__main__'):", "\n\n\nif __name__ == '__main__':")
+    main_text = main_text.replace("\nif (__name__ == '__main__'):",
+                                  "\n\n\nif __name__ == '__main__':")
     return (docstring(doc) + "\n\n" + unparse(header).strip() + "\n\n" +
             lowered.source + "\n" + unparse(constants).strip() + "\n\n\n" +
             main_text + "\n")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import dis
+import sys
 import enum
 import types
 from collections.abc import Callable
@@ -207,6 +208,9 @@ class GuardPlan:
 
     globals_read: tuple[tuple[str, str, dict], ...]  # (label prefix, name, globals dict)
     closure: tuple[tuple[str, Any], ...]  # (label, cell)
+    # attributes read of the user's own modules (`config.SIZE`, a module global reads by
+    # identity): (label prefix, module global's name, globals dict, attribute chain)
+    module_attributes: tuple[tuple[str, str, dict, tuple[str, ...]], ...] = ()
 
     @property
     def global_names(self) -> tuple[str, ...]:
@@ -235,10 +239,52 @@ def _is_user_function(value: Any) -> bool:
         not is_internal_file(filename)
 
 
+_ATTRIBUTE_LOADS = {"LOAD_ATTR", "LOAD_METHOD"}
+
+
+def _module_attribute_loads(code: types.CodeType) -> set[tuple[str, tuple[str, ...]]]:
+    """(global name, attribute chain) of each `name.a.b` the code (and the code nested in it)
+    reads: a LOAD_GLOBAL followed by attribute loads."""
+    found = set()
+    instructions = list(dis.get_instructions(code))
+    for index, ins in enumerate(instructions):
+        if ins.opname not in _LOAD_GLOBAL:
+            continue
+        chain = []
+        for following in instructions[index + 1:]:
+            if following.opname not in _ATTRIBUTE_LOADS:
+                break
+            chain.append(following.argval)
+        if chain:
+            found.add((ins.argval, tuple(chain)))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _module_attribute_loads(const)
+    return found
+
+
+def _is_user_module(value: Any) -> bool:
+    if not isinstance(value, types.ModuleType):
+        return False
+    filename = getattr(value, "__file__", None) or ""
+    return bool(filename) and "site-packages" not in filename and \
+        not filename.startswith(sys.prefix) and not filename.startswith(sys.base_prefix) and \
+        not is_internal_file(filename)
+
+
+def _chain_value(value: Any, chain: tuple[str, ...]) -> Any:
+    for attribute in chain:
+        value = getattr(value, attribute, _MISSING)
+        if value is _MISSING:
+            break
+    return value
+
+
 def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     """Globals and closure cells `function` reads, following user helpers `max_depth` deep."""
     globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
     closure: list[tuple[str, Any]] = []
+    attributes: dict[tuple, tuple[str, str, dict, tuple[str, ...]]] = {}
     seen: set[int] = set()
 
     def visit(fn: Any, prefix: str, depth: int) -> None:
@@ -254,6 +300,10 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
             value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
             if depth < max_depth and _is_user_function(value):
                 visit(value, f"{value.__name__}() reads ", depth + 1)
+        for name, chain in sorted(_module_attribute_loads(code)):
+            if _is_user_module(namespace.get(name)):
+                attributes.setdefault((id(namespace), name, chain),
+                                      (prefix, name, namespace, chain))
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             closure.append((f"{prefix}closure variable `{name}`", cell))
             try:
@@ -264,7 +314,7 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                 visit(value, f"{value.__name__}() reads ", depth + 1)
 
     visit(function, "", 0)
-    return GuardPlan(tuple(globals_read.values()), tuple(closure))
+    return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()))
 
 
 def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
@@ -284,6 +334,10 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
         if value is _MISSING:
             value = builtins.__dict__.get(name, _MISSING)
         key.append((f"{prefix}global `{name}`",
+                    ("missing",) if value is _MISSING else freeze(value)))
+    for prefix, name, namespace, chain in plan.module_attributes:
+        value = _chain_value(namespace.get(name), chain)
+        key.append((f"{prefix}global `{name}.{'.'.join(chain)}`",
                     ("missing",) if value is _MISSING else freeze(value)))
     for label, cell in plan.closure:
         try:
@@ -330,16 +384,17 @@ class FastGuard:
     cannot change while it stays the same object. A match means `build_key` would give the
     key this guard was made from; anything else takes the full path."""
 
-    __slots__ = ("plan", "entry", "arity", "arguments", "globals_read", "cells")
+    __slots__ = ("plan", "entry", "arity", "arguments", "globals_read", "cells", "attributes")
 
     def __init__(self, plan: GuardPlan, entry: Any, arity: int, arguments: tuple,
-                 globals_read: tuple, cells: tuple):
+                 globals_read: tuple, cells: tuple, attributes: tuple = ()):
         self.plan = plan
         self.entry = entry
         self.arity = arity
         self.arguments = arguments  # per argument: (Batch/Tensor type, signature) or (None, obj)
         self.globals_read = globals_read  # (namespace, name, value or _MISSING, builtin value)
         self.cells = cells  # (cell, value)
+        self.attributes = attributes  # (namespace, name, chain, value): module attributes
 
     @staticmethod
     def of(args: tuple, plan: GuardPlan, entry: Any, baked: bool = False) -> FastGuard | None:
@@ -373,8 +428,14 @@ class FastGuard:
             if not _same_object_same_guard(value):
                 return None
             cells.append((cell, value))
+        attributes = []
+        for _, name, namespace, chain in plan.module_attributes:
+            value = _chain_value(namespace.get(name), chain)
+            if not _same_object_same_guard(value):
+                return None
+            attributes.append((namespace, name, chain, value))
         return FastGuard(plan, entry, len(args), tuple(arguments), tuple(globals_read),
-                         tuple(cells))
+                         tuple(cells), tuple(attributes))
 
     def matches(self, args: tuple) -> bool:
         if len(args) != self.arity:
@@ -396,6 +457,9 @@ class FastGuard:
                 if cell.cell_contents is not value:
                     return False
             except ValueError:
+                return False
+        for namespace, name, chain, value in self.attributes:
+            if _chain_value(namespace.get(name), chain) is not value:
                 return False
         return True
 

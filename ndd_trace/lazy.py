@@ -495,7 +495,8 @@ def _runs_at_call(node: Node, inputs: tuple, kwargs: dict) -> bool:
     for key in node.arg_inputs:
         value = kwargs.get(key)
         if value is not None and not isinstance(value, _LazyMixin) and \
-                key not in node.arg_casts and _dali.eager_reads_as_is(value, node.is_batch) == "cpu":
+                key not in node.arg_casts and \
+                _dali.eager_reads_as_is(value, node.is_batch) == "cpu":
             return True
     return False
 

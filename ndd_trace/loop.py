@@ -210,7 +210,9 @@ def _step_parameters(body: list[ast.stmt], frame_names: set[str], targets: set[s
             if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
                 continue
             name = node.id
-            if name not in frame_names or name in assigned:
+            # a loop target the body sets again (`labels = labels + 1`) is still given to it;
+            # any other name the body sets is its own (stepcheck: never read before it is set)
+            if name not in frame_names or (name in assigned and name not in targets):
                 continue
             if name not in order:
                 order.append(name)

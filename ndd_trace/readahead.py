@@ -35,7 +35,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any
 
 from . import _dali
 from .ir import Graph, Node, NodeKind, Ref
@@ -277,11 +277,10 @@ def can_stream(reader: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Epochs opened by a compiled generator's loop (loop.py)
 #
-# While a compiled loop pulls its next item (`opening_loop_epochs`), the epochs it opens read
-# through streams from the first one: `reader.next_epoch(batch_size=...)` streams (unless the
-# reader must stay eager: checkpointing, tensor arguments), `source.captured(batch_size=...)`
-# pulls the ExternalSource's items one per step, as eager ndd does, instead of DALI's capture
-# mode (whose pipeline would run the loop body a second time).
+# While a compiled loop pulls its next item (`opening_loop_epochs`), the reader epochs it opens
+# read through streams from the first one (unless the reader must stay eager: checkpointing,
+# tensor arguments). A loop over `source.captured(...)` is DALI's capture mode's (loop.py does
+# not compile it).
 
 _opening = threading.local()  # .active: a compiled loop is pulling its next item; .stand_in
 
@@ -289,8 +288,8 @@ _opening = threading.local()  # .active: a compiled loop is pulling its next ite
 @contextmanager
 def opening_loop_epochs(stand_in: Callable[[Any, int], Any] | None = None) -> Iterator[None]:
     """While active, the epochs this thread opens are a compiled loop's (see above); with
-    `stand_in`, each is one step of `stand_in(reader or source, batch_size)` instead, and
-    nothing is read (export describes a loop so)."""
+    `stand_in`, each is one step of `stand_in(reader, batch_size)` instead, and nothing is
+    read (export describes a loop so)."""
     previous = getattr(_opening, "active", False), getattr(_opening, "stand_in", None)
     _opening.active, _opening.stand_in = True, stand_in or previous[1]
     try:
@@ -305,43 +304,6 @@ def _in_loop() -> bool:
 
 def _stand_in() -> Callable | None:
     return getattr(_opening, "stand_in", None) if _in_loop() else None
-
-
-def external_source_epoch(source: Any, batch_size: int, on_batch: Callable | None
-                          ) -> Iterator[Any]:
-    """`source.captured(batch_size=...)` in a compiled loop: one item per step, pulled when the
-    loop takes its step, converted as `source(batch_size=...)` converts it; the epoch ends
-    where the source raises StopIteration."""
-    tag = _SourceTag.of(source)
-    while True:
-        try:
-            values = _dali.external_source_pull(source, batch_size)
-        except StopIteration:
-            return
-        values = tuple(value.evaluate() for value in values)
-        if on_batch is not None:
-            on_batch(tag, tag.count, values)
-        tag.count += 1
-        yield values[0] if len(values) == 1 else values
-
-
-class _SourceTag:
-    """What an ExternalSource's items are noted under, with the number pulled so far."""
-
-    _tags: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    @classmethod
-    def of(cls, source: Any) -> _SourceTag:
-        tag = cls._tags.get(source)
-        if tag is None:
-            tag = cls._tags[source] = cls()
-        return tag
-
-    def peek(self, count: int, wait: bool = True) -> None:
-        return None  # pulled when the loop takes its step: never ahead
 
 
 # ---------------------------------------------------------------------------------------------
@@ -645,12 +607,12 @@ def _note_for_calls(stream: Any, count: int, batches: tuple) -> None:
 
 
 def _watch() -> None:
-    """Readers, ExternalSources: their methods go through `_on_epoch`, `_on_metadata` and
-    `_on_captured` from now on (class-level wrappers, installed once)."""
+    """Readers: their epochs and metadata go through `_on_epoch` and `_on_metadata` from now on
+    (class-level wrappers, installed once)."""
     global _watching
     if not _watching:
         _watching = True
-        _dali.watch_reader_methods(_on_epoch, _on_metadata, _on_captured)
+        _dali.watch_reader_methods(_on_epoch, _on_metadata)
 
 
 def watch_reader_epochs(owner: Any) -> None:
@@ -721,18 +683,6 @@ def _on_metadata(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
     if stream is not None:
         return stream.metadata()
     return original(reader, *args, **kwargs)
-
-
-def _on_captured(source: Any, original: Any, args: tuple, kwargs: dict) -> Any:
-    """`source.captured(batch_size=...)`: in a compiled loop, its items one per step; anywhere
-    else DALI's capture mode, as eagerly."""
-    bound = dict(zip(("batch_size", "ctx"), args), **kwargs)
-    if not _in_loop() or bound.get("batch_size") is None or set(bound) - {"batch_size", "ctx"}:
-        return original(source, *args, **kwargs)  # (eager's own errors for a bad call)
-    stand_in = _stand_in()
-    if stand_in is not None:
-        return iter([stand_in(source, int(bound["batch_size"]))])
-    return external_source_epoch(source, int(bound["batch_size"]), _note_for_calls)
 
 
 def _tag_epoch(reader: Any, epoch: Iterator[Any]) -> Iterator[Any]:

@@ -49,10 +49,12 @@ _MAX_DEPTH = 3
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """Why a loop body cannot be traced once: the construct, and where it is."""
+    """Why a loop body cannot be traced once: the construct, and where it is. `captures`: the
+    loop iterates `source.captured(...)`, which DALI's capture mode drives (as eagerly)."""
 
     reason: str
     loc: SourceLoc
+    captures: bool = False
 
     def __str__(self) -> str:
         return f"{self.loc}: {self.reason}"
@@ -371,6 +373,11 @@ def find_loop(function: Any) -> LoopSite | Finding:
         return Finding(f"{what}; only the body of one such loop can be compiled",
                        _loc(filename, first, loops[1][0] if loops else node, function))
     loop = loops[0][0]
+    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+           and n.func.attr == "captured" for n in ast.walk(loop.iter)):
+        return Finding("iterates an ndd.ExternalSource with source.captured(...), whose loop "
+                       "DALI's capture mode drives (eagerly too): it runs as written",
+                       _loc(filename, first, loop, function), captures=True)
     checker = _Checker(function)
     varying: set[str] = set()
     try:

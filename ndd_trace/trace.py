@@ -15,6 +15,7 @@ routes here. Anything that needs concrete data (`.shape`, `np.asarray`, `.torch(
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import sys
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ class GraphBreakRecord:
 
     reason: str
     loc: SourceLoc | None
+    captures: bool = False  # a generator's loop that DALI's capture mode drives
 
     @property
     def filename(self) -> str | None:
@@ -556,6 +558,12 @@ class Tracer:
                 return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
             if isinstance(value, SymbolicBatchSize):
                 return ("batch_size",)
+            if isinstance(value, collections.abc.Iterator):
+                # a generator's items are made as it is iterated, after the call: a cached
+                # entry would hand back one and the same (exhausted) object every call
+                raise _break("returns a generator or iterator (its items are made when it is "
+                             "iterated, after the call); make the function a generator itself "
+                             "(`yield from ...`) to compile its loop")
             if isinstance(value, np.ndarray) and value.dtype == object and \
                     any(_is_traced(item) for item in value.flat):
                 # numpy wraps a Batch it cannot convert (`np.asarray(batch)`), as eagerly: the

@@ -18,7 +18,8 @@ Imports nothing from DALI.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 _CONTAINERS = frozenset(("tuple", "list", "namedtuple", "dict", "static"))
@@ -66,3 +67,34 @@ def map_leaves(value: Any, is_leaf: Callable[[Any], bool], visit: Callable[[tupl
     if isinstance(value, dict):
         return {k: map_leaves(v, is_leaf, visit, path + (k,)) for k, v in value.items()}
     return value
+
+
+def relay(iterator: Iterator[Any], around: Callable[[], AbstractContextManager] | None = None,
+          after: Callable[[Any], None] | None = None) -> Generator[Any, Any, Any]:
+    """`yield from iterator`, with each resumption of it made inside `around()` and each item it
+    gives passed to `after(item)` first: what the consumer sends in and throws in reaches the
+    iterator's own `yield` (as `yield from` passes them), its return value comes out."""
+    send = getattr(iterator, "send", None)
+    throw = getattr(iterator, "throw", None)
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        with around() if around is not None else nullcontext():
+            try:
+                if thrown is not None:
+                    if throw is None:
+                        raise thrown
+                    item = throw(thrown)
+                else:
+                    item = send(sent) if send is not None else next(iterator)
+            except StopIteration as stop:
+                return stop.value
+        if after is not None:
+            after(item)
+        thrown = None
+        try:
+            sent = yield item
+        except GeneratorExit:
+            raise
+        except BaseException as error:  # noqa: BLE001 (thrown in by the consumer: passed on)
+            thrown, sent = error, None

@@ -21,9 +21,10 @@ import threading
 import time
 from array import array
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from . import _dali
+from . import _dali, trees
 
 __all__ = ["BOTTLENECK_SHARE", "LoopTimes", "chart", "loops", "note_fetched", "reset", "timed"]
 
@@ -139,31 +140,53 @@ def timed(iterator: Iterator[Any], name: str, where: str) -> Iterator[Any]:
 
 
 def _timed(iterator: Iterator[Any], times: LoopTimes) -> Iterator[Any]:
-    clock = time.perf_counter
-    local = _local
-    try:
-        while True:
-            local.pulling = getattr(local, "pulling", 0) + 1
-            started = clock()
-            try:
-                item = next(iterator)
-            except StopIteration:
-                return
-            finally:
-                local.pulling -= 1
-            handed = clock()
-            blocked = getattr(local, "blocked", 0.0)
-            thread = threading.get_ident()
-            yield item
-            resumed = clock()
-            in_step = (getattr(local, "blocked", 0.0) - blocked
-                       if threading.get_ident() == thread else 0.0)
-            in_step = min(in_step + _fetched_elsewhere(item, handed, thread), resumed - handed)
-            times._add(handed - started + in_step, resumed - handed - in_step, _samples(item))
+    pull = _Pull(times)
+    try:  # (send() and throw() reach the iterator's own `yield`: trees.relay)
+        return (yield from trees.relay(iterator, pull.around, pull.handed_out))
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
+
+
+class _Pull:
+    """The clock of one timed loop: each `next()` (the wait) and the consumer's step after it."""
+
+    def __init__(self, times: LoopTimes):
+        self.times = times
+        self.started = self.handed = 0.0
+        self.blocked = 0.0
+        self.thread = 0
+        self.item: Any = None
+        self.pending = False  # an item was handed out: its step ends at the next pull
+
+    @contextmanager
+    def around(self) -> Iterator[None]:
+        local = _local
+        now = time.perf_counter()
+        if self.pending:
+            self.pending = False
+            in_step = (getattr(local, "blocked", 0.0) - self.blocked
+                       if threading.get_ident() == self.thread else 0.0)
+            in_step = min(in_step + _fetched_elsewhere(self.item, self.handed, self.thread),
+                          now - self.handed)
+            self.times._add(self.handed - self.started + in_step, now - self.handed - in_step,
+                            _samples(self.item))
+            self.item = None
+        self.started = now
+        local.pulling = getattr(local, "pulling", 0) + 1
+        try:
+            yield
+        finally:
+            local.pulling -= 1
+
+    def handed_out(self, item: Any) -> None:
+        self.handed = time.perf_counter()
+        self.blocked = getattr(_local, "blocked", 0.0)
+        self.thread = threading.get_ident()
+        self.item = item
+        self.pending = True
+
 
 
 def _leaves(item: Any) -> list[Any]:

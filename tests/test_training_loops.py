@@ -264,11 +264,7 @@ def lightning_loader(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-_METADATA = ("transparent mode: reader.get_metadata() after the reader's first epoch raises "
-             "RuntimeError 'Reader was transferred to a captured pipeline.'")
-
-
-@pytest.mark.parametrize("mode", modes(transparent=_METADATA))
+@pytest.mark.parametrize("mode", modes())
 def test_lightning_style_loader(data, mode):
     run_modes(lightning_loader, data, mode, "compiled loop")
 
@@ -748,11 +744,6 @@ def test_config_dict_edited_between_epochs(data, mode):
     run_modes(config_between_epochs, data, mode, "compiled loop")
 
 
-_MODULE_ATTRIBUTE = ("an attribute of a configuration module (`training_config.IMAGE_SIZE`) "
-                     "changed between epochs: compiled code keeps the first value, silently "
-                     "(modules are guarded by identity; docs/limitations.md)")
-
-
 def config_module(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.configured_batches)
@@ -768,7 +759,7 @@ def config_module(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes(generator=_MODULE_ATTRIBUTE, step=_MODULE_ATTRIBUTE))
+@pytest.mark.parametrize("mode", modes())
 def test_config_module_edited_between_epochs(data, mode):
     run_modes(config_module, data, mode, "compiled loop")
 
@@ -894,14 +885,6 @@ def test_generator_under_torch_no_grad(data, mode):
     run_modes(no_grad_generator, data, mode)
 
 
-_RETURNED_GENERATOR = ("ndd.compile on a plain function returning a generator caches the "
-                       "generator object: every later call returns the same, exhausted one")
-
-
-_TARGET_REBOUND = ("a loop target rebound in the body (`labels = ndd.cast(labels, ...)`): the "
-                   "compiled step loses it as a parameter, UnboundLocalError")
-
-
 def labels_cast(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.int64_label_batches)
@@ -918,13 +901,9 @@ def labels_cast(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes(generator=_TARGET_REBOUND))
+@pytest.mark.parametrize("mode", modes())
 def test_labels_cast_in_the_loop_body(data, mode):
     run_modes(labels_cast, data, mode, "compiled loop")
-
-
-_PARTIAL = ("ndd.compile(functools.partial(...)) raises AttributeError when called "
-            "(no __code__ / __qualname__)")
 
 
 def partial_generator(mode: Mode, data: Data) -> list:
@@ -946,13 +925,9 @@ def partial_generator(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes(generator=_PARTIAL))
+@pytest.mark.parametrize("mode", modes())
 def test_generator_bound_with_functools_partial(data, mode):
     run_modes(partial_generator, data, mode)
-
-
-_SENT_VALUE = ("a value sent into the generator (`requested = yield ...`, generator.send) "
-               "arrives as None in the compiled generator")
 
 
 def curriculum(mode: Mode, data: Data) -> list:
@@ -973,7 +948,7 @@ def curriculum(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes(generator=_SENT_VALUE))
+@pytest.mark.parametrize("mode", modes())
 def test_sizes_sent_into_the_generator(data, mode):
     run_modes(curriculum, data, mode)
 
@@ -991,7 +966,7 @@ def decorated_generator(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes(generator=_RETURNED_GENERATOR))
+@pytest.mark.parametrize("mode", modes())
 def test_compiled_decorator_returning_the_generator(data, mode):
     run_modes(decorated_generator, data, mode)
 
@@ -1008,7 +983,7 @@ def compiled_iter(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes(generator=_RETURNED_GENERATOR))
+@pytest.mark.parametrize("mode", modes())
 def test_compiled_iter_returning_the_generator(data, mode):
     run_modes(compiled_iter, data, mode)
 
@@ -1068,13 +1043,9 @@ def zip_external_source(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-_CAPTURED_STEP = ("a compiled step called inside DALI's capture-mode loop (source.captured) "
-                  "raises TypeError (a _GraphBreak rebuilt by DALI, or skipahead(-7))")
-
-
-@pytest.mark.parametrize("mode", modes(step=_CAPTURED_STEP))
+@pytest.mark.parametrize("mode", modes())
 def test_zip_with_external_source(data, mode):
-    run_modes(zip_external_source, data, mode, "compiled loop")
+    run_modes(zip_external_source, data, mode, "DALI's capture mode")
 
 
 def external_source_ends_first(mode: Mode, data: Data) -> list:
@@ -1090,7 +1061,7 @@ def external_source_ends_first(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes(step=_CAPTURED_STEP))
+@pytest.mark.parametrize("mode", modes())
 def test_zip_with_external_source_that_ends_first(data, mode):
     run_modes(external_source_ends_first, data, mode)
 
@@ -1120,14 +1091,9 @@ def source_pulled_by_the_loop(mode: Mode, data: Data) -> list:
     return record.finish(pulls)
 
 
-@pytest.mark.parametrize("mode", modes(step=_CAPTURED_STEP))
+@pytest.mark.parametrize("mode", modes())
 def test_callable_external_source_and_a_break(data, mode):
-    run_modes(source_pulled_by_the_loop, data, mode, "compiled loop")
-
-
-_PREFETCHED_ITEM = ("an ExternalSource zipped with a reader, whose batch an operator uses: eager "
-                    "(DALI's capture mode) drops one prefetched item at each epoch's end and "
-                    "break, the compiled loop does not")
+    run_modes(source_pulled_by_the_loop, data, mode, "DALI's capture mode")
 
 
 def _masks(count: int) -> list:
@@ -1151,9 +1117,9 @@ def segmentation(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes(generator=_PREFETCHED_ITEM, step=_CAPTURED_STEP))
+@pytest.mark.parametrize("mode", modes())
 def test_segmentation_masks_from_an_external_source(data, mode):
-    run_modes(segmentation, data, mode, "compiled loop")
+    run_modes(segmentation, data, mode, "DALI's capture mode")
 
 
 # -- shards: two ranks in one process ----------------------------------------------------------
@@ -1229,12 +1195,7 @@ def corrupt_jpeg_text(mode: Mode, data: Data) -> list:
     return corrupt_jpeg(mode, data, text=True)
 
 
-_ERROR_TEXT = ("the decoding error's text is eager's with 'the compiled pipeline failed: ' "
-               "before it (and no operator or line named)")
-
-
-@pytest.mark.parametrize("mode", modes(generator=_ERROR_TEXT, step=_ERROR_TEXT,
-                                       transparent=_ERROR_TEXT))
+@pytest.mark.parametrize("mode", modes())
 def test_corrupt_jpeg_error_text_is_eagers(data, mode):
     run_modes(corrupt_jpeg_text, data, mode)
 
@@ -1363,7 +1324,6 @@ def _decode(jpegs):
     return ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])
 
 
-@pytest.mark.xfail(strict=True, reason=_METADATA)
 def test_reduced_get_metadata_after_a_streamed_epoch_in_transparent_mode(jpeg_dir):
     def run():
         reader = ndd.readers.File(file_root=str(jpeg_dir), max_batch_size=4)
@@ -1379,7 +1339,6 @@ def test_reduced_get_metadata_after_a_streamed_epoch_in_transparent_mode(jpeg_di
         assert run() == eager == [16, 16]
 
 
-@pytest.mark.xfail(strict=True, reason=_CAPTURED_STEP)
 def test_reduced_compiled_step_inside_a_capture_mode_loop():
     def scale(weights):
         return weights * 2.0
@@ -1398,9 +1357,7 @@ def test_reduced_compiled_step_inside_a_capture_mode_loop():
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("mode", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=_ERROR_TEXT))
-    for name in MODES])
+@pytest.mark.parametrize("mode", MODES)
 def test_reduced_decode_error_text(data, mode):
     def decoded(reader):
         for jpegs, _ in reader.next_epoch(batch_size=4):
@@ -1428,7 +1385,6 @@ def test_reduced_decode_error_text(data, mode):
     assert observed == eager
 
 
-@pytest.mark.xfail(strict=True, reason=_RETURNED_GENERATOR)
 def test_reduced_compiled_function_returning_a_generator(jpeg_dir):
     def epoch(reader):
         for _, labels in reader.next_epoch(batch_size=4):
@@ -1445,7 +1401,6 @@ def test_reduced_compiled_function_returning_a_generator(jpeg_dir):
     assert run(ndd.compile(batches)) == [4, 4]
 
 
-@pytest.mark.xfail(strict=True, reason=_TARGET_REBOUND)
 def test_reduced_loop_target_rebound_in_the_body(jpeg_dir):
     def batches(reader):
         for _, labels in reader.next_epoch(batch_size=4):
@@ -1459,7 +1414,6 @@ def test_reduced_loop_target_rebound_in_the_body(jpeg_dir):
     assert run(ndd.compile(batches)) == run(batches)
 
 
-@pytest.mark.xfail(strict=True, reason=_PARTIAL)
 @pytest.mark.parametrize("kind", ["generator", "function"])
 def test_reduced_compiled_functools_partial(jpeg_dir, kind):
     import functools
@@ -1482,7 +1436,6 @@ def test_reduced_compiled_functools_partial(jpeg_dir, kind):
     assert run(ndd.compile(bound)) == run(bound)
 
 
-@pytest.mark.xfail(strict=True, reason=_PREFETCHED_ITEM)
 def test_reduced_external_source_item_prefetched_by_capture_mode(jpeg_dir):
     def batches(reader, source):
         for _, extra in zip(reader.next_epoch(batch_size=4), source.captured(batch_size=4)):
@@ -1504,11 +1457,6 @@ def test_reduced_external_source_item_prefetched_by_capture_mode(jpeg_dir):
     assert compiled == eager
 
 
-_TWO_CAPTURE_LOOPS = ("two capture-mode loops open at once: eager DALI raises RuntimeError "
-                      "'Only one capture-mode loop can be active at a time', compiled runs both")
-
-
-@pytest.mark.xfail(strict=True, reason=_TWO_CAPTURE_LOOPS)
 def test_reduced_two_capture_mode_loops_open_at_once():
     def batches(source):
         for extra in source.captured(batch_size=2):
@@ -1531,12 +1479,6 @@ def test_reduced_two_capture_mode_loops_open_at_once():
     assert compiled == eager
 
 
-_CAPTURED_DECODE_ERROR = ("a truncated JPEG in a loop zipped with source.captured(): eager "
-                          "(DALI's capture mode) raises from the loop at that step, ending the "
-                          "epoch; the compiled loop yields it (failing at use) and goes on")
-
-
-@pytest.mark.xfail(strict=True, reason=_CAPTURED_DECODE_ERROR)
 def test_reduced_decode_error_in_a_capture_mode_loop(data):
     def batches(reader, source):
         for extra, (jpegs, _) in zip(source.captured(batch_size=4),
@@ -1567,7 +1509,6 @@ def test_reduced_decode_error_in_a_capture_mode_loop(data):
     assert compiled == eager
 
 
-@pytest.mark.xfail(strict=True, reason=_SENT_VALUE)
 def test_reduced_value_sent_into_the_generator(jpeg_dir):
     def batches(reader, log):
         for _, labels in reader.next_epoch(batch_size=4):
@@ -1589,11 +1530,6 @@ def test_reduced_value_sent_into_the_generator(jpeg_dir):
         assert run(ndd.compile(batches)) == [0, 1, 2, 3]
 
 
-_THROWN = ("an exception thrown into the compiled generator (generator.throw) is not raised "
-           "at its `yield`: the body's own except misses it and it comes out of throw()")
-
-
-@pytest.mark.xfail(strict=True, reason=_THROWN)
 def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
     def batches(reader, log):
         for _, labels in reader.next_epoch(batch_size=4):
@@ -1618,7 +1554,6 @@ def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
         assert run(ndd.compile(batches)) == (["skip"], 2)
 
 
-@pytest.mark.xfail(strict=True, reason=_MODULE_ATTRIBUTE)
 @pytest.mark.parametrize("kind", ["generator", "step"])
 def test_reduced_module_attribute_changed_between_calls(jpeg_dir, kind):
     def resized(jpegs):
