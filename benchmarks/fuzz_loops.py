@@ -2,13 +2,13 @@
 
     python benchmarks/fuzz_loops.py --programs 300 --seed 1
     python benchmarks/fuzz_loops.py --programs 0 --shapes 300 --seed 1    # loop shapes only
-    python benchmarks/fuzz_loops.py --programs 0 --shapes 100 --known     # and known mismatches
+    python benchmarks/fuzz_loops.py --programs 0 --shapes 100 --no-known  # without earlier finds
 
 `--programs`: loop bodies with Python control flow (tests/loopfuzz.py); `--shapes`: the loop's
 shape and its consumer's plan (tests/loopshapes.py: functions, methods, `__iter__`, helper
 generators, several readers, an ExternalSource, try/finally/with, breaks, raises, reseeds, ranks),
-each run eager, compiled and in transparent mode; `--known` also draws the shapes of the known
-mismatches (loopshapes.KNOWN_MISMATCHES). Prints programs run, the path each compiled generator
+each run eager, compiled and in transparent mode; `--known` (the default) also draws the shapes
+of mismatches found earlier, fixed since (`--no-known` leaves them out). Prints programs run, the path each compiled generator
 took (compiled loop, checked loop), and every mismatch with its source (a mismatch is a bug: add
 it as a regression test).
 """
@@ -38,8 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=int, default=300)
     parser.add_argument("--shapes", type=int, default=0)
-    parser.add_argument("--known", action="store_true",
-                        help="also draw the shapes of known mismatches")
+    parser.add_argument("--known", action=argparse.BooleanOptionalAction, default=True,
+                        help="also draw the shapes of mismatches found earlier (fixed since; "
+                             "--no-known leaves them out)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="ndd_trace_loopfuzz_")

@@ -264,12 +264,15 @@ def _module_attribute_loads(code: types.CodeType) -> set[tuple[str, tuple[str, .
 
 
 def _is_user_module(value: Any) -> bool:
+    """A module of the user's (a file of theirs, or one made at run time, `types.ModuleType`),
+    not a library's, the standard library's or a builtin one."""
     if not isinstance(value, types.ModuleType):
         return False
     filename = getattr(value, "__file__", None) or ""
-    return bool(filename) and "site-packages" not in filename and \
-        not filename.startswith(sys.prefix) and not filename.startswith(sys.base_prefix) and \
-        not is_internal_file(filename)
+    if not filename:
+        return value.__name__ not in sys.builtin_module_names
+    return "site-packages" not in filename and not filename.startswith(sys.prefix) and \
+        not filename.startswith(sys.base_prefix) and not is_internal_file(filename)
 
 
 def _chain_value(value: Any, chain: tuple[str, ...]) -> Any:
