@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One GPU lease, in a few full calls: PARTS picks what a call runs (each writes under $OUT).
 #
-#     OUT=$OUT PARTS="tests small" bash benchmarks/run_gpu_session.sh
+#     OUT=$OUT PARTS="gputests small" bash benchmarks/run_gpu_session.sh
 #     OUT=$OUT PARTS="train ddp" ROUNDS=2 bash benchmarks/run_gpu_session.sh
 #     OUT=$OUT PARTS="ab scaling" OLD=.ab/old bash benchmarks/run_gpu_session.sh
 #
-# tests:   the GPU tests, then the whole suite on 8 workers (pytest-xdist)
+# gputests: the GPU tests (pytest -m gpu)
+# tests:   the whole suite on 8 workers (pytest-xdist), at most TESTS_S seconds (default 420)
+# Wheels in .whl/ (carried: torchdata, which that machine lacks) are installed first.
 # small:   the tiny workload (small_ops, batch 8), every mode
 # decode:  the decode workload (batch 16), every mode
 # train:   the train workload (batch 256, 16 threads, 4096 JPEGs), ROUNDS rounds, every mode
@@ -26,10 +28,17 @@ ALL=eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,
 TRAIN="--device gpu --workloads decode_rrc_cmn --steps 100 --warmup 40 --threads 16 --batch-size 256 --images 4096"
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi -L
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 python3 -c 'import nvidia.dali as d, torch; print("DALI", d.__version__, "torch", torch.__version__)'
-if has tests; then
+if has gputests; then
     python3 -m pytest -q -rs -m gpu tests -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
-    python3 -m pytest -q -n 8 tests -p no:cacheprovider 2>&1 | tail -12 | tee "$OUT/all_tests.log"
+fi
+if has tests; then
+    timeout "${TESTS_S:-420}" python3 -m pytest -q -n 8 tests -p no:cacheprovider \
+        --deselect tests/test_repros.py 2>&1 | tail -25 | tee "$OUT/all_tests.log"
 fi
 if has small; then
     python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps 300 --warmup 30 \
@@ -53,9 +62,11 @@ fi
 if has ab; then
     for round in $(seq 1 "$ROUNDS"); do
         for tree in new old; do
-            script=benchmarks/bench_ops.py
-            [ "$tree" = old ] && script="$OLD/benchmarks/bench_ops.py"
-            python3 "$script" $TRAIN --modes ndd_trace_loop,transparent,pipeline \
+            root=$PWD
+            [ "$tree" = old ] && root=$PWD/$OLD  # its ndd_trace/ first on the path, for every mode's process
+            (cd / && PYTHONPATH=$root:$PYTHONPATH python3 -c 'import ndd_trace; print("ndd_trace from", ndd_trace.__file__)')
+            PYTHONPATH=$root:$PYTHONPATH python3 "$root/benchmarks/bench_ops.py" $TRAIN \
+                --modes ndd_trace_loop,transparent,pipeline \
                 --json "$OUT/ab_${tree}_r$round.json" 2>&1 | tail -6 | tee "$OUT/ab_${tree}_r$round.log"
         done
     done
