@@ -74,6 +74,7 @@ import argparse
 import collections
 import itertools
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -524,12 +525,14 @@ def pipeline_percall_steps(workload, options, data, times: dict) -> Iterator:
 
 
 def measure(steps: Iterator, step_count: int, warmup_count: int, train_s: float = 0.0,
-            on_timed_start: Callable | None = None) -> dict:
+            on_timed_start: Callable | None = None, on_first: Callable | None = None) -> dict:
     """Time the first step, skip `warmup_count` more, then time `step_count` steps, each
     followed by a simulated training step of `train_s` seconds (data loading can overlap it)."""
     start = time.perf_counter()
     next(steps)
     first_batch_s = time.perf_counter() - start
+    if on_first is not None:
+        on_first()
     for _ in range(warmup_count):
         next(steps)
         if train_s:
@@ -616,6 +619,26 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     else:
         steps = dynamic_mode_steps(workload, options, data, mode, notes, times)
     before: dict = {}
+    # where the first batch's time went in ndd_trace (ms): taking a generator apart, tracing,
+    # passes and generated code (what a cache of traces kept across processes could save), and
+    # pipeline builds (what it could not), from the times ndd_trace's trace and builds logs carry
+    phases: dict = collections.defaultdict(float)
+    first_phases: dict = {}
+
+    class PhaseTimes(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            for phase, ms in getattr(record, "ndd_trace_ms", {}).items():
+                phases[phase] += ms
+
+    if mode.startswith("ndd_trace") or mode == "transparent":
+        for channel in ("trace", "builds"):
+            logger = logging.getLogger(f"ndd_trace.{channel}")
+            logger.setLevel(logging.INFO)
+            logger.addHandler(PhaseTimes())
+            logger.propagate = False  # counted, not printed
+
+    def on_first():
+        first_phases.update(phases)
 
     def on_timed_start():
         times.update(dict.fromkeys(times, 0.0))
@@ -623,7 +646,10 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
             before.update(ndd_trace.lazy.step_breakdown())
 
     timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0,
-                     on_timed_start)
+                     on_timed_start, on_first)
+    if first_phases:
+        result.extra["first_batch_ms"] = dict(first_phases)
+        notes["first"] = ", ".join(f"{phase} {ms:.0f}" for phase, ms in first_phases.items())
     # where a step's time goes (ms per timed step): the loop's own split (source, call, consume;
     # feed, run for the hand-built per-call pipeline), then transparent mode's stages
     breakdown = {stage: seconds * 1000 / options.steps for stage, seconds in times.items()}
@@ -643,6 +669,9 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     result.warmup_s = timing["warmup_s"]
     if "breakdown" in notes:
         result.notes = f"ms/step: {notes['breakdown']}"
+    if "first" in notes:
+        first = f"first batch ms: {notes['first']}"
+        result.notes = f"{result.notes}; {first}" if result.notes else first
     if "captured_ops" in notes:
         names = notes["captured_ops"]
         captured = f"captured {len(names)} ops: {', '.join(names)}"

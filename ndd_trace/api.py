@@ -18,6 +18,7 @@ import inspect
 import random
 import textwrap
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -409,7 +410,11 @@ class CompiledFunction:
         """The generator taken apart (None: its loop body runs in checked mode), at its first
         call; a graph break under fullgraph=True raises GraphBreakError there."""
         if self._split is False:
+            started = time.perf_counter()
             found = split_generator(self._function)
+            apart = (time.perf_counter() - started) * 1000
+            logs.trace.info("`%s`: generator taken apart in %.1f ms", self.__qualname__, apart,
+                            extra={"ndd_trace_ms": {"apart": apart}})
             if isinstance(found, Finding) and found.captures:
                 self._split = None
                 self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
@@ -633,6 +638,7 @@ class CompiledFunction:
 
     def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
         graph = tracer.graph
+        traced_at = time.perf_counter()
         traced = graph.format()
         entry.num_ops = tracer.num_ops
         draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
@@ -653,8 +659,13 @@ class CompiledFunction:
         entry.output_tree = tracer.output_tree
         entry.lowered = lower(graph, inline_constants=True)
         entry.path = self._path
-        logs.trace.info("`%s` traced: %d ndd calls -> %s (%d ops after passes)", self.__qualname__,
-                        entry.num_ops, entry.lowered.filename, len(graph.nodes_of(NodeKind.OP)))
+        # the times a cache of traces kept across processes could save (the build it cannot)
+        times = {"trace": (traced_at - tracer.started) * 1000,
+                 "code": (time.perf_counter() - traced_at) * 1000}
+        logs.trace.info("`%s` traced: %d ndd calls -> %s (%d ops after passes); traced in %.1f ms,"
+                        " passes and code in %.1f ms", self.__qualname__, entry.num_ops,
+                        entry.lowered.filename, len(graph.nodes_of(NodeKind.OP)), times["trace"],
+                        times["code"], extra={"ndd_trace_ms": times})
         entry.executable = Executable(graph, entry.lowered, draws, self._options(),
                                       tracer.rng_objects)
         return entry

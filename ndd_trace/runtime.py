@@ -372,8 +372,9 @@ class Executable:
         self.pipeline = pipe
         self.max_batch_size = batch_size
         self.builds += 1
+        built = (time.perf_counter() - started) * 1000
         logs.builds.info("built %s for batch size %d in %.1f ms", self.lowered.filename,
-                         batch_size, (time.perf_counter() - started) * 1000)
+                         batch_size, built, extra={"ndd_trace_ms": {"build": built}})
 
     def ensure_built(self, batch_size: int) -> None:
         """Build for `batch_size` (a smaller batch later reuses it; a larger one rebuilds)."""

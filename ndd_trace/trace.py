@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -296,6 +297,7 @@ class Tracer:
     """Records ndd operator calls of one function call into a Graph."""
 
     def __init__(self, name: str, device_id: int | None):
+        self.started = time.perf_counter()  # for the trace log's time
         self.graph = Graph(name)
         self.device_id = device_id
         self.batch_size: int = 1
