@@ -53,7 +53,7 @@ against ``eager``, ``pipeline`` and ``pipeline_percall``, and where a step's tim
 timed step): ``source`` (the ExternalSource call or the reader / capture-mode iterator step),
 ``call`` (the workload function) and ``consume`` (evaluate, and synchronize on the GPU) for the
 dynamic modes; ``feed`` and ``run`` for ``pipeline_percall``; transparent mode's own stages
-(``ndd_trace.lazy.step_breakdown()``) after them. ``call`` + ``consume`` of ``ndd_trace`` is
+(``ndd_trace.modes.lazy.step_breakdown()``) after them. ``call`` + ``consume`` of ``ndd_trace`` is
 what the compiled function costs, to set beside the ``step`` of ``pipeline_percall`` (which is
 fed ready-made TensorLists, with no source call).
 
@@ -643,7 +643,7 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     def on_timed_start():
         times.update(dict.fromkeys(times, 0.0))
         if mode == "transparent":
-            before.update(ndd_trace.lazy.step_breakdown())
+            before.update(ndd_trace.modes.lazy.step_breakdown())
 
     timing = measure(steps, options.steps, options.warmup, options.train_ms / 1000.0,
                      on_timed_start, on_first)
@@ -654,7 +654,7 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     # feed, run for the hand-built per-call pipeline), then transparent mode's stages
     breakdown = {stage: seconds * 1000 / options.steps for stage, seconds in times.items()}
     if mode == "transparent":
-        after = ndd_trace.lazy.step_breakdown()
+        after = ndd_trace.modes.lazy.step_breakdown()
         breakdown.update({stage: (after[stage] - before.get(stage, 0.0)) * 1000 / options.steps
                           for stage in after})
     if breakdown:

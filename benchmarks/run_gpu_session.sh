@@ -15,6 +15,8 @@
 # ab:      the train workload for the compiled generator, transparent mode and the pipeline,
 #          this tree against the one in $OLD (an older checkout's ndd_trace/ and benchmarks/),
 #          alternating, ROUNDS rounds each
+# absmall: the tiny workload (small_ops, batch 8) for the compiled step, transparent mode and the
+#          pipeline, this tree against the one in $OLD, alternating, ROUNDS rounds each
 # scaling: throughput against batch size (64, 256, 512) and threads (4, 16) for the pipeline,
 #          capture mode, the compiled generator and optimize (benchmarks/chart.py --scaling)
 set -u
@@ -68,6 +70,19 @@ if has ab; then
             PYTHONPATH=$root:$PYTHONPATH python3 "$root/benchmarks/bench_ops.py" $TRAIN \
                 --modes ndd_trace_loop,transparent,pipeline \
                 --json "$OUT/ab_${tree}_r$round.json" 2>&1 | tail -6 | tee "$OUT/ab_${tree}_r$round.log"
+        done
+    done
+fi
+if has absmall; then
+    for round in $(seq 1 "$ROUNDS"); do
+        for tree in new old; do
+            root=$PWD
+            [ "$tree" = old ] && root=$PWD/$OLD
+            (cd / && PYTHONPATH=$root:$PYTHONPATH python3 -c 'import ndd_trace; print("ndd_trace from", ndd_trace.__file__)')
+            PYTHONPATH=$root:$PYTHONPATH python3 "$root/benchmarks/bench_ops.py" --device gpu \
+                --workloads small_ops --steps 300 --warmup 30 --threads 4 \
+                --modes ndd_trace,transparent,pipeline --json "$OUT/absmall_${tree}_r$round.json" \
+                2>&1 | tail -6 | tee "$OUT/absmall_${tree}_r$round.log"
         done
     done
 fi

@@ -49,13 +49,13 @@ Everything in `ndd_trace.__all__`, from the docstrings. `import ndd_trace` also 
 _ALSO = """
 ## Also returned or raised
 
-::: ndd_trace.lazy.Report
+::: ndd_trace.modes.lazy.Report
 
-::: ndd_trace.lazy.Region
+::: ndd_trace.modes.lazy.Region
 
-::: ndd_trace.loop.LoopError
+::: ndd_trace.core.errors.LoopError
 
-::: ndd_trace.waits.LoopTimes
+::: ndd_trace.execution.waits.LoopTimes
 
 ## torchdata nodes (`ndd_trace.nodes`, needs torchdata)
 

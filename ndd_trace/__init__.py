@@ -21,12 +21,13 @@ standard logging configuration of the "ndd_trace" logger) logs traces, breaks an
 
 from __future__ import annotations
 
-from . import _dali, logs
+from . import _dali
 from .api import CacheInfo, CompiledFunction, Explanation, compile, explain
-from .errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
-                     PerSampleError, PipelineError)
+from .core import logs
+from .core.errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
+                          PerSampleError, PipelineError)
 from .export import export
-from .lazy import disable, enable, enabled, is_enabled, report, reset_report
+from .modes.lazy import disable, enable, enabled, is_enabled, report, reset_report
 
 __version__ = "0.1.0"
 

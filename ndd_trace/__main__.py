@@ -8,10 +8,10 @@
 
 The script (or module) runs as `__main__` with its own `sys.argv`; exit codes, exceptions and
 tracebacks are those of a plain run. ndd calls are recorded lazily and run as cached pipelines
-when their results are consumed (see ndd_trace.lazy). The report ends with each reader loop's
-loader verdict: how long its consumer waited for data vs its own step (ndd_trace.waits). Under
-a launcher that sets RANK or LOCAL_RANK (torchrun), the JSON report of each rank goes to its own
-file (report.rank0.json); NDD_TRACE_REPORT=path writes it too.
+when their results are consumed (see ndd_trace.modes.lazy). The report ends with each reader loop's
+loader verdict: how long its consumer waited for data vs its own step (ndd_trace.execution.waits).
+Under a launcher that sets RANK or LOCAL_RANK (torchrun), the JSON report of each rank goes to its
+own file (report.rank0.json); NDD_TRACE_REPORT=path writes it too.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import sys
 import types
 from importlib.machinery import SourceFileLoader
 
-from . import launch, lazy
+from . import launch
+from .modes import lazy
 
 _THIS_FILE = os.path.abspath(__file__)
 

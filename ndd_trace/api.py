@@ -25,17 +25,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from . import _dali, guards, lazy, logs, passes, readahead, trees, waits
-from .errors import GraphBreakError, NddTraceWarning, _GraphBreak
-from .ir import Graph, NodeKind, Ref
-from .loop import Split, StepCall, split_generator
-from .lower import Lowered, lower
-from .optimize import optimize as optimize_graph
-from .per_sample import PerSampleFunction
-from .runtime import Executable, LazyOutput, Options
-from .source import SourceLoc, hide_own_frames, is_internal_file, raise_at, user_location
-from .stepcheck import Finding
-from .trace import GraphBreakRecord, Tracer
+from . import _dali
+from .ahead import readahead
+from .codegen.lower import Lowered, lower
+from .codegen.optimize import optimize as optimize_graph
+from .core import logs, passes, trees
+from .core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
+from .core.ir import Graph, NodeKind, Ref
+from .core.source import SourceLoc, hide_own_frames, is_internal_file, raise_at, user_location
+from .execution import waits
+from .execution.runtime import Executable, LazyOutput, Options
+from .modes import lazy
+from .modes.loop import Split, StepCall, split_generator
+from .modes.per_sample import PerSampleFunction
+from .tracing import guards
+from .tracing.stepcheck import Finding
+from .tracing.trace import GraphBreakRecord, Tracer
 
 DEFAULT_CACHE_LIMIT = 8
 _CAPTURE_LOOP_TEXT = ("runs as written: DALI's capture mode records its loop body and runs it as "
@@ -791,7 +796,7 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
     from ndd's current settings (`ndd.set_num_threads`, the current device). A call that cannot
     be compiled whole runs in transparent mode (`fallback="lazy"`) or eagerly
     (`fallback="eager"`), with a warning either way. `per_sample=True`: the function is
-    written for one sample and runs on each sample of a batch (see ndd_trace.per_sample).
+    written for one sample and runs on each sample of a batch (see ndd_trace.modes.per_sample).
     `optimize=True`: the rewrites a DALI expert makes by hand (ROI decoding, placement, ...;
     see docs/optimize.md), each listed by `explain`; values may then differ from eager's where
     a rewrite says so (a fused random crop), and stay exact everywhere else.

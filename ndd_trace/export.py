@@ -40,13 +40,13 @@ import numpy as np
 
 from . import _dali
 from .api import CompiledFunction, compile
-from .errors import ExportError
-from .ir import Graph, NodeKind, Ref
-from .loop import first_step
-from .lower import lower
-from .per_sample import PerSampleFunction
-from .source import SourceLoc, docstring, one_line, unparse
-from .trace import add_reader_node
+from .codegen.lower import lower
+from .core.errors import ExportError
+from .core.ir import Graph, NodeKind, Ref
+from .core.source import SourceLoc, docstring, one_line, unparse
+from .modes.loop import first_step
+from .modes.per_sample import PerSampleFunction
+from .tracing.trace import add_reader_node
 
 FORMATS = ("python", "serialized")
 

@@ -18,7 +18,8 @@ import os
 import re
 import threading
 
-from . import lazy, logs
+from .core import logs
+from .modes import lazy
 
 REPORT_ENV_VAR = "NDD_TRACE_REPORT"
 _registered: set[str] = set()

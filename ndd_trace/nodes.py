@@ -34,7 +34,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _dali, lazy, readahead
+from . import _dali
+from .ahead import readahead
+from .modes import lazy
 
 try:
     import torchdata.nodes as tn

@@ -161,7 +161,7 @@ def _run_calls(call: Callable, batch: Any, calls: int) -> tuple[list, tuple | No
             stage = "consume"
             results.append(_materialize(result))
         except Exception as error:  # noqa: BLE001 (compared with the other side's)
-            from ndd_trace.errors import PipelineError
+            from ndd_trace.core.errors import PipelineError
 
             return results, (index, stage, _builtin_kind(error), isinstance(error, PipelineError),
                              f"{type(error).__name__}: {str(error)[:300]}")

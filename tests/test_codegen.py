@@ -12,8 +12,8 @@ import pytest
 from conftest import run_both
 
 import ndd_trace
-from ndd_trace import source
-from ndd_trace.lower import lower
+from ndd_trace.core import source
+from ndd_trace.codegen.lower import lower
 
 SCALE = 3
 

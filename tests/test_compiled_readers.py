@@ -11,7 +11,7 @@ from conftest import assert_same, to_numpy
 from test_transparent_readers import _augment, _reader  # the same readers and augmentation
 
 import ndd_trace
-from ndd_trace.readahead import stream_of
+from ndd_trace.ahead.readahead import stream_of
 
 
 def _both(scenario, make_reader, seed=11, function=_augment):

@@ -1,11 +1,11 @@
 """The DALI surface ndd_trace relies on: every private DALI module, name and attribute, each with
 the reason it is used, checked against the installed DALI. This is the upgrade checklist: when
-DALI changes, the failing entries say what to look at, and only ndd_trace/_dali.py (the
+DALI changes, the failing entries say what to look at, and only ndd_trace/_dali/ (the
 adapter) has to change.
 
-Two rules are checked on the source: every private name `_dali.py` touches is listed here (a new
-one gets a line and a reason), and no other module of the package touches a DALI private (they
-go through the adapter's functions).
+Two rules are checked on the source: every private name the adapter (`ndd_trace/_dali/`) touches is
+listed here (a new one gets a line and a reason), and no other module of the package touches a DALI
+private (they go through the adapter's functions).
 """
 
 from __future__ import annotations
@@ -223,10 +223,29 @@ def _private_attributes(path: str) -> set[str]:
     return names
 
 
+ADAPTER = os.path.join(PACKAGE, "_dali")
+
+
+def _package_files(adapter: bool) -> list[str]:
+    """The adapter's files (ndd_trace/_dali/*.py), or every other file of the package."""
+    found = []
+    for directory, _, files in os.walk(PACKAGE):
+        inside = os.path.commonpath([directory, ADAPTER]) == ADAPTER
+        found += [os.path.join(directory, f) for f in files if f.endswith(".py")
+                  and inside == adapter]
+    return sorted(found)
+
+
 def _adapter_own_names() -> set[str]:
     """The adapter's own private names (its module-level helpers and its classes' fields)."""
-    with open(os.path.join(PACKAGE, "_dali.py")) as file:
-        tree = ast.parse(file.read())
+    own = set()
+    for path in _package_files(adapter=True):
+        with open(path) as file:
+            own |= _own_names(ast.parse(file.read()))
+    return own
+
+
+def _own_names(tree: ast.Module) -> set[str]:
     own = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name.startswith("_"):
@@ -240,23 +259,27 @@ def _adapter_own_names() -> set[str]:
 
 def test_every_private_name_the_adapter_uses_is_listed():
     listed = {name for _, name in SURFACE} | set(STRINGS)
-    used = _private_attributes(os.path.join(PACKAGE, "_dali.py")) - _adapter_own_names()
+    used = set().union(*map(_private_attributes, _package_files(adapter=True)))
+    used -= _adapter_own_names()
     assert not used - listed, (
-        f"_dali.py uses private DALI names not listed in {__file__}: {sorted(used - listed)}; "
-        "add each with its reason")
+        f"ndd_trace/_dali/ uses private DALI names not listed in {__file__}: "
+        f"{sorted(used - listed)}; add each with its reason")
 
 
 def test_no_other_module_touches_a_dali_private():
     """Attributes named as DALI's private fields, read or written outside the adapter."""
     dali_fields = {name for owner, name in SURFACE if owner not in ("ndd",)}
     offenders = {}
-    for filename in sorted(os.listdir(PACKAGE)):
-        if not filename.endswith(".py") or filename == "_dali.py":
-            continue
-        touched = _private_attributes(os.path.join(PACKAGE, filename)) & dali_fields
+    for path in _package_files(adapter=False):
+        touched = _private_attributes(path) & dali_fields
         if touched:
-            offenders[filename] = sorted(touched)
-    assert not offenders, f"DALI privates outside ndd_trace/_dali.py: {offenders}"
+            offenders[os.path.relpath(path, PACKAGE)] = sorted(touched)
+    assert not offenders, f"DALI privates outside ndd_trace/_dali/: {offenders}"
+
+
+def test_the_walk_sees_the_whole_package():
+    adapter, others = _package_files(adapter=True), _package_files(adapter=False)
+    assert len(adapter) >= 8 and any(p.endswith(os.path.join("modes", "lazy.py")) for p in others)
 
 
 def test_the_checklist_names_dali_version():

@@ -86,7 +86,7 @@ def test_doc_blocks_run(page, jpeg_dir, tmp_path, monkeypatch):
     namespace = _setup(jpeg_dir)
     logger_state = {name: logging.getLogger(name).level
                     for name in ["", "ndd_trace", *(f"ndd_trace.{c}" for c in
-                                                    ndd_trace.logs.CHANNELS)]}
+                                                    ndd_trace.core.logs.CHANNELS)]}
     root_handlers = list(logging.getLogger().handlers)
     ndd.random.set_seed(0)
     try:

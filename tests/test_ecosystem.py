@@ -18,7 +18,9 @@ from conftest import ROOT, assert_same, subprocess_env, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace import guards, launch, logs
+from ndd_trace.tracing import guards
+from ndd_trace import launch
+from ndd_trace.core import logs
 
 SCRIPT = """\
 import sys

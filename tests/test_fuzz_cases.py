@@ -17,7 +17,7 @@ from conftest import ROOT, assert_same, run_both, subprocess_env
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace import lazy
+from ndd_trace.modes import lazy
 
 
 def _transparent(function, *args):

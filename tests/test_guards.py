@@ -10,7 +10,7 @@ from conftest import assert_same
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace import guards
+from ndd_trace.tracing import guards
 
 
 def test_global_defined_after_decoration_is_guarded(batch):
@@ -237,8 +237,8 @@ def test_repeated_call_skips_building_the_key(batch, monkeypatch):
 
     flip(batch)
     built = []
-    original = ndd_trace.guards.build_key
-    monkeypatch.setattr(ndd_trace.guards, "build_key",
+    original = ndd_trace.tracing.guards.build_key
+    monkeypatch.setattr(ndd_trace.tracing.guards, "build_key",
                         lambda *args, **kwargs: built.append(1) or original(*args, **kwargs))
     assert_same(flip.__wrapped__(batch), flip(batch))
     assert_same(flip.__wrapped__(batch, 8), flip(batch, 8))

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import ndd_trace  # noqa: F401 (ndd.compile)
 from ndd_trace import launch
-from ndd_trace.source import NameTable, docstring, one_line
+from ndd_trace.core.source import NameTable, docstring, one_line
 
 A = ndd.as_batch([np.full((2, 2), 10, np.int32)])
 B = ndd.as_batch([np.full((2, 2), 100, np.int32)])

@@ -14,10 +14,12 @@ from conftest import HAS_GPU, assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace import _dali, lazy, optimize
-from ndd_trace.ir import Graph, Ref, TensorMeta
-from ndd_trace.lower import lower
-from ndd_trace.source import SourceLoc
+from ndd_trace import _dali
+from ndd_trace.modes import lazy
+from ndd_trace.codegen import optimize
+from ndd_trace.core.ir import Graph, Ref, TensorMeta
+from ndd_trace.codegen.lower import lower
+from ndd_trace.core.source import SourceLoc
 
 SEED = 1234
 

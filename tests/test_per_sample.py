@@ -11,7 +11,7 @@ import pytest
 from conftest import assert_same
 
 import ndd_trace
-from ndd_trace.per_sample import PerSampleError
+from ndd_trace.modes.per_sample import PerSampleError
 
 
 @pytest.fixture
@@ -635,7 +635,7 @@ def test_past_cache_limit_runs_the_eager_loop_and_says_so(images, monkeypatch):
 
 
 def test_namedtuple_outputs_come_back_as_namedtuples(images):
-    """The output structure is kept the one way every mode keeps it (ndd_trace/trees.py)."""
+    """The output structure is kept the one way every mode keeps it (ndd_trace/core/trees.py)."""
     import collections
 
     Pair = collections.namedtuple("Pair", "flipped small")

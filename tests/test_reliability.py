@@ -199,5 +199,5 @@ def test_exception_during_trace_leaves_no_tracing_state(batch):
         ndd.compile(broken)(batch)
     # ndd calls outside any compiled function run eagerly again, with concrete results
     result = ndd.flip(batch)
-    assert not isinstance(result, ndd_trace.trace.TracedBatch)
+    assert not isinstance(result, ndd_trace.tracing.trace.TracedBatch)
     assert to_numpy(result)[0].shape == to_numpy(batch)[0].shape

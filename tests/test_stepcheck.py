@@ -10,7 +10,7 @@ import pytest
 import stepcheck_cases as cases
 
 import ndd_trace
-from ndd_trace.stepcheck import check_generator
+from ndd_trace.tracing.stepcheck import check_generator
 
 
 @pytest.mark.parametrize("function", [cases.plain, cases.plain_zip_branch_on_argument,

@@ -132,7 +132,7 @@ def test_regions_keyed_by_the_fed_data_layout():
     later one must be keyed by its real layout, which inference may not know; otherwise two
     regions that differ only in that layout share a pipeline, and DALI refuses an external
     source whose layout changes between iterations."""
-    from ndd_trace import lazy
+    from ndd_trace.modes import lazy
 
     data = ndd.as_batch([np.ones((4, 6, 3), np.float32)] * 2, layout="HWC")
     with ndd_trace.enabled():

@@ -26,7 +26,7 @@ from conftest import assert_same, to_numpy
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 import ndd_trace
-from ndd_trace import lazy
+from ndd_trace.modes import lazy
 
 NAN = math.nan
 NEG_NAN = -math.nan  # the same float to Python, another one to DALI: its sign bit is set

@@ -19,7 +19,7 @@ from conftest import assert_same, subprocess_env, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace import waits
+from ndd_trace.execution import waits
 
 SLEEP = 0.4
 

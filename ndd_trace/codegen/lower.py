@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _dali
-from .errors import ExportError
-from .ir import Graph, Node, NodeKind, Ref, float_key
-from .source import NameTable, one_line, register_source, unparse
+from .. import _dali
+from ..core.errors import ExportError
+from ..core.ir import Graph, Node, NodeKind, Ref, float_key
+from ..core.source import NameTable, one_line, register_source, unparse
 
 _counter = itertools.count()
 

@@ -99,9 +99,17 @@ def pipeline_error_type(builtin: type[BaseException]) -> type[PipelineError]:
     found = _AS_BUILTIN.get(builtin)
     if found is None:
         found = type(builtin.__name__, (PipelineError, builtin),
-                     {"__module__": __name__, "__doc__": PipelineError.__doc__})
+                     {"__module__": PUBLIC_MODULE, "__doc__": PipelineError.__doc__})
         _AS_BUILTIN[builtin] = found
     return found
+
+
+# Tracebacks and reprs name the exceptions where users find them (`ndd_trace.GraphBreakError`),
+# not the module that defines them
+PUBLIC_MODULE = "ndd_trace"
+for _public in (NddTraceError, NddTraceWarning, GraphBreakError, PipelineError, ExportError,
+                PerSampleError, LoopError):
+    _public.__module__ = PUBLIC_MODULE
 
 
 class _GraphBreak(BaseException):

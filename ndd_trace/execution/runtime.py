@@ -20,12 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _dali, logs, waits
-from .errors import PipelineError, pipeline_error_type
+from .. import _dali
+from ..codegen.lower import Lowered
+from ..core import logs
+from ..core.errors import PipelineError, pipeline_error_type
+from ..core.ir import Graph, Node, NodeKind
+from ..core.source import SourceLoc, hide_own_frames, raise_at
+from . import waits
 from .interpret import interpret
-from .ir import Graph, Node, NodeKind
-from .lower import Lowered
-from .source import SourceLoc, hide_own_frames, raise_at
 
 
 _FROM_ARGUMENT, _DRAWN_PER_CALL, _OTHER = "argument", "drawn per call", "other"

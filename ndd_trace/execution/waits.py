@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import _dali, trees
+from .. import _dali
+from ..core import trees
 
 __all__ = ["BOTTLENECK_SHARE", "LoopTimes", "chart", "loops", "note_fetched", "reset", "timed"]
 

@@ -37,14 +37,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import _dali
-from .ir import Graph, Node, NodeKind, Ref
-from .errors import LoopError
-from .lower import lower
-from .runahead import (KEEP_BATCHES, READ_AHEAD, RUN_AHEAD, StateForecast, fed_as_eager,
-                       gave_up)
-from .runtime import Executable, Options, PendingRun
-from .trace import add_reader_node
+from .. import _dali
+from ..codegen.lower import lower
+from ..core.errors import LoopError
+from ..core.ir import Graph, Node, NodeKind, Ref
+from ..execution.runtime import Executable, Options, PendingRun
+from ..tracing.trace import add_reader_node
+from .runahead import KEEP_BATCHES, READ_AHEAD, RUN_AHEAD, StateForecast, fed_as_eager, gave_up
 
 # a worker thread reads ahead (NDD_TRACE_READER_THREAD=0: the script's thread does, when it takes)
 READ_THREAD = os.environ.get("NDD_TRACE_READER_THREAD", "1") != "0"

@@ -30,9 +30,9 @@ import dataclasses
 import os
 from typing import Any
 
-from . import _dali
-from .ir import Graph, Node, NodeKind, Ref, freeze
-from .source import SourceLoc
+from .. import _dali
+from ..core.ir import Graph, Node, NodeKind, Ref, freeze
+from ..core.source import SourceLoc
 
 ENV_VAR = "NDD_TRACE_OPTIMIZE"
 HW_DECODER_LOAD_ENV_VAR = "NDD_TRACE_HW_DECODER_LOAD"

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _dali
-from .ir import freeze as ir_freeze
-from .source import is_internal_file
+from .. import _dali
+from ..core.ir import freeze as ir_freeze
+from ..core.source import is_internal_file
 
 _MAX_DEPTH = 4
 

@@ -40,10 +40,10 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import LoopError
-from .readahead import opening_loop_epochs
-from .source import SourceLoc, unparse
-from .stepcheck import Finding, LoopSite, find_loop
+from ..ahead.readahead import opening_loop_epochs
+from ..core.errors import LoopError
+from ..core.source import SourceLoc, unparse
+from ..tracing.stepcheck import Finding, LoopSite, find_loop
 
 __all__ = ["LoopError", "Split", "StepCall", "first_step", "loop_epoch", "split_generator"]
 

@@ -27,19 +27,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import _dali, logs, waits
-from .errors import PipelineError, _GraphBreak
-from .interpret import interpret
-from .ir import Graph, Node, NodeKind, Ref, TensorMeta, op_key
-from .lower import lower
-from .optimize import optimize as optimize_graph
-from .optimize import requested as optimize_requested
-from .readahead import (RUN_AHEAD, Speculator, can_stream, epoch_of, has_epoch_wrapper,
-                        reader_epoch, stream_of)
-from .runtime import Executable, LazyResult, Options
-from .source import SourceLoc, user_frame, user_location
-from .trace import (BATCH_ABSENT, TracedBatch, TracedTensor, Tracer, _is_concrete_data,
-                    inference_metas)
+from .. import _dali
+from ..ahead.readahead import (RUN_AHEAD, Speculator, can_stream, epoch_of, has_epoch_wrapper,
+                               reader_epoch, stream_of)
+from ..codegen.lower import lower
+from ..codegen.optimize import optimize as optimize_graph
+from ..codegen.optimize import requested as optimize_requested
+from ..core import logs
+from ..core.errors import PipelineError, _GraphBreak
+from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta, op_key
+from ..core.source import SourceLoc, user_frame, user_location
+from ..execution import waits
+from ..execution.interpret import interpret
+from ..execution.runtime import Executable, LazyResult, Options
+from ..tracing.trace import (BATCH_ABSENT, TracedBatch, TracedTensor, Tracer, _is_concrete_data,
+                             inference_metas)
 
 # Region pipelines held at once (each has a few OS threads): past it, the least recently run
 # one's pipeline is freed (built again if it runs again).

@@ -48,9 +48,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-from . import _dali, guards, logs, trees
-from .errors import PerSampleError
-from .source import SourceLoc, register_source, unparse, user_frame, user_location
+from .. import _dali
+from ..core import logs, trees
+from ..core.errors import PerSampleError
+from ..core.source import SourceLoc, register_source, unparse, user_frame, user_location
+from ..tracing import guards
 
 _counter = itertools.count()
 

@@ -42,7 +42,7 @@ import dataclasses
 import weakref
 from typing import Any
 
-from . import _dali
+from .. import _dali
 
 READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
 RUN_AHEAD = 2  # region or call runs kept launched ahead (the region pipelines' queue depth)

@@ -25,7 +25,8 @@ import warnings
 
 import astunparse
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# the package (ndd_trace/), not this module's folder (ndd_trace/core/)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _internal_dirs() -> tuple[str, ...]:

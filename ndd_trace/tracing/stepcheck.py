@@ -28,7 +28,7 @@ import textwrap
 import types
 from typing import Any
 
-from .source import SourceLoc
+from ..core.source import SourceLoc
 
 # builtins that compute a value from their arguments and touch nothing else
 _PURE_BUILTINS = frozenset({

@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _dali, trees
-from .errors import _GraphBreak
-from .ir import Graph, Node, Ref, TensorMeta, freeze
-from .source import SourceLoc, raise_at, user_location
+from .. import _dali
+from ..core import trees
+from ..core.errors import _GraphBreak
+from ..core.ir import Graph, Node, Ref, TensorMeta, freeze
+from ..core.source import SourceLoc, raise_at, user_location
 
 
 @dataclasses.dataclass

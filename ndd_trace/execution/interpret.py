@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _dali
-from .ir import Graph, NodeKind, Ref
+from .. import _dali
+from ..core.ir import Graph, NodeKind, Ref
 
 
 def interpret(graph: Graph, leaves: dict[Any, Any],

@@ -1,0 +1,44 @@
+"""The DALI objects every part of the adapter names: its version, Batch, Tensor, RNG, dtypes,
+devices, eval modes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+import nvidia.dali as dali
+import nvidia.dali.experimental.dynamic as ndd
+from nvidia.dali.experimental.dynamic import random as ndd_random
+
+
+
+
+DALI_VERSION = dali.__version__
+
+
+Batch = ndd.Batch
+
+
+Tensor = ndd.Tensor
+
+
+RNG = ndd_random.RNG
+
+
+DType = ndd.DType
+
+
+Device = ndd.Device
+
+
+EvalMode = ndd.EvalMode
+
+
+STATE_WORDS = ndd_random._STATE_WORDS
+
+
+@functools.lru_cache(maxsize=64)
+def device(kind: str, device_id: int | None) -> Device:
+    """An ndd Device (shared: ndd never changes one)."""
+    return Device(kind, device_id)

@@ -1,0 +1,192 @@
+"""Per-sample pipelines: DALI's conditionals (its AutoGraph fork) on pipeline-mode DataNodes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+import nvidia.dali as dali
+import nvidia.dali.backend as backend
+import nvidia.dali.types as types
+from nvidia.dali import fn
+from nvidia.dali.data_node import DataNode
+from nvidia.dali.pipeline import Pipeline
+
+from .base import STATE_WORDS
+
+
+def is_data_node(value: Any) -> bool:
+    return isinstance(value, DataNode)
+
+
+def conditional_pipeline(definition: Callable, **options: Any) -> Pipeline:
+    """`@pipeline_def(enable_conditionals=True)` applied to `definition`, then instantiated."""
+    return dali.pipeline_def(definition, enable_conditionals=True)(**options)
+
+
+def do_not_convert(function: Callable) -> Callable:
+    """Keep DALI's AutoGraph from rewriting one of our own helpers called from converted code."""
+    return dali.pipeline.do_not_convert(function)
+
+
+def fn_function(op_class: type, device: str | None) -> tuple[Callable, str | None]:
+    """The pipeline-mode function of an ndd operator, and its device argument (ndd's "gpu"
+    decoders are "mixed" in a pipeline)."""
+    function: Any = fn
+    for part in op_class._fn_path.split("."):
+        function = getattr(function, part)
+    if device == "gpu" and "mixed" in op_class._supported_backends:
+        device = "mixed"
+    return function, device
+
+
+def float64_constant(value: float) -> Any:
+    return types.Constant(float(value), dtype=types.DALIDataType.FLOAT64)
+
+
+_PASS_THROUGH = ("_conditional__Split", "_conditional__ValidateLogical")
+
+
+def node_key(node: DataNode) -> str:
+    """A hashable name of the value behind a DataNode, seen through the splits DALI's
+    conditionals insert when a branch reads a value from an outer scope, and the checks of
+    the operands of `and`/`or`."""
+    source = node.source
+    while source is not None and getattr(source._op, "schema_name", None) in _PASS_THROUGH:
+        node = source._inputs[0]
+        source = node.source
+    return repr(node)
+
+
+def condition_chain() -> list[tuple[str, bool | None]]:
+    """The per-sample branches the pipeline definition is inside, outermost first: for each,
+    the predicate's `node_key` and whether it is the true branch (None: neither, a merge)."""
+    from nvidia.dali import _conditionals
+
+    if not _conditionals.conditionals_enabled():
+        return []
+    chain = []
+    for entry in _conditionals.this_condition_stack()._stack[1:]:
+        branch = {_conditionals._Branch.TrueBranch: True,
+                  _conditionals._Branch.FalseBranch: False}.get(entry.branch)
+        chain.append((node_key(entry.predicate), branch))
+    return chain
+
+
+def in_this_branch(node: DataNode) -> DataNode:
+    """`node` (produced in an outer scope) restricted to the samples of the current branch."""
+    from nvidia.dali import _conditionals
+
+    return _conditionals.apply_conditional_split(node)
+
+
+def sample_index_source(name: str) -> DataNode:
+    return fn.external_source(name=name, device="cpu", dtype=types.DALIDataType.INT32, ndim=0)
+
+
+def sample_indices(batch_size: int) -> Any:
+    """The TensorList a `sample_index_source` is fed: 0, 1, ..., batch_size - 1."""
+    return backend.TensorListCPU(np.arange(batch_size, dtype=np.int32))
+
+
+def host_ints(tensor_list: Any) -> list[int]:
+    """The scalars of a CPU TensorList (possibly empty), as Python ints."""
+    return [int(np.asarray(sample)) for sample in tensor_list]
+
+
+def zero_state() -> np.ndarray:
+    """An all-zero random state (a stand-in that draws nothing from any generator)."""
+    return np.zeros(STATE_WORDS, dtype=np.uint32)
+
+
+def autograph_origin(filename: str, lineno: int) -> tuple[str, int] | None:
+    """The (file, line) that DALI's AutoGraph generated this line of code from, while that
+    converted code runs (None: not generated code)."""
+    from nvidia.dali._autograph.utils import tf_stack
+
+    stack = tf_stack._source_mapper_stacks.get(threading.get_ident())
+    if not stack:
+        return None
+    origin = stack[-1].internal_map.get((filename, lineno))
+    return (origin[0], origin[1]) if origin is not None else None
+
+
+class HostSample:
+    """One sample of a pipeline output, copied to the host: compared by dtype, shape and bytes
+    (a per-sample argument the run gave a random op)."""
+
+    __slots__ = ("array", "_key")
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self._key = (array.dtype.str, array.shape, array.tobytes())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostSample) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+
+def host_samples(tensor_list: Any) -> list[HostSample]:
+    """The samples of a pipeline output (CPU or GPU), as host copies."""
+    if isinstance(tensor_list, backend.TensorListGPU):
+        tensor_list = tensor_list.as_cpu()
+    return [HostSample(np.array(sample)) for sample in tensor_list]
+
+
+def array_of(sample: HostSample) -> np.ndarray:
+    return sample.array
+
+
+@contextmanager
+def logical_hooks(on_result: Callable[[str, list, Any], None]) -> Iterator[None]:
+    """While a conditional pipeline is defined, report each `not`, `and`, `or` that DALI's
+    AutoGraph turns into operators: `on_result(kind, operands, result)` (the right operand of
+    `and`/`or` as its branch produced it)."""
+    from nvidia.dali import _conditionals
+
+    dispatch = _conditionals._OVERLOADS
+    _logical_hooks_lock.acquire()  # the dispatch object is DALI's, shared by all threads
+    names = ("not_", "lazy_and", "lazy_or")
+    previous = {name: dispatch.__dict__.get(name) for name in names}
+    original_not, original_and, original_or = dispatch.not_, dispatch.lazy_and, dispatch.lazy_or
+
+    def not_(a: Any) -> Any:
+        result = original_not(a)
+        on_result("not", [a], result)
+        return result
+
+    def lazy(kind: str, original: Callable) -> Callable:
+        def logical(a_value: Any, b: Callable) -> Any:
+            right: list = []
+
+            def b_recorded() -> Any:
+                right.append(b())
+                return right[-1]
+
+            result = original(a_value, b_recorded)
+            on_result(kind, [a_value, *right], result)
+            return result
+
+        return logical
+
+    dispatch.not_ = not_
+    dispatch.lazy_and = lazy("and", original_and)
+    dispatch.lazy_or = lazy("or", original_or)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():  # what was there: DALI's methods, or outer hooks
+            if value is None:
+                dispatch.__dict__.pop(name, None)
+            else:
+                setattr(dispatch, name, value)
+        _logical_hooks_lock.release()
+
+
+_logical_hooks_lock = threading.RLock()
