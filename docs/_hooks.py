@@ -1,7 +1,7 @@
 """mkdocs hooks: the API reference page is generated from `ndd_trace.__all__` (read from the
 source, nothing imported), so every public name has its entry; the benchmark chart
-(benchmarks/ratios.png, made by the benchmark scripts) and the measured results
-(benchmarks/RESULTS.md) go into the site as img/ratios.png and results.md, without copies in docs/.
+(benchmarks/ratios.png and scaling.png, made by benchmarks/chart.py) and the measured results
+(benchmarks/RESULTS.md) go into the site as img/*.png and results.md, without copies in docs/.
 """
 
 from __future__ import annotations
@@ -12,23 +12,26 @@ import os
 
 from mkdocs.structure.files import File
 
-CHART = os.path.join("benchmarks", "ratios.png")
+CHARTS = ("ratios.png", "scaling.png")
 log = logging.getLogger("mkdocs.hooks.ndd_trace")
 
 
 def on_files(files, config):
     root = os.path.dirname(config.config_file_path)
-    source = os.path.join(root, CHART)
-    if os.path.exists(source):
-        files.append(File.generated(config, "img/ratios.png", abs_src_path=source))
-    else:
-        # the build must not fail on a fresh clone before the benchmarks ran: a stand-in says so
-        log.info("%s not found: the site shows a placeholder chart", CHART)
-        files.append(File.generated(config, "img/ratios.png", content=_PLACEHOLDER))
+    for chart in CHARTS:
+        source = os.path.join(root, "benchmarks", chart)
+        if os.path.exists(source):
+            files.append(File.generated(config, f"img/{chart}", abs_src_path=source))
+        else:
+            # the build must not fail on a fresh clone before the benchmarks ran: a stand-in
+            log.info("benchmarks/%s not found: the site shows a placeholder chart", chart)
+            files.append(File.generated(config, f"img/{chart}", content=_PLACEHOLDER))
     files.append(File.generated(config, "api.md", content=_api_page(root)))
     with open(os.path.join(root, "benchmarks", "RESULTS.md")) as file:
         # RESULTS.md sits beside the chart; in the site the chart is img/ratios.png
-        results = file.read().replace("](ratios.png)", "](img/ratios.png)")
+        results = file.read()
+        for chart in CHARTS:
+            results = results.replace(f"]({chart})", f"](img/{chart})")
     files.append(File.generated(config, "results.md", content=results))
     return files
 
