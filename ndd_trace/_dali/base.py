@@ -6,35 +6,18 @@ from __future__ import annotations
 
 import functools
 
-
 import nvidia.dali as dali
 import nvidia.dali.experimental.dynamic as ndd
 from nvidia.dali.experimental.dynamic import random as ndd_random
 
 
-
-
 DALI_VERSION = dali.__version__
-
-
 Batch = ndd.Batch
-
-
 Tensor = ndd.Tensor
-
-
 RNG = ndd_random.RNG
-
-
 DType = ndd.DType
-
-
 Device = ndd.Device
-
-
 EvalMode = ndd.EvalMode
-
-
 STATE_WORDS = ndd_random._STATE_WORDS
 
 

@@ -130,8 +130,6 @@ def tensor_subscript(value: Any, **ranges: Any) -> Any:
 
 _LAZY_BATCH_FIELDS = {"_wraps_external_data": False, "_tensors": None, "_storage": None,
                       "_dtype": None, "_device": None, "_layout": None, "_ndim": None}
-
-
 _lazy_batch_checked: bool | None = None
 
 

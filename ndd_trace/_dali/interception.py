@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-
 import nvidia.dali.experimental.dynamic as ndd
 from nvidia.dali.experimental.dynamic import (_call_site, _capture, _ops)
 
@@ -344,8 +343,6 @@ def eval_mode_is_sync() -> bool:
 
 
 _OPERATOR_ATTRIBUTES = _ops.Operator.__dict__
-
-
 _PROCESS_PARAMS = _OPERATOR_ATTRIBUTES["_process_params"]
 
 

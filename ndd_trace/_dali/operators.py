@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple
 
-
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
@@ -340,8 +339,6 @@ def _fake_node(name: str, meta: TensorMeta, device: str) -> DataNode:
 
 
 _metadata_cache: dict[Any, tuple] = {}
-
-
 _METADATA_CACHE_SIZE = 4096
 
 

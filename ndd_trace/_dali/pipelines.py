@@ -8,7 +8,6 @@ import re
 import weakref
 from typing import Any, NamedTuple
 
-
 import nvidia.dali.backend as backend
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
@@ -156,8 +155,6 @@ class PipelineFailure(NamedTuple):
 
 
 _FAILED_OPERATOR = re.compile(r"Error in \w+ operator `([^`]+)`")
-
-
 _PIPELINE_FRAMING = ("Critical error in pipeline", "Current pipeline object is no longer valid")
 
 

@@ -189,7 +189,6 @@ class _Pull:
         self.pending = True
 
 
-
 def _leaves(item: Any) -> list[Any]:
     if isinstance(item, (tuple, list)):
         return list(item)
