@@ -384,3 +384,68 @@ def test_error_names_the_line_of_this_call_not_of_the_region_first_made(jpeg_byt
     with _quiet_stderr(), ndd_trace.enabled():
         transparent = _two_sites(jpeg_bytes)
     assert "SECOND SITE" in eager[1] and transparent == eager
+
+
+def _pipeline_error() -> ndd_trace.PipelineError:
+    prep = ndd.compile(lambda data: ndd.decoders.image(data))
+    with _quiet_stderr(), pytest.raises(ndd_trace.PipelineError) as info:
+        prep(_not_an_image())
+    return info.value
+
+
+def test_errors_pickle_as_they_were_made():
+    """multiprocessing and DataLoader workers pickle exceptions: each comes back whole."""
+    import pickle
+
+    from ndd_trace.core.source import SourceLoc
+
+    loc = SourceLoc("train.py", 12, "step")
+    made = [ndd_trace.GraphBreakError("reads `.shape` of a traced value", loc, "step"),
+            ndd_trace.PerSampleError("calls a stateful operator", loc),
+            ndd_trace.ExportError("cannot be exported{where}", loc, node=object()),
+            ndd_trace.LoopError("reader `File` cannot go on"),
+            _pipeline_error()]
+    for error in made:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert getattr(back, "loc", None) == getattr(error, "loc", None)
+        assert getattr(back, "__notes__", None) == getattr(error, "__notes__", None)
+    assert type(made[-1]).__name__ == "RuntimeError"
+    assert type(made[-1]) is ndd_trace.PipelineError.RuntimeError
+
+
+def test_pipeline_error_type_is_found_by_name_in_a_fresh_process():
+    import pickle
+
+    data = pickle.dumps(_pipeline_error())
+    check = ("import pickle, sys, ndd_trace; e = pickle.loads(sys.stdin.buffer.read()); "
+             "print(type(e).__name__, isinstance(e, RuntimeError), "
+             "isinstance(e, ndd_trace.PipelineError), e.op_name)")
+    done = subprocess.run([sys.executable, "-c", check], input=data, capture_output=True,
+                          env=subprocess_env(), timeout=120)
+    assert done.stdout.decode().split() == ["RuntimeError", "True", "True", "ndd.decoders.image"], (
+        done.stderr.decode())
+
+
+def test_dataloader_worker_hands_a_pipeline_error_to_the_main_process():
+    """torch sends a worker's exception type by name to the main process, which raises it
+    again: the type eager would send (RuntimeError) is what the loop catches, as ndd_trace's."""
+    import torch
+
+    error = _pipeline_error()
+
+    class Failing(torch.utils.data.Dataset):  # its items raise what a pipeline raised
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, index: int):
+            raise error
+
+    # a type pickle cannot find hangs the loop: the worker's queue thread fails, the worker
+    # lives on, the main process waits (the timeout makes that a failure here)
+    loader = torch.utils.data.DataLoader(Failing(), num_workers=1, multiprocessing_context="fork",
+                                         timeout=60)
+    with pytest.raises(RuntimeError) as info:
+        next(iter(loader))
+    assert isinstance(info.value, ndd_trace.PipelineError)  # not "worker exited unexpectedly"
+    assert "in DataLoader worker process 0" in str(info.value) and str(error) in str(info.value)

@@ -26,6 +26,7 @@ class GraphBreakError(NddTraceError):
 
     def __init__(self, reason: str, loc: SourceLoc | None = None, function_name: str = "?"):
         self.reason = reason
+        self.function_name = function_name
         self.loc = loc
         self.filename = loc.filename if loc else None
         self.lineno = loc.lineno if loc else None
@@ -37,6 +38,9 @@ class GraphBreakError(NddTraceError):
             "regions around the break)."
         )
 
+    def __reduce__(self):  # pickled (multiprocessing, DataLoader workers) as it was made
+        return type(self), (self.reason, self.loc, self.function_name), self.__dict__
+
 
 class NddTraceWarning(UserWarning):
     """ndd_trace ran something eagerly, or keeps re-tracing; the message says where and why."""
@@ -46,10 +50,14 @@ class PerSampleError(NddTraceError):
     """A per-sample function uses a construct its pipeline cannot express; names the line."""
 
     def __init__(self, message: str, loc: SourceLoc | None = None):
+        self.message = message
         self.loc = loc
         self.filename = loc.filename if loc else None
         self.lineno = loc.lineno if loc else None
         super().__init__(f"{loc}: {message}" if loc else message)
+
+    def __reduce__(self):
+        return type(self), (self.message, self.loc), self.__dict__
 
 
 class ExportError(NddTraceError):
@@ -62,6 +70,10 @@ class ExportError(NddTraceError):
         self.loc = loc if loc is not None else getattr(node, "loc", None)
         where = f" at {self.loc}" if self.loc else ""
         super().__init__(message.replace("{where}", where))
+
+    def __reduce__(self):  # the graph node stays behind: it belongs to this process's trace
+        state = {name: value for name, value in self.__dict__.items() if name != "node"}
+        return type(self), (self.args[0], self.loc), state
 
 
 class PipelineError(NddTraceError):
@@ -87,6 +99,12 @@ class LoopError(NddTraceError, RuntimeError):
 
 
 _AS_BUILTIN: dict[type, type] = {}
+# the built-in types DALI's errors come as: their PipelineErrors exist from import on, so that
+# pickle finds them by name in any process (torch's DataLoader workers send the exception's
+# type to the main process, which raises it again)
+_EAGER_TYPES = (RuntimeError, ValueError, IndexError, TypeError, KeyError, LookupError,
+                AttributeError, NotImplementedError, OverflowError, ZeroDivisionError,
+                ArithmeticError, MemoryError, OSError, AssertionError)
 
 
 def pipeline_error_type(builtin: type[BaseException]) -> type[PipelineError]:
@@ -98,9 +116,13 @@ def pipeline_error_type(builtin: type[BaseException]) -> type[PipelineError]:
         builtin = RuntimeError
     found = _AS_BUILTIN.get(builtin)
     if found is None:
+        # ndd_trace.PipelineError.RuntimeError: where pickle (and a reader of a traceback)
+        # finds it; its __name__ is the built-in's, as eager's error type name is
         found = type(builtin.__name__, (PipelineError, builtin),
-                     {"__module__": PUBLIC_MODULE, "__doc__": PipelineError.__doc__})
+                     {"__module__": PUBLIC_MODULE, "__doc__": PipelineError.__doc__,
+                      "__qualname__": f"PipelineError.{builtin.__name__}"})
         _AS_BUILTIN[builtin] = found
+        setattr(PipelineError, builtin.__name__, found)
     return found
 
 
@@ -110,6 +132,8 @@ PUBLIC_MODULE = "ndd_trace"
 for _public in (NddTraceError, NddTraceWarning, GraphBreakError, PipelineError, ExportError,
                 PerSampleError, LoopError):
     _public.__module__ = PUBLIC_MODULE
+for _builtin in _EAGER_TYPES:
+    pipeline_error_type(_builtin)
 
 
 class _GraphBreak(BaseException):
