@@ -541,7 +541,7 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...],
             epochs = None
             seen += [("item", *where, _observe(item, known)) for *where, item in kept]
             seen.append(("log", tuple(log), *((loader.count, loader.epochs, str(loader.rng.state),
-                                               _plain(getattr(loader, "last", None)))
+                                               _observe(getattr(loader, "last", None), known))
                                               for loader, _ in ranks)))
         seen.append(("rng", str(ndd.random.get_default_rng().state)))
     finally:
