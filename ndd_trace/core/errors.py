@@ -122,7 +122,8 @@ def pipeline_error_type(builtin: type[BaseException]) -> type[PipelineError]:
                      {"__module__": PUBLIC_MODULE, "__doc__": PipelineError.__doc__,
                       "__qualname__": f"PipelineError.{builtin.__name__}"})
         _AS_BUILTIN[builtin] = found
-        setattr(PipelineError, builtin.__name__, found)
+        if builtin.__name__ not in vars(PipelineError):  # the first of a name keeps it
+            setattr(PipelineError, builtin.__name__, found)
     return found
 
 
