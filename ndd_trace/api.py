@@ -863,7 +863,10 @@ class Explanation:
         if self.miss_reason:
             lines.append(f"  last cache miss: {self.miss_reason}")
         lines.append(f"  graph breaks: {len(self.breaks)}")
-        lines += [f"    - {record}" for record in self.breaks]
+        for record in self.breaks:
+            lines.append(f"    - {record}")
+            if record.fix:
+                lines.append(f"      try: {record.fix}")
         lines += self.optimizations_text
         lines.append("  guards (a change in any of these re-traces):")
         lines += [f"    - {guard}" for guard in self.guards]

@@ -483,3 +483,39 @@ def test_explain_shows_the_graph_that_runs(batch):
     assert running.count("resize[") == 1 and "flip[" not in running
     assert traced.count("resize[") == 2 and "flip[" in traced
     assert explanation.code.count("fn.resize(") == 1 and "fn.flip(" not in explanation.code
+
+
+def test_explain_says_what_to_try_for_each_break(batch):
+    def needs_shapes(x):
+        y = ndd.flip(x, horizontal=1)
+        return y * 2 if y.shape[0][0] > 2 else y
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        text = str(ndd_trace.explain(needs_shapes, batch))
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines)
+              if line.startswith("    - ") and "reads `.shape`" in line)
+    assert lines[at + 1].strip().startswith("try: compute what needs the data's shapes outside")
+
+
+def test_every_break_the_tracer_raises_has_a_fix():
+    """The fix table covers each reason the tracer gives (its `_break(...)` texts)."""
+    import ast
+
+    from ndd_trace.tracing import trace
+
+    tree = ast.parse(pathlib.Path(trace.__file__).read_text())
+    reasons = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("_break", "_GraphBreak"):
+            first = node.args[0]
+            text = first.value if isinstance(first, ast.Constant) else "".join(
+                part.value if isinstance(part, ast.Constant) else "X"
+                for part in getattr(first, "values", []))
+            reasons.append(text)
+    assert len(reasons) > 15
+    own_fix = ("pass", "write the loop", "make the function", "outside the compiled", "use the")
+    missing = [r for r in reasons if r and trace.GraphBreakRecord(r, None).fix is None
+               and not any(words in r for words in own_fix)]
+    assert not missing, f"breaks with no fix in trace._FIXES: {missing}"

@@ -51,6 +51,46 @@ class GraphBreakRecord:
     def __str__(self) -> str:
         return f"{self.loc or '<unknown>'}: {self.reason}"
 
+    @property
+    def fix(self) -> str | None:
+        """What to try instead (`explain` shows it under the break), or None where the reason
+        already says."""
+        return next((fix for part, fix in _FIXES if part in self.reason), None)
+
+
+_MOVE_OUT = ("return the value and do that after the call (a compiled function's `.torch()` "
+             "or `np.asarray` of its result costs nothing extra), or before it, on the input")
+_PASS_SIZES = ("compute what needs the data's shapes outside the function and pass it in as an "
+               "argument (a Batch of per-sample values stays one variant; see graph-breaks.md, "
+               "Fixing a break)")
+# a part of the reason -> the fix to try; one table for every break the tracer raises
+_FIXES = (
+    ("reads `.shape`", _PASS_SIZES),
+    ("reads `.size`", _PASS_SIZES),
+    ("takes `len()`", _PASS_SIZES + "; `x.batch_size` is known while tracing"),
+    ("iterates over a traced value", "work on the whole batch (ops take batches), or iterate "
+     "over the result after the call"),
+    ("selects samples", "select after the call, or pass the selection in as data"),
+    ("accesses `.tensors`", _MOVE_OUT),
+    ("evaluates a traced value", _MOVE_OUT),
+    ("converts a traced value", _MOVE_OUT),
+    ("exports a traced value", _MOVE_OUT),
+    ("reads a traced value with", _MOVE_OUT),
+    ("uses a traced value as a Python bool", "choose per sample with "
+     "@ndd.compile(per_sample=True) (an `if` on one sample's values), or with arithmetic "
+     "(`x * mask + y * (1 - mask)`); a choice for the whole batch can be a Python argument"),
+    ("DALI cannot infer", "give the input what the code reads (a layout: `ndd.as_batch(..., "
+     "layout=\"HWC\")`; a dtype: `ndd.cast`), or pass it in as an argument"),
+    ("is given batches of different sizes", "give the op batches of one size (ndd rejects "
+     "others at the call, eagerly too)"),
+    ("calls stateful operator", "call it outside the function and pass its result in; a reader "
+     "loop compiles as a generator over `reader.next_epoch(batch_size=...)`"),
+    ("under a synchronous EvalMode", "call the compiled function outside the "
+     "`with ndd.EvalMode...` block"),
+    ("returns a traced value of another compiled call", "return the other call's result from "
+     "the caller, or call the other function's body (not its compiled form) here"),
+)
+
 
 def _break(reason: str) -> _GraphBreak:
     return _GraphBreak(reason, user_location())
