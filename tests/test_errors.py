@@ -449,3 +449,29 @@ def test_dataloader_worker_hands_a_pipeline_error_to_the_main_process():
         next(iter(loader))
     assert isinstance(info.value, ndd_trace.PipelineError)  # not "worker exited unexpectedly"
     assert "in DataLoader worker process 0" in str(info.value) and str(error) in str(info.value)
+
+
+def test_trace_and_build_logs_carry_their_times():
+    """The first batch's phases, for a handler of the user's own (bench_ops prints them)."""
+    import logging
+
+    times: dict = {}
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            times.update(getattr(record, "ndd_trace_ms", {}))
+
+    handler = Collect()
+    loggers = [logging.getLogger(f"ndd_trace.{name}") for name in ("trace", "builds")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    try:
+        step = ndd.compile(lambda x: ndd.flip(x, horizontal=1))
+        step(ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")).evaluate()
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    assert set(times) == {"trace", "code", "build"} and all(ms >= 0 for ms in times.values())
