@@ -93,12 +93,18 @@ def load_scaling(paths: list[str]) -> dict[int, dict[str, dict[int, float]]]:
             for threads, modes in sorted(points.items())}
 
 
-def scaling_chart(paths: list[str], output: str, title: str) -> int:
+def _pyplot():
+    """matplotlib's pyplot, drawing to files (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def scaling_chart(paths: list[str], output: str, title: str) -> int:
+    plt = _pyplot()
     curves = load_scaling(paths)
     if not curves:
         print("chart: no scaling results", file=sys.stderr)
@@ -111,8 +117,8 @@ def scaling_chart(paths: list[str], output: str, title: str) -> int:
             axes.plot(batches, [modes[mode][b] for b in batches], marker="o",
                       label=LABELS.get(mode, mode))
         axes.set_xscale("log", base=2)
-        axes.set_xticks(sorted({b for m in modes.values() for b in m}),
-                        [str(b) for b in sorted({b for m in modes.values() for b in m})])
+        sizes = sorted({batch for batches in modes.values() for batch in batches})
+        axes.set_xticks(sizes, [str(size) for size in sizes])
         axes.set_xlabel("batch size")
         axes.set_title(f"{threads} threads", fontsize=9)
         axes.grid(alpha=0.3)
@@ -147,11 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if options.table:
         print_table(load_groups(options.json))
         return 0
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     ratios = load_groups(options.json)
     if not ratios:
         print("chart: no group with a `pipeline` result", file=sys.stderr)
