@@ -692,20 +692,11 @@ class CompiledFunction:
             reason = ("an empty batch" if batch_size == 0 and consistent else
                       f"batches of different sizes ({sorted(sizes)}, "
                       f"traced with {entry.static_batch_size})")
-            self._warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
-                            f"{reason} (a pipeline runs one batch size per iteration)",
-                            user_location())
-            self._counters.fallbacks += 1
-            logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
-            return self._function(*args, **kwargs)
+            return self._eager_for_this_call(
+                reason, args, kwargs, why=" (a pipeline runs one batch size per iteration)")
         executable = entry.executable
         if executable.empty_sample_unsafe and executable.feeds_empty_sample(bound):
-            reason = executable.empty_sample_reason
-            self._warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
-                            f"{reason}", user_location())
-            self._counters.fallbacks += 1
-            logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
-            return self._function(*args, **kwargs)
+            return self._eager_for_this_call(executable.empty_sample_reason, args, kwargs)
         at_call = executable.ops_run_at_call(bound)  # ops eager runs at once (user data)
         snapshots = executable.rng_snapshots(bound) if at_call and executable.draws else []
         try:
@@ -737,6 +728,15 @@ class CompiledFunction:
         if at_call and run is not None:  # their run-time errors raise here, as eagerly
             executable.raise_at_call(run, at_call, bound, snapshots)
         return self._unflatten(entry.output_tree, run, entry, bound, batch_size)
+
+    def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "") -> Any:
+        """This one call runs eagerly (the variant stays compiled): warned once at the user's
+        line, counted as a fallback and logged."""
+        self._warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
+                        f"{reason}{why}", user_location())
+        self._counters.fallbacks += 1
+        logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
+        return self._function(*args, **kwargs)
 
     @staticmethod
     def _bind_sizes(args: tuple, kwargs: dict) -> tuple[dict[tuple, Any], set[int]]:
