@@ -216,32 +216,11 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         )
         return small_ops_pipeline_body(images)
 
-    @pipeline_def
-    def decode_rrc_cmn_pipeline():
-        jpegs, _labels = fn.readers.file(
-            file_root=str(inputs),
-            random_shuffle=True,
-            seed=options.seed,
-            pad_last_batch=True,
-            name="Reader",
-        )
-        images = fn.decoders.image(jpegs, device="mixed" if options.device == "gpu" else "cpu")
-        images = fn.random_resized_crop(images, size=[224, 224])
-        return fn.crop_mirror_normalize(
-            images,
-            mirror=fn.random.coin_flip(probability=0.5),
-            dtype=types.FLOAT,
-            output_layout="CHW",
-            mean=[123.675, 116.28, 103.53],
-            std=[58.395, 57.12, 57.375],
-        )
-
     decoder_device = "mixed" if options.device == "gpu" else "cpu"
     # the GPU decoder's share for the hardware JPEG decoder (a mixed-backend argument only)
     tuning = {"hw_decoder_load": options.hw_decoder_load} if options.device == "gpu" else {}
 
-    @pipeline_def
-    def decode_rrc_cmn_fused_pipeline():
+    def jpegs_of_reader():  # the same reader (and order of samples) in each variant
         jpegs, _labels = fn.readers.file(
             file_root=str(inputs),
             random_shuffle=True,
@@ -249,8 +228,9 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
             pad_last_batch=True,
             name="Reader",
         )
-        images = fn.decoders.image_random_crop(jpegs, device=decoder_device, **tuning)
-        images = fn.resize(images, size=[224, 224])
+        return jpegs
+
+    def mirror_normalize(images):  # the same last step in each variant
         return fn.crop_mirror_normalize(
             images,
             mirror=fn.random.coin_flip(probability=0.5),
@@ -261,15 +241,20 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         )
 
     @pipeline_def
+    def decode_rrc_cmn_pipeline():  # the eager code's ops, written the obvious way
+        images = fn.decoders.image(jpegs_of_reader(), device=decoder_device)
+        images = fn.random_resized_crop(images, size=[224, 224])
+        return mirror_normalize(images)
+
+    @pipeline_def
+    def decode_rrc_cmn_fused_pipeline():
+        images = fn.decoders.image_random_crop(jpegs_of_reader(), device=decoder_device, **tuning)
+        images = fn.resize(images, size=[224, 224])
+        return mirror_normalize(images)
+
+    @pipeline_def
     def decode_only_pipeline():
-        jpegs, _labels = fn.readers.file(
-            file_root=str(inputs),
-            random_shuffle=True,
-            seed=options.seed,
-            pad_last_batch=True,
-            name="Reader",
-        )
-        return fn.decoders.image(jpegs, device=decoder_device, **tuning)
+        return fn.decoders.image(jpegs_of_reader(), device=decoder_device, **tuning)
 
     @pipeline_def
     def small_ops_percall_pipeline():
