@@ -695,10 +695,10 @@ class CompiledFunction:
             return self._eager_for_this_call(
                 reason, args, kwargs, why=" (a pipeline runs one batch size per iteration)")
         executable = entry.executable
-        if executable.empty_sample_unsafe and executable.feeds_empty_sample(bound):
-            return self._eager_for_this_call(executable.empty_sample_reason, args, kwargs)
-        at_call = executable.ops_run_at_call(bound)  # ops eager runs at once (user data)
-        snapshots = executable.rng_snapshots(bound) if at_call and executable.draws else []
+        if executable.feed.empty_sample_unsafe and executable.feed.feeds_empty_sample(bound):
+            return self._eager_for_this_call(executable.feed.empty_sample_reason, args, kwargs)
+        at_call = executable.failures.ops_run_at_call(bound)  # ops eager runs at once (user data)
+        snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []
         try:
             run = readahead.run_call(executable, entry.key, bound, batch_size)
         except Exception as error:
@@ -726,7 +726,7 @@ class CompiledFunction:
         logs.runtime.debug("`%s`: pipeline run scheduled (batch size %d)", self.__qualname__,
                            batch_size)
         if at_call and run is not None:  # their run-time errors raise here, as eagerly
-            executable.raise_at_call(run, at_call, bound, snapshots)
+            executable.failures.raise_at_call(run, at_call, bound, snapshots)
         return self._unflatten(entry.output_tree, run, entry, bound, batch_size)
 
     def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "") -> Any:

@@ -563,7 +563,7 @@ class Speculator:
                 data.append(_dali.broadcast_state(value, batch_size))
             else:
                 value = leaf.value
-                data.append(executable.leaf_data(leaf.node, batch_size))
+                data.append(executable.feed.leaf_data(leaf.node, batch_size))
             fed.append(value)
         run = executable.launch(data, batch_size)
         return _Launch(count, run, fed) if run is not None else None
@@ -727,7 +727,7 @@ def run_call(executable: Executable, key: tuple, bound: dict,
     states: dict[int, Any] = {}
     drawn: dict[int, tuple] = {}
     for slot, node in executable.draws:  # in eager call order, from the caller's generators
-        rng = executable.rng_for(slot, bound)
+        rng = executable.feed.rng_for(slot, bound)
         position = _dali.rng_position(rng)
         words = states[id(node)] = _dali.draw_state(rng)
         drawn[id(node)] = ("state", words, rng, position)
@@ -751,8 +751,8 @@ def run_call(executable: Executable, key: tuple, bound: dict,
         executable.ahead += 1
     else:
         run = executable.start(
-            batch_size, lambda: executable.call_data(bound, states, batch_size))
-    run.replay = lambda: executable.eager_error_of(bound, states, batch_size)
+            batch_size, lambda: executable.feed.call_data(bound, states, batch_size))
+    run.replay = lambda: executable.failures.eager_error_of(bound, states, batch_size)
     if observation is not None:
         speculator.learn(key, executable, observation, batch_size)
     return run

@@ -12,9 +12,7 @@ reported at the user's line that created the failing op.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -23,14 +21,11 @@ from typing import Any
 from .. import _dali
 from ..codegen.lower import Lowered
 from ..core import logs
-from ..core.errors import PipelineError, pipeline_error_type
 from ..core.ir import Graph, Node, NodeKind
-from ..core.source import SourceLoc, hide_own_frames, raise_at
 from . import waits
-from .interpret import interpret
+from .failures import Failures, surfacing
+from .feed import Feed
 
-
-_FROM_ARGUMENT, _DRAWN_PER_CALL, _OTHER = "argument", "drawn per call", "other"
 # failed pipelines an Executable may leave set aside before its calls run eagerly instead
 MAX_FAILED_PIPELINES = 3
 
@@ -44,33 +39,6 @@ class Options:
     prefetch_queue_depth: int
 
 
-_GENERATED_LINE = re.compile(r'File "(<ndd_trace:[^>]*>)", line (\d+)')
-
-
-def surfacing(error: BaseException, deferred: bool = False) -> BaseException:
-    """The exception a run's error is raised as at the first use of a result, as eager ndd's: a
-    new "An error happened during asynchronous execution" (`deferred`: "... deferred
-    evaluation", as for a call in EvalMode.deferred) of the operator error's type, caused by it
-    (its traceback at the user's line), with its notes; other errors are raised as they are."""
-    if not isinstance(error, PipelineError):
-        return error
-    wrapper = type(error)(_dali.deferred_error_text(deferred), error.loc, error.op_name)
-    wrapper.__cause__ = error
-    for note in getattr(error, "__notes__", ()):
-        wrapper.add_note(note)
-    return wrapper
-
-
-def _cone(node: Node) -> set[Node]:
-    """The ops `node` reads, directly or not."""
-    seen: dict[int, Node] = {}
-    stack = [ref.node for ref in (*node.inputs, *node.arg_inputs.values())]
-    while stack:
-        other = stack.pop()
-        if other.kind is NodeKind.OP and id(other) not in seen:
-            seen[id(other)] = other
-            stack.extend(ref.node for ref in (*other.inputs, *other.arg_inputs.values()))
-    return set(seen.values())
 
 
 class PendingRun:
@@ -189,175 +157,16 @@ class Executable:
         self.builds = 0
         self._pending: list[PendingRun] = []
         self._lock = threading.RLock()
-        self._constants: dict[tuple, Any] = {}
-        self.cache_constants = True  # off where each run brings new constant nodes
-        # Fed with no_copy: DALI reads the buffers in place until the iteration's outputs are
-        # consumed and `prefetch_queue_depth` more iterations have run; keep them alive so long.
-        self._fed: collections.deque = collections.deque(
-            maxlen=2 * options.prefetch_queue_depth + 2)
-        # per call, in lowering order: (external source name, how its data is found)
-        self._names = list(lowered.feed_names)
-        # per external source, in lowering order: what a call feeds it, found without
-        # re-reading the node (an argument's path, a state drawn per call, or anything else)
-        self._sources = [self._source_kind(node) for node in lowered.external_sources]
+        # its rooms: what it feeds, and DALI's errors mapped to eager's
+        self.feed = Feed(graph, lowered, draws, options.prefetch_queue_depth, rng_objects)
+        self.failures = Failures(graph, lowered, self.feed)
         self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
         # called with the pipeline and its batch size before it is built (a reader stream moves
         # its reader's operator in); such a pipeline's runs are not run again after a failure
         self.before_build = before_build
-        self._fed_as_they_are: list[tuple[Node, tuple]] | None = None  # see ops_run_at_call
-        self._op_positions: dict[int, int] | None = None  # id(op node) -> its position
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
-        # an op that crashes the process in a pipeline on a sample with no elements: each
-        # call's data is checked for one (feeds_empty_sample), and such calls run eagerly
-        self.empty_sample_unsafe = any(
-            node.kind is NodeKind.OP and _dali.crashes_on_empty_samples(node.schema)
-            for node in graph.nodes)
-
-    # -- errors --------------------------------------------------------------------------------
-
-    def _node_for_error(self, error: BaseException) -> Node | None:
-        match = None
-        for match in _GENERATED_LINE.finditer(str(error)):
-            if match.group(1) == self.lowered.filename:
-                node = self.lowered.line_map.get(int(match.group(2)))
-                if node is not None:
-                    return node
-        return None
-
-    def _eager_error(self, leaves: dict, batch_size: int) -> BaseException | None:
-        """What eager ndd raises for a failed run: its graph run op by op on the same data (the
-        run's batch size), each call synchronous (a pipeline reports every failure as a
-        RuntimeError; eager ndd raises the operator's own type, a ValueError for a layout it
-        rejects)."""
-        try:
-            with _dali.synchronous():
-                for value in interpret(self.graph, leaves, batch_size).values():
-                    value.evaluate()
-        except Exception as error:  # noqa: BLE001 (returned as the run's error)
-            return error
-        return None
-
-    def _leaves_of(self, bound: dict, states: dict) -> dict:
-        leaves: dict = {}
-        for node in self.graph.nodes:
-            if node.kind is NodeKind.RANDOM_STATE:
-                drawn = isinstance(node.payload, tuple) and node.payload[0] == "drawn"
-                leaves[id(node)] = node.payload[1] if drawn else states.get(id(node))
-            elif node.kind is NodeKind.CONSTANT:
-                leaves[id(node)] = node.payload
-            elif node.kind is NodeKind.INPUT:
-                leaves[id(node)] = bound[node.payload]
-        return leaves
-
-    def _call_of(self, node: Node | None, calls: list[Node] | None) -> Node | None:
-        """The recorded call `node` (an op of the graph) stands for in a run of `calls`."""
-        if node is None or calls is None:
-            return node
-        if self._op_positions is None:
-            self._op_positions = {id(op): position for position, op in
-                                  enumerate(self.graph.nodes_of(NodeKind.OP))}
-        position = self._op_positions.get(id(node))
-        return calls[position] if position is not None and position < len(calls) else node
-
-    def _pipeline_error(self, error: BaseException, stage: str,
-                        eager: BaseException | None = None,
-                        calls: list[Node] | None = None) -> PipelineError:
-        """The operator's error as eager ndd raises it at the call: eager's type and text (from
-        the eager re-run `eager`, else the operator's message in DALI's report, a RuntimeError),
-        its traceback at the user's line that made the call (of `calls`, where the run stands
-        for other calls than the graph's own); what ndd_trace adds (the op, the line, the
-        pipeline) is a note. DALI's own report stays on it as `dali_error`."""
-        node = self._call_of(self._node_for_error(error), calls)
-        loc: SourceLoc | None = node.loc if node is not None else None
-        failure = _dali.pipeline_failure(error)
-        name = f"ndd.{node.name}" if node is not None else failure.ndd_name
-        kind = type(eager) if eager is not None else RuntimeError
-        wrapped = pipeline_error_type(kind)(str(eager) if eager is not None else failure.message,
-                                            loc, name)
-        wrapped.dali_error = error
-        what = f"`{name}`" if name else "an operator"
-        where = f" (created at {loc})" if loc else ""
-        wrapped.add_note(f"ndd_trace: raised by {what}{where} while {stage} pipeline "
-                         f"{self.lowered.filename}")
-        if loc is None:
-            return wrapped
-        try:
-            raise_at(wrapped, loc)
-        except PipelineError as raised:  # (it is `wrapped`, with its traceback at `loc`)
-            wrapped = raised
-        wrapped.__context__ = None  # the pipeline's report is `dali_error`, not a context
-        hide_own_frames(wrapped)
-        return wrapped
-
-    # -- errors at the call --------------------------------------------------------------------
-    #
-    # Eager ndd runs an op call at once where an input or tensor argument wraps user data as it
-    # is (`ndd.as_batch(arrays)`, `ndd.as_tensor(torch_tensor)`: DALI's `has_external_inputs`),
-    # with the pending calls it reads; their run-time errors raise at that call, and the calls
-    # after it never happen (nor draw random states). A compiled call given such data waits for
-    # its run, so that such an error raises at the call too, with the generators where eager's
-    # stand; any other failure stays for the first use of a result, as eagerly.
-
-    def ops_run_at_call(self, bound: dict) -> list[Node]:
-        """The ops eager ndd would run at the call, given these arguments (usually none)."""
-        fed = self._fed_as_they_are
-        if fed is None:
-            fed = self._fed_as_they_are = self._ops_fed_as_they_are()
-        if not fed:
-            return []
-        return [node for node, path in fed if _dali.wraps_user_data(bound.get(path))]
-
-    def _ops_fed_as_they_are(self) -> list[tuple[Node, tuple]]:
-        """(op, argument path) where the op reads a call argument without converting it (same
-        device, batch or sample as the call, no cast): what eager hands the op as it is."""
-        fed = []
-        for node in self.graph.nodes_of(NodeKind.OP):
-            for index, ref in enumerate(node.inputs):
-                leaf = ref.node
-                if leaf.kind is NodeKind.INPUT and leaf.is_batch == node.is_batch and \
-                        leaf.meta[ref.index].device == node.input_devices[index]:
-                    fed.append((node, leaf.payload))
-            for key, ref in node.arg_inputs.items():
-                leaf = ref.node
-                if leaf.kind is NodeKind.INPUT and key not in node.arg_casts and \
-                        leaf.is_batch == node.is_batch and leaf.meta[ref.index].device == "cpu":
-                    fed.append((node, leaf.payload))
-        return fed
-
-    def rng_snapshots(self, bound: dict) -> list[tuple[Any, Any]]:
-        """The generators this call draws from, as they are before it draws."""
-        seen: dict[int, tuple[Any, Any]] = {}
-        for slot, _ in self.draws:
-            rng = self.rng_for(slot, bound)
-            if id(rng) not in seen:
-                seen[id(rng)] = (rng, _dali.rng_snapshot(rng))
-        return list(seen.values())
-
-    def raise_at_call(self, run: PendingRun, at_call: list[Node], bound: dict,
-                      snapshots: list[tuple[Any, Any]]) -> None:
-        """Wait for `run`; if an op of `at_call` failed (or an op it reads), raise as eager
-        does at the call: the op's own error (an op it reads: eager's error for a result used),
-        after putting back the draws of the random ops called after it."""
-        try:
-            run.result()
-            return
-        except Exception:  # noqa: BLE001 (kept in the run, for the first use of a result)
-            pass
-        failed = run.failed
-        if failed is None or run.error is None:
-            return
-        first = next((node for node in sorted(at_call, key=lambda n: n.index)
-                      if node is failed or failed in _cone(node)), None)
-        if first is None:
-            return
-        for rng, snapshot in snapshots:
-            _dali.rng_restore(rng, snapshot)
-        for slot, state in self.draws:  # eager called the ops before `first`, and drew
-            if state.index < first.index:
-                _dali.draw_state(self.rng_for(slot, bound))
-        raise run.error if failed is first else surfacing(run.error, run.deferred)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -383,100 +192,11 @@ class Executable:
         if self.pipeline is None or batch_size > self.max_batch_size:
             self._drain()
             self._build(max(batch_size, self.max_batch_size))
-        elif batch_size != self.max_batch_size and not self._names:
+        elif batch_size != self.max_batch_size and not self.feed.names:
             # nothing is fed (`ndd.zeros(batch_size=x.batch_size)`): the pipeline runs its
             # maximum batch size, so it is built for this one
             self._drain()
             self._build(batch_size)
-
-    # -- feeding -------------------------------------------------------------------------------
-
-    def rng_for(self, slot: tuple, bound: dict) -> Any:
-        kind = slot[0]
-        if kind == "default":
-            return _dali.default_rng()
-        if kind == "arg":
-            return bound[slot[1]]
-        return self.rng_objects[slot[1]]
-
-    def _data_for(self, node: Node, bound: dict, states: dict[int, Any], batch_size: int) -> Any:
-        if node.kind is NodeKind.RANDOM_STATE:
-            if isinstance(node.payload, tuple) and node.payload[0] == "drawn":
-                return _dali.broadcast_state(node.payload[1], batch_size)
-            return _dali.broadcast_state(states[id(node)], batch_size)
-        if node.kind is NodeKind.INPUT:
-            value = bound[node.payload]
-        else:
-            value = node.payload
-        if isinstance(value, _dali.Batch):
-            return _dali.storage_of(value)
-        key: tuple = (id(node), batch_size)
-        cache = self.cache_constants and node.kind is NodeKind.CONSTANT
-        if not cache and type(value) in (int, float, bool):
-            # a Python scalar (a fresh constant node per run in transparent mode): the same
-            # value gives the same data; repr tells -0.0 from 0.0 and keeps nan equal to nan
-            key, cache = (type(value), repr(value), batch_size), True
-        cached = self._constants.get(key) if cache else None
-        if cached is not None:
-            return cached
-        data = _dali.storage_of(_dali.to_batch(value, batch_size))
-        if cache:
-            if len(self._constants) >= 256:  # scalars that change every run: keep it bounded
-                self._constants.clear()
-            self._constants[key] = data
-        return data
-
-    @staticmethod
-    def _source_kind(node: Node) -> tuple:
-        if node.kind is NodeKind.INPUT:
-            return _FROM_ARGUMENT, node.payload, node
-        if node.kind is NodeKind.RANDOM_STATE and not (
-                isinstance(node.payload, tuple) and node.payload[0] == "drawn"):
-            return _DRAWN_PER_CALL, id(node), node
-        return _OTHER, None, node
-
-    def draw_states(self, bound: dict) -> dict[int, Any]:
-        """Draw every random op's state, in eager call order, from the caller's generators."""
-        states: dict[int, Any] = {}
-        for slot, node in self.draws:
-            states[id(node)] = _dali.draw_state(self.rng_for(slot, bound))
-        return states
-
-    def call_data(self, bound: dict, states: dict[int, Any], batch_size: int) -> list:
-        """What one call feeds, one item per external source in lowering order."""
-        data = []
-        batch_type = _dali.Batch
-        for kind, where, node in self._sources:
-            if kind is _FROM_ARGUMENT:
-                value = bound[where]
-                if type(value) is batch_type:
-                    data.append(_dali.storage_of(value))
-                    continue
-            elif kind is _DRAWN_PER_CALL:
-                data.append(_dali.broadcast_state(states[where], batch_size))
-                continue
-            data.append(self._data_for(node, bound, states, batch_size))
-        return data
-
-    def feeds_empty_sample(self, bound: dict | None = None, leaves: list | None = None) -> bool:
-        """Whether a call with these arguments (or a region with these fed leaves) would feed
-        a sample with no elements to a pipeline that crashes on one (empty_sample_unsafe)."""
-        if not self.empty_sample_unsafe:
-            return False
-        if leaves is not None:
-            return any(leaf.kind is NodeKind.CONSTANT and _dali.has_empty_sample(leaf.payload)
-                       for leaf in leaves)
-        return any(kind is _FROM_ARGUMENT and _dali.has_empty_sample(bound[where])
-                   for kind, where, _ in self._sources)
-
-    @property
-    def empty_sample_reason(self) -> str:
-        """Why a call that feeds a sample with no elements runs eagerly, naming the op."""
-        node = next(node for node in self.graph.nodes if node.kind is NodeKind.OP
-                    and _dali.crashes_on_empty_samples(node.schema))
-        return (f"a sample with no elements (a zero-size dimension) is fed to ndd.{node.name} "
-                f"(called at {node.loc or '?'}), which crashes a DALI pipeline on one; eager ndd "
-                "runs it")
 
     def output_device(self, index: int) -> Any:
         """The ndd Device of output `index` (one object per entry, made once)."""
@@ -491,39 +211,34 @@ class Executable:
         """Draw, feed and schedule one iteration; outputs are fetched when first used."""
         if not self.graph.outputs:
             with self._lock:
-                self.draw_states(bound)  # nothing to run, but the generators advance as eagerly
+                self.feed.draw_states(bound)  # nothing to run, but the generators advance as eagerly
             return None
 
         drawn: dict = {}
 
         def data() -> list:
             # drawn after the build: a failed one draws nothing
-            states = drawn["states"] = self.draw_states(bound)
-            return self.call_data(bound, states, batch_size)
+            states = drawn["states"] = self.feed.draw_states(bound)
+            return self.feed.call_data(bound, states, batch_size)
 
         run = self.start(batch_size, data)
-        run.replay = lambda: self.eager_error_of(bound, drawn["states"], batch_size)
+        run.replay = lambda: self.failures.eager_error_of(bound, drawn["states"], batch_size)
         return run
-
-    def eager_error_of(self, bound: dict, states: dict, batch_size: int) -> BaseException | None:
-        """What eager ndd raises for a call with these arguments and random states (a failed
-        run's replay)."""
-        return self._eager_error(self._leaves_of(bound, states), batch_size)
 
     def run_leaves(self, leaves: list[Node], batch_size: int,
                    calls: list[Node] | None = None) -> PendingRun:
         """Run with the data of `leaves` (a structurally equal graph's leaves, in order), for
         the op calls `calls` (in order; their lines are the ones errors name)."""
         run = self.start(batch_size,
-                          lambda: [self.leaf_data(leaf, batch_size) for leaf in leaves])
+                          lambda: [self.feed.leaf_data(leaf, batch_size) for leaf in leaves])
         run.calls = calls
 
         def replay() -> BaseException | None:
-            values = self._leaves_of({}, {})
+            values = self.failures.leaves_of({}, {})
             for node, leaf in zip(self.lowered.external_sources, leaves):
                 values[id(node)] = leaf.payload[1] if leaf.kind is NodeKind.RANDOM_STATE \
                     else leaf.payload
-            return self._eager_error(values, batch_size)
+            return self.failures.eager_error(values, batch_size)
 
         run.replay = replay
         return run
@@ -540,7 +255,7 @@ class Executable:
                 self.ensure_built(batch_size)
             except Exception as error:
                 self.pipeline = None
-                building_error = self._pipeline_error(error, "building")
+                building_error = self.failures.pipeline_error(error, "building")
             else:
                 building_error = None
             if building_error is not None:
@@ -548,13 +263,13 @@ class Executable:
             run = PendingRun(self, batch_size)
             try:
                 run.data = data()
-                self._feed(run.data)
+                self.feed.into(self.pipeline, run.data)
                 started = time.perf_counter()
                 _dali.schedule_one(self.pipeline)
                 self.run_s += time.perf_counter() - started
             except Exception as error:
                 self.pipeline = None
-                feeding_error = self._pipeline_error(error, "feeding")
+                feeding_error = self.failures.pipeline_error(error, "feeding")
             else:
                 feeding_error = None
             if feeding_error is not None:
@@ -569,11 +284,11 @@ class Executable:
         with self._lock:
             if self.pipeline is None or batch_size > self.max_batch_size or \
                     len(self._pending) >= self.options.prefetch_queue_depth or \
-                    (batch_size != self.max_batch_size and not self._names) or \
-                    (self.empty_sample_unsafe and any(map(_dali.has_empty_sample, data))):
+                    (batch_size != self.max_batch_size and not self.feed.names) or \
+                    (self.feed.empty_sample_unsafe and any(map(_dali.has_empty_sample, data))):
                 return None
             try:
-                self._feed(data)
+                self.feed.into(self.pipeline, data)
                 _dali.schedule_one(self.pipeline)
             except Exception:
                 self._pending.clear()
@@ -583,17 +298,6 @@ class Executable:
             run.data = data
             self._pending.append(run)
             return run
-
-    def leaf_data(self, leaf: Node, batch_size: int) -> Any:
-        """What a fed leaf (constant or drawn random state) gives the pipeline."""
-        return self._data_for(leaf, {}, {}, batch_size)
-
-    def _feed(self, data: list) -> None:
-        """Feed one iteration's external sources (in lowering order), keeping the data alive."""
-        pipeline = self.pipeline
-        for name, item in zip(self._names, data):
-            _dali.feed(pipeline, name, item)
-        self._fed.append(data)
 
     def fetch(self, run: PendingRun) -> None:
         with self._lock:
@@ -612,8 +316,8 @@ class Executable:
         except Exception as error:
             self._park(error)  # a failed pipeline is rebuilt on the next call
             eager = oldest.replay() if oldest.replay is not None else None
-            oldest.error = self._pipeline_error(error, "running", eager, oldest.calls)
-            oldest.failed = self._node_for_error(error)
+            oldest.error = self.failures.pipeline_error(error, "running", eager, oldest.calls)
+            oldest.failed = self.failures.node_for_error(error)
             oldest.as_is = _dali.pipeline_failure(error).from_reader
             for other in self._pending:
                 if self.before_build is None and other.data is not None:
@@ -629,11 +333,11 @@ class Executable:
         self._drain()
         try:
             self.ensure_built(run.batch_size)
-            self._feed(run.data)
+            self.feed.into(self.pipeline, run.data)
             _dali.schedule_one(self.pipeline)
         except Exception as error:  # noqa: BLE001 (the run's error, raised where it is used)
             self._park(error)
-            run.error = self._pipeline_error(error, "running")
+            run.error = self.failures.pipeline_error(error, "running")
             return
         self._pending.append(run)
         while run.outputs is None and run.error is None and self._pending:
@@ -642,7 +346,7 @@ class Executable:
     def _park(self, error: BaseException) -> None:
         """Drop the pipeline after a failed run, set aside for good where freeing it can hang
         the process (_dali.park_failed_pipeline)."""
-        node = self._node_for_error(error)
+        node = self.failures.node_for_error(error)
         if self.pipeline is not None and not (
                 node is not None and _dali.frees_after_failure(node.schema)):
             _dali.park_failed_pipeline(self.pipeline)
@@ -668,7 +372,7 @@ class Executable:
             self._drain()
             had = self.pipeline is not None
             self.pipeline = None
-            self._fed.clear()  # what DALI read in place: nothing reads it any more
+            self.feed.forget_fed()  # what DALI read in place: nothing reads it any more
             return had
 
     def close(self) -> None:

@@ -919,7 +919,7 @@ class LazyTracer(Tracer):
             outputs = list(ahead)
             with _state.lock:
                 region.ahead += 1
-        elif region.executable is None or (region.executable.empty_sample_unsafe and
+        elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
                                            self._empty_sample_call(region, view.leaves)):
             view = _region_view(region_ops, target, clone=True)
             values = interpret(view.graph, {id(leaf): _leaf_value(leaf) for leaf in view.leaves})
@@ -965,13 +965,13 @@ class LazyTracer(Tracer):
         """Whether this run feeds a sample with no elements to an op that crashes a pipeline on
         one: it runs eagerly (interpreted), counted with the reason."""
         executable = region.executable
-        if not executable.feeds_empty_sample(leaves=leaves):
+        if not executable.feed.feeds_empty_sample(leaves=leaves):
             return False
         site = str(region.loc) if region.loc else "?"
         with _state.lock:
-            _state.eager_ops[(region.op_chain, executable.empty_sample_reason, site)] += 1
+            _state.eager_ops[(region.op_chain, executable.feed.empty_sample_reason, site)] += 1
         logs.fallbacks.debug("region at %s runs eagerly: %s", site,
-                             executable.empty_sample_reason)
+                             executable.feed.empty_sample_reason)
         return True
 
     @staticmethod
@@ -1017,7 +1017,7 @@ class LazyTracer(Tracer):
         applied = optimize_graph(graph) if self.optimize else []
         lowered = lower(graph)
         executable = Executable(graph, lowered, [], self.options, {})
-        executable.cache_constants = False
+        executable.feed.cache_constants = False
         region = Region(key, loc, len(region_ops), executable, lowered.source,
                         optimizations=applied)
         region.build_s = time.perf_counter() - started  # lowering; the build is added on run
