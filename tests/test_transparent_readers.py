@@ -338,9 +338,9 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
 
 def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
     """NDD_TRACE_READER_THREAD=0: the script's thread reads ahead; same results, still ahead."""
-    from ndd_trace.ahead import readahead
+    from ndd_trace.ahead import streams
 
-    monkeypatch.setattr(readahead, "READ_THREAD", False)
+    monkeypatch.setattr(streams, "READ_THREAD", False)
 
     def scenario(reader):
         out = []
