@@ -132,7 +132,7 @@ def test_regions_keyed_by_the_fed_data_layout():
     later one must be keyed by its real layout, which inference may not know; otherwise two
     regions that differ only in that layout share a pipeline, and DALI refuses an external
     source whose layout changes between iterations."""
-    from ndd_trace.modes import lazy
+    from ndd_trace.modes import lazy, regions
 
     data = ndd.as_batch([np.ones((4, 6, 3), np.float32)] * 2, layout="HWC")
     with ndd_trace.enabled():
@@ -142,7 +142,7 @@ def test_regions_keyed_by_the_fed_data_layout():
         summed.shape  # runs the first region; `summed` is then fed to `result`'s region
         tracer = lazy._local().tracer
         node = result._ref.node
-        leaves = lazy._region_view(tracer._pending_cone(node), node, clone=False).leaves
+        leaves = regions.region_view(tracer.regions.pending_cone(node), node, clone=False).leaves
         assert summed._meta.layout is None  # inference does not know it...
         assert leaves[0].meta[0].layout == "WHC"  # ...the key uses the data's own
         assert_same(ndd.transpose(ndd.reductions.sum(ndd.transpose(data, perm=[1, 0, 2]),

@@ -2,7 +2,7 @@
 
 Each test runs one Python loop three times: eagerly; under `ndd_trace.enabled()` with every
 call recorded in full (replay switched off); and under `ndd_trace.enabled()` as shipped, where a
-call site given what its last call was given is made from that call (`LazyTracer._replay`).
+call site given what its last call was given is made from that call (`CallSites.replay`, modes/sites.py).
 Every step must agree exactly: the values (bit for bit: NaN signs and -0.0 included), the
 metadata read right after the call (`.dtype`, `.ndim`, `.layout`, `.batch_size`, device),
 whether the step raised (type, and whether at the call or when its result was read), and the
@@ -26,7 +26,7 @@ from conftest import assert_same, to_numpy
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 import ndd_trace
-from ndd_trace.modes import lazy
+from ndd_trace.modes import sites
 
 NAN = math.nan
 NEG_NAN = -math.nan  # the same float to Python, another one to DALI: its sign bit is set
@@ -103,12 +103,12 @@ def _run(body, steps, generators):
 @contextlib.contextmanager
 def _replay_disabled():
     """Transparent mode recording every call in full (the path replay stands in for)."""
-    replay = lazy.LazyTracer._replay
-    lazy.LazyTracer._replay = lambda self, *args: None
+    replay = sites.CallSites.replay
+    sites.CallSites.replay = lambda self, *args: None
     try:
         yield
     finally:
-        lazy.LazyTracer._replay = replay
+        sites.CallSites.replay = replay
 
 
 def _same_steps(eager, traced):

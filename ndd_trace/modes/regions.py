@@ -1,0 +1,302 @@
+"""Transparent mode's region runner: when a lazy value is read, the pending calls it depends
+on (its region) run as one DALI pipeline, looked up by the region's structure, or are taken
+from a run the speculator launched ahead, or are interpreted where no pipeline can run them.
+
+    runner = RegionRunner(options, speculator)
+    data = runner.materialize(ref)        # the TensorList of that output, its region run
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from .. import _dali
+from ..ahead.readahead import Speculator
+from ..codegen.lower import lower
+from ..codegen.optimize import optimize as optimize_graph
+from ..core import logs
+from ..core.ir import Graph, Node, NodeKind, Ref, op_key
+from ..execution.interpret import interpret
+from ..execution.runtime import Executable, Options
+from . import report as limits  # MAX_LIVE_REGIONS, MAX_SITE_REGIONS: read there, at each use
+from .report import Region, _state
+
+
+class RegionRunner:
+    """Runs the regions of one tracer's recorded calls (regions are shared by all threads,
+    in report._state)."""
+
+    def __init__(self, options: Options, speculator: Speculator):
+        self.options = options
+        self.speculator = speculator
+        self.optimize = False  # regions get optimize.py's rewrites (enable(optimize=True))
+
+    def materialize(self, ref: Ref) -> Any:
+        """Run the pending region `ref` depends on; return that output's TensorList."""
+        node = ref.node
+        if node.results is None:
+            self.run(node)
+        return node.results[ref.index]
+
+    def run(self, target: Node) -> None:
+        started = time.perf_counter()
+        region_ops = self.pending_cone(target)
+        view = region_view(region_ops, target, clone=False)
+        key = view.key
+        batch_sizes = set()
+        one_value_random = False
+        for n in region_ops:
+            if n.is_batch:
+                batch_sizes.add(int(n.batch_size))
+            elif "_random_state" in n.arg_inputs:
+                one_value_random = True
+        batch_size = max(batch_sizes) if batch_sizes else 1
+        # a random op in sample mode draws one value; in a batch pipeline, one per sample: with
+        # batches of more than one sample, the region is one of its own (run eagerly)
+        own_region = one_value_random and batch_size > 1
+        lookup = (key, "batches") if own_region else key
+        if self.optimize:  # (regions are shared by threads, which may differ in this)
+            lookup = (lookup, "optimize")
+        record_s = time.perf_counter() - started
+        with _state.lock:
+            region = _state.regions.get(lookup)
+            if region is None:
+                mixed = len(batch_sizes) > 1 or own_region
+                region = self._new_region(key, region_ops, target, mixed,
+                                          mixed or self._site_has_room(region_ops))
+                if region.eager_reason is None or mixed:
+                    _state.regions[lookup] = region
+                    logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
+                                          region.op_chain, region.eager_reason or "pipeline")
+            else:
+                region.hits += 1
+            region.runs += 1
+            region.record_s += record_s
+            if region.executable is not None:
+                self._note_live(region)
+        times = _state.times
+        checked = time.perf_counter()
+        times["key"] += checked - started
+        observation = (self.speculator.observe(view.leaves, view.computed)
+                       if region.executable is not None else None)
+        ahead = (self.speculator.take(region.token, observation) if observation is not None
+                 else None)
+        fed = time.perf_counter()
+        times["check"] += fed - checked
+        if ahead is not None:
+            outputs = list(ahead)
+            with _state.lock:
+                region.ahead += 1
+        elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
+                                           self._empty_sample_call(region, view.leaves)):
+            view = region_view(region_ops, target, clone=True)
+            values = interpret(view.graph, {id(leaf): _leaf_value(leaf) for leaf in view.leaves})
+            outputs = [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
+        else:
+            try:
+                builds = region.executable.builds
+                run_s = region.executable.run_s
+                started = time.perf_counter()
+                run = region.executable.run_leaves(view.leaves, batch_size, region_ops)
+                if region.executable.builds != builds:
+                    region.build_s += time.perf_counter() - started
+                waited = time.perf_counter()
+                scheduled = region.executable.run_s - run_s
+                times["feed"] += waited - fed - scheduled
+                times["run"] += scheduled
+                outputs = list(run.result())
+                times["fetch"] += time.perf_counter() - waited
+            except Exception:
+                retired = region.executable.retired  # (its failed pipelines cannot be freed)
+                if region.executable.builds and retired is None:
+                    raise
+                region.executable = None  # the pipeline cannot be built: interpret from now on
+                region.eager_reason = retired or "pipeline build failed"
+                logs.fallbacks.info("region at %s: %s, interpreted eagerly", region.loc or "?",
+                                    region.eager_reason)
+                return self.run(target)
+        logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
+                               "run ahead" if ahead is not None else f"run {region.runs}")
+        if observation is not None and region.executable is not None:
+            learned = time.perf_counter()
+            self.speculator.learn(region.token, region.executable, observation, batch_size)
+            times["check"] += time.perf_counter() - learned
+        for (original, index), output in zip(view.outputs, outputs):
+            if original.results is None:
+                original.results = [None] * original.num_outputs
+            original.results[index] = output
+            if all(r is not None for r in original.results):
+                _settle_proxies(original)
+
+    @staticmethod
+    def _empty_sample_call(region: Region, leaves: list[Node]) -> bool:
+        """Whether this run feeds a sample with no elements to an op that crashes a pipeline on
+        one: it runs eagerly (interpreted), counted with the reason."""
+        executable = region.executable
+        if not executable.feed.feeds_empty_sample(leaves=leaves):
+            return False
+        site = str(region.loc) if region.loc else "?"
+        with _state.lock:
+            _state.eager_ops[(region.op_chain, executable.feed.empty_sample_reason, site)] += 1
+        logs.fallbacks.debug("region at %s runs eagerly: %s", site,
+                             executable.feed.empty_sample_reason)
+        return True
+
+    @staticmethod
+    def _site_has_room(region_ops: list[Node]) -> bool:
+        """Whether a new pipelined region may be made at its line (MAX_SITE_REGIONS); if not,
+        this call runs eagerly (interpreted), counted with the reason."""
+        loc = region_ops[0].loc
+        site = str(loc) if loc else "?"
+        if _state.site_regions[site] < limits.MAX_SITE_REGIONS:
+            _state.site_regions[site] += 1
+            return True
+        chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
+        _state.eager_ops[(chain, limits.site_full(), site)] += 1
+        logs.fallbacks.debug("region at %s: %s", site, limits.site_full())
+        return False
+
+    @staticmethod
+    def _note_live(region: Region) -> None:
+        """`region` runs now: the most recently run; past MAX_LIVE_REGIONS pipelines, the least
+        recently run one's is freed (its threads go; it is built again if it runs again)."""
+        live = _state.live
+        live[region.token] = region
+        live.move_to_end(region.token)
+        if len(live) > limits.MAX_LIVE_REGIONS:
+            _, oldest = live.popitem(last=False)
+            if oldest.executable is not None and oldest.executable.release():
+                oldest.releases += 1
+                _state.releases += 1
+                logs.transparent.info("region at %s: pipeline freed (the least recently run of "
+                                      "%d)", oldest.loc or "?", limits.MAX_LIVE_REGIONS)
+
+    def _new_region(self, key: tuple, region_ops: list[Node], target: Node,
+                    mixed_batch_sizes: bool, site_has_room: bool = True) -> Region:
+        loc = region_ops[0].loc if region_ops else None
+        started = time.perf_counter()
+        if mixed_batch_sizes:
+            return Region(key, loc, len(region_ops), None, "",
+                          eager_reason="batches of different sizes, or a one-value random op "
+                                       "among batches, in one region")
+        if not site_has_room:
+            return Region(key, loc, len(region_ops), None, "", eager_reason=limits.site_full())
+        graph = region_view(region_ops, target, clone=True).graph
+        applied = optimize_graph(graph) if self.optimize else []
+        lowered = lower(graph)
+        executable = Executable(graph, lowered, [], self.options, {})
+        executable.feed.cache_constants = False
+        region = Region(key, loc, len(region_ops), executable, lowered.source,
+                        optimizations=applied)
+        region.build_s = time.perf_counter() - started  # lowering; the build is added on run
+        return region
+
+    @staticmethod
+    def pending_cone(target: Node) -> list[Node]:
+        """The unmaterialized op calls `target` depends on, in call order."""
+        seen: dict[int, Node] = {}
+        stack = [target]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen or node.kind is not NodeKind.OP or node.results is not None:
+                continue
+            seen[id(node)] = node
+            stack.extend(ref.node for ref in node.inputs)
+            stack.extend(ref.node for ref in node.arg_inputs.values())
+        return sorted(seen.values(), key=lambda n: n.index)
+
+
+@dataclasses.dataclass
+class _RegionView:
+    """A pending region as a pipeline sees it: its structure key (op names, static arguments,
+    edges, leaf kinds; no data), the values it is fed, and which of them an earlier region
+    computed; `graph` is a self-contained copy, made only where one is needed (a new region,
+    or one the interpreter runs)."""
+
+    key: tuple
+    leaves: list[Node]
+    computed: list[bool]
+    outputs: list[tuple[Node, int]]  # (recorded node, output index) the region gives back
+    graph: Graph | None
+
+
+def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionView:
+    graph = Graph("region")  # the fed leaves, and the copied ops where `clone`
+    position: dict[int, int] = {}  # id(recorded op) -> its position in the key
+    copies: dict[int, Node] = {}
+    fed: dict[tuple[int, int], tuple[int, Ref]] = {}
+    items: list[Any] = []
+    leaves: list[Node] = []
+    computed: list[bool] = []
+
+    def mapped(ref: Ref) -> tuple[int, int, Ref | None]:
+        node = ref.node
+        if id(node) in position:
+            copy = Ref(copies[id(node)], ref.index) if clone else None
+            return position[id(node)], ref.index, copy
+        key = (id(node), ref.index)
+        if key not in fed:
+            leaf = _make_leaf(graph, node, ref.index)
+            fed[key] = (len(items), Ref(leaf, 0))
+            items.append((leaf.kind.value, leaf.meta[0], leaf.is_batch,
+                          bool(leaf.static.get("no_copy"))))
+            leaves.append(leaf)
+            computed.append(node.kind is NodeKind.OP)
+        at, leaf_ref = fed[key]
+        return at, 0, leaf_ref
+
+    for node in region_ops:
+        inputs = [mapped(ref) for ref in node.inputs]
+        arg_inputs = [(name, mapped(ref)) for name, ref in node.arg_inputs.items()]
+        position[id(node)] = len(items)
+        items.append(op_key(
+            node, tuple((at, index) for at, index, _ in inputs),
+            tuple(sorted((name, at, index) for name, (at, index, _) in arg_inputs))))
+        if clone:
+            fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(Node)
+                      if f.name not in ("index", "kind", "name", "schema", "inputs",
+                                        "arg_inputs")}
+            copies[id(node)] = graph.add_op(
+                node.name, node.schema, **fields, inputs=[ref for *_, ref in inputs],
+                arg_inputs={name: ref for name, (*_, ref) in arg_inputs})
+    outputs = [(node, index) for node in region_ops
+               if node is target or any(proxy() is not None for proxy in node.proxies)
+               for index in range(node.num_outputs)]
+    items.append(tuple((position[id(node)], index) for node, index in outputs))
+    if clone:
+        graph.outputs = [Ref(copies[id(node)], index) for node, index in outputs]
+    return _RegionView(tuple(items), leaves, computed, outputs, graph if clone else None)
+
+
+def _make_leaf(graph: Graph, node: Node, index: int) -> Node:
+    """The fed leaf standing for output `index` of `node`, outside the region."""
+    if node.kind is NodeKind.OP:  # materialized earlier: its data is fed
+        data = node.results[index]
+        value = _dali.wrap_batch(data) if node.is_batch else _dali.wrap_tensor(data)
+        # the data's own metadata (inference may not know the layout), so that regions fed
+        # differently laid-out data get different pipelines
+        leaf = graph.add_constant(value, _dali.meta_of(value), node.is_batch, None)
+        if leaf.meta[0].device == "cpu":
+            leaf.static["no_copy"] = True  # a pipeline's output: fed in place
+        return leaf
+    if node.kind is NodeKind.RANDOM_STATE:
+        return graph.add_random_state(node.payload, node.loc)
+    leaf = graph.add_constant(node.payload, node.meta[0], node.is_batch, None)
+    leaf.static = dict(node.static)
+    return leaf
+
+
+def _leaf_value(leaf: Node) -> Any:
+    if leaf.kind is NodeKind.RANDOM_STATE:
+        return leaf.payload[1]
+    return leaf.payload
+
+
+def _settle_proxies(node: Node) -> None:
+    for proxy_ref in node.proxies:
+        proxy = proxy_ref()
+        if proxy is not None and _dali.proxy_storage(proxy) is None:
+            _dali.set_proxy_storage(proxy, node.results[proxy._ref.index])
+    node.proxies = []

@@ -1,0 +1,303 @@
+"""Transparent mode's report: the regions it compiled, the calls it ran eagerly (with reasons
+and lines), the readers it read ahead, and the time each stage took; process-wide, all threads.
+
+    print(ndd_trace.report())      # or python -m ndd_trace --report script.py
+    ndd_trace.reset_report()
+
+`_state` is the bookkeeping the recorder (lazy.py) and the region runner (regions.py) write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter, OrderedDict
+from typing import Any
+
+from ..core.ir import NodeKind
+from ..core.source import SourceLoc
+from ..execution import waits
+from ..execution.runtime import Executable
+
+# Region pipelines held at once (each has a few OS threads): past it, the least recently run
+# one's pipeline is freed (built again if it runs again).
+MAX_LIVE_REGIONS = 64
+# Regions made at one line before new ones there run eagerly: a value that changes every call
+# (a float argument) would otherwise build a pipeline per value.
+MAX_SITE_REGIONS = 32
+
+
+def site_full() -> str:
+    """Why a call at a line past MAX_SITE_REGIONS regions runs eagerly."""
+    return (f"a new region each time at this line (its arguments keep changing): past "
+            f"{MAX_SITE_REGIONS} regions there, new ones run eagerly")
+
+
+@dataclasses.dataclass
+class Region:
+    """One cached pipeline of transparent mode, and what it did."""
+
+    key: tuple
+    loc: SourceLoc | None
+    num_ops: int
+    executable: Executable | None
+    code: str
+    runs: int = 0
+    hits: int = 0
+    build_s: float = 0.0
+    record_s: float = 0.0
+    eager_reason: str | None = None
+    ahead: int = 0  # runs served by a run launched ahead on batches read ahead
+    releases: int = 0  # times its pipeline was freed as the least recently run (rebuilt on use)
+    # the region's identity for the speculator's tables (hashing `key` again costs more)
+    token: object = dataclasses.field(default_factory=object, compare=False, repr=False)
+    optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied, in order
+
+    @property
+    def parts(self) -> list[str]:
+        """The region's structure key, one readable line per fed input and op call."""
+        return _describe_key(self.key)
+
+    @property
+    def op_chain(self) -> str:
+        """The op calls of the region, in call order (`decoders.image[cpu] -> resize[cpu]`)."""
+        return " -> ".join(part.split("(")[0][3:] for part in self.parts
+                           if part.startswith("op "))
+
+    @property
+    def input_kinds(self) -> list[str]:
+        """What the region is fed: data (device, dtype, ndim, layout) and random states."""
+        return [part[6:] for part in self.parts if part.startswith("input ")]
+
+
+@dataclasses.dataclass
+class Report:
+    """What transparent mode compiled and what it ran eagerly, with reasons and locations; the
+    reader loops' waits for data and the loader verdict."""
+
+    regions: list[Region]
+    eager_ops: Counter  # (op name, reason, file:line) -> count
+    ops_recorded: int
+    readers: Counter  # (reader, file:line) -> epochs read through a reader pipeline
+    ops_replayed: int = 0  # of ops_recorded: made from their call site's last call
+    releases: int = 0  # region pipelines freed as the least recently run (MAX_LIVE_REGIONS)
+    # reader loops timed from their consumer's side: its wait for data vs its own step
+    loops: list[waits.LoopTimes] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        splits = _splits(self.regions)
+        return {
+            "ops_recorded": self.ops_recorded,
+            "ops_replayed": self.ops_replayed,
+            "ops_eager": sum(self.eager_ops.values()),
+            "pipelines_released": self.releases,
+            "regions": [
+                {"location": str(r.loc) if r.loc else None, "ops": r.num_ops, "runs": r.runs,
+                 "cache_hits": r.hits, "run_ahead": r.ahead,
+                 "builds": 1 if r.executable is not None else 0,
+                 "build_s": round(r.build_s, 4), "record_s": round(r.record_s, 4),
+                 "eager_reason": r.eager_reason, "releases": r.releases, "op_chain": r.op_chain,
+                 "inputs": r.input_kinds, "split_by": splits.get(id(r)),
+                 "optimizations": [str(applied) for applied in r.optimizations]}
+                for r in self.regions
+            ],
+            "eager_ops": [
+                {"op": op, "reason": reason, "location": where, "count": count}
+                for (op, reason, where), count in sorted(self.eager_ops.items())
+            ],
+            "readers": [
+                {"reader": reader, "location": where, "epochs": epochs}
+                for (reader, where), epochs in sorted(self.readers.items())
+            ],
+            "loops": [times.as_dict() for times in self.loops],
+        }
+
+    def chart(self, path: str) -> str:
+        """A chart of each reader loop's per-step wait for data, written to `path` (needs
+        matplotlib: ImportError, saying so, without it)."""
+        return waits.chart(path, self.loops)
+
+    def __str__(self) -> str:
+        lines = ["ndd_trace report (transparent mode)",
+                 f"  ndd calls recorded: {self.ops_recorded} "
+                 f"({self.ops_replayed} from their call site's last call), "
+                 f"run eagerly: {sum(self.eager_ops.values())}",
+                 f"  compiled regions: {len(self.regions)}"
+                 + (f" (pipelines freed as the least recently run: {self.releases}; at most "
+                    f"{MAX_LIVE_REGIONS} held, rebuilt when run again)" if self.releases else "")]
+        splits = _splits(self.regions)
+        for r in sorted(self.regions, key=lambda r: -r.runs):
+            where = r.loc.short if r.loc else "?"
+            status = f"eager ({r.eager_reason})" if r.eager_reason else "pipeline"
+            if r.releases:
+                status += f" (freed {r.releases}x as the least recently run)"
+            lines.append(f"    {where:<28} {r.num_ops:3d} ops  runs {r.runs:6d}  "
+                         f"cache hits {r.hits:6d}  run ahead {r.ahead:6d}  "
+                         f"build {r.build_s * 1000:7.1f} ms  record {r.record_s * 1000:7.1f} ms  "
+                         f"{status}")
+            if id(r) in splits:  # several regions start at this line: say what tells them apart
+                lines.append(f"      ops: {r.op_chain}")
+                lines.append(f"      inputs: {', '.join(r.input_kinds) or '-'}")
+                lines.append(f"      split by: {splits[id(r)]}")
+            lines += [f"      optimization applied: {applied}" for applied in r.optimizations]
+        if self.readers:
+            lines.append("  readers in a read-ahead pipeline:")
+            for (reader, where), epochs in sorted(self.readers.items()):
+                lines.append(f"    {where}: {reader}, {epochs} epoch(s)")
+        if self.eager_ops:
+            lines.append("  calls run eagerly:")
+            for (op, reason, where), count in sorted(self.eager_ops.items()):
+                lines.append(f"    {where}: ndd.{op} x{count}: {reason}")
+        if self.loops:
+            lines.append("  reader loops (the consumer's wait for data vs its own step):")
+            for times in self.loops:
+                lines.extend(times.lines())
+        return "\n".join(lines)
+
+
+def _splits(regions: list[Region]) -> dict[int, str]:
+    """For regions sharing a `file:line`: id(region) -> the key part where it differs from the
+    first of them (the most run), as "op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0,
+    size=[8, 8])" or "input in0: batch<cpu, UINT8, ...>  ->  input in0: batch<cpu, FLOAT, ...>"."""
+    groups: dict[str, list[Region]] = {}
+    for region in sorted(regions, key=lambda r: -r.runs):
+        groups.setdefault(str(region.loc) if region.loc else "?", []).append(region)
+    splits: dict[int, str] = {}
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        first = group[0].parts
+        splits[id(group[0])] = "(the first region there)"
+        for region in group[1:]:
+            parts = region.parts
+            at = next((i for i, (a, b) in enumerate(zip(first, parts)) if a != b),
+                      min(len(first), len(parts)))
+            if region.key == group[0].key:
+                splits[id(region)] = ("the batch size (a random op without batch_size draws one "
+                                      "value: a pipeline of batches of more than one sample would "
+                                      "draw one per sample)")
+            elif len(first) == len(parts) == at:
+                splits[id(region)] = (
+                    "the values still held when it ran (its outputs)"
+                    if region.key[-1] != group[0].key[-1] else "implicit copies or casts")
+            elif at >= len(first) or at >= len(parts):
+                longer = parts if len(parts) > len(first) else first
+                word = "more" if len(parts) > len(first) else "fewer"
+                splits[id(region)] = f"{word} steps, from: {longer[at]}"
+            else:
+                splits[id(region)] = f"{first[at]}  ->  {parts[at]}"
+    return splits
+
+
+class _Shown(str):
+    """Text that prints as itself (no quotes) in a region's description."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str.__str__(self)
+
+
+def _thaw(frozen: Any) -> Any:
+    """Back from ir.freeze to a value that prints as the user wrote it."""
+    if isinstance(frozen, tuple) and len(frozen) == 2 and isinstance(frozen[0], str):
+        kind, value = frozen
+        if kind == "float":  # (a NaN's key is its bytes: ir.float_key)
+            if isinstance(value, str):
+                return float.fromhex(value)
+            return _Shown("-nan" if value[-1] & 0x80 else "nan")  # the sign bit, little-endian
+        if kind in ("list", "tuple") and isinstance(value, tuple):
+            items = [_thaw(v) for v in value]
+            return items if kind == "list" else tuple(items)
+        if kind == "id":
+            return f"<object {value:#x}>"
+        return value
+    return frozen
+
+
+def _describe_key(key: tuple) -> list[str]:
+    """Readable lines for a region key (built by _region_view: fed leaves and op calls in
+    order, then the outputs)."""
+    lines: list[str] = []
+    names: list[str] = []  # what each key position is called in later lines
+    ops = inputs = 0
+    for item in key[:-1]:
+        if len(item) == 4:  # a fed leaf: (kind, meta, is_batch, no_copy)
+            kind, meta, is_batch, _ = item
+            if kind == NodeKind.RANDOM_STATE.value:
+                text = "random state"
+            else:
+                text = (f"{'batch' if is_batch else 'tensor'}<{meta.device}, {meta.dtype}, "
+                        f"ndim={meta.ndim}" + (f", {meta.layout}" if meta.layout else "") + ">")
+            names.append(f"in{inputs}")
+            lines.append(f"input in{inputs}: {text}")
+            inputs += 1
+            continue
+        name, backend, _, static, positional, _, arg_inputs, _ = item
+        arguments = [names[at] + (f"[{index}]" if index else "") for at, index in positional]
+        arguments += [f"{arg}={names[at]}" for arg, at, _ in arg_inputs]
+        if isinstance(static, tuple):
+            arguments += [f"{arg}={_thaw(value)!r}" for arg, value in static
+                          if isinstance(arg, str) and not arg.startswith("_")]
+        names.append(f"op{ops}")
+        lines.append(f"op {name}[{backend}]({', '.join(arguments)})")
+        ops += 1
+    return lines
+
+
+class _State:
+    """Process-wide bookkeeping of transparent mode (the regions are shared by threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.regions: dict[tuple, Region] = {}
+        # regions holding a built pipeline (or about to), least recently run first
+        self.live: OrderedDict[object, Region] = OrderedDict()
+        self.site_regions: Counter = Counter()  # file:line -> regions made there
+        self.releases = 0
+        self.eager_ops: Counter = Counter()
+        self.readers: Counter = Counter()
+        self.ops_recorded = 0
+        self.ops_replayed = 0
+        self.local = threading.local()
+        # seconds spent per stage, all threads: record (ndd calls), key (a region's cone and
+        # structure), check (run-ahead: observe, use, launch), feed (building, feeding), run
+        # (DALI's Run), fetch (waiting for the outputs); see step_breakdown()
+        self.times = dict.fromkeys(("record", "key", "check", "feed", "run", "fetch"), 0.0)
+
+
+_state = _State()
+
+
+def report() -> Report:
+    """What transparent mode compiled and ran eagerly so far, and how long the consumer of each
+    reader loop waited for its data (the loader verdict; compiled generators too), all threads."""
+    with _state.lock:
+        return Report(list(_state.regions.values()), Counter(_state.eager_ops),
+                      _state.ops_recorded, Counter(_state.readers), _state.ops_replayed,
+                      _state.releases, waits.loops())
+
+
+def step_breakdown() -> dict[str, float]:
+    """Seconds transparent mode spent so far (all threads): `record` (recording ndd calls),
+    `key` (a region's cone and structure key), `check` (run-ahead: describing the fed leaves,
+    using a run launched ahead, which may wait for it, and launching the next), `feed`
+    (building, feeding), `run` (DALI's Run of the region's own runs), `fetch` (waiting for
+    their outputs)."""
+    with _state.lock:
+        return dict(_state.times)
+
+
+def reset_report() -> None:
+    """Forget the regions, eager calls, readers and loop times counted so far (all threads)."""
+    with _state.lock:
+        _state.times = dict.fromkeys(_state.times, 0.0)
+        _state.regions.clear()
+        _state.live.clear()
+        _state.site_regions.clear()
+        _state.releases = 0
+        _state.eager_ops.clear()
+        _state.readers.clear()
+        _state.ops_recorded = 0
+        _state.ops_replayed = 0
+    waits.reset()
