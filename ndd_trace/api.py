@@ -1,4 +1,4 @@
-"""The public API: `compile`, `explain`, and the compiled-function object with its cache.
+"""The public API: `compile`, `explain`, and the compiled-function object.
 
     @ndd.compile                                  # or @ndd.compile(fullgraph=True, ...)
     def preprocess(jpegs, size=224):
@@ -8,6 +8,9 @@
     images = preprocess(jpegs)                    # 1st call traces and builds; then cache hits
     preprocess.cache_info()                       # CacheInfo(hits=..., misses=..., traces=...)
     print(ndd_trace.explain(preprocess, jpegs))   # graph, generated code, guards, breaks
+
+A compiled function dispatches its calls; its cache (modes/cache.py) and its trace stage
+(modes/stage.py) are rooms of their own.
 """
 
 from __future__ import annotations
@@ -15,99 +18,33 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import random
 import textwrap
 import threading
 import time
-import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import _dali
 from .ahead import readahead
-from .codegen.lower import Lowered, lower
-from .codegen.optimize import optimize as optimize_graph
-from .core import logs, passes, trees
-from .core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
-from .core.ir import Graph, NodeKind, Ref
-from .core.source import SourceLoc, hide_own_frames, is_internal_file, raise_at, user_location
+from .core import logs, trees
+from .core.errors import NddTraceWarning
+from .core.ir import NodeKind, Ref
+from .core.source import hide_own_frames, user_location
 from .execution import waits
-from .execution.runtime import Executable, LazyOutput, Options
+from .execution.runtime import LazyOutput, Options
 from .modes import lazy
+from .modes.cache import CacheInfo, Entry, EntryCache, walk_data
 from .modes.loop import Split, StepCall, split_generator
 from .modes.per_sample import PerSampleFunction
+from .modes.stage import Notices, TraceStage
 from .tracing import guards
 from .tracing.stepcheck import Finding
-from .tracing.trace import GraphBreakRecord, Tracer
+from .tracing.trace import GraphBreakRecord
+
+__all__ = ["CacheInfo", "CompiledFunction", "Entry", "Explanation", "compile", "explain"]
 
 DEFAULT_CACHE_LIMIT = 8
-_CAPTURE_LOOP_TEXT = ("runs as written: DALI's capture mode records its loop body and runs it as "
-                      "a pipeline, as it does without ndd_trace (iterate reader.next_epoch(...) "
-                      "to have ndd_trace compile the body)")
-_CHECKED_LOOP_TEXT = ("runs each step's Python as written, in transparent mode: the reader is read "
-                      "ahead, and a step's ndd calls run ahead on its batches and are used when "
-                      "they match what the step calls, with the same results")
-
-
-class CacheInfo(NamedTuple):
-    """Counters of a compiled function's cache (`fn.cache_info()`): hits, misses, traces,
-    fallbacks (calls not compiled whole) and the entries held."""
-
-    hits: int
-    misses: int
-    traces: int
-    fallbacks: int
-    entries: int
-
-
-@dataclasses.dataclass
-class Entry:
-    """One cache entry: a compiled graph, or the decision to run eagerly (with the reason)."""
-
-    key: tuple
-    graph: Graph | None = None
-    graph_text: str = ""
-    lowered: Lowered | None = None
-    executable: Executable | None = None
-    output_tree: Any = None
-    static_batch_size: int | None = None
-    breaks: list[GraphBreakRecord] = dataclasses.field(default_factory=list)
-    eager_reason: str | None = None
-    num_ops: int = 0
-    path: str = ""  # how calls run: "one pipeline", "compiled loop", "checked loop", ...
-    optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied (optimize)
-
-    @property
-    def eager(self) -> bool:
-        return self.eager_reason is not None
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self.hits = self.misses = self.traces = self.fallbacks = 0
-
-
-def _is_data(value: Any) -> bool:
-    return isinstance(value, (_dali.Batch, _dali.Tensor, _dali.RNG))
-
-
-def _walk_data(value: Any, path: tuple, visit: Callable[[tuple, Any], Any]) -> Any:
-    """Rebuild `value`, replacing Batches, Tensors and RNGs found in lists/tuples/dicts."""
-    return trees.map_leaves(value, _is_data, visit, path)
-
-
-def _user_loc_of(error: BaseException | None) -> SourceLoc | None:
-    """The innermost user frame of an exception's traceback."""
-    loc = None
-    tb = error.__traceback__ if error is not None else None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if not is_internal_file(code.co_filename):
-            loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
-        tb = tb.tb_next
-    return loc
 
 
 @contextmanager
@@ -122,7 +59,9 @@ def _noted(note: str | None) -> Iterator[None]:
 
 
 class CompiledFunction:
-    """A function whose ndd calls run as one cached DALI pipeline per guard set."""
+    """A function whose ndd calls run as one cached DALI pipeline per guard set: this object
+    dispatches each call (a cache hit runs, a miss traces, a call that cannot be compiled
+    runs in transparent mode); `_entry_cache` holds the entries, `_stage` traces them."""
 
     @property
     def _ndd_trace_inlined(self) -> Callable:
@@ -145,19 +84,15 @@ class CompiledFunction:
             function = function.func
         functools.update_wrapper(self, function)
         self._function = function
-        self.fullgraph = fullgraph
         self._num_threads = num_threads
         self._device_id = device_id
         self.prefetch_queue_depth = prefetch_queue_depth
-        self.cache_limit = cache_limit
         if fallback not in ("lazy", "eager"):
             raise ValueError(f"fallback must be 'lazy' or 'eager', got {fallback!r}")
         self.fallback = fallback
-        self.optimize = bool(optimize)  # optimize.py's rewrites (values may differ from eager)
-        self._plan = guards.plan_for(function)
         self._signature = inspect.signature(function)
         self.is_generator = inspect.isgeneratorfunction(function)
-        self._positional_names = tuple(
+        positional_names = tuple(
             name for name, parameter in self._signature.parameters.items()
             if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
                                   inspect.Parameter.POSITIONAL_OR_KEYWORD))
@@ -167,58 +102,62 @@ class CompiledFunction:
         self._simple_arity = len(kinds) if all(
             kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
             for kind in kinds) else -1
-        self._entries: OrderedDict[tuple, Entry] = OrderedDict()
-        self._counters = _Counters()
-        self._lock = threading.RLock()
+        self._entry_cache = EntryCache(function, self.__qualname__, cache_limit, positional_names)
+        self._notices = Notices(self.__qualname__, fallback, self.is_generator)
+        self._stage = TraceStage(function, self.__qualname__, self._signature, self._notices,
+                                 self._options, fullgraph=fullgraph, fallback=fallback,
+                                 optimize=bool(optimize))
         self._step_tracers = threading.local()  # .held: (device and threads, checked-mode tracer)
-        self._specialize_batch_size = False
-        self._warned: set[tuple] = set()
-        self._storm_warned = False
-        self._last_key: tuple | None = None
-        self._fast: guards.FastGuard | None = None  # the last entry's guard, checked first
-        self._last_miss_reason: str | None = None
-        self._failure_note: str | None = None
-        self._trace_exception: BaseException | None = None
         # a generator, taken apart at its first call (loop.py): False until then, None where
         # its loop body cannot be compiled (it runs in checked mode)
         self._split: Split | None | bool = False
         self._step: CompiledFunction | None = None  # its loop body, compiled
         self._loop_break: GraphBreakRecord | None = None
-        self._path = "one pipeline"  # how a compiled entry runs ("compiled loop": a loop body)
         if not self.is_generator:
             readahead.watch_reader_epochs(self)  # see readahead.run_call
 
     # -- public --------------------------------------------------------------------------------
 
+    @property
+    def fullgraph(self) -> bool:
+        return self._stage.fullgraph
+
+    @property
+    def optimize(self) -> bool:
+        """optimize.py's rewrites apply (values may differ from eager where one says so)."""
+        return self._stage.optimize
+
+    @property
+    def cache_limit(self) -> int:
+        return self._entry_cache.limit
+
     def cache_info(self) -> CacheInfo:
         if self._step is not None:  # a compiled generator: its loop body's cache
             return self._step.cache_info()
-        c = self._counters
-        return CacheInfo(c.hits, c.misses, c.traces, c.fallbacks, len(self._entries))
+        return self._entry_cache.info()
 
     @property
     def last_miss_reason(self) -> str | None:
         """What changed at the last cache miss (a compiled generator: of its loop body)."""
         if self._step is not None:
             return self._step.last_miss_reason
-        return self._last_miss_reason
+        return self._entry_cache.last_miss_reason
 
     def cache_clear(self) -> None:
         if self._step is not None:
             self._step.cache_clear()
-        with self._lock:
-            for entry in self._entries.values():
-                if entry.executable is not None:
-                    entry.executable.close()
-            self._entries.clear()
-            self._fast = None
-            self._counters = _Counters()
+        self._entry_cache.clear()
 
     @property
     def entries(self) -> list[Entry]:
         if self._step is not None:
             return self._step.entries
-        return list(self._entries.values())
+        return list(self._entry_cache.entries.values())
+
+    def trace(self, args: tuple, kwargs: dict, raise_errors: bool = False) -> Entry | None:
+        """Trace one call into a cache entry, not stored (None: tracing raised). Draws nothing
+        from any RNG."""
+        return self._stage.trace(self._entry_cache, args, kwargs, raise_errors)
 
     def __get__(self, instance: Any, owner: Any) -> Any:
         if instance is None:
@@ -248,24 +187,20 @@ class CompiledFunction:
         args, kwargs = self._normalize(args, kwargs)
         if self.is_generator:
             return self._epoch(args, kwargs)
-        fast = self._fast
-        if fast is not None and not kwargs and fast.plan is self._plan and \
-                fast.matches(args):  # the last call's entry, without building its key
-            entry = fast.entry
-            with self._lock:
-                self._counters.hits += 1
-                self._last_key = entry.key
-        else:
-            key = self._guard_key(args, kwargs)
-            entry, status = self._lookup(key, args, kwargs)
+        cache = self._entry_cache
+        entry = cache.fast_hit(args, kwargs)  # the last call's entry, without building its key
+        if entry is None:
+            key = cache.key(args, kwargs)
+            entry, status = cache.lookup(
+                key, lambda: self._stage.trace(cache, args, kwargs))
             if status == "storm":
+                self._notices.storm(cache.limit, cache.last_miss_reason)
                 return self._fallback(args, kwargs)
             if status == "failed":  # tracing raised: run eagerly, which raises the same way
                 return self._eager_after_failed_trace(key, args, kwargs)
-            if not kwargs and not self._specialize_batch_size:
-                self._fast = guards.FastGuard.of(args, self._plan, entry)
+            cache.remember_fast(args, kwargs, entry)
         if entry.eager:
-            self._counters.fallbacks += 1
+            cache.counters.fallbacks += 1
             return self._fallback(args, kwargs)
         try:
             return self._run(entry, args, kwargs)
@@ -276,20 +211,21 @@ class CompiledFunction:
     def _in_capture_mode(self, args: tuple, kwargs: dict) -> Any:
         """A call made in a loop DALI's capture mode records: its ndd calls run as written, for
         capture mode to record and run as a pipeline (as without ndd_trace)."""
-        self._counters.fallbacks += 1
+        self._entry_cache.counters.fallbacks += 1
         logs.fallbacks.info("`%s`: called in DALI's capture mode, whose pipeline runs its calls",
                             self.__qualname__)
-        self._warn_once(f"ndd_trace: `{self.__qualname__}` is called in a loop DALI's capture "
-                        "mode records (source.captured(...) or next_epoch(capture=True)): its "
-                        "ndd calls run as written, and capture mode runs them as a pipeline",
-                        user_location())
+        self._notices.warn_once(
+            f"ndd_trace: `{self.__qualname__}` is called in a loop DALI's capture mode records "
+            "(source.captured(...) or next_epoch(capture=True)): its ndd calls run as written, "
+            "and capture mode runs them as a pipeline", user_location())
         return self._function(*args, **kwargs)
 
     def _fallback(self, args: tuple, kwargs: dict) -> Any:
         """Run a call that cannot be compiled whole: in transparent mode by default (its ndd
         calls still run as cached pipeline regions, split where Python needs data, with the
         same results as eager), or plainly eagerly with fallback="eager"."""
-        logs.fallbacks.debug("`%s`: this call %s", self.__qualname__, self._fallback_text())
+        logs.fallbacks.debug("`%s`: this call %s", self.__qualname__,
+                             self._notices.fallback_text())
         if self.fallback != "lazy" or lazy.is_enabled():
             return self._function(*args, **kwargs)
         with lazy.enabled(optimize=self.optimize):
@@ -318,44 +254,12 @@ class CompiledFunction:
             held = self._step_tracers.held = (setting, lazy.new_tracer(self.optimize))
         return held[1]
 
-    def _lookup(self, key: tuple, args: tuple, kwargs: dict) -> tuple[Entry | None, str]:
-        """The entry for this call, traced on a miss; the status says "hit", "new", "storm"
-        (past cache_limit: run eagerly) or "failed" (tracing raised)."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._counters.hits += 1
-                self._last_key = key
-                return entry, "hit"
-            self._counters.misses += 1
-            self._last_miss_reason = guards.explain_miss(key, self._last_key)
-            (logs.recompiles if self._entries else logs.trace).info(
-                "`%s`: cache miss (%d of cache_limit %d entries held): %s", self.__qualname__,
-                len(self._entries), self.cache_limit, self.last_miss_reason)
-            if len(self._entries) >= self.cache_limit:
-                self._warn_storm()
-                self._counters.fallbacks += 1
-                return None, "storm"
-            entry = self._trace(key, args, kwargs)
-            if entry is None:
-                self._counters.fallbacks += 1
-                return None, "failed"
-            self._entries[entry.key] = entry
-            self._last_key = key
-            return entry, "new"
-
-    def _take_failure(self) -> tuple[str | None, BaseException | None]:
-        """The failed trace's note and exception, handed over once."""
-        note, self._failure_note = self._failure_note, None
-        error, self._trace_exception = self._trace_exception, None
-        return note, error
-
     def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
-        note, error = self._take_failure()
+        note, error = self._stage.take_failure()
         with _noted(note):
             result = self._function(*args, **kwargs)
         # Eager succeeded where tracing failed: this variant runs eagerly from now on, and says so.
-        self._record_failed_trace(key, error)
+        self._entry_cache.store(key, self._stage.failed_entry(key, error))
         return result
 
     def _eager_epoch_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict
@@ -363,7 +267,7 @@ class CompiledFunction:
         """The generator version: an error of the user's own (a typo, a KeyError) surfaces as
         itself from the eager epoch; only an epoch that runs eagerly where tracing failed is
         recorded as not compiled (and warned about), at its first step."""
-        note, error = self._take_failure()
+        note, error = self._stage.take_failure()
         generator = self._function(*args, **kwargs)
         try:
             try:
@@ -371,18 +275,11 @@ class CompiledFunction:
                     first = next(generator)
             except StopIteration:
                 return
-            self._record_failed_trace(key, error)
+            self._entry_cache.store(key, self._stage.failed_entry(key, error))
             yield first
             yield from generator
         finally:
             generator.close()
-
-    def _record_failed_trace(self, key: tuple, error: BaseException | None) -> None:
-        """Cache a variant whose trace raised as not compiled, and warn at the user's line."""
-        record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})",
-                                  _user_loc_of(error))
-        logs.fallbacks.info("`%s`: %s", self.__qualname__, record)
-        self._entries[key] = self._break_entry(Entry(key=key), record)
 
     def _normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """One spelling per call: defaults applied, parameters passed by position where they can
@@ -401,7 +298,7 @@ class CompiledFunction:
         (loop.py); or, where the body cannot be compiled, each step in checked mode."""
         split = self._loop()
         if split is None:
-            self._counters.fallbacks += 1
+            self._entry_cache.counters.fallbacks += 1
             if self._loop_break is not None and self._loop_break.captures:
                 epoch = self._function(*args, **kwargs)  # DALI's capture mode runs its loop
             else:
@@ -409,7 +306,7 @@ class CompiledFunction:
         else:
             epoch = split.generator(*args, **kwargs)
         # the report's loader verdict: the consumer's wait for each item vs its own step
-        return waits.timed(epoch, self.__qualname__, str(self._definition_loc()))
+        return waits.timed(epoch, self.__qualname__, str(self._stage.definition_loc()))
 
     def _loop(self) -> Split | None:
         """The generator taken apart (None: its loop body runs in checked mode), at its first
@@ -423,260 +320,25 @@ class CompiledFunction:
             if isinstance(found, Finding) and found.captures:
                 self._split = None
                 self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
-                self._entries[("capture mode",)] = self._break_entry(
-                    Entry(key=("capture mode",)), self._loop_break, path="DALI's capture mode")
+                self._entry_cache.store(("capture mode",), self._stage.break_entry(
+                    Entry(key=("capture mode",)), self._loop_break, path="DALI's capture mode"))
             elif isinstance(found, Finding):
                 self._split = None
                 self._loop_break = GraphBreakRecord(
                     f"its loop body's Python may not do the same at every step ({found.reason});"
                     " each step runs its Python in checked mode", found.loc)
-                self._entries[("checked loop",)] = self._break_entry(
-                    Entry(key=("checked loop",)), self._loop_break, path="checked loop")
+                self._entry_cache.store(("checked loop",), self._stage.break_entry(
+                    Entry(key=("checked loop",)), self._loop_break, path="checked loop"))
             else:
                 self._step = CompiledFunction(
                     found.step, fullgraph=self.fullgraph, num_threads=self._num_threads,
                     device_id=self._device_id, prefetch_queue_depth=self.prefetch_queue_depth,
                     cache_limit=self.cache_limit, fallback=self.fallback,
                     optimize=self.optimize)
-                self._step._path = "compiled loop"
+                self._step._stage.path = "compiled loop"
                 found.step_cell.cell_contents = StepCall(self._step)
                 self._split = found
         return self._split
-
-    def _batch_sizes(self, args: tuple, kwargs: dict) -> set[int]:
-        sizes = set()
-
-        def visit(path: tuple, value: Any) -> Any:
-            if isinstance(value, _dali.Batch):
-                sizes.add(value.batch_size)
-            return value
-
-        _walk_data(args, ("args",), visit)
-        _walk_data(kwargs, ("kwargs",), visit)
-        return sizes
-
-    def _batch_size_of(self, args: tuple, kwargs: dict) -> tuple[int | None, bool]:
-        """The batch size of the Batch arguments, and whether they all agree."""
-        sizes = self._batch_sizes(args, kwargs)
-        if not sizes:
-            return None, True
-        return max(sizes), len(sizes) == 1
-
-    def _definition_loc(self) -> SourceLoc:
-        code = self._function.__code__
-        return SourceLoc(code.co_filename, code.co_firstlineno, code.co_name)
-
-    def _guard_key(self, args: tuple, kwargs: dict) -> tuple:
-        sizes = None
-        if self._specialize_batch_size:
-            sizes = self._batch_size_of(args, kwargs)[0]
-        return guards.build_key(args, kwargs, self._plan, (sizes,) if sizes else None,
-                                self._positional_names)
-
-    def _warn_storm(self) -> None:
-        logs.fallbacks.info("`%s`: past cache_limit (%d), this variant is not compiled: %s",
-                            self.__qualname__, self.cache_limit, self.last_miss_reason)
-        if not self._storm_warned:
-            self._storm_warned = True
-            loc = user_location()
-            self._warn(
-                f"`{self.__qualname__}` was traced {self.cache_limit} times (cache_limit); "
-                f"last change: {self.last_miss_reason}. New variants are not compiled: "
-                f"each {self._fallback_text()}. Make the changing value an ndd Batch/Tensor "
-                "argument, or raise cache_limit.", loc)
-
-    def _warn_once(self, message: str, loc: SourceLoc | None) -> None:
-        site = (loc.filename if loc else None, loc.lineno if loc else None, message)
-        if site not in self._warned:
-            self._warned.add(site)
-            self._warn(message, loc)
-
-    def _warn(self, message: str, loc: SourceLoc | None) -> None:
-        if loc is None:
-            warnings.warn(message, NddTraceWarning, stacklevel=3)
-        else:
-            warnings.warn_explicit(message, NddTraceWarning, loc.filename, loc.lineno)
-
-    # -- tracing -------------------------------------------------------------------------------
-
-    def _rng_objects(self) -> list[Any]:
-        found = []
-        for _, name, namespace in self._plan.globals_read:
-            value = namespace.get(name)
-            if isinstance(value, _dali.RNG):
-                found.append(value)
-        for _, cell in self._plan.closure:
-            try:
-                if isinstance(cell.cell_contents, _dali.RNG):
-                    found.append(cell.cell_contents)
-            except ValueError:
-                pass
-        return found
-
-    def trace(self, args: tuple, kwargs: dict, key: tuple | None = None,
-              raise_errors: bool = False) -> Entry | None:
-        """Trace one call into a cache entry (not stored). Draws nothing from any RNG."""
-        # Re-plan: the helpers the function calls may have changed since the last trace.
-        self._plan = guards.plan_for(self._function)
-        key = self._guard_key(args, kwargs)
-        device_id = self._options().device_id
-        tracer = Tracer(self.__name__, device_id)
-        batch_size, consistent = self._batch_size_of(args, kwargs)
-        tracer.batch_size = batch_size or 1
-        # the default generator only if ndd has made it: making it here would draw its seed
-        # from Python's `random` where eager does not (yet); one the trace makes is undone
-        default = _dali.existing_default_rng()
-        rngs: list[Any] = [default] if default is not None else []
-        python_random = random.getstate() if default is None else None
-
-        def visit(path: tuple, value: Any) -> Any:
-            if isinstance(value, _dali.RNG):
-                tracer.register_rng(value, ("arg", path))
-                rngs.append(value)
-                return value
-            name = self._argument_name(path)
-            return tracer.placeholder(name, path, value)
-
-        traced_args = _walk_data(args, ("args",), visit)
-        traced_kwargs = _walk_data(kwargs, ("kwargs",), visit)
-        for rng in self._rng_objects():
-            tracer.allow_rng_object(rng)
-            rngs.append(rng)
-        before = [(rng, _dali.rng_snapshot(rng)) for rng in rngs]
-        entry = Entry(key=key)
-        self._counters.traces += 1
-        _GraphBreak.raised.breaks = swallowed = []
-        try:
-            with tracer.active():
-                result = self._function(*traced_args, **traced_kwargs)
-            tracer.set_outputs(result)
-            if swallowed:  # a bare `except:` in user code caught a graph break: still a break
-                raise swallowed[0]
-        except _GraphBreak as graph_break:
-            self._restore(before, python_random)
-            record = GraphBreakRecord(graph_break.reason, graph_break.loc)
-            return self._break_entry(entry, record)
-        except BaseException as error:
-            self._restore(before, python_random)
-            self._failure_note = tracer.failure_note
-            self._trace_exception = error
-            if raise_errors:
-                raise
-            return None
-        finally:
-            _GraphBreak.raised.breaks = None
-        if any(_dali.rng_snapshot(rng) != snapshot for rng, snapshot in before) or (
-                python_random is not None and _dali.existing_default_rng() is not None):
-            self._restore(before, python_random)
-            record = GraphBreakRecord(
-                "draws from or reseeds an RNG in Python (RNG(), set_seed, .state=); do that "
-                "outside the compiled function", self._definition_loc())
-            return self._break_entry(entry, record)
-        has_batches = batch_size is not None or tracer.static_batch_sizes
-        if tracer.sample_random_ops and has_batches:
-            record = GraphBreakRecord(
-                "calls a random op without batch_size (one value for the whole call) in a "
-                "function that works on batches: a pipeline would draw per sample; pass "
-                "batch_size=x.batch_size or draw it outside", tracer.sample_random_ops[0])
-            return self._break_entry(entry, record)
-        sizes = set(tracer.static_batch_sizes)
-        if batch_size is not None:
-            sizes.add(batch_size)
-        if not consistent or len(sizes) > 1:
-            sizes |= set(self._batch_sizes(args, kwargs))
-            record = GraphBreakRecord(
-                f"batches of different sizes meet in one call ({sorted(sizes)}); a pipeline "
-                "runs one batch size per iteration", self._definition_loc())
-            return self._break_entry(entry, record)
-        if tracer.specialized_on_batch_size is not None and not self._specialize_batch_size:
-            self._specialize_batch_size = True
-            self._fast = None  # keys hold the batch size from now on
-            entry.key = self._guard_key(args, kwargs)
-        entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
-        return self._finish(entry, tracer)
-
-    def _argument_name(self, path: tuple) -> str:
-        if path[0] == "kwargs":
-            return "_".join(str(p) for p in path[1:])
-        params = list(self._signature.parameters)
-        index = path[1]
-        base = params[index] if index < len(params) and \
-            self._signature.parameters[params[index]].kind != inspect.Parameter.VAR_POSITIONAL \
-            else f"arg{index}"
-        return "_".join([base, *(str(p) for p in path[2:])])
-
-    @staticmethod
-    def _restore(before: list, python_random: Any = None) -> None:
-        for rng, snapshot in before:
-            if _dali.rng_snapshot(rng) != snapshot:
-                _dali.rng_restore(rng, snapshot)
-        if python_random is not None and _dali.existing_default_rng() is not None:
-            # made during the trace, it drew its seed from Python's `random`: both as before
-            _dali.forget_default_rng()
-            random.setstate(python_random)
-
-    def _break_entry(self, entry: Entry, record: GraphBreakRecord, path: str = "") -> Entry:
-        entry.breaks.append(record)
-        entry.eager_reason = f"graph break: {record}"
-        entry.path = path or ("transparent mode" if self.fallback == "lazy" else "eager")
-        logs.breaks.info("`%s`: graph break at %s: %s", self.__qualname__, record.loc or "?",
-                         record.reason)
-        if self.fullgraph:
-            error = GraphBreakError(record.reason, record.loc, self.__qualname__)
-            error.filename, error.lineno = record.filename, record.lineno
-            raise_at(error, record.loc)
-        then = (_CHECKED_LOOP_TEXT if path == "checked loop" else _CAPTURE_LOOP_TEXT
-                if path == "DALI's capture mode" else self._fallback_text())
-        self._warn_once(f"ndd_trace: `{self.__qualname__}` cannot be compiled whole: "
-                        f"{record.reason}. It {then}. See ndd_trace.explain().", record.loc)
-        return entry
-
-    def _fallback_text(self) -> str:
-        if self.fallback == "lazy" and self.is_generator:
-            return ("runs as a plain loop instead, each step in transparent mode: its reader "
-                    "reads ahead and its ndd calls run as cached pipeline regions, with the "
-                    "same results")
-        if self.fallback == "lazy":
-            return ("runs in transparent mode instead: its ndd calls run as cached pipeline "
-                    "regions (split where Python needs data), with the same results")
-        return "runs eagerly (plain ndd, fallback=\"eager\"), with the same results"
-
-    def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
-        graph = tracer.graph
-        traced_at = time.perf_counter()
-        traced = graph.format()
-        entry.num_ops = tracer.num_ops
-        draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
-        passes.eliminate_common_subexpressions(graph)
-        passes.eliminate_dead_code(graph)
-        if self.optimize:  # after the passes: a value's users are then all the users it has
-            entry.optimizations = optimize_graph(graph)
-            for applied in entry.optimizations:
-                logs.trace.info("`%s`: optimization applied at %s", self.__qualname__, applied)
-        entry.graph = graph
-        # what explain shows is what runs: the graph after the passes (and, where they changed
-        # it, the graph as traced)
-        entry.graph_text = graph.format()
-        if traced != entry.graph_text:
-            removed = ("common subexpressions and dead code were removed" if not
-                       entry.optimizations else "the passes and optimizations")
-            entry.graph_text += f"\n\nas traced, before {removed}:\n" + traced
-        entry.output_tree = tracer.output_tree
-        entry.lowered = lower(graph, inline_constants=True)
-        entry.path = self._path
-        # the times a cache of traces kept across processes could save (the build it cannot)
-        times = {"trace": (traced_at - tracer.started) * 1000,
-                 "code": (time.perf_counter() - traced_at) * 1000}
-        logs.trace.info("`%s` traced: %d ndd calls -> %s (%d ops after passes); traced in %.1f ms,"
-                        " passes and code in %.1f ms", self.__qualname__, entry.num_ops,
-                        entry.lowered.filename, len(graph.nodes_of(NodeKind.OP)), times["trace"],
-                        times["code"], extra={"ndd_trace_ms": times})
-        entry.executable = Executable(graph, entry.lowered, draws, self._options(),
-                                      tracer.rng_objects)
-        return entry
-
-    def _trace(self, key: tuple, args: tuple, kwargs: dict) -> Entry | None:
-        return self.trace(args, kwargs, key)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -706,9 +368,10 @@ class CompiledFunction:
             if retired is not None:
                 # its failed pipelines cannot be freed: it stops making new ones
                 entry.eager_reason = retired
-                self._warn(f"ndd_trace: `{self.__qualname__}` is no longer compiled whole: "
-                           f"{retired}. It {self._fallback_text()}.", user_location())
-                self._counters.fallbacks += 1
+                self._notices.warn(f"ndd_trace: `{self.__qualname__}` is no longer compiled "
+                                   f"whole: {retired}. It {self._notices.fallback_text()}.",
+                                   user_location())
+                self._entry_cache.counters.fallbacks += 1
                 logs.fallbacks.info("`%s`: not compiled whole from now on: %s",
                                     self.__qualname__, retired)
                 return self._fallback(args, kwargs)
@@ -716,9 +379,9 @@ class CompiledFunction:
                 # The pipeline could not be built: this variant runs eagerly from now on.
                 entry.eager_reason = f"pipeline build failed: {error}"
                 loc = getattr(error, "loc", None)
-                self._warn(f"ndd_trace: `{self.__qualname__}` runs eagerly: the pipeline could "
-                           f"not be built ({error}).", loc)
-                self._counters.fallbacks += 1
+                self._notices.warn(f"ndd_trace: `{self.__qualname__}` runs eagerly: the "
+                                   f"pipeline could not be built ({error}).", loc)
+                self._entry_cache.counters.fallbacks += 1
                 logs.fallbacks.info("`%s`: pipeline build failed, runs eagerly: %s",
                                     self.__qualname__, error)
                 return self._function(*args, **kwargs)
@@ -732,16 +395,17 @@ class CompiledFunction:
     def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "") -> Any:
         """This one call runs eagerly (the variant stays compiled): warned once at the user's
         line, counted as a fallback and logged."""
-        self._warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
-                        f"{reason}{why}", user_location())
-        self._counters.fallbacks += 1
+        self._notices.warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
+                                f"{reason}{why}", user_location())
+        self._entry_cache.counters.fallbacks += 1
         logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
         return self._function(*args, **kwargs)
 
     @staticmethod
     def _bind_sizes(args: tuple, kwargs: dict) -> tuple[dict[tuple, Any], set[int]]:
-        """`_bind` and the batch sizes of the Batch arguments, in one walk (the common case of
-        plain Batch/Tensor positional arguments without nesting is walked inline)."""
+        """The data arguments by path and the batch sizes of the Batch ones, in one walk (the
+        common case of plain Batch/Tensor positional arguments without nesting is walked
+        inline)."""
         bound: dict[tuple, Any] = {}
         sizes: set[int] = set()
         batch, tensor, rng = _dali.Batch, _dali.Tensor, _dali.RNG
@@ -766,8 +430,8 @@ class CompiledFunction:
                 sizes.add(value.batch_size)
             return value
 
-        _walk_data(args, ("args",), visit)
-        _walk_data(kwargs, ("kwargs",), visit)
+        walk_data(args, ("args",), visit)
+        walk_data(kwargs, ("kwargs",), visit)
         return bound, sizes
 
     def _unflatten(self, tree: Any, run: Any, entry: Entry, bound: dict, batch_size: int) -> Any:
@@ -894,18 +558,10 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     if compiled.is_generator:
         return _explain_generator(compiled)
     args, kwargs = compiled._normalize(args, kwargs)
-    counters = compiled._counters
-    saved = (counters.hits, counters.misses, counters.traces, counters.fallbacks)
-    try:
-        entry = compiled.trace(args, kwargs)
-    except GraphBreakError:
-        raise
-    finally:
-        counters.hits, counters.misses, counters.traces, counters.fallbacks = saved
-    key = compiled._guard_key(args, kwargs)
-    guard_lines = guards.describe(key)
+    entry = compiled.trace(args, kwargs)  # counted nowhere: explaining is not calling
+    guard_lines = guards.describe(compiled._entry_cache.key(args, kwargs))
     if entry is None:
-        _, error = compiled._take_failure()
+        _, error = compiled._stage.take_failure()
         return Explanation(compiled.__qualname__, "", "", guard_lines, [],
                            f"tracing raised {error!r}; the eager call runs instead",
                            compiled.cache_info(), 0, compiled.last_miss_reason)
@@ -943,7 +599,7 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         f"its loop body ({split.body_loc}), compiled:",
         textwrap.indent(split.step_source, "    ")])
     step = compiled._step
-    entry = step._entries.get(step._last_key) if step._last_key is not None else None
+    entry = step._entry_cache.last_entry()
     if entry is None:
         return Explanation(compiled.__qualname__, "(not traced yet: the loop body is traced at "
                            "its first step)", "", [], [], None, compiled.cache_info(), 0,

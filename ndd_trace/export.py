@@ -44,6 +44,7 @@ from .codegen.lower import lower
 from .core.errors import ExportError
 from .core.ir import Graph, NodeKind, Ref
 from .core.source import SourceLoc, docstring, one_line, unparse
+from .modes.cache import batch_sizes
 from .modes.loop import first_step
 from .modes.per_sample import PerSampleFunction
 from .tracing.trace import add_reader_node
@@ -66,14 +67,9 @@ class Exported:
 
 
 def _traced_entry(compiled: CompiledFunction, args: tuple, kwargs: dict) -> Any:
-    counters = compiled._counters
-    saved = (counters.hits, counters.misses, counters.traces, counters.fallbacks)
-    try:
-        with warnings.catch_warnings():  # a break is reported below, as an error
-            warnings.simplefilter("ignore")
-            entry = compiled.trace(args, kwargs, raise_errors=True)
-    finally:
-        counters.hits, counters.misses, counters.traces, counters.fallbacks = saved
+    with warnings.catch_warnings():  # a break is reported below, as an error
+        warnings.simplefilter("ignore")
+        entry = compiled.trace(args, kwargs, raise_errors=True)  # counted nowhere
     if entry.eager_reason is not None:
         record = entry.breaks[0] if entry.breaks else None
         reason = record.reason if record else entry.eager_reason
@@ -162,7 +158,7 @@ def export(function: Callable, *example_args: Any, path: str, format: str = "pyt
         entry = _traced_entry(compiled, args, kwargs)
         graph = entry.graph
     defaults = compiled._options()
-    size = batch_size or compiled._batch_size_of(args, kwargs)[0] or \
+    size = batch_size or max(batch_sizes(args, kwargs), default=None) or \
         entry.static_batch_size or 1
     options = {"batch_size": int(size), "num_threads": num_threads or defaults.num_threads,
                "device_id": defaults.device_id}

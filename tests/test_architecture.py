@@ -43,6 +43,8 @@ LAYERS = [
     {"modes.regions"},
     {"modes.lazy"},
     {"modes.per_sample"},
+    {"modes.cache"},
+    {"modes.stage"},
     {"api"},
     {"export"},
     {"__init__", "__main__", "launch"},

@@ -1,0 +1,190 @@
+"""A compiled function's cache: its entries by guard key (keyed through tracing/guards.py), the
+counters, the last call's fast guard, the cache limit and why the last miss missed.
+
+    cache = EntryCache(function, "preprocess", limit=8, positional_names=("jpegs", "size"))
+    entry = cache.fast_hit(args) or ...            # the last call's entry, without a key
+    entry, status = cache.lookup(cache.key(args, kwargs), trace)   # "hit", "new", "storm", ...
+
+It owns no tracing and runs nothing: a miss calls the `trace` it is given (stage.py's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .. import _dali
+from ..codegen.lower import Lowered
+from ..core import logs, trees
+from ..core.ir import Graph
+from ..execution.runtime import Executable
+from ..tracing import guards
+from ..tracing.trace import GraphBreakRecord
+
+
+class CacheInfo(NamedTuple):
+    """Counters of a compiled function's cache (`fn.cache_info()`): hits, misses, traces,
+    fallbacks (calls not compiled whole) and the entries held."""
+
+    hits: int
+    misses: int
+    traces: int
+    fallbacks: int
+    entries: int
+
+
+@dataclasses.dataclass
+class Entry:
+    """One cache entry: a compiled graph, or the decision to run eagerly (with the reason)."""
+
+    key: tuple
+    graph: Graph | None = None
+    graph_text: str = ""
+    lowered: Lowered | None = None
+    executable: Executable | None = None
+    output_tree: Any = None
+    static_batch_size: int | None = None
+    breaks: list[GraphBreakRecord] = dataclasses.field(default_factory=list)
+    eager_reason: str | None = None
+    num_ops: int = 0
+    path: str = ""  # how calls run: "one pipeline", "compiled loop", "checked loop", ...
+    optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied (optimize)
+
+    @property
+    def eager(self) -> bool:
+        return self.eager_reason is not None
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.hits = self.misses = self.traces = self.fallbacks = 0
+
+
+def _is_data(value: Any) -> bool:
+    return isinstance(value, (_dali.Batch, _dali.Tensor, _dali.RNG))
+
+
+def walk_data(value: Any, path: tuple, visit: Callable[[tuple, Any], Any]) -> Any:
+    """Rebuild `value`, replacing Batches, Tensors and RNGs found in lists/tuples/dicts."""
+    return trees.map_leaves(value, _is_data, visit, path)
+
+
+def batch_sizes(args: tuple, kwargs: dict) -> set[int]:
+    """The batch sizes of the Batch arguments."""
+    sizes = set()
+
+    def visit(path: tuple, value: Any) -> Any:
+        if isinstance(value, _dali.Batch):
+            sizes.add(value.batch_size)
+        return value
+
+    walk_data(args, ("args",), visit)
+    walk_data(kwargs, ("kwargs",), visit)
+    return sizes
+
+
+class EntryCache:
+    """The entries of one compiled function, by guard key, and the guard plan that keys them."""
+
+    def __init__(self, function: Callable, name: str, limit: int,
+                 positional_names: tuple[str, ...]):
+        self._function = function
+        self._name = name
+        self.limit = limit
+        self._positional_names = positional_names
+        self.plan = guards.plan_for(function)
+        self.entries: OrderedDict[tuple, Entry] = OrderedDict()
+        self.counters = Counters()
+        self.lock = threading.RLock()
+        self.specialized_on_batch_size = False  # keys hold the batch size (a trace read it)
+        self.last_key: tuple | None = None
+        self.last_miss_reason: str | None = None
+        self._fast: guards.FastGuard | None = None  # the last entry's guard, checked first
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def replan(self) -> None:
+        """Plan the guards again: the helpers the function calls may have changed."""
+        self.plan = guards.plan_for(self._function)
+
+    def key(self, args: tuple, kwargs: dict) -> tuple:
+        sizes = None
+        if self.specialized_on_batch_size:
+            found = batch_sizes(args, kwargs)
+            sizes = max(found) if found else None
+        return guards.build_key(args, kwargs, self.plan, (sizes,) if sizes else None,
+                                self._positional_names)
+
+    def specialize_on_batch_size(self) -> None:
+        """From now on keys hold the batch size (a trace read it as a Python value)."""
+        self.specialized_on_batch_size = True
+        self._fast = None
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def fast_hit(self, args: tuple, kwargs: dict) -> Entry | None:
+        """The last call's entry where this call matches its fast guard (counted as a hit)."""
+        fast = self._fast
+        if fast is None or kwargs or fast.plan is not self.plan or not fast.matches(args):
+            return None
+        entry = fast.entry
+        with self.lock:
+            self.counters.hits += 1
+            self.last_key = entry.key
+        return entry
+
+    def remember_fast(self, args: tuple, kwargs: dict, entry: Entry) -> None:
+        """Check this entry first at the next call (calls without keyword arguments)."""
+        if not kwargs and not self.specialized_on_batch_size:
+            self._fast = guards.FastGuard.of(args, self.plan, entry)
+
+    def lookup(self, key: tuple, trace: Callable[[], Entry | None]
+               ) -> tuple[Entry | None, str]:
+        """The entry for this key, made by `trace` on a miss; the status says "hit", "new",
+        "storm" (past the limit: not traced) or "failed" (`trace` gave None: tracing raised)."""
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is not None:
+                self.counters.hits += 1
+                self.last_key = key
+                return entry, "hit"
+            self.counters.misses += 1
+            self.last_miss_reason = guards.explain_miss(key, self.last_key)
+            (logs.recompiles if self.entries else logs.trace).info(
+                "`%s`: cache miss (%d of cache_limit %d entries held): %s", self._name,
+                len(self.entries), self.limit, self.last_miss_reason)
+            if len(self.entries) >= self.limit:
+                self.counters.fallbacks += 1
+                return None, "storm"
+            self.counters.traces += 1
+            entry = trace()
+            if entry is None:
+                self.counters.fallbacks += 1
+                return None, "failed"
+            self.entries[entry.key] = entry
+            self.last_key = key
+            return entry, "new"
+
+    def store(self, key: tuple, entry: Entry) -> None:
+        self.entries[key] = entry
+
+    def last_entry(self) -> Entry | None:
+        return self.entries.get(self.last_key) if self.last_key is not None else None
+
+    # -- the public face -----------------------------------------------------------------------
+
+    def info(self) -> CacheInfo:
+        c = self.counters
+        return CacheInfo(c.hits, c.misses, c.traces, c.fallbacks, len(self.entries))
+
+    def clear(self) -> None:
+        with self.lock:
+            for entry in self.entries.values():
+                if entry.executable is not None:
+                    entry.executable.close()
+            self.entries.clear()
+            self._fast = None
+            self.counters = Counters()

@@ -1,0 +1,302 @@
+"""The trace stage of a compiled function: one call traced into a cache entry.
+
+    stage = TraceStage(function, "preprocess", signature, notices, options, optimize=False)
+    entry = stage.trace(cache, args, kwargs)       # cache.py's Entry, or None: tracing raised
+
+Tracing draws from no RNG (every state it moves is put back), records a graph break as an
+entry that runs in transparent mode (or raises GraphBreakError under fullgraph=True), and
+otherwise runs the passes, lowers the graph and makes the Executable. Nothing is stored: the
+cache decides that.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from .. import _dali
+from ..codegen.lower import lower
+from ..codegen.optimize import optimize as optimize_graph
+from ..core import logs, passes
+from ..core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
+from ..core.ir import NodeKind
+from ..core.source import SourceLoc, is_internal_file, raise_at, user_location
+from ..execution.runtime import Executable, Options
+from ..tracing.trace import GraphBreakRecord, Tracer
+from .cache import Entry, EntryCache, batch_sizes, walk_data
+
+CHECKED_LOOP_TEXT = ("runs each step's Python as written, in transparent mode: the reader is read "
+                     "ahead, and a step's ndd calls run ahead on its batches and are used when "
+                     "they match what the step calls, with the same results")
+CAPTURE_LOOP_TEXT = ("runs as written: DALI's capture mode records its loop body and runs it as "
+                     "a pipeline, as it does without ndd_trace (iterate reader.next_epoch(...) "
+                     "to have ndd_trace compile the body)")
+
+
+class Notices:
+    """What a compiled function tells its user: warnings at the user's line (each once), and
+    the text saying how a call that is not compiled whole runs instead."""
+
+    def __init__(self, name: str, fallback: str, is_generator: bool):
+        self._name = name
+        self._fallback = fallback
+        self._is_generator = is_generator
+        self._warned: set[tuple] = set()
+        self._storm_warned = False
+
+    def warn(self, message: str, loc: SourceLoc | None) -> None:
+        if loc is None:
+            warnings.warn(message, NddTraceWarning, stacklevel=3)
+        else:
+            warnings.warn_explicit(message, NddTraceWarning, loc.filename, loc.lineno)
+
+    def warn_once(self, message: str, loc: SourceLoc | None) -> None:
+        site = (loc.filename if loc else None, loc.lineno if loc else None, message)
+        if site not in self._warned:
+            self._warned.add(site)
+            self.warn(message, loc)
+
+    def storm(self, limit: int, reason: str | None) -> None:
+        """Past cache_limit: logged each time, warned once."""
+        logs.fallbacks.info("`%s`: past cache_limit (%d), this variant is not compiled: %s",
+                            self._name, limit, reason)
+        if not self._storm_warned:
+            self._storm_warned = True
+            self.warn(
+                f"`{self._name}` was traced {limit} times (cache_limit); "
+                f"last change: {reason}. New variants are not compiled: "
+                f"each {self.fallback_text()}. Make the changing value an ndd Batch/Tensor "
+                "argument, or raise cache_limit.", user_location())
+
+    def fallback_text(self) -> str:
+        if self._fallback == "lazy" and self._is_generator:
+            return ("runs as a plain loop instead, each step in transparent mode: its reader "
+                    "reads ahead and its ndd calls run as cached pipeline regions, with the "
+                    "same results")
+        if self._fallback == "lazy":
+            return ("runs in transparent mode instead: its ndd calls run as cached pipeline "
+                    "regions (split where Python needs data), with the same results")
+        return "runs eagerly (plain ndd, fallback=\"eager\"), with the same results"
+
+
+def user_loc_of(error: BaseException | None) -> SourceLoc | None:
+    """The innermost user frame of an exception's traceback."""
+    loc = None
+    tb = error.__traceback__ if error is not None else None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not is_internal_file(code.co_filename):
+            loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return loc
+
+
+class TraceStage:
+    """Traces calls of one function into cache entries (see the module's docstring)."""
+
+    def __init__(self, function: Callable, name: str, signature: inspect.Signature,
+                 notices: Notices, options: Callable[[], Options], *, fullgraph: bool,
+                 fallback: str, optimize: bool, path: str = "one pipeline"):
+        self._function = function
+        self._name = name
+        self._signature = signature
+        self._notices = notices
+        self._options = options
+        self.fullgraph = fullgraph
+        self._fallback = fallback
+        self.optimize = optimize
+        self.path = path  # how its compiled entries run ("compiled loop": a loop body)
+        self._failure_note: str | None = None
+        self._trace_exception: BaseException | None = None
+
+    def definition_loc(self) -> SourceLoc:
+        code = self._function.__code__
+        return SourceLoc(code.co_filename, code.co_firstlineno, code.co_name)
+
+    # -- failures and breaks -------------------------------------------------------------------
+
+    def take_failure(self) -> tuple[str | None, BaseException | None]:
+        """The failed trace's note and exception, handed over once."""
+        note, self._failure_note = self._failure_note, None
+        error, self._trace_exception = self._trace_exception, None
+        return note, error
+
+    def failed_entry(self, key: tuple, error: BaseException | None) -> Entry:
+        """The entry of a variant whose trace raised where eager did not: not compiled, and
+        warned about at the user's line."""
+        record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})",
+                                  user_loc_of(error))
+        logs.fallbacks.info("`%s`: %s", self._name, record)
+        return self.break_entry(Entry(key=key), record)
+
+    def break_entry(self, entry: Entry, record: GraphBreakRecord, path: str = "") -> Entry:
+        """`entry`, made one that runs as `path` says (transparent mode by default) for the
+        graph break `record`; under fullgraph=True, GraphBreakError at the break instead."""
+        entry.breaks.append(record)
+        entry.eager_reason = f"graph break: {record}"
+        entry.path = path or ("transparent mode" if self._fallback == "lazy" else "eager")
+        logs.breaks.info("`%s`: graph break at %s: %s", self._name, record.loc or "?",
+                         record.reason)
+        if self.fullgraph:
+            error = GraphBreakError(record.reason, record.loc, self._name)
+            error.filename, error.lineno = record.filename, record.lineno
+            raise_at(error, record.loc)
+        then = (CHECKED_LOOP_TEXT if path == "checked loop" else CAPTURE_LOOP_TEXT
+                if path == "DALI's capture mode" else self._notices.fallback_text())
+        self._notices.warn_once(f"ndd_trace: `{self._name}` cannot be compiled whole: "
+                                f"{record.reason}. It {then}. See ndd_trace.explain().",
+                                record.loc)
+        return entry
+
+    # -- tracing -------------------------------------------------------------------------------
+
+    def _rng_objects(self, cache: EntryCache) -> list[Any]:
+        found = []
+        for _, name, namespace in cache.plan.globals_read:
+            value = namespace.get(name)
+            if isinstance(value, _dali.RNG):
+                found.append(value)
+        for _, cell in cache.plan.closure:
+            try:
+                if isinstance(cell.cell_contents, _dali.RNG):
+                    found.append(cell.cell_contents)
+            except ValueError:
+                pass
+        return found
+
+    def _argument_name(self, path: tuple) -> str:
+        if path[0] == "kwargs":
+            return "_".join(str(p) for p in path[1:])
+        params = list(self._signature.parameters)
+        index = path[1]
+        base = params[index] if index < len(params) and \
+            self._signature.parameters[params[index]].kind != inspect.Parameter.VAR_POSITIONAL \
+            else f"arg{index}"
+        return "_".join([base, *(str(p) for p in path[2:])])
+
+    @staticmethod
+    def _restore(before: list, python_random: Any = None) -> None:
+        for rng, snapshot in before:
+            if _dali.rng_snapshot(rng) != snapshot:
+                _dali.rng_restore(rng, snapshot)
+        if python_random is not None and _dali.existing_default_rng() is not None:
+            # made during the trace, it drew its seed from Python's `random`: both as before
+            _dali.forget_default_rng()
+            random.setstate(python_random)
+
+    def trace(self, cache: EntryCache, args: tuple, kwargs: dict,
+              raise_errors: bool = False) -> Entry | None:
+        """Trace one call into an entry (not stored; None: tracing raised, see take_failure).
+        Draws nothing from any RNG."""
+        cache.replan()  # the helpers the function calls may have changed since the last trace
+        key = cache.key(args, kwargs)
+        tracer = Tracer(self._function.__name__, self._options().device_id)
+        sizes = batch_sizes(args, kwargs)
+        batch_size, consistent = (max(sizes), len(sizes) == 1) if sizes else (None, True)
+        tracer.batch_size = batch_size or 1
+        # the default generator only if ndd has made it: making it here would draw its seed
+        # from Python's `random` where eager does not (yet); one the trace makes is undone
+        default = _dali.existing_default_rng()
+        rngs: list[Any] = [default] if default is not None else []
+        python_random = random.getstate() if default is None else None
+
+        def visit(path: tuple, value: Any) -> Any:
+            if isinstance(value, _dali.RNG):
+                tracer.register_rng(value, ("arg", path))
+                rngs.append(value)
+                return value
+            return tracer.placeholder(self._argument_name(path), path, value)
+
+        traced_args = walk_data(args, ("args",), visit)
+        traced_kwargs = walk_data(kwargs, ("kwargs",), visit)
+        for rng in self._rng_objects(cache):
+            tracer.allow_rng_object(rng)
+            rngs.append(rng)
+        before = [(rng, _dali.rng_snapshot(rng)) for rng in rngs]
+        entry = Entry(key=key)
+        _GraphBreak.raised.breaks = swallowed = []
+        try:
+            with tracer.active():
+                result = self._function(*traced_args, **traced_kwargs)
+            tracer.set_outputs(result)
+            if swallowed:  # a bare `except:` in user code caught a graph break: still a break
+                raise swallowed[0]
+        except _GraphBreak as graph_break:
+            self._restore(before, python_random)
+            record = GraphBreakRecord(graph_break.reason, graph_break.loc)
+            return self.break_entry(entry, record)
+        except BaseException as error:
+            self._restore(before, python_random)
+            self._failure_note = tracer.failure_note
+            self._trace_exception = error
+            if raise_errors:
+                raise
+            return None
+        finally:
+            _GraphBreak.raised.breaks = None
+        if any(_dali.rng_snapshot(rng) != snapshot for rng, snapshot in before) or (
+                python_random is not None and _dali.existing_default_rng() is not None):
+            self._restore(before, python_random)
+            record = GraphBreakRecord(
+                "draws from or reseeds an RNG in Python (RNG(), set_seed, .state=); do that "
+                "outside the compiled function", self.definition_loc())
+            return self.break_entry(entry, record)
+        has_batches = batch_size is not None or tracer.static_batch_sizes
+        if tracer.sample_random_ops and has_batches:
+            record = GraphBreakRecord(
+                "calls a random op without batch_size (one value for the whole call) in a "
+                "function that works on batches: a pipeline would draw per sample; pass "
+                "batch_size=x.batch_size or draw it outside", tracer.sample_random_ops[0])
+            return self.break_entry(entry, record)
+        sizes = set(tracer.static_batch_sizes)
+        if batch_size is not None:
+            sizes.add(batch_size)
+        if not consistent or len(sizes) > 1:
+            sizes |= batch_sizes(args, kwargs)
+            record = GraphBreakRecord(
+                f"batches of different sizes meet in one call ({sorted(sizes)}); a pipeline "
+                "runs one batch size per iteration", self.definition_loc())
+            return self.break_entry(entry, record)
+        if tracer.specialized_on_batch_size is not None and not cache.specialized_on_batch_size:
+            cache.specialize_on_batch_size()
+            entry.key = cache.key(args, kwargs)
+        entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
+        return self._finish(entry, tracer)
+
+    def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
+        graph = tracer.graph
+        traced_at = time.perf_counter()
+        traced = graph.format()
+        entry.num_ops = tracer.num_ops
+        draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
+        passes.eliminate_common_subexpressions(graph)
+        passes.eliminate_dead_code(graph)
+        if self.optimize:  # after the passes: a value's users are then all the users it has
+            entry.optimizations = optimize_graph(graph)
+            for applied in entry.optimizations:
+                logs.trace.info("`%s`: optimization applied at %s", self._name, applied)
+        entry.graph = graph
+        # what explain shows is what runs: the graph after the passes (and, where they changed
+        # it, the graph as traced)
+        entry.graph_text = graph.format()
+        if traced != entry.graph_text:
+            removed = ("common subexpressions and dead code were removed" if not
+                       entry.optimizations else "the passes and optimizations")
+            entry.graph_text += f"\n\nas traced, before {removed}:\n" + traced
+        entry.output_tree = tracer.output_tree
+        entry.lowered = lower(graph, inline_constants=True)
+        entry.path = self.path
+        # the times a cache of traces kept across processes could save (the build it cannot)
+        times = {"trace": (traced_at - tracer.started) * 1000,
+                 "code": (time.perf_counter() - traced_at) * 1000}
+        logs.trace.info("`%s` traced: %d ndd calls -> %s (%d ops after passes); traced in %.1f ms,"
+                        " passes and code in %.1f ms", self._name, entry.num_ops,
+                        entry.lowered.filename, len(graph.nodes_of(NodeKind.OP)), times["trace"],
+                        times["code"], extra={"ndd_trace_ms": times})
+        entry.executable = Executable(graph, entry.lowered, draws, self._options(),
+                                      tracer.rng_objects)
+        return entry
