@@ -19,6 +19,10 @@
 #          pipeline, this tree against the one in $OLD, alternating, ROUNDS rounds each
 # scaling: throughput against batch size (64, 256, 512) and threads (4, 16) for the pipeline,
 #          capture mode, the compiled generator and optimize (benchmarks/chart.py --scaling)
+# warm:    the warm start (NDD_TRACE_CACHE_DIR, docs/warm-start.md): the train workload's first
+#          batch for the compiled generator, the compiled step and transparent mode, each in a
+#          process with an empty cache (cold) and then one with the cache it left (warm), and the
+#          pipeline's beside them, ROUNDS rounds
 set -u
 OUT=${OUT:-/tmp/ndd_trace_gpu_out}
 ROUNDS=${ROUNDS:-2}
@@ -94,6 +98,20 @@ if has scaling; then
                 --modes capture,ndd_trace_loop,ndd_trace_optimize,pipeline \
                 --json "$OUT/scaling_t${threads}_b$batch.json" 2>&1 | tail -7 \
                 | tee "$OUT/scaling_t${threads}_b$batch.log"
+        done
+    done
+fi
+if has warm; then
+    for round in $(seq 1 "$ROUNDS"); do
+        for mode in ndd_trace_loop ndd_trace transparent; do
+            cache=$(mktemp -d)
+            for start in cold warm; do
+                NDD_TRACE_CACHE_DIR=$cache NDD_TRACE_LOGS=cache python3 benchmarks/bench_ops.py \
+                    $TRAIN --steps 20 --warmup 5 --modes "$mode,pipeline" \
+                    --json "$OUT/warm_${mode}_${start}_r$round.json" 2>&1 | tail -5 \
+                    | tee "$OUT/warm_${mode}_${start}_r$round.log"
+            done
+            ls -la "$cache" | tee -a "$OUT/warm_${mode}_cold_r$round.log"
         done
     done
 fi

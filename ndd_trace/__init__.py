@@ -22,7 +22,8 @@ standard logging configuration of the "ndd_trace" logger) logs traces, breaks an
 from __future__ import annotations
 
 from . import _dali
-from .api import CacheInfo, CompiledFunction, Explanation, compile, explain
+from .api import (CacheInfo, CompiledFunction, Explanation, cache_dir, compile, explain,
+                  set_cache_dir)
 from .core import logs
 from .core.errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
                           PerSampleError, PipelineError)
@@ -42,6 +43,7 @@ __all__ = [
     "NddTraceWarning",
     "PerSampleError",
     "PipelineError",
+    "cache_dir",
     "compile",
     "disable",
     "enable",
@@ -51,6 +53,7 @@ __all__ = [
     "is_enabled",
     "report",
     "reset_report",
+    "set_cache_dir",
 ]
 
 # The one documented addition to DALI's namespace: `ndd.compile` is `ndd_trace.compile`.

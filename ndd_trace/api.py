@@ -42,7 +42,8 @@ from .tracing import guards
 from .tracing.stepcheck import Finding
 from .tracing.trace import GraphBreakRecord
 
-__all__ = ["CacheInfo", "CompiledFunction", "Entry", "Explanation", "compile", "explain"]
+__all__ = ["CacheInfo", "CompiledFunction", "Entry", "Explanation", "cache_dir", "compile",
+           "explain", "set_cache_dir"]
 
 DEFAULT_CACHE_LIMIT = 8
 
@@ -448,6 +449,21 @@ class CompiledFunction:
             return _dali.Tensor(invocation_result=lazy)
 
         return trees.unflatten(tree, leaf)
+
+
+def set_cache_dir(path: Any) -> None:
+    """Keep, in the directory `path`, what a later process can reuse of this one's traces (the
+    warm start; `NDD_TRACE_CACHE_DIR=path` sets it at start-up; None turns it off): DALI's
+    parse of each module whose ndd calls are traced, the bulk of a first trace. Keyed by the
+    module's exact text and the DALI, libcst and Python versions; exact (what is asked of the
+    parse is still answered against the live call). It holds pickles: name a directory only
+    you can write to. See docs/warm-start.md."""
+    _dali.set_analysis_cache_dir(path)
+
+
+def cache_dir() -> str | None:
+    """The warm-start cache directory (`set_cache_dir`), or None."""
+    return _dali.analysis_cache_dir()
 
 
 def compile(function: Callable | None = None, *, fullgraph: bool = False,

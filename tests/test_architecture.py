@@ -17,6 +17,7 @@ LAYERS = [
     {"core.ir"},
     {"core.passes"},
     {"_dali.base"},
+    {"_dali.analysis"},
     {"_dali.operators"},
     {"_dali.interception"},
     {"_dali.data"},

@@ -98,6 +98,10 @@ SURFACE = {
     ("_call_site", "resolve_callsite_frame"): "the frame eager analyses for a call",
     ("_call_site", "mark_transparent"): "hooks marked as plumbing: call sites resolve past them",
     ("_source_analysis", "constant_kwargs"): "which keyword arguments a call site shows constant",
+    ("_source_analysis", "_get_module_info"): "DALI's parse of a module (the warm-start cache)",
+    ("_source_analysis", "_file_cache"): "DALI's per-file parses: a saved one is put there",
+    ("_source_analysis", "ModuleInfo"): "what a saved parse must be to be used",
+    ("_source_analysis", "cst"): "libcst as DALI imports it (its version, where vendored)",
     ("EvalContext", "_instance_cache"): "eager's operator instances, per context",
     # readers
     ("Reader", "_batches"): "eager's batch epoch: raises eager's own errors for a bad batch size",

@@ -16,8 +16,9 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 and the key format of `Operator._get`; `Operator._supported_backends`.
 
 By DALI subsystem, each module importing only those above it: `base` (the DALI objects named
-everywhere), `operators` (operator facts, eager's split of a call's arguments, its instance keys,
-metadata inference), `interception` (ndd calls handed to ndd_trace, watched methods, eval modes),
+everywhere), `analysis` (DALI's call-site analysis kept across processes), `operators`
+(operator facts, eager's split of a call's arguments, its instance keys, metadata inference),
+`interception` (ndd calls handed to ndd_trace, watched methods, eval modes),
 `data` (Batch/Tensor proxies, data in and out), `random` (generators and their state), `readers`
 (epochs, shards, checkpoints), `pipelines` (options, feeding, outputs, DALI's errors read as eager
 raises them), `conditionals` (per-sample pipelines). The rest of ndd_trace uses the names below
@@ -30,6 +31,9 @@ import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 from nvidia.dali import fn
 
+from .analysis import directory as analysis_cache_dir
+from .analysis import set_directory as set_analysis_cache_dir
+from .analysis import stats as analysis_cache_stats
 from .base import Batch, DALI_VERSION, DType, Device, RNG, STATE_WORDS, Tensor, device
 from .operators import (NOT_PLAIN, argument_dtype, argument_names, argument_token, call_site_frame,
                         data_signature, decay_plain, decay_static, dtype_name, dtype_of,
@@ -64,8 +68,9 @@ from .conditionals import (array_of, autograph_origin, condition_chain, conditio
                            sample_index_source, sample_indices, zero_state)
 
 __all__ = [  # the adapter's names, as the rest of the package uses them
-    "advance_shard", "argument_dtype", "argument_names", "argument_token", "array_of",
-    "autograph_origin", "Batch", "broadcast_state", "call_site_frame", "capture_running",
+    "advance_shard", "analysis_cache_dir", "analysis_cache_stats", "argument_dtype",
+    "argument_names", "argument_token", "array_of", "autograph_origin", "Batch",
+    "broadcast_state", "call_site_frame", "capture_running",
     "claim_reader", "condition_chain", "conditional_pipeline", "crashes_on_empty_samples",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
@@ -85,7 +90,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "reader_metadata_of", "reader_name", "reader_shard_id", "reader_started", "reader_static_args",
     "reader_transferred", "reader_uses_batch_size", "ReplayRNG", "resolve_backend", "resolve_rng",
     "RNG", "rng_advance", "rng_clone", "rng_position", "rng_restore", "rng_snapshot", "same_data",
-    "sample_index_source", "sample_indices", "schedule_one", "schema_name", "set_proxy_storage",
+    "sample_index_source", "sample_indices", "schedule_one", "schema_name", "set_analysis_cache_dir",
+    "set_proxy_storage",
     "set_reader_shard_id", "shard_steps", "snapshot", "stand_in_batch", "STATE_WORDS", "storage_of",
     "synchronous", "synchronous_cpu", "Tensor", "tensor_argument", "tensor_argument_meta",
     "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader", "types",

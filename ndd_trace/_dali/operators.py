@@ -14,6 +14,7 @@ from nvidia.dali.experimental.dynamic import (_call_site, _eval_context, _op_bui
                                               _source_analysis)
 
 from ..core.ir import TensorMeta, freeze
+from . import analysis
 from .base import DType, Device, device
 
 
@@ -99,6 +100,8 @@ def call_site_frame(start: Any, kwargs: dict) -> Any:
 def eager_split(op_class: type, frame: Any, kwargs: dict) -> EagerSplit:
     """How eager ndd, called from `frame` with `kwargs`, splits them (see above)."""
     raw = {name: value for name, value in kwargs.items() if name not in _FN_PARAMETERS}
+    if frame is not None:
+        analysis.prepare(frame.f_code)  # its module's parse, from the warm-start cache
     constant = _source_analysis.constant_kwargs(frame, raw)
     fixed, tensor = _argument_kinds(op_class)
     init_args, call_args = {}, []

@@ -12,7 +12,8 @@ Channels (loggers `ndd_trace.<channel>`): `trace` (traces and their op counts), 
 (re-traces with what changed), `breaks` (graph breaks), `fallbacks` (calls not compiled whole:
 transparent mode or eager), `builds` (pipeline builds and their times), `runtime` (compiled
 calls and loop epochs), `transparent` (regions of transparent mode, calls it ran eagerly,
-readers read ahead). Warnings stay warnings; these logs are for the curious. Nothing is printed
+readers read ahead), `cache` (the warm-start cache of NDD_TRACE_CACHE_DIR: loads, saves).
+Warnings stay warnings; these logs are for the curious. Nothing is printed
 unless NDD_TRACE_LOGS is set or the application sets a level on the "ndd_trace" logger or a
 channel: as torch's loggers under TORCH_LOGS, they stay quiet under a root logger configured
 for INFO (`logging.basicConfig(level=logging.INFO)` prints the application's lines only).
@@ -25,7 +26,8 @@ import os
 import sys
 import warnings
 
-CHANNELS = ("trace", "recompiles", "breaks", "fallbacks", "builds", "runtime", "transparent")
+CHANNELS = ("trace", "recompiles", "breaks", "fallbacks", "builds", "runtime", "transparent",
+            "cache")
 _ALIASES = {"recompile": "recompiles", "break": "breaks", "graph_breaks": "breaks",
             "fallback": "fallbacks", "build": "builds", "traces": "trace"}
 ENV_VAR = "NDD_TRACE_LOGS"
@@ -44,6 +46,7 @@ fallbacks = logging.getLogger("ndd_trace.fallbacks")
 builds = logging.getLogger("ndd_trace.builds")
 runtime = logging.getLogger("ndd_trace.runtime")
 transparent = logging.getLogger("ndd_trace.transparent")
+cache = logging.getLogger("ndd_trace.cache")
 
 _handler: logging.Handler | None = None
 
