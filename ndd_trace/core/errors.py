@@ -20,6 +20,10 @@ class NddTraceError(Exception):
     """Base class of every error ndd_trace raises on its own account."""
 
 
+class GraphError(Exception):
+    """A graph is malformed (`Graph.validate`): an ndd_trace bug, never a user error."""
+
+
 class GraphBreakError(NddTraceError):
     """The function does something that cannot be recorded, and ``fullgraph=True`` forbids
     a break."""

@@ -20,6 +20,7 @@ import math
 import struct
 from typing import Any, NamedTuple
 
+from .errors import GraphError
 from .source import SourceLoc
 
 _DOUBLE = struct.Struct("<d")
@@ -131,10 +132,6 @@ def op_key(node: Node, inputs: tuple, arg_inputs: tuple) -> tuple:
             node.frozen_static if node.frozen_static is not None
             else freeze(node.static, by_identity=True),
             inputs, tuple(node.input_devices), arg_inputs, tuple(sorted(node.arg_casts.items())))
-
-
-class GraphError(Exception):
-    """The graph is malformed (an ndd_trace bug, never a user error)."""
 
 
 def _format_static(value: Any) -> str:
