@@ -155,3 +155,46 @@ def test_the_saved_parse_answers_as_a_fresh_one():
                 assert type(first.rhs) is type(second.rhs)
             checked += 1
     assert checked > 100
+
+
+TRANSPARENT = textwrap.dedent('''
+    import json
+    import numpy as np
+    import nvidia.dali.experimental.dynamic as ndd
+    from ndd_trace._dali import analysis
+
+    def augment(images, mean):
+        images = ndd.crop_mirror_normalize(images, mean=mean, std=[2.0, 2.0, 2.0],
+                                           dtype=ndd.float32, output_layout="HWC")
+        return ndd.resize(images, size=[4, 4]) * 0.5
+
+    data = ndd.as_batch([np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3) + i
+                         for i in range(3)], layout="HWC")
+    out = [np.asarray(augment(data, [0.5, 0.25, 0.125]).torch()).tolist() for _ in range(3)]
+    print(json.dumps({"stats": analysis.stats, "out": out}))
+''')
+
+
+def test_transparent_mode_starts_warm_too(tmp_path):
+    """An unmodified script under `python -m ndd_trace`: the same values cold, warm and eager."""
+    path = tmp_path / "plain_script.py"
+    path.write_text(TRANSPARENT)
+    cache = str(tmp_path / "cache")
+
+    def run(*launcher: str, cache_dir: str | None) -> dict:
+        env = subprocess_env()
+        env.pop("NDD_TRACE_CACHE_DIR", None)
+        if cache_dir is not None:
+            env["NDD_TRACE_CACHE_DIR"] = cache_dir
+        done = subprocess.run([sys.executable, *launcher, str(path)], capture_output=True,
+                              text=True, env=env, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    eager = run(cache_dir=None)
+    cold = run("-m", "ndd_trace", cache_dir=cache)
+    warm = run("-m", "ndd_trace", cache_dir=cache)
+    # the script, and DALI's own module where its arithmetic calls come from (eager parses both)
+    assert cold["stats"]["saved"] >= 1 and cold["stats"]["loaded"] == 0
+    assert warm["stats"]["loaded"] == cold["stats"]["saved"] and warm["stats"]["saved"] == 0
+    assert eager["out"] == cold["out"] == warm["out"]
