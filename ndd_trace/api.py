@@ -48,6 +48,11 @@ __all__ = ["CacheInfo", "CompiledFunction", "Entry", "Explanation", "cache_dir",
 DEFAULT_CACHE_LIMIT = 8
 
 
+def _check_fallback(fallback: str) -> None:
+    if fallback not in ("lazy", "eager"):
+        raise ValueError(f"fallback must be 'lazy' or 'eager', got {fallback!r}")
+
+
 @contextmanager
 def _noted(note: str | None) -> Iterator[None]:
     """An error of the block (the eager run after a failed trace) carries the trace's note."""
@@ -88,9 +93,7 @@ class CompiledFunction:
         self._num_threads = num_threads
         self._device_id = device_id
         self.prefetch_queue_depth = prefetch_queue_depth
-        if fallback not in ("lazy", "eager"):
-            raise ValueError(f"fallback must be 'lazy' or 'eager', got {fallback!r}")
-        self.fallback = fallback
+        _check_fallback(fallback)
         self._signature = inspect.signature(function)
         self.is_generator = inspect.isgeneratorfunction(function)
         positional_names = tuple(
@@ -106,8 +109,7 @@ class CompiledFunction:
         self._entry_cache = EntryCache(function, self.__qualname__, cache_limit, positional_names)
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
         self._stage = TraceStage(function, self.__qualname__, self._signature, self._notices,
-                                 self._options, fullgraph=fullgraph, fallback=fallback,
-                                 optimize=bool(optimize))
+                                 self._options, fullgraph=fullgraph, optimize=bool(optimize))
         self._step_tracers = threading.local()  # .held: (device and threads, checked-mode tracer)
         # a generator, taken apart at its first call (loop.py): False until then, None where
         # its loop body cannot be compiled (it runs in checked mode)
@@ -119,18 +121,46 @@ class CompiledFunction:
 
     # -- public --------------------------------------------------------------------------------
 
+    # The options, settable after compiling (`fast.cache_limit = 16`), each kept by the room
+    # that reads it.
+
     @property
     def fullgraph(self) -> bool:
+        """A graph break raises GraphBreakError instead of running in transparent mode."""
         return self._stage.fullgraph
+
+    @fullgraph.setter
+    def fullgraph(self, value: bool) -> None:
+        self._stage.fullgraph = bool(value)
 
     @property
     def optimize(self) -> bool:
         """optimize.py's rewrites apply (values may differ from eager where one says so)."""
         return self._stage.optimize
 
+    @optimize.setter
+    def optimize(self, value: bool) -> None:
+        self._stage.optimize = bool(value)
+
     @property
     def cache_limit(self) -> int:
+        """Variants traced before new ones run in transparent mode (or eagerly)."""
         return self._entry_cache.limit
+
+    @cache_limit.setter
+    def cache_limit(self, value: int) -> None:
+        self._entry_cache.limit = value
+
+    @property
+    def fallback(self) -> str:
+        """How a call that cannot be compiled whole runs: "lazy" (transparent mode) or
+        "eager"."""
+        return self._notices.fallback
+
+    @fallback.setter
+    def fallback(self, value: str) -> None:
+        _check_fallback(value)
+        self._notices.fallback = value
 
     def cache_info(self) -> CacheInfo:
         if self._step is not None:  # a compiled generator: its loop body's cache
@@ -262,25 +292,6 @@ class CompiledFunction:
         # Eager succeeded where tracing failed: this variant runs eagerly from now on, and says so.
         self._entry_cache.store(key, self._stage.failed_entry(key, error))
         return result
-
-    def _eager_epoch_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict
-                                        ) -> Iterator[Any]:
-        """The generator version: an error of the user's own (a typo, a KeyError) surfaces as
-        itself from the eager epoch; only an epoch that runs eagerly where tracing failed is
-        recorded as not compiled (and warned about), at its first step."""
-        note, error = self._stage.take_failure()
-        generator = self._function(*args, **kwargs)
-        try:
-            try:
-                with _noted(note):
-                    first = next(generator)
-            except StopIteration:
-                return
-            self._entry_cache.store(key, self._stage.failed_entry(key, error))
-            yield first
-            yield from generator
-        finally:
-            generator.close()
 
     def _normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """One spelling per call: defaults applied, parameters passed by position where they can

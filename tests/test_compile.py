@@ -469,6 +469,33 @@ def test_fallback_eager_option(batch):
         ndd.compile(needs_data, fallback="sometimes")
 
 
+def test_options_set_after_compiling_take_effect(batch):
+    """`fast.cache_limit = 16` and the other options, set on the compiled function, are the
+    ones its cache, its trace and its warnings use (each kept in one place)."""
+    def needs_data(x):
+        return ndd.crop(x, crop=(x.shape[0][0] // 2, 4))
+
+    compiled = ndd.compile(needs_data)
+    compiled.cache_limit = 16
+    compiled.fallback = "eager"
+    assert (compiled.cache_limit, compiled.fallback) == (16, "eager")
+    with pytest.warns(ndd_trace.NddTraceWarning, match=r"runs eagerly \(plain ndd"):
+        result = compiled(batch)
+    assert type(result) is ndd.Batch  # plain eager ndd, not a lazy value
+    assert compiled.entries[0].path == "eager"
+    assert_same(needs_data(batch), result)
+    with pytest.raises(ValueError, match="fallback"):
+        compiled.fallback = "sometimes"
+    compiled.fullgraph = True
+    compiled.cache_clear()
+    with pytest.raises(ndd_trace.GraphBreakError):
+        compiled(batch)
+    compiled.fullgraph = False
+    compiled.optimize = True
+    assert ndd_trace.explain(compiled, ndd.as_batch(
+        [np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")).optimize
+
+
 def test_explain_shows_the_graph_that_runs(batch):
     """The graph explain prints first is the one the pipeline was generated from (after the
     passes); the traced one follows where the passes changed it."""

@@ -193,7 +193,7 @@ def test_deferred_eval_mode_records_one_region(batch):
 
 
 # ---------------------------------------------------------------------------------------------
-# A call site recorded again from its last call (lazy.LazyTracer._replay): only where the call
+# A call site recorded again from its last call (sites.CallSites.replay): only where the call
 # is given what the last one was; every other call is recorded from scratch.
 
 

@@ -19,6 +19,9 @@ The directory holds pickles: name one only you can write to, as for any pickle c
 
 from __future__ import annotations
 
+import contextlib
+import copyreg
+import functools
 import hashlib
 import importlib.metadata
 import linecache
@@ -47,6 +50,14 @@ _done: set[str] = set()  # files handled in this process
 stats = {"loaded": 0, "saved": 0, "failed": 0}
 
 
+def _after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # a fork while another thread held it: the child's is free
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def set_directory(path: Any) -> None:
     """Keep DALI's parse of each calling module in `path` (None: no cache)."""
     global _directory
@@ -68,12 +79,22 @@ class _Pickler(pickle.Pickler):
     """A libcst scope holds read-only views (mappingproxy), which pickle cannot name: they are
     saved as the dict they show (for this pickler only; nothing global is registered)."""
 
-    dispatch_table = {types.MappingProxyType: lambda view: (_mapping_proxy, (dict(view),))}
+    dispatch_table = {**copyreg.dispatch_table,
+                      types.MappingProxyType: lambda view: (_mapping_proxy, (dict(view),))}
+
+
+@functools.cache
+def _analysis_digest() -> str:
+    """DALI's analysis code itself: a build that changes it under the same version string (a
+    development build) makes other keys."""
+    with open(_source_analysis.__file__, "rb") as file:
+        return hashlib.sha256(file.read()).hexdigest()
 
 
 def _key(text: str) -> str:
     digest = hashlib.sha256()
-    for part in (str(FORMAT), DALI_VERSION, _LIBCST_VERSION, sys.version, text):
+    for part in (str(FORMAT), DALI_VERSION, _analysis_digest(), _LIBCST_VERSION, sys.version,
+                 text):
         digest.update(part.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
     return digest.hexdigest()
@@ -88,16 +109,17 @@ def prepare(code: types.CodeType | None) -> None:
     filename = code.co_filename
     if filename in _done:
         return
-    with _lock:
-        if filename in _done or _directory is None:
+    with _lock:  # (held only to claim the file: threads on other files do not wait)
+        where = _directory
+        if filename in _done or where is None:
             return
         _done.add(filename)
-        try:
-            _load_or_save(code, _directory)
-        except Exception as error:  # noqa: BLE001 (DALI parses the file itself, as without)
-            stats["failed"] += 1
-            logs.cache.info("analysis cache: %s not cached (%s: %s)", filename,
-                            type(error).__name__, error)
+    try:
+        _load_or_save(code, where)
+    except Exception as error:  # noqa: BLE001 (DALI parses the file itself, as without)
+        stats["failed"] += 1
+        logs.cache.info("analysis cache: %s not cached (%s: %s)", filename,
+                        type(error).__name__, error)
 
 
 def _load_or_save(code: types.CodeType, where: str) -> None:
@@ -133,7 +155,8 @@ def _load_or_save(code: types.CodeType, where: str) -> None:
             _Pickler(file, protocol=pickle.HIGHEST_PROTOCOL).dump(info)
         os.replace(temporary, path)  # atomic: ranks writing at once leave one whole entry
     except BaseException:
-        os.unlink(temporary)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
         raise
     stats["saved"] += 1
     logs.cache.info("analysis cache: %s saved to %s", filename, path)

@@ -2,7 +2,7 @@
 argument, a random state drawn in eager's order, a constant made once), kept alive while DALI
 reads it in place.
 
-    feed = Feed(graph, lowered, draws, options, rng_objects)
+    feed = Feed(graph, lowered, draws, prefetch_queue_depth, rng_objects)
     states = feed.draw_states(bound)               # from the caller's generators, in call order
     feed.into(pipeline, feed.call_data(bound, states, batch_size))
 """

@@ -151,7 +151,6 @@ class Executable:
         self.lowered = lowered
         self.draws = draws
         self.options = options
-        self.rng_objects = rng_objects
         self.pipeline: Any = None
         self.max_batch_size = 0
         self.builds = 0

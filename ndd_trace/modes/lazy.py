@@ -44,11 +44,10 @@ from ..execution.runtime import Options
 from ..tracing.trace import Tracer, inference_metas
 from .proxies import LazyBatch, LazyTensor, _is_lazy, _LazyMixin
 from .regions import RegionRunner
-from .report import (MAX_LIVE_REGIONS, MAX_SITE_REGIONS, Region, Report, _state, report,
-                     reset_report, step_breakdown)
+from .report import Region, Report, _state, report, reset_report, step_breakdown
 from .sites import _MAX_SITES, CallSites, _first_output
 
-__all__ = ["MAX_LIVE_REGIONS", "MAX_SITE_REGIONS", "LazyBatch", "LazyTensor", "LazyTracer",
+__all__ = ["LazyBatch", "LazyTensor", "LazyTracer",
            "Region", "Report", "Steps", "disable", "enable", "enabled", "is_enabled",
            "new_tracer", "report", "reset_report", "step_breakdown"]
 

@@ -216,7 +216,7 @@ def _thaw(frozen: Any) -> Any:
 
 
 def _describe_key(key: tuple) -> list[str]:
-    """Readable lines for a region key (built by _region_view: fed leaves and op calls in
+    """Readable lines for a region key (built by regions.region_view: fed leaves and op calls in
     order, then the outputs)."""
     lines: list[str] = []
     names: list[str] = []  # what each key position is called in later lines

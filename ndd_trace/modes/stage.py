@@ -43,7 +43,7 @@ class Notices:
 
     def __init__(self, name: str, fallback: str, is_generator: bool):
         self._name = name
-        self._fallback = fallback
+        self.fallback = fallback  # "lazy" or "eager": the one place it is kept
         self._is_generator = is_generator
         self._warned: set[tuple] = set()
         self._storm_warned = False
@@ -73,11 +73,11 @@ class Notices:
                 "argument, or raise cache_limit.", user_location())
 
     def fallback_text(self) -> str:
-        if self._fallback == "lazy" and self._is_generator:
+        if self.fallback == "lazy" and self._is_generator:
             return ("runs as a plain loop instead, each step in transparent mode: its reader "
                     "reads ahead and its ndd calls run as cached pipeline regions, with the "
                     "same results")
-        if self._fallback == "lazy":
+        if self.fallback == "lazy":
             return ("runs in transparent mode instead: its ndd calls run as cached pipeline "
                     "regions (split where Python needs data), with the same results")
         return "runs eagerly (plain ndd, fallback=\"eager\"), with the same results"
@@ -100,14 +100,13 @@ class TraceStage:
 
     def __init__(self, function: Callable, name: str, signature: inspect.Signature,
                  notices: Notices, options: Callable[[], Options], *, fullgraph: bool,
-                 fallback: str, optimize: bool, path: str = "one pipeline"):
+                 optimize: bool, path: str = "one pipeline"):
         self._function = function
         self._name = name
         self._signature = signature
         self._notices = notices
         self._options = options
         self.fullgraph = fullgraph
-        self._fallback = fallback
         self.optimize = optimize
         self.path = path  # how its compiled entries run ("compiled loop": a loop body)
         self._failure_note: str | None = None
@@ -138,7 +137,7 @@ class TraceStage:
         graph break `record`; under fullgraph=True, GraphBreakError at the break instead."""
         entry.breaks.append(record)
         entry.eager_reason = f"graph break: {record}"
-        entry.path = path or ("transparent mode" if self._fallback == "lazy" else "eager")
+        entry.path = path or ("transparent mode" if self._notices.fallback == "lazy" else "eager")
         logs.breaks.info("`%s`: graph break at %s: %s", self._name, record.loc or "?",
                          record.reason)
         if self.fullgraph:
