@@ -17,8 +17,13 @@
 #          alternating, ROUNDS rounds each
 # absmall: the tiny workload (small_ops, batch 8) for the compiled step, transparent mode and the
 #          pipeline, this tree against the one in $OLD, alternating, ROUNDS rounds each
-# scaling: throughput against batch size (64, 256, 512) and threads (4, 16) for the pipeline,
-#          capture mode, the compiled generator and optimize (benchmarks/chart.py --scaling)
+# scaling: throughput against batch size (SCALING_BATCHES, default 32 64 256 512) and threads (4,
+#          16) for the pipeline, capture mode, the compiled generator and optimize, SCALING_STEPS
+#          steps (default 200) after a quarter as many (benchmarks/chart.py --scaling)
+#
+# At the end, everything under $OUT is packed into $OUT/session.tgz (the device tool returns at
+# most 8 files): unpack it with `tar xzf session.tgz`. Keep a log of your own outside $OUT (or
+# copy it in after the script): what is under $OUT when the script ends goes into the archive.
 # warm:    the warm start (NDD_TRACE_CACHE_DIR, docs/warm-start.md): the train workload's first
 #          batch for the compiled generator, the compiled step and transparent mode, each in a
 #          process with an empty cache (cold) and then one with the cache it left (warm), and the
@@ -92,9 +97,10 @@ if has absmall; then
 fi
 if has scaling; then
     for threads in 4 16; do
-        for batch in 64 256 512; do
-            python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 60 \
-                --warmup 20 --threads "$threads" --batch-size "$batch" --images 4096 \
+        for batch in ${SCALING_BATCHES:-32 64 256 512}; do
+            steps=${SCALING_STEPS:-200}
+            python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps "$steps" \
+                --warmup $((steps / 4)) --threads "$threads" --batch-size "$batch" --images 4096 \
                 --modes capture,ndd_trace_loop,ndd_trace_optimize,pipeline \
                 --json "$OUT/scaling_t${threads}_b$batch.json" 2>&1 | tail -7 \
                 | tee "$OUT/scaling_t${threads}_b$batch.log"
@@ -115,3 +121,6 @@ if has warm; then
         done
     done
 fi
+# one archive of everything written, beside the logs' tails printed above
+(cd "$OUT" && files=$(ls | grep -v '^session.tgz$') && [ -n "$files" ] && tar czf session.tgz $files \
+    && rm -f $files)
