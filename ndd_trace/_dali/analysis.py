@@ -11,8 +11,9 @@ With a cache directory (`NDD_TRACE_CACHE_DIR`, or `ndd_trace.set_cache_dir(path)
 of each module is saved there (pickled, ~0.8 MB for 900 lines) under a key of the exact text
 DALI parses, the DALI, libcst and Python versions, DALI's analysis code and this format's
 number; a later process (a restart, torchrun's other ranks) loads it (~20 ms) into DALI's own
-per-file cache, where DALI's next call finds it exactly as if it had parsed the file. Anything that goes wrong
-(an unreadable file, a corrupt entry) leaves DALI to parse as it does without the cache.
+per-file cache, where DALI's next call finds it exactly as if it had parsed the file. Anything
+that goes wrong (an unreadable file, a corrupt entry) leaves DALI to parse as it does without
+the cache.
 
 The directory holds pickles: name one only you can write to, as for any pickle cache.
 """
