@@ -210,7 +210,8 @@ class Executable:
         """Draw, feed and schedule one iteration; outputs are fetched when first used."""
         if not self.graph.outputs:
             with self._lock:
-                self.feed.draw_states(bound)  # nothing to run, but the generators advance as eagerly
+                # nothing to run, but the generators advance as eagerly
+                self.feed.draw_states(bound)
             return None
 
         drawn: dict = {}

@@ -134,6 +134,7 @@ class CallSites:
 
     def replay(self, site: _Site, op_class: type, inputs: tuple, kwargs: dict) -> Any:
         """This call recorded from its site's last call, if it was given the same (else None)."""
+        tracer = self._tracer
         if self.describe_arguments(op_class, kwargs) != site.arguments:
             return None
         data = [kwargs[key] for key in site.arg_metas  # the data arguments, in call order
@@ -159,16 +160,16 @@ class CallSites:
                     return None
         if (batch_size is not None) != is_batch:
             return None
-        refs = [self._tracer._ref_of(value, is_batch, loc) for value in inputs]
+        refs = [tracer._ref_of(value, is_batch, loc) for value in inputs]
         if any(ref.node.meta[ref.index] != meta for ref, meta in zip(refs, site.input_metas)):
             return None  # (constants made for the inputs are left unused)
         if batch_size is not None:
-            self._tracer._note_static_batch_size(int(batch_size), loc)
+            tracer._note_static_batch_size(int(batch_size), loc)
         arg_inputs = {}
         for key in site.arg_metas:
             if key in site.converted:  # the same list (its token): converted as recorded
-                value = self._tracer._tensor_argument(op_class, key, kwargs[key], batch_size)
-                arg_inputs[key] = self._tracer._ref_of(value, is_batch, loc)
+                value = tracer._tensor_argument(op_class, key, kwargs[key], batch_size)
+                arg_inputs[key] = tracer._ref_of(value, is_batch, loc)
             else:
                 arg_inputs[key] = kwargs[key]._ref
         if site.instance is not None:
@@ -178,13 +179,13 @@ class CallSites:
             _dali.keep_eager_instance(op_class, key, init_args)
         if site.is_random:
             if not is_batch:
-                self._tracer.sample_random_ops.append(loc)
-            state = self._tracer.graph.add_random_state(self._tracer._rng_slot(kwargs.get("rng"), loc), loc)
+                tracer.sample_random_ops.append(loc)
+            state = tracer.graph.add_random_state(tracer._rng_slot(kwargs.get("rng"), loc), loc)
             arg_inputs["_random_state"] = Ref(state, 0)
-        new = self._tracer.graph.add_op(**fields, op_class=op_class, batch_size=batch_size, inputs=refs,
-                                arg_inputs=arg_inputs)
-        self._tracer.num_ops += 1
-        results = [self._tracer._proxy(Ref(new, i), new.meta[i], new.is_batch)
+        new = tracer.graph.add_op(**fields, op_class=op_class, batch_size=batch_size,
+                                  inputs=refs, arg_inputs=arg_inputs)
+        tracer.num_ops += 1
+        results = [tracer._proxy(Ref(new, i), new.meta[i], new.is_batch)
                    for i in range(new.num_outputs)]
         if new.num_outputs == 1:
             return results[0]
