@@ -213,12 +213,10 @@ class _Interceptor:
     @contextmanager
     def active(self, handler: Callable, on_reader: Callable | None = None) -> Iterator[None]:
         release = self.hold()
-        previous = getattr(self._local, "handler", None), getattr(self._local, "on_reader", None)
-        self._local.handler, self._local.on_reader = handler, on_reader
         try:
-            yield
+            with self._handlers(handler, on_reader):
+                yield
         finally:
-            self._local.handler, self._local.on_reader = previous
             release()
 
     def hold(self) -> Callable[[], None]:
@@ -246,8 +244,14 @@ class _Interceptor:
     @contextmanager
     def suspended(self) -> Iterator[None]:
         """Run eagerly inside a trace (used to evaluate constants the user computes)."""
+        with self._handlers(None, None):
+            yield
+
+    @contextmanager
+    def _handlers(self, handler: Callable | None, on_reader: Callable | None) -> Iterator[None]:
+        """This thread's handlers for the block, the previous ones back after it."""
         previous = getattr(self._local, "handler", None), getattr(self._local, "on_reader", None)
-        self._local.handler, self._local.on_reader = None, None
+        self._local.handler, self._local.on_reader = handler, on_reader
         try:
             yield
         finally:

@@ -165,6 +165,18 @@ def register_source(filename: str, text: str) -> None:
     linecache.cache[filename] = (len(text), None, lines, filename)
 
 
+def innermost_user_loc(error: BaseException | None) -> SourceLoc | None:
+    """The innermost user frame of an exception's traceback."""
+    loc = None
+    tb = error.__traceback__ if error is not None else None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not is_internal_file(code.co_filename):
+            loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return loc
+
+
 def hide_own_frames(error: BaseException) -> None:
     """Drop ndd_trace's frames from the traceback of an error that is not ndd_trace's own (DALI's
     or the user's, raised below a hook or at the user's line by `raise_at`): it reads as the

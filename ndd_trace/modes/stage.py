@@ -24,7 +24,7 @@ from ..codegen.optimize import optimize as optimize_graph
 from ..core import logs, passes
 from ..core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from ..core.ir import NodeKind
-from ..core.source import SourceLoc, is_internal_file, raise_at, user_location
+from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..execution.runtime import Executable, Options
 from ..tracing.trace import GraphBreakRecord, Tracer
 from .cache import Entry, EntryCache, batch_sizes, walk_data
@@ -83,18 +83,6 @@ class Notices:
         return "runs eagerly (plain ndd, fallback=\"eager\"), with the same results"
 
 
-def user_loc_of(error: BaseException | None) -> SourceLoc | None:
-    """The innermost user frame of an exception's traceback."""
-    loc = None
-    tb = error.__traceback__ if error is not None else None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if not is_internal_file(code.co_filename):
-            loc = SourceLoc(code.co_filename, tb.tb_lineno, code.co_name)
-        tb = tb.tb_next
-    return loc
-
-
 class TraceStage:
     """Traces calls of one function into cache entries (see the module's docstring)."""
 
@@ -128,7 +116,7 @@ class TraceStage:
         """The entry of a variant whose trace raised where eager did not: not compiled, and
         warned about at the user's line."""
         record = GraphBreakRecord(f"could not be traced ({type(error).__name__}: {error})",
-                                  user_loc_of(error))
+                                  innermost_user_loc(error))
         logs.fallbacks.info("`%s`: %s", self._name, record)
         return self.break_entry(Entry(key=key), record)
 
