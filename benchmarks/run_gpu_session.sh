@@ -24,6 +24,10 @@
 # At the end, everything under $OUT is packed into $OUT/session.tgz (the device tool returns at
 # most 8 files): unpack it with `tar xzf session.tgz`. Keep a log of your own outside $OUT (or
 # copy it in after the script): what is under $OUT when the script ends goes into the archive.
+# sweep:   the train workload's pipeline fused by hand, the decoder alone and optimize, over
+#          threads (SWEEP_THREADS, default 4 8 16) and hw_decoder_load (SWEEP_LOADS, default
+#          0.5 0.65 0.9 1.0), and the obvious pipeline at each thread count: the landscape a
+#          per-machine tuner searches
 # warm:    the warm start (NDD_TRACE_CACHE_DIR, docs/warm-start.md): the train workload's first
 #          batch for the compiled generator, the compiled step and transparent mode, each in a
 #          process with an empty cache (cold) and then one with the cache it left (warm), and the
@@ -104,6 +108,19 @@ if has scaling; then
                 --modes capture,ndd_trace_loop,ndd_trace_optimize,pipeline \
                 --json "$OUT/scaling_t${threads}_b$batch.json" 2>&1 | tail -7 \
                 | tee "$OUT/scaling_t${threads}_b$batch.log"
+        done
+    done
+fi
+if has sweep; then
+    for threads in ${SWEEP_THREADS:-4 8 16}; do
+        python3 benchmarks/bench_ops.py $TRAIN --steps 200 --threads "$threads" --modes pipeline \
+            --json "$OUT/sweep_t${threads}_pipeline.json" 2>&1 | tail -4 \
+            | tee "$OUT/sweep_t${threads}_pipeline.log"
+        for load in ${SWEEP_LOADS:-0.5 0.65 0.9 1.0}; do
+            python3 benchmarks/bench_ops.py $TRAIN --steps 200 --threads "$threads" \
+                --hw-decoder-load "$load" --modes pipeline_fused,decode_only,ndd_trace_optimize \
+                --json "$OUT/sweep_t${threads}_l$load.json" 2>&1 | tail -6 \
+                | tee "$OUT/sweep_t${threads}_l$load.log"
         done
     done
 fi
