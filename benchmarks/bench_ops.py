@@ -104,6 +104,7 @@ WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
 RESULT_PREFIX = "BENCH_RESULT "
+FUSED_HW_DECODER_LOAD = 0.9  # pipeline_fused's and decode_only's hw_decoder_load (tuned by hand)
 
 
 @dataclass
@@ -218,7 +219,8 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
 
     decoder_device = "mixed" if options.device == "gpu" else "cpu"
     # the GPU decoder's share for the hardware JPEG decoder (a mixed-backend argument only)
-    tuning = {"hw_decoder_load": options.hw_decoder_load} if options.device == "gpu" else {}
+    load = FUSED_HW_DECODER_LOAD if options.hw_decoder_load is None else options.hw_decoder_load
+    tuning = {"hw_decoder_load": load} if options.device == "gpu" else {}
 
     def jpegs_of_reader():  # the same reader (and order of samples) in each variant
         jpegs, _labels = fn.readers.file(
@@ -545,7 +547,9 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     if options.device == "gpu":
         require_gpu()
 
-    if mode == "ndd_trace_optimize":  # the same hardware decoder share as pipeline_fused's
+    if mode == "ndd_trace_optimize" and options.hw_decoder_load is not None:
+        # the same hardware decoder share as pipeline_fused's (not tuned: ndd_trace's tuning
+        # chooses the share only where nothing sets it)
         os.environ["NDD_TRACE_HW_DECODER_LOAD"] = str(options.hw_decoder_load)
     if mode in ("ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "ndd_trace_checked",
                 "ndd_trace_optimize", "transparent"):
@@ -694,9 +698,8 @@ def worker_command(mode: str, workload: str, options: argparse.Namespace) -> lis
         str(options.data_dir),
         "--train-ms",
         str(options.train_ms),
-        "--hw-decoder-load",
-        str(options.hw_decoder_load),
-    ]
+    ] + (["--hw-decoder-load", str(options.hw_decoder_load)]
+         if options.hw_decoder_load is not None else [])
 
 
 def run_in_subprocess(mode: str, workload: str, options: argparse.Namespace) -> Result:
@@ -810,9 +813,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--train-ms", type=float, default=0.0,
                         help="simulated training step after each batch (milliseconds)")
-    parser.add_argument("--hw-decoder-load", type=float, default=0.9,
-                        help="the GPU decoder's hw_decoder_load in pipeline_fused, decode_only "
-                             "and ndd_trace_optimize (pipeline keeps DALI's default, 0.65)")
+    parser.add_argument("--hw-decoder-load", type=float, default=None,
+                        help="the GPU decoder's hw_decoder_load in pipeline_fused and decode_only "
+                             f"(default {FUSED_HW_DECODER_LOAD}), and in ndd_trace_optimize "
+                             "(default: ndd_trace's, tuned per machine with a cache directory);"
+                             " pipeline keeps DALI's default, 0.65")
     parser.add_argument("--images", type=int, default=256, help="JPEG files in the data set")
     parser.add_argument(
         "--data-dir",

@@ -28,6 +28,11 @@
 #          threads (SWEEP_THREADS, default 4 8 16) and hw_decoder_load (SWEEP_LOADS, default
 #          0.5 0.65 0.9 1.0), and the obvious pipeline at each thread count: the landscape a
 #          per-machine tuner searches
+# tune:    per-machine tuning (optimize=True, docs/optimize.md): the train workload's optimize
+#          mode run TUNE_STEPS steps (default 400) with an empty cache directory, which it
+#          tunes from and keeps its settings in (copied here: each measurement is listed);
+#          then ROUNDS rounds of the train workload, every mode, with that cache directory
+#          (optimize starts tuned; the other ndd_trace modes get the warm start)
 # warm:    the warm start (NDD_TRACE_CACHE_DIR, docs/warm-start.md): the train workload's first
 #          batch for the compiled generator, the compiled step and transparent mode, each in a
 #          process with an empty cache (cold) and then one with the cache it left (warm), and the
@@ -42,6 +47,14 @@ export PYTHONUNBUFFERED=1
 ALL=eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,transparent,pipeline,pipeline_fused,decode_only
 TRAIN="--device gpu --workloads decode_rrc_cmn --steps 100 --warmup 40 --threads 16 --batch-size 256 --images 4096"
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+# every command ends by DEADLINE_S seconds into the script (default 560, under the device tool's
+# 600 s a call), so that the archive below is always written
+DEADLINE=${DEADLINE_S:-560}
+bounded() {
+    local left=$((DEADLINE - SECONDS))
+    if [ "$left" -le 5 ]; then echo "skipped (past DEADLINE_S): $*"; return 124; fi
+    timeout "$left" "$@"
+}
 nvidia-smi -L
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -49,30 +62,30 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -c 'import nvidia.dali as d, torch; print("DALI", d.__version__, "torch", torch.__version__)'
 if has gputests; then
-    python3 -m pytest -q -rs -m gpu tests -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+    bounded python3 -m pytest -q -rs -m gpu tests -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
 fi
 if has tests; then
-    timeout "${TESTS_S:-420}" python3 -m pytest -q -n 8 tests -p no:cacheprovider \
+    bounded timeout "${TESTS_S:-420}" python3 -m pytest -q -n 8 tests -p no:cacheprovider \
         --deselect tests/test_repros.py 2>&1 | tail -25 | tee "$OUT/all_tests.log"
 fi
 if has small; then
-    python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps 300 --warmup 30 \
+    bounded python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps 300 --warmup 30 \
         --threads 4 --modes eager,capture,ndd_trace,ndd_trace_fed,transparent,pipeline_percall,pipeline \
         --json "$OUT/bench_small_ops.json" 2>&1 | tail -12 | tee "$OUT/bench_small_ops.log"
 fi
 if has decode; then
-    python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 300 --warmup 30 \
+    bounded python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 300 --warmup 30 \
         --threads 4 --modes "$ALL" --json "$OUT/bench_decode.json" 2>&1 | tail -14 \
         | tee "$OUT/bench_decode.log"
 fi
 if has train; then
     for round in $(seq 1 "$ROUNDS"); do
-        python3 benchmarks/bench_ops.py $TRAIN --modes "$ALL" --json "$OUT/bench_train_r$round.json" \
+        bounded python3 benchmarks/bench_ops.py $TRAIN --modes "$ALL" --json "$OUT/bench_train_r$round.json" \
             2>&1 | tail -14 | tee "$OUT/bench_train_r$round.log"
     done
 fi
 if has ddp; then
-    python3 benchmarks/bench_ddp.py --json "$OUT/bench_ddp.json" 2>&1 | tail -14 | tee "$OUT/bench_ddp.log"
+    bounded python3 benchmarks/bench_ddp.py --json "$OUT/bench_ddp.json" 2>&1 | tail -14 | tee "$OUT/bench_ddp.log"
 fi
 if has ab; then
     for round in $(seq 1 "$ROUNDS"); do
@@ -80,7 +93,7 @@ if has ab; then
             root=$PWD
             [ "$tree" = old ] && root=$PWD/$OLD  # its ndd_trace/ first on the path, for every mode's process
             (cd / && PYTHONPATH=$root:$PYTHONPATH python3 -c 'import ndd_trace; print("ndd_trace from", ndd_trace.__file__)')
-            PYTHONPATH=$root:$PYTHONPATH python3 "$root/benchmarks/bench_ops.py" $TRAIN \
+            PYTHONPATH=$root:$PYTHONPATH bounded python3 "$root/benchmarks/bench_ops.py" $TRAIN \
                 --modes ndd_trace_loop,transparent,pipeline \
                 --json "$OUT/ab_${tree}_r$round.json" 2>&1 | tail -6 | tee "$OUT/ab_${tree}_r$round.log"
         done
@@ -92,7 +105,7 @@ if has absmall; then
             root=$PWD
             [ "$tree" = old ] && root=$PWD/$OLD
             (cd / && PYTHONPATH=$root:$PYTHONPATH python3 -c 'import ndd_trace; print("ndd_trace from", ndd_trace.__file__)')
-            PYTHONPATH=$root:$PYTHONPATH python3 "$root/benchmarks/bench_ops.py" --device gpu \
+            PYTHONPATH=$root:$PYTHONPATH bounded python3 "$root/benchmarks/bench_ops.py" --device gpu \
                 --workloads small_ops --steps 300 --warmup 30 --threads 4 \
                 --modes ndd_trace,transparent,pipeline --json "$OUT/absmall_${tree}_r$round.json" \
                 2>&1 | tail -6 | tee "$OUT/absmall_${tree}_r$round.log"
@@ -103,7 +116,7 @@ if has scaling; then
     for threads in 4 16; do
         for batch in ${SCALING_BATCHES:-32 64 256 512}; do
             steps=${SCALING_STEPS:-200}
-            python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps "$steps" \
+            bounded python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps "$steps" \
                 --warmup $((steps / 4)) --threads "$threads" --batch-size "$batch" --images 4096 \
                 --modes capture,ndd_trace_loop,ndd_trace_optimize,pipeline \
                 --json "$OUT/scaling_t${threads}_b$batch.json" 2>&1 | tail -7 \
@@ -113,15 +126,29 @@ if has scaling; then
 fi
 if has sweep; then
     for threads in ${SWEEP_THREADS:-4 8 16}; do
-        python3 benchmarks/bench_ops.py $TRAIN --steps 200 --threads "$threads" --modes pipeline \
+        bounded python3 benchmarks/bench_ops.py $TRAIN --steps 200 --threads "$threads" --modes pipeline \
             --json "$OUT/sweep_t${threads}_pipeline.json" 2>&1 | tail -4 \
             | tee "$OUT/sweep_t${threads}_pipeline.log"
         for load in ${SWEEP_LOADS:-0.5 0.65 0.9 1.0}; do
-            python3 benchmarks/bench_ops.py $TRAIN --steps 200 --threads "$threads" \
+            bounded python3 benchmarks/bench_ops.py $TRAIN --steps 200 --threads "$threads" \
                 --hw-decoder-load "$load" --modes pipeline_fused,decode_only,ndd_trace_optimize \
                 --json "$OUT/sweep_t${threads}_l$load.json" 2>&1 | tail -6 \
                 | tee "$OUT/sweep_t${threads}_l$load.log"
         done
+    done
+fi
+if has tune; then
+    cache=${TUNE_CACHE:-/tmp/ndd-tune}  # kept between calls of one lease
+    mkdir -p "$cache"
+    NDD_TRACE_CACHE_DIR=$cache bounded python3 benchmarks/bench_ops.py \
+        $TRAIN --steps "${TUNE_STEPS:-400}" --modes ndd_trace_optimize,pipeline \
+        --json "$OUT/tune_first_run.json" 2>&1 | grep -v "^\s*$" | tail -40 \
+        | tee "$OUT/tune_first_run.log"
+    cp "$cache"/tuning-*.json "$OUT/" 2>/dev/null
+    for round in $(seq 1 "$ROUNDS"); do
+        NDD_TRACE_CACHE_DIR=$cache bounded python3 benchmarks/bench_ops.py $TRAIN --modes "$ALL" \
+            --json "$OUT/tuned_train_r$round.json" 2>&1 | tail -14 \
+            | tee "$OUT/tuned_train_r$round.log"
     done
 fi
 if has warm; then
@@ -129,7 +156,7 @@ if has warm; then
         for mode in ndd_trace_loop ndd_trace transparent; do
             cache=$(mktemp -d)
             for start in cold warm; do
-                NDD_TRACE_CACHE_DIR=$cache NDD_TRACE_LOGS=cache python3 benchmarks/bench_ops.py \
+                NDD_TRACE_CACHE_DIR=$cache NDD_TRACE_LOGS=cache bounded python3 benchmarks/bench_ops.py \
                     $TRAIN --steps 20 --warmup 5 --modes "$mode,pipeline" \
                     --json "$OUT/warm_${mode}_${start}_r$round.json" 2>&1 | tail -5 \
                     | tee "$OUT/warm_${mode}_${start}_r$round.log"

@@ -31,7 +31,7 @@ from .core import logs, trees
 from .core.errors import NddTraceWarning
 from .core.ir import NodeKind, Ref
 from .core.source import hide_own_frames, user_location
-from .execution import waits
+from .execution import tuning, waits
 from .execution.runtime import LazyOutput, Options
 from .modes import lazy
 from .modes.cache import CacheInfo, Entry, EntryCache, walk_data
@@ -109,7 +109,8 @@ class CompiledFunction:
         self._entry_cache = EntryCache(function, self.__qualname__, cache_limit, positional_names)
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
         self._stage = TraceStage(function, self.__qualname__, self._signature, self._notices,
-                                 self._options, fullgraph=fullgraph, optimize=bool(optimize))
+                                 self._options, fullgraph=fullgraph, optimize=bool(optimize),
+                                 threads_given=num_threads is not None)
         self._step_tracers = threading.local()  # .held: (device and threads, checked-mode tracer)
         # a generator, taken apart at its first call (loop.py): False until then, None where
         # its loop body cannot be compiled (it runs in checked mode)
@@ -468,8 +469,10 @@ def set_cache_dir(path: Any) -> None:
     parse of each module whose ndd calls are traced, the bulk of a first trace. Keyed by the
     module's exact text and the DALI, libcst and Python versions; exact (what is asked of the
     parse is still answered against the live call). It holds pickles: name a directory only
-    you can write to. See docs/warm-start.md."""
+    you can write to. See docs/warm-start.md. `optimize=True`'s per-machine tuning keeps its
+    settings there too (docs/optimize.md)."""
     _dali.set_analysis_cache_dir(path)
+    tuning.forget()  # the tuning read from another directory
 
 
 def cache_dir() -> str | None:
@@ -534,14 +537,16 @@ class Explanation:
     loop: str = ""  # a compiled generator: its Python as it runs, and its loop body
     optimize: bool = False  # compiled with optimize=True
     optimizations: list[str] = dataclasses.field(default_factory=list)  # what was rewritten
+    tuning: list[str] = dataclasses.field(default_factory=list)  # per-machine settings (tuning.py)
 
     @property
     def optimizations_text(self) -> list[str]:
-        """The "optimizations applied:" section (empty without optimize=True)."""
+        """The "optimizations applied:" section and the tuning (empty without optimize=True)."""
         if not self.optimize:
             return []
         return [f"  optimizations applied: {len(self.optimizations) or 'none'}",
-                *(f"    - {applied}" for applied in self.optimizations)]
+                *(f"    - {applied}" for applied in self.optimizations),
+                *(f"  {line}" for line in self.tuning)]
 
     def __str__(self) -> str:
         lines = [f"ndd_trace.explain: `{self.function_name}`"]
@@ -595,7 +600,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     return Explanation(
         function_name=compiled.__qualname__,
         graph=entry.graph_text,
-        code=entry.lowered.source if entry.lowered else "",
+        code=_code(compiled._entry_cache.entries.get(entry.key) or entry),
         guards=guard_lines,
         breaks=list(entry.breaks),
         eager_reason=entry.eager_reason,
@@ -605,6 +610,8 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         path=entry.path,
         optimize=compiled.optimize,
         optimizations=[str(applied) for applied in entry.optimizations],
+        # the entry the cache holds for this key runs the calls (the one traced here does not)
+        tuning=_tuning(compiled._entry_cache.entries.get(entry.key)),
     )
 
 
@@ -634,10 +641,21 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
     guard_lines = guards.describe(entry.key)
     return Explanation(
         function_name=compiled.__qualname__, graph=entry.graph_text,
-        code=entry.lowered.source if entry.lowered else "", guards=guard_lines,
+        code=_code(entry), guards=guard_lines,
         breaks=list(entry.breaks), eager_reason=entry.eager_reason,
         cache=compiled.cache_info(), num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
         path=_LOOP_PATH if not entry.eager else f"checked loop ({entry.path})", loop=loop,
         optimize=compiled.optimize,
-        optimizations=[str(applied) for applied in entry.optimizations])
+        optimizations=[str(applied) for applied in entry.optimizations], tuning=_tuning(entry))
+
+
+def _code(entry: Entry) -> str:
+    """The code that runs: the executable's (tuning may have generated it again)."""
+    if entry.executable is not None:
+        return entry.executable.lowered.source
+    return entry.lowered.source if entry.lowered else ""
+
+
+def _tuning(entry: Entry | None) -> list[str]:
+    return tuning.described(entry.executable) if entry is not None else []

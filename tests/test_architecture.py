@@ -29,7 +29,7 @@ LAYERS = [
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},
     {"codegen.optimize"},
     {"codegen.lower"},
-    {"execution.waits", "execution.interpret", "execution.feed"},
+    {"execution.waits", "execution.interpret", "execution.feed", "execution.tuning"},
     {"execution.failures"},
     {"execution.runtime"},
     {"ahead.runahead"},

@@ -246,7 +246,9 @@ class Speculator:
             pattern.launched.clear()
         if not pattern.confirmed or gave_up(pattern.hits, pattern.misses):
             return
-        for count in range(observation.count + 1, observation.count + 1 + RUN_AHEAD):
+        # RUN_AHEAD runs, or as many as a deeper pipeline queue holds (a tuned one: tuning.py)
+        ahead = max(RUN_AHEAD, executable.options.prefetch_queue_depth - 1)
+        for count in range(observation.count + 1, observation.count + 1 + ahead):
             if count in pattern.launched:
                 continue
             launch = self._launch(executable, observation, pattern.strides, count, batch_size)

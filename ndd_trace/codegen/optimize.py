@@ -19,7 +19,7 @@ so every generator advances as it does eagerly and every other random op gets ea
   the data moving there before it (a widening cast moves the narrow data); values are the same.
 - redundant casts: a cast to the dtype its input already has is dropped (exact).
 - hw_decoder_load: mixed (GPU) image decoders the user gave no `hw_decoder_load` get
-  HW_DECODER_LOAD (a hypothesis to be measured per machine, see docs/optimize.md).
+  HW_DECODER_LOAD, the start of execution/tuning.py's per-machine search (`set_hw_decoder_load`).
 
 Every DALI fact (schemas, argument names, backends) comes through `_dali`.
 """
@@ -77,6 +77,7 @@ class Applied:
     loc: SourceLoc | None
     detail: str
     values: str
+    node: Node | None = dataclasses.field(default=None, compare=False, repr=False)  # made
 
     def __str__(self) -> str:
         where = self.loc.short if self.loc is not None else "?"
@@ -435,5 +436,11 @@ def tune_hw_decoder_load(graph: Graph) -> list[Applied]:
         applied.append(Applied(
             "hw_decoder_load", node.loc, f"{node.name}: hw_decoder_load={load} (not set by the "
             "call; DALI's default is 0.65)", "which images the hardware JPEG decoder takes: "
-            "its pixels may differ slightly from the CUDA decoder's"))
+            "its pixels may differ slightly from the CUDA decoder's", node))
     return applied
+
+
+def set_hw_decoder_load(node: Node, load: float) -> None:
+    """A decoder `tune_hw_decoder_load` gave its load gets another (execution/tuning.py)."""
+    _become(node, _dali.op_path(node.op_class), {**node.static, "hw_decoder_load": load},
+            dict(node.arg_inputs))

@@ -27,7 +27,7 @@ import sys
 import warnings
 
 CHANNELS = ("trace", "recompiles", "breaks", "fallbacks", "builds", "runtime", "transparent",
-            "cache")
+            "cache", "tuning")
 _ALIASES = {"recompile": "recompiles", "break": "breaks", "graph_breaks": "breaks",
             "fallback": "fallbacks", "build": "builds", "traces": "trace"}
 ENV_VAR = "NDD_TRACE_LOGS"
@@ -47,6 +47,7 @@ builds = logging.getLogger("ndd_trace.builds")
 runtime = logging.getLogger("ndd_trace.runtime")
 transparent = logging.getLogger("ndd_trace.transparent")
 cache = logging.getLogger("ndd_trace.cache")
+tuning = logging.getLogger("ndd_trace.tuning")
 
 _handler: logging.Handler | None = None
 

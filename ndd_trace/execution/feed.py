@@ -141,6 +141,10 @@ class Feed:
             _dali.feed(pipeline, name, item)
         self._fed.append(data)
 
+    def keep_fed(self, prefetch_queue_depth: int) -> None:
+        """Keep what is fed as long as a pipeline of this depth may read it."""
+        self._fed = collections.deque(self._fed, maxlen=2 * prefetch_queue_depth + 2)
+
     def forget_fed(self) -> None:
         """Nothing reads what was fed any more (the pipeline is gone)."""
         self._fed.clear()

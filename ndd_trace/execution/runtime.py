@@ -62,6 +62,7 @@ class PendingRun:
         # region's calls this time): its errors name their lines; None: the graph's own
         self.calls: list[Node] | None = None
         self.fetched: tuple | None = None  # (seconds waited, when, thread) once fetched
+        self.used = False  # its outputs were asked for (the tuner counts consumer steps)
 
     def result(self) -> tuple:
         """The run's outputs; its error (the operator's own, as eager raises it at the call)
@@ -70,6 +71,11 @@ class PendingRun:
             started = time.perf_counter()
             self._executable.fetch(self)
             waits.note_fetched(self, started)  # the consumer's wait, for the loader verdict
+        if not self.used:
+            self.used = True
+            tuner = self._executable.tuner
+            if tuner is not None:
+                tuner.consumed()
         if self.error is not None:
             raise self.error if self.as_is else surfacing(self.error, self.deferred)
         return self.outputs  # type: ignore[return-value]
@@ -166,12 +172,15 @@ class Executable:
         self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
+        self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
 
     # -- building ------------------------------------------------------------------------------
 
     def _build(self, batch_size: int) -> None:
         started = time.perf_counter()
         self.pipeline = None
+        if self.tuner is not None:  # settings kept for this machine apply from the first build
+            self.tuner.before_build(batch_size)
         options = self.options
         # the generated @pipeline_def itself (what `explain` shows is what runs)
         pipe = self.lowered.function(**_dali.pipeline_options(
@@ -364,6 +373,23 @@ class Executable:
     def _drain(self) -> None:
         while self._pending:
             self._fetch_oldest()
+
+    def retune(self, options: Options, lowered: Lowered | None = None, *,
+               build: bool) -> None:
+        """Run with other settings (and code, where a decoder's load changed) from the next run
+        on: the runs in flight are fetched first (their outputs kept); `build` builds now, for
+        the batch size built before (a failure raises here, the pipeline then left unbuilt)."""
+        with self._lock:
+            self._drain()
+            self.pipeline = None
+            self.feed.forget_fed()
+            if lowered is not None:
+                self.lowered = self.failures.lowered = lowered
+            if options.prefetch_queue_depth != self.options.prefetch_queue_depth:
+                self.feed.keep_fed(options.prefetch_queue_depth)
+            self.options = options
+            if build and self.max_batch_size:
+                self._build(self.max_batch_size)
 
     def release(self) -> bool:
         """Free the pipeline once the runs in flight are done (built again if run again);

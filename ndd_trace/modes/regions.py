@@ -19,6 +19,7 @@ from ..codegen.optimize import optimize as optimize_graph
 from ..core import logs
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
 from ..execution.interpret import interpret
+from ..execution import tuning
 from ..execution.runtime import Executable, Options
 from . import report as limits  # MAX_LIVE_REGIONS, MAX_SITE_REGIONS: read there, at each use
 from .report import Region, _state
@@ -188,6 +189,8 @@ class RegionRunner:
         lowered = lower(graph)
         executable = Executable(graph, lowered, [], self.options, {})
         executable.feed.cache_constants = False
+        if self.optimize:
+            tuning.attach(executable, applied, lambda: lower(graph), threads_given=False)
         region = Region(key, loc, len(region_ops), executable, lowered.source,
                         optimizations=applied)
         region.build_s = time.perf_counter() - started  # lowering; the build is added on run

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc
-from ..execution import waits
+from ..execution import tuning, waits
 from ..execution.runtime import Executable
 
 # Region pipelines held at once (each has a few OS threads): past it, the least recently run
@@ -98,7 +98,8 @@ class Report:
                  "build_s": round(r.build_s, 4), "record_s": round(r.record_s, 4),
                  "eager_reason": r.eager_reason, "releases": r.releases, "op_chain": r.op_chain,
                  "inputs": r.input_kinds, "split_by": splits.get(id(r)),
-                 "optimizations": [str(applied) for applied in r.optimizations]}
+                 "optimizations": [str(applied) for applied in r.optimizations],
+                 "tuning": tuning.described(r.executable)}
                 for r in self.regions
             ],
             "eager_ops": [
@@ -140,6 +141,7 @@ class Report:
                 lines.append(f"      inputs: {', '.join(r.input_kinds) or '-'}")
                 lines.append(f"      split by: {splits[id(r)]}")
             lines += [f"      optimization applied: {applied}" for applied in r.optimizations]
+            lines += [f"      {line}" for line in tuning.described(r.executable)]
         if self.readers:
             lines.append("  readers in a read-ahead pipeline:")
             for (reader, where), epochs in sorted(self.readers.items()):

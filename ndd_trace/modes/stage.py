@@ -25,6 +25,7 @@ from ..core import logs, passes
 from ..core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
+from ..execution import tuning
 from ..execution.runtime import Executable, Options
 from ..tracing.trace import GraphBreakRecord, Tracer
 from .cache import Entry, EntryCache, batch_sizes, walk_data
@@ -88,7 +89,7 @@ class TraceStage:
 
     def __init__(self, function: Callable, name: str, signature: inspect.Signature,
                  notices: Notices, options: Callable[[], Options], *, fullgraph: bool,
-                 optimize: bool, path: str = "one pipeline"):
+                 optimize: bool, path: str = "one pipeline", threads_given: bool = False):
         self._function = function
         self._name = name
         self._signature = signature
@@ -96,6 +97,7 @@ class TraceStage:
         self._options = options
         self.fullgraph = fullgraph
         self.optimize = optimize
+        self.threads_given = threads_given  # num_threads given to ndd.compile: not tuned
         self.path = path  # how its compiled entries run ("compiled loop": a loop body)
         self._failure_note: str | None = None
         self._trace_exception: BaseException | None = None
@@ -286,4 +288,8 @@ class TraceStage:
                         times["code"], extra={"ndd_trace_ms": times})
         entry.executable = Executable(graph, entry.lowered, draws, self._options(),
                                       tracer.rng_objects)
+        if self.optimize:
+            tuning.attach(entry.executable, entry.optimizations,
+                          lambda: lower(graph, inline_constants=True),
+                          threads_given=self.threads_given)
         return entry

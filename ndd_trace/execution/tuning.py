@@ -1,0 +1,420 @@
+"""Per-machine tuning under `optimize=True`: a pipeline's `num_threads`, `prefetch_queue_depth`
+and GPU decoders' `hw_decoder_load`, chosen from its first steps and kept per machine.
+
+    tuner = tuning.attach(executable, applied, relower, threads_given=False)  # or None
+    # ... the consumer's steps: each run's first result() calls tuner.consumed()
+    tuner.describe()    # what `explain` and the report list: "tuning: num_threads 16 -> 8 ..."
+
+The objective is what the loop feels: the consumer's steps per second, timed between the first
+uses of consecutive runs of one pipeline (the median of `WINDOW` steps, `SETTLE` steps after
+each rebuild left out). The search is coordinate descent from the starting settings (the
+function's, or ndd's current threads; `prefetch_queue_depth` as it runs; the load `optimize`
+set): the decoder load over `LOADS`, then the threads halved (again while it pays) or doubled
+(up to the CPUs this process may use), then one step deeper. A setting replaces the start only
+if it beats it by `MARGIN` twice, measured once in the search and once more, alternating,
+after it: a loop bound by its own training step times every setting alike and keeps the start.
+
+Settings change no values but the decoder load's (which images the hardware JPEG decoder
+takes, documented under `optimize`): random states are fed per call, and a DALI op gives the
+same output on any number of threads. Each setting is a rebuild, done between two steps after
+the runs in flight are fetched (their outputs are kept); a setting that fails to build ends the
+search at the start's settings.
+
+With a cache directory (`NDD_TRACE_CACHE_DIR`, `ndd_trace.set_cache_dir`), the decision is kept
+in `tuning-<machine>.json` there, under a key of the generated code (as traced, before tuning),
+the batch size and the DALI version: the next run on this kind of machine (the same GPU and
+CPU models and CPU count) builds with it from its first step. `NDD_TRACE_TUNE=0` switches
+tuning off; it applies only under `optimize`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import glob
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+from .. import _dali
+from ..codegen import optimize as rewrites
+from ..core import logs
+from ..core.ir import NodeKind
+
+ENV_VAR = "NDD_TRACE_TUNE"
+FORMAT = 1  # of the kept decisions: bump when what is kept changes
+WINDOW = 12  # steps timed per setting
+SETTLE = 3  # steps left out after a rebuild (the runs ahead refill)
+MIN_STEP_S = 0.002  # shorter steps: a rebuild (~0.1-0.5 s) is not earned back; kept as it is
+MARGIN = 0.03  # a setting replaces the start only this much faster, in both measurements
+LOADS = (0.65, 1.0, 0.4)  # hw_decoder_load tried after optimize's
+DEEPER = 1  # prefetch_queue_depth tried this much above the start's
+
+_lock = threading.RLock()
+_searching: list[Tuner] = []  # the one tuner timing now (pipelines are tuned one at a time)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    num_threads: int
+    prefetch_queue_depth: int
+    hw_decoder_load: float | None  # None: no decoder whose load is tuned
+
+    def text(self) -> str:
+        parts = [f"num_threads={self.num_threads}",
+                 f"prefetch_queue_depth={self.prefetch_queue_depth}"]
+        if self.hw_decoder_load is not None:
+            parts.append(f"hw_decoder_load={self.hw_decoder_load}")
+        return ", ".join(parts)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_VAR, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def attach(executable: Any, applied: list, relower: Callable[[], Any], *,
+           threads_given: bool) -> Tuner | None:
+    """A tuner for `executable` (optimize's `applied` rewrites; `relower()` generates its code
+    again after a decoder's load changed), or None where there is nothing to tune: tuning off,
+    or a pipeline of GPU ops only (threads and loads change nothing there)."""
+    if not enabled():
+        return None
+    graph = executable.graph
+    if not any(node.backend in ("cpu", "mixed") for node in graph.nodes_of(NodeKind.OP)):
+        return None
+    # the load optimize set (not one the call or NDD_TRACE_HW_DECODER_LOAD chose)
+    decoders = [] if os.environ.get(rewrites.HW_DECODER_LOAD_ENV_VAR, "").strip() else [
+        item.node for item in applied
+        if item.rewrite == "hw_decoder_load" and item.node is not None]
+    tuner = Tuner(executable, decoders, relower, threads_given)
+    executable.tuner = tuner
+    return tuner
+
+
+class Tuner:
+    """The search of one pipeline's settings (see the module's docstring)."""
+
+    def __init__(self, executable: Any, decoders: list, relower: Callable[[], Any],
+                 threads_given: bool):
+        self._executable = executable
+        self._decoders = decoders
+        self._relower = relower
+        self._threads_given = threads_given
+        self._source = executable.lowered.source  # the code as traced: the kept decision's key
+        options = executable.options
+        self.start = Setting(options.num_threads, options.prefetch_queue_depth,
+                             decoders[0].static["hw_decoder_load"] if decoders else None)
+        self.current = self.start
+        self.measured: list[tuple[Setting, float]] = []  # (setting, steps/s), in order
+        self.state = "waiting"  # "loaded", "searching", "tuned", "kept", "failed", "off"
+        self.reason = ""
+        self._plan: Generator[Setting, float, Setting] | None = None
+        self._batch_size = 0
+        self._last = 0.0
+        self._skip = SETTLE
+        self._intervals: list[float] = []
+
+    # -- the executable's hooks ---------------------------------------------------------------
+
+    def before_build(self, batch_size: int) -> None:
+        """The first build: a decision kept for this code, batch size and machine applies."""
+        if self.state != "waiting":
+            return
+        self._batch_size = batch_size
+        kept = _store().get(self._key())
+        if kept is None:
+            return
+        try:
+            setting = Setting(int(kept["num_threads"]), int(kept["prefetch_queue_depth"]),
+                              None if kept.get("hw_decoder_load") is None
+                              else float(kept["hw_decoder_load"]))
+        except (KeyError, TypeError, ValueError):
+            return
+        if self._threads_given:
+            setting = dataclasses.replace(setting, num_threads=self.start.num_threads)
+        if (setting.hw_decoder_load is None) != (self.start.hw_decoder_load is None):
+            return
+        self.state, self.reason = "loaded", f"kept in {_store().path} ({kept.get('date', '?')})"
+        self._set(setting, build=False)
+        logs.tuning.info("%s: settings kept for this machine: %s", self._name(), setting.text())
+
+    def consumed(self) -> None:
+        """A run's outputs were used for the first time (one consumer step)."""
+        if self.state not in ("waiting", "searching"):
+            return
+        now = time.perf_counter()
+        last, self._last = self._last, now
+        if self._skip:
+            self._skip -= 1
+            return
+        self._intervals.append(now - last)
+        if len(self._intervals) < WINDOW:
+            return
+        rate = 1.0 / statistics.median(self._intervals)
+        self._intervals = []
+        if self.state == "waiting":
+            self._begin(rate)
+        else:
+            self._next(rate)
+
+    # -- the search ---------------------------------------------------------------------------
+
+    def _begin(self, rate: float) -> None:
+        with _lock:
+            if _searching:  # another pipeline is being tuned: measured again later
+                self._skip = SETTLE
+                return
+            if 1.0 / rate < MIN_STEP_S:
+                self._finish("kept", f"steps of {1000 / rate:.2f} ms are too short for a "
+                             "rebuild to pay")
+                return
+            _searching.append(self)
+        self._batch_size = self._batch_size or self._executable.max_batch_size
+        self.state = "searching"
+        self._plan = self._search()
+        next(self._plan)  # the start, measured already
+        self._next(rate)
+
+    def _next(self, rate: float) -> None:
+        self.measured.append((self.current, rate))
+        logs.tuning.info("%s: %s: %.1f steps/s", self._name(), self.current.text(), rate)
+        try:
+            setting = self._plan.send(rate)  # type: ignore[union-attr]
+        except StopIteration as done:
+            self._conclude(done.value)
+            return
+        try:
+            self._set(setting, build=True)
+        except Exception as error:  # noqa: BLE001 (a setting DALI refuses: back to the start)
+            logs.tuning.info("%s: %s did not build (%s): the starting settings stay",
+                             self._name(), setting.text(), error)
+            self._set(self.start, build=False)
+            self._finish("failed", f"{setting.text()} did not build: {error}")
+
+    def _search(self) -> Generator[Setting, float, Setting]:
+        """Coordinate descent; sends back each setting's steps/s; returns the decision."""
+        start = self.start
+        start_rate = yield start
+        best, best_rate = start, start_rate
+
+        def better(rate: float) -> bool:
+            return rate > best_rate * (1 + MARGIN / 3)
+
+        if start.hw_decoder_load is not None:
+            for load in LOADS:
+                if load == start.hw_decoder_load:
+                    continue
+                candidate = dataclasses.replace(best, hw_decoder_load=load)
+                rate = yield candidate
+                if better(rate):
+                    best, best_rate = candidate, rate
+        if not self._threads_given:
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+                (os.cpu_count() or 1)
+            threads = best.num_threads
+            moved = False
+            while threads // 2 >= 1:
+                candidate = dataclasses.replace(best, num_threads=threads // 2)
+                rate = yield candidate
+                if not better(rate):
+                    break
+                best, best_rate, threads, moved = candidate, rate, threads // 2, True
+            if not moved and threads * 2 <= cpus:
+                candidate = dataclasses.replace(best, num_threads=threads * 2)
+                rate = yield candidate
+                if better(rate):
+                    best, best_rate = candidate, rate
+        candidate = dataclasses.replace(best, prefetch_queue_depth=best.prefetch_queue_depth
+                                        + DEEPER)
+        rate = yield candidate
+        if better(rate):
+            best, best_rate = candidate, rate
+        if best == start:
+            return start
+        # measured once more, alternating: a setting that won by drift does not stay
+        again_start = yield start
+        again_best = yield best
+        if best_rate > start_rate * (1 + MARGIN) and again_best > again_start * (1 + MARGIN):
+            return best
+        return start
+
+    def _conclude(self, decision: Setting) -> None:
+        rates = [rate for setting, rate in self.measured if setting == self.start]
+        start_rate = statistics.median(rates) if rates else 0.0
+        ours = [rate for setting, rate in self.measured if setting == decision]
+        gain = statistics.median(ours) / start_rate if start_rate and ours else 1.0
+        if decision != self.current:
+            try:
+                self._set(decision, build=True)
+            except Exception as error:  # noqa: BLE001
+                self._set(self.start, build=False)
+                self._finish("failed", f"{decision.text()} did not build: {error}")
+                return
+        if decision == self.start:
+            self._finish("kept", f"no setting measured {MARGIN:.0%} faster twice ("
+                         f"{len(self.measured)} measurements)")
+        else:
+            self._finish("tuned", f"{gain:.2f}x the starting settings' steps/s "
+                         f"({len(self.measured)} measurements)")
+        record = {"num_threads": decision.num_threads,
+                  "prefetch_queue_depth": decision.prefetch_queue_depth,
+                  "hw_decoder_load": decision.hw_decoder_load, "gain": round(gain, 4),
+                  "date": datetime.date.today().isoformat(),
+                  "measured": [[s.text(), round(r, 2)] for s, r in self.measured]}
+        _store().put(self._key(), record)
+
+    def _finish(self, state: str, reason: str) -> None:
+        self.state, self.reason = state, reason
+        self._plan = None
+        with _lock:
+            if self in _searching:
+                _searching.remove(self)
+        logs.tuning.info("%s: %s: %s (%s)", self._name(), state, self.current.text(), reason)
+
+    # -- applying a setting -------------------------------------------------------------------
+
+    def _set(self, setting: Setting, *, build: bool) -> None:
+        lowered = None
+        if setting.hw_decoder_load != self.current.hw_decoder_load:
+            for node in self._decoders:
+                rewrites.set_hw_decoder_load(node, setting.hw_decoder_load)
+            lowered = self._relower()
+        options = dataclasses.replace(self._executable.options,
+                                      num_threads=setting.num_threads,
+                                      prefetch_queue_depth=setting.prefetch_queue_depth)
+        self.current = setting
+        self._skip = SETTLE
+        self._executable.retune(options, lowered, build=build)
+
+    # -- what it says -------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """One line for `explain` and the report."""
+        if self.state == "off":
+            return ""
+        moved = _moves(self.start, self.current)
+        if self.state == "loaded":
+            return f"tuning: {moved or 'the starting settings'} ({self.reason})"
+        if self.state == "tuned":
+            return f"tuning: {moved} (measured on this machine: {self.reason})"
+        if self.state in ("kept", "failed"):
+            return f"tuning: the starting settings, {self.start.text()} ({self.reason})"
+        done = len(self.measured)
+        return (f"tuning: from the first steps ({self.state}; {done} setting(s) measured so far,"
+                f" starting from {self.start.text()})")
+
+    def _name(self) -> str:
+        return self._executable.lowered.filename
+
+    def _key(self) -> str:
+        digest = hashlib.sha256()
+        for part in (str(FORMAT), _dali.DALI_VERSION, str(self._batch_size), self._source):
+            digest.update(part.encode())
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+
+def described(executable: Any) -> list[str]:
+    """The tuning line of `executable` (explain's and the report's), if it is tuned."""
+    tuner = getattr(executable, "tuner", None)
+    return [tuner.describe()] if tuner is not None else []
+
+
+def _moves(start: Setting, now: Setting) -> str:
+    moves = [f"{name} {before} -> {after}" for name, before, after in (
+        ("num_threads", start.num_threads, now.num_threads),
+        ("prefetch_queue_depth", start.prefetch_queue_depth, now.prefetch_queue_depth),
+        ("hw_decoder_load", start.hw_decoder_load, now.hw_decoder_load)) if before != after]
+    return ", ".join(moves)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decisions kept per machine
+
+def machine() -> str:
+    """This kind of machine, as tuning sees it: the GPU and CPU models and the CPU count."""
+    gpus = []
+    for path in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as file:
+                gpus += [line.split(":", 1)[1].strip() for line in file
+                         if line.startswith("Model:")]
+        except OSError:
+            continue
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as file:
+            cpu = next((line.split(":", 1)[1].strip() for line in file
+                        if line.startswith("model name")), "")
+    except OSError:
+        pass
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{' + '.join(gpus) or 'no GPU'}; {cpu or 'CPU'}; {cpus} CPUs"
+
+
+class _Store:
+    """Decisions in `tuning-<machine digest>.json` in the cache directory (in memory without
+    one): read once, written whole and atomically (merged with what other processes wrote)."""
+
+    def __init__(self, directory: str | None):
+        self.directory = directory
+        self.machine = machine()
+        name = hashlib.sha256(self.machine.encode()).hexdigest()[:16]
+        self.path = os.path.join(directory, f"tuning-{name}.json") if directory else \
+            "this process (no cache directory)"
+        self._entries: dict | None = None
+
+    def _read(self) -> dict:
+        if self.directory is None:
+            return {}
+        try:
+            with open(self.path, encoding="utf-8") as file:
+                data = json.load(file)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            return {}
+        entries = data.get("entries")
+        return entries if isinstance(entries, dict) else {}
+
+    def get(self, key: str) -> dict | None:
+        if self._entries is None:
+            self._entries = self._read()
+        entry = self._entries.get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def put(self, key: str, record: dict) -> None:
+        self._entries = {**self._read(), **(self._entries or {}), key: record}
+        if self.directory is None:
+            return
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            descriptor, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                json.dump({"format": FORMAT, "machine": self.machine,
+                           "entries": self._entries}, file, indent=1)
+            os.replace(temporary, self.path)
+        except OSError as error:
+            logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
+
+
+_stores: dict[str | None, _Store] = {}
+
+
+def _store() -> _Store:
+    directory = _dali.analysis_cache_dir()
+    store = _stores.get(directory)
+    if store is None:
+        store = _stores[directory] = _Store(directory)
+    return store
+
+
+def forget() -> None:
+    """Drop what this process read or decided (tests; a new cache directory reads its own)."""
+    _stores.clear()

@@ -1,0 +1,191 @@
+"""Per-machine tuning under optimize=True (execution/tuning.py): the settings it tries change no
+values, its decision is kept per machine in the cache directory and used from the next run's
+first build, and it stays off where the user chose the settings."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import HAS_GPU
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+from ndd_trace.execution import runtime, tuning
+
+SEED = 11
+
+
+@pytest.fixture(autouse=True)
+def quick_tuning(monkeypatch, tmp_path):
+    """Short windows (the 2-core CI machine's steps are short), and a cache directory of the
+    test's own."""
+    monkeypatch.setattr(tuning, "WINDOW", 3)
+    monkeypatch.setattr(tuning, "SETTLE", 1)
+    monkeypatch.setattr(tuning, "MIN_STEP_S", 0.0)
+    monkeypatch.delenv(tuning.ENV_VAR, raising=False)
+    monkeypatch.delenv("NDD_TRACE_HW_DECODER_LOAD", raising=False)
+    previous = ndd_trace.cache_dir()
+    ndd_trace.set_cache_dir(str(tmp_path / "cache"))
+    tuning.forget()
+    yield
+    ndd_trace.set_cache_dir(previous)
+    tuning.forget()
+
+
+def decoded_epoch(reader, device="cpu"):
+    for jpegs, labels in reader.next_epoch(batch_size=4):
+        images = ndd.decoders.image(jpegs, device=device)
+        images = ndd.random_resized_crop(images, size=[16, 16])
+        flip = ndd.random.coin_flip(batch_size=images.batch_size)
+        yield ndd.flip(images, horizontal=flip), labels
+
+
+def _epochs(function, jpeg_dir, epochs=10, **kwargs):
+    reader = ndd.readers.File(file_root=str(jpeg_dir))
+    ndd.random.set_seed(SEED)
+    values = [[np.asarray(value.torch().cpu()) for value in step]
+              for _ in range(epochs) for step in function(reader, **kwargs)]
+    return values, str(ndd.random.get_default_rng().state)
+
+
+def _tuner(compiled):
+    entry = compiled._step._entry_cache.last_entry()
+    return entry.executable.tuner
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for step_a, step_b in zip(a, b):
+        for x, y in zip(step_a, step_b):
+            assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+
+
+def test_tuning_changes_no_values_and_decides(jpeg_dir, monkeypatch):
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    tuned, tuned_state = _epochs(compiled, jpeg_dir)
+    tuner = _tuner(compiled)
+    assert tuner.state in ("tuned", "kept"), tuner.describe()
+    assert len(tuner.measured) >= 3  # the start, then other threads and a deeper queue
+    assert {setting.num_threads for setting, _ in tuner.measured} != {tuner.start.num_threads}
+    assert any(setting.prefetch_queue_depth > tuner.start.prefetch_queue_depth
+               for setting, _ in tuner.measured)
+    # the same program with tuning off: bit for bit the same steps and RNG state after them
+    monkeypatch.setenv(tuning.ENV_VAR, "0")
+    plain = ndd.compile(decoded_epoch, optimize=True)
+    untuned, untuned_state = _epochs(plain, jpeg_dir)
+    assert _tuner(plain) is None
+    _same(tuned, untuned)
+    assert tuned_state == untuned_state
+    assert "tuning: " in str(ndd_trace.explain(compiled))
+
+
+def test_the_decision_is_kept_per_machine_and_used_from_the_first_build(jpeg_dir, tmp_path):
+    first = ndd.compile(decoded_epoch, optimize=True)
+    values, _ = _epochs(first, jpeg_dir)
+    decided = _tuner(first)
+    kept = list((tmp_path / "cache").glob("tuning-*.json"))
+    assert len(kept) == 1
+    data = json.loads(kept[0].read_text())
+    assert data["format"] == tuning.FORMAT and data["machine"] == tuning.machine()
+    (record,) = data["entries"].values()
+    assert record["num_threads"] == decided.current.num_threads
+    assert record["measured"]
+    tuning.forget()  # as a new process: read from the file
+    second = ndd.compile(decoded_epoch, optimize=True)
+    again, _ = _epochs(second, jpeg_dir, epochs=2)
+    tuner = _tuner(second)
+    assert tuner.state == "loaded" and tuner.current == decided.current
+    assert tuner.measured == []
+    executable = second._step._entry_cache.last_entry().executable
+    assert executable.builds == 1 and executable.options.num_threads == \
+        decided.current.num_threads
+    assert "kept in" in tuner.describe()
+    _same(again, values[:len(again)])
+
+
+def test_threads_given_to_compile_are_not_tuned(jpeg_dir):
+    compiled = ndd.compile(decoded_epoch, optimize=True, num_threads=2)
+    _epochs(compiled, jpeg_dir)
+    tuner = _tuner(compiled)
+    assert tuner.measured and {setting.num_threads for setting, _ in tuner.measured} == {2}
+
+
+def test_no_tuning_without_optimize_or_when_switched_off(jpeg_dir, monkeypatch):
+    compiled = ndd.compile(decoded_epoch)
+    _epochs(compiled, jpeg_dir, epochs=1)
+    assert _tuner(compiled) is None
+    monkeypatch.setenv(tuning.ENV_VAR, "off")
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    _epochs(compiled, jpeg_dir, epochs=1)
+    assert _tuner(compiled) is None
+
+
+def test_a_setting_that_does_not_build_ends_at_the_start(jpeg_dir, monkeypatch):
+    build = runtime.Executable._build
+
+    def refusing(self, batch_size):
+        if self.tuner is not None and self.options.num_threads != self.tuner.start.num_threads:
+            raise RuntimeError("refused by the test")
+        build(self, batch_size)
+
+    monkeypatch.setattr(runtime.Executable, "_build", refusing)
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    values, _ = _epochs(compiled, jpeg_dir)
+    tuner = _tuner(compiled)
+    assert tuner.state == "failed" and tuner.current == tuner.start
+    assert "did not build" in tuner.describe()
+    monkeypatch.setattr(runtime.Executable, "_build", build)
+    monkeypatch.setenv(tuning.ENV_VAR, "0")
+    plain, _ = _epochs(ndd.compile(decoded_epoch, optimize=True), jpeg_dir)
+    _same(values, plain)
+
+
+def test_short_steps_are_kept_as_they_are(jpeg_dir, monkeypatch):
+    monkeypatch.setattr(tuning, "MIN_STEP_S", 10.0)
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    _epochs(compiled, jpeg_dir, epochs=2)
+    tuner = _tuner(compiled)
+    assert tuner.state == "kept" and "too short" in tuner.reason
+
+
+def test_transparent_mode_tunes_its_regions(jpeg_dir, monkeypatch):
+    def script():
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        ndd.random.set_seed(SEED)
+        out = []
+        for _ in range(10):
+            for jpegs, labels in reader.next_epoch(batch_size=4):
+                images = ndd.random_resized_crop(ndd.decoders.image(jpegs), size=[16, 16])
+                out.append(np.asarray(images.torch()))
+        return out
+
+    ndd_trace.reset_report()
+    with ndd_trace.enabled(optimize=True):
+        tuned = script()
+    report = ndd_trace.report()
+    assert "tuning: " in str(report)
+    monkeypatch.setenv(tuning.ENV_VAR, "0")
+    with ndd_trace.enabled(optimize=True):
+        plain = script()
+    assert len(tuned) == len(plain) and all(np.array_equal(a, b) for a, b in zip(tuned, plain))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_gpu_decoder_load_is_tuned(jpeg_dir):
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    _epochs(compiled, jpeg_dir, epochs=12, device="gpu")
+    tuner = _tuner(compiled)
+    assert tuner.state in ("tuned", "kept"), tuner.describe()
+    loads = {setting.hw_decoder_load for setting, _ in tuner.measured}
+    assert len(loads) == 1 + len(tuning.LOADS), loads
+    code = compiled._step._entry_cache.last_entry().executable.lowered.source
+    assert f"hw_decoder_load={tuner.current.hw_decoder_load}" in code
+
+
+def test_machine_names_this_kind_of_machine():
+    text = tuning.machine()
+    assert "CPUs" in text and str(len(os.sched_getaffinity(0))) in text
