@@ -104,7 +104,9 @@ WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
 RESULT_PREFIX = "BENCH_RESULT "
-FUSED_HW_DECODER_LOAD = 0.9  # pipeline_fused's and decode_only's hw_decoder_load (tuned by hand)
+# pipeline_fused's and decode_only's hw_decoder_load, tuned by hand: the fastest share ndd_trace's
+# tuner measured on the H200 for the train workload (0.9, the value used before, ran 0.80-0.92x it)
+FUSED_HW_DECODER_LOAD = 0.65
 
 
 @dataclass

@@ -181,7 +181,7 @@ def test_gpu_decoder_load_is_tuned(jpeg_dir):
     tuner = _tuner(compiled)
     assert tuner.state in ("tuned", "kept"), tuner.describe()
     loads = {setting.hw_decoder_load for setting, _ in tuner.measured}
-    assert len(loads) == 1 + len(tuning.LOADS), loads
+    assert loads == set(tuning.LOADS), loads
     code = compiled._step._entry_cache.last_entry().executable.lowered.source
     assert f"hw_decoder_load={tuner.current.hw_decoder_load}" in code
 

@@ -53,7 +53,7 @@ WINDOW = 12  # steps timed per setting
 SETTLE = 3  # steps left out after a rebuild (the runs ahead refill)
 MIN_STEP_S = 0.002  # shorter steps: a rebuild (~0.1-0.5 s) is not earned back; kept as it is
 MARGIN = 0.03  # a setting replaces the start only this much faster, in both measurements
-LOADS = (0.65, 1.0, 0.4)  # hw_decoder_load tried after optimize's
+LOADS = (0.65, 0.9, 1.0, 0.4)  # hw_decoder_load tried (the start's own skipped)
 DEEPER = 1  # prefetch_queue_depth tried this much above the start's
 
 _lock = threading.RLock()
