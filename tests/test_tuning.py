@@ -189,3 +189,34 @@ def test_gpu_decoder_load_is_tuned(jpeg_dir):
 def test_machine_names_this_kind_of_machine():
     text = tuning.machine()
     assert "CPUs" in text and str(len(os.sched_getaffinity(0))) in text
+
+
+def _search_started(jpeg_dir):
+    """A compiled generator whose tuning began and whose loop then stopped, mid-search."""
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    reader = ndd.readers.File(file_root=str(jpeg_dir))
+    for _ in range(2):
+        for images, _labels in compiled(reader):
+            images.torch()
+    tuner = _tuner(compiled)
+    assert tuner.state == "searching"
+    return compiled, tuner
+
+
+def test_a_stalled_search_gives_way_at_its_starting_settings(jpeg_dir, monkeypatch):
+    compiled, tuner = _search_started(jpeg_dir)
+    monkeypatch.setattr(tuning, "STALE_S", 0.0)
+    other = ndd.compile(decoded_epoch, optimize=True)
+    _epochs(other, jpeg_dir)
+    assert _tuner(other).measured
+    assert tuner.state == "waiting" and tuner.current == tuner.start and not tuner.measured
+    executable = compiled._step._entry_cache.last_entry().executable
+    assert executable.options.num_threads == tuner.start.num_threads
+    # its loop runs again: its next build takes what the other one decided for the same code
+    # (or, with nothing kept, it searches again), with the same values
+    monkeypatch.setattr(tuning, "STALE_S", 30.0)
+    values, _ = _epochs(compiled, jpeg_dir)
+    assert tuner.state == "loaded" and tuner.current == _tuner(other).current
+    monkeypatch.setenv(tuning.ENV_VAR, "0")
+    plain, _ = _epochs(ndd.compile(decoded_epoch, optimize=True), jpeg_dir)
+    _same(values, plain)

@@ -39,6 +39,7 @@ import statistics
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -56,8 +57,11 @@ MARGIN = 0.03  # a setting replaces the start only this much faster, in both mea
 LOADS = (0.65, 0.9, 1.0, 0.4)  # hw_decoder_load tried (the start's own skipped)
 DEEPER = 1  # prefetch_queue_depth tried this much above the start's
 
+STALE_S = 30.0  # a search whose pipeline was not used this long gives way to another one
 _lock = threading.RLock()
-_searching: list[Tuner] = []  # the one tuner timing now (pipelines are tuned one at a time)
+# the one search under way (pipelines are tuned one at a time), weakly: a pipeline dropped
+# mid-search (its function freed) does not hold up the others
+_searching: list[weakref.ref] = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +123,7 @@ class Tuner:
         self._last = 0.0
         self._skip = SETTLE
         self._intervals: list[float] = []
+        self._step_lock = threading.Lock()
 
     # -- the executable's hooks ---------------------------------------------------------------
 
@@ -148,6 +153,14 @@ class Tuner:
         """A run's outputs were used for the first time (one consumer step)."""
         if self.state not in ("waiting", "searching"):
             return
+        if not self._step_lock.acquire(blocking=False):
+            return  # another thread is counting this step (ndd fetches in a thread of its own)
+        try:
+            self._consumed()
+        finally:
+            self._step_lock.release()
+
+    def _consumed(self) -> None:
         now = time.perf_counter()
         last, self._last = self._last, now
         if self._skip:
@@ -167,14 +180,18 @@ class Tuner:
 
     def _begin(self, rate: float) -> None:
         with _lock:
-            if _searching:  # another pipeline is being tuned: measured again later
-                self._skip = SETTLE
+            other = _searching[0]() if _searching else None
+            if other is not None and time.perf_counter() - other._last < STALE_S:
+                self._skip = SETTLE  # another pipeline is being tuned: measured again later
                 return
+            if other is not None:  # its loop stopped: it searches again later
+                other._abandon()
+            _searching.clear()
             if 1.0 / rate < MIN_STEP_S:
                 self._finish("kept", f"steps of {1000 / rate:.2f} ms are too short for a "
                              "rebuild to pay")
                 return
-            _searching.append(self)
+            _searching.append(weakref.ref(self))
         self._batch_size = self._batch_size or self._executable.max_batch_size
         self.state = "searching"
         self._plan = self._search()
@@ -273,9 +290,21 @@ class Tuner:
         self.state, self.reason = state, reason
         self._plan = None
         with _lock:
-            if self in _searching:
-                _searching.remove(self)
+            if _searching and _searching[0]() is self:
+                _searching.clear()
         logs.tuning.info("%s: %s: %s (%s)", self._name(), state, self.current.text(), reason)
+
+    def _abandon(self) -> None:
+        """Its loop stopped using it mid-search (another loop runs now: a validation pass):
+        back to the starting settings (built when it is next run), to search again later."""
+        if self.current != self.start:
+            self._set(self.start, build=False)
+        self.state, self.reason = "waiting", ""
+        self.measured = []
+        self._plan = None
+        self._intervals = []
+        logs.tuning.info("%s: its loop stopped for %.0f s during the search: the starting "
+                         "settings, searched again later", self._name(), STALE_S)
 
     # -- applying a setting -------------------------------------------------------------------
 
