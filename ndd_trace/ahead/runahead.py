@@ -47,6 +47,12 @@ from .. import _dali
 READ_AHEAD = 4  # reader batches kept scheduled ahead of the script
 RUN_AHEAD = 2  # region or call runs kept launched ahead (the region pipelines' queue depth)
 KEEP_BATCHES = READ_AHEAD + RUN_AHEAD + 2  # batches per reader still recognised as its own
+
+
+def runs_ahead(prefetch_queue_depth: int) -> int:
+    """Runs the speculator keeps launched ahead on a pipeline of this queue depth: RUN_AHEAD, or
+    as many as a deeper queue holds besides the run in use (a tuned one: execution/tuning.py)."""
+    return max(RUN_AHEAD, prefetch_queue_depth - 1)
 MAX_MISSES = 3  # a pattern is no longer run ahead once it missed this often, and more than
 # twice as often as it hit
 

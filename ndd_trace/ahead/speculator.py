@@ -18,7 +18,7 @@ from typing import Any
 from .. import _dali
 from ..core.ir import Node, NodeKind
 from ..execution.runtime import Executable, PendingRun
-from .runahead import KEEP_BATCHES, RUN_AHEAD, StateForecast, fed_as_eager, gave_up
+from .runahead import KEEP_BATCHES, StateForecast, fed_as_eager, gave_up, runs_ahead
 from .streams import ReaderStream
 
 # ---------------------------------------------------------------------------------------------
@@ -246,8 +246,7 @@ class Speculator:
             pattern.launched.clear()
         if not pattern.confirmed or gave_up(pattern.hits, pattern.misses):
             return
-        # RUN_AHEAD runs, or as many as a deeper pipeline queue holds (a tuned one: tuning.py)
-        ahead = max(RUN_AHEAD, executable.options.prefetch_queue_depth - 1)
+        ahead = runs_ahead(executable.options.prefetch_queue_depth)
         for count in range(observation.count + 1, observation.count + 1 + ahead):
             if count in pattern.launched:
                 continue

@@ -182,15 +182,24 @@ class Executable:
         if self.tuner is not None:  # settings kept for this machine apply from the first build
             self.tuner.before_build(batch_size)
         options = self.options
-        # the generated @pipeline_def itself (what `explain` shows is what runs)
-        pipe = self.lowered.function(**_dali.pipeline_options(
-            batch_size, options.num_threads, options.device_id, options.prefetch_queue_depth))
-        if self.before_build is not None:
-            self.before_build(pipe, batch_size)
-        pipe.build()
+        try:
+            # the generated @pipeline_def itself (what `explain` shows is what runs)
+            pipe = self.lowered.function(**_dali.pipeline_options(
+                batch_size, options.num_threads, options.device_id,
+                options.prefetch_queue_depth))
+            if self.before_build is not None:
+                self.before_build(pipe, batch_size)
+            pipe.build()
+        except Exception as error:
+            if self.tuner is not None and self.tuner.built(batch_size, error):
+                self._build(batch_size)  # kept settings that do not build: the starting ones
+                return
+            raise
         self.pipeline = pipe
         self.max_batch_size = batch_size
         self.builds += 1
+        if self.tuner is not None:
+            self.tuner.built(batch_size, None)
         built = (time.perf_counter() - started) * 1000
         logs.builds.info("built %s for batch size %d in %.1f ms", self.lowered.filename,
                          batch_size, built, extra={"ndd_trace_ms": {"build": built}})

@@ -29,6 +29,7 @@ tuning off; it applies only under `optimize`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import glob
@@ -52,10 +53,11 @@ ENV_VAR = "NDD_TRACE_TUNE"
 FORMAT = 1  # of the kept decisions: bump when what is kept changes
 WINDOW = 12  # steps timed per setting
 SETTLE = 3  # steps left out after a rebuild (the runs ahead refill)
-MIN_STEP_S = 0.002  # shorter steps: a rebuild (~0.1-0.5 s) is not earned back; kept as it is
+MIN_STEP_S = 0.002  # shorter steps: a rebuild (over 1 s with a GPU decoder) is not earned back
 MARGIN = 0.03  # a setting replaces the start only this much faster, in both measurements
 LOADS = (0.65, 0.9, 1.0, 0.4)  # hw_decoder_load tried (the start's own skipped)
-DEEPER = 1  # prefetch_queue_depth tried this much above the start's
+DEEPER = 1  # prefetch_queue_depth tried this much above the start's, where it runs further ahead
+MAX_DEPTH = 8  # a kept prefetch_queue_depth above this (or below 1) is not used
 
 STALE_S = 30.0  # a search whose pipeline was not used this long gives way to another one
 _lock = threading.RLock()
@@ -83,9 +85,10 @@ def enabled() -> bool:
 
 
 def attach(executable: Any, applied: list, relower: Callable[[], Any], *,
-           threads_given: bool) -> Tuner | None:
+           threads_given: bool, runs_ahead: Callable[[int], int]) -> Tuner | None:
     """A tuner for `executable` (optimize's `applied` rewrites; `relower()` generates its code
-    again after a decoder's load changed), or None where there is nothing to tune: tuning off,
+    again after a decoder's load changed; `runs_ahead(depth)`: the runs launched ahead on a
+    queue of that depth), or None where there is nothing to tune: tuning off,
     or a pipeline of GPU ops only (threads and loads change nothing there)."""
     if not enabled():
         return None
@@ -96,7 +99,7 @@ def attach(executable: Any, applied: list, relower: Callable[[], Any], *,
     decoders = [] if os.environ.get(rewrites.HW_DECODER_LOAD_ENV_VAR, "").strip() else [
         item.node for item in applied
         if item.rewrite == "hw_decoder_load" and item.node is not None]
-    tuner = Tuner(executable, decoders, relower, threads_given)
+    tuner = Tuner(executable, decoders, relower, threads_given, runs_ahead)
     executable.tuner = tuner
     return tuner
 
@@ -105,11 +108,15 @@ class Tuner:
     """The search of one pipeline's settings (see the module's docstring)."""
 
     def __init__(self, executable: Any, decoders: list, relower: Callable[[], Any],
-                 threads_given: bool):
-        self._executable = executable
+                 threads_given: bool, runs_ahead: Callable[[int], int]):
+        # weakly: the executable holds its tuner, and a search under way must not keep a
+        # dropped pipeline alive (or hold up the others: see _begin)
+        self._executable_ref = weakref.ref(executable)
+        self._start_lowered = executable.lowered  # the start's code, as traced
         self._decoders = decoders
         self._relower = relower
         self._threads_given = threads_given
+        self._runs_ahead = runs_ahead
         self._source = executable.lowered.source  # the code as traced: the kept decision's key
         options = executable.options
         self.start = Setting(options.num_threads, options.prefetch_queue_depth,
@@ -124,6 +131,14 @@ class Tuner:
         self._skip = SETTLE
         self._intervals: list[float] = []
         self._step_lock = threading.Lock()
+        self._abandoned = False  # another search took over while this one's loop stood still
+
+    @property
+    def _executable(self) -> Any:
+        executable = self._executable_ref()
+        if executable is None:
+            raise ReferenceError("its pipeline is gone")
+        return executable
 
     # -- the executable's hooks ---------------------------------------------------------------
 
@@ -135,19 +150,34 @@ class Tuner:
         kept = _store().get(self._key())
         if kept is None:
             return
-        try:
-            setting = Setting(int(kept["num_threads"]), int(kept["prefetch_queue_depth"]),
-                              None if kept.get("hw_decoder_load") is None
-                              else float(kept["hw_decoder_load"]))
-        except (KeyError, TypeError, ValueError):
-            return
-        if self._threads_given:
-            setting = dataclasses.replace(setting, num_threads=self.start.num_threads)
-        if (setting.hw_decoder_load is None) != (self.start.hw_decoder_load is None):
+        setting = _valid(kept, self.start)
+        if setting is None:
+            logs.tuning.info("%s: the kept settings %r are not usable here: searched again",
+                             self._name(), kept)
             return
         self.state, self.reason = "loaded", f"kept in {_store().path} ({kept.get('date', '?')})"
         self._set(setting, build=False)
         logs.tuning.info("%s: settings kept for this machine: %s", self._name(), setting.text())
+
+    def built(self, batch_size: int, error: BaseException | None) -> bool:
+        """A build ended (`error`: it failed). A rebuild the search did not ask for (a larger
+        batch, a released pipeline) restarts the timing window; a larger batch than the search
+        began with restarts the search. True where the failed build was of kept settings: they
+        are dropped (from the file too) and the start's apply, for the caller to build again."""
+        if error is not None and self.state == "loaded":
+            logs.tuning.info("%s: the kept settings %s did not build (%s): the starting "
+                             "settings, and the kept ones dropped", self._name(),
+                             self.current.text(), error)
+            _store().drop(self._key())
+            self._set(self.start, build=False)
+            self.state, self.reason = "failed", f"the kept settings did not build: {error}"
+            return True
+        self._skip, self._intervals = SETTLE, []
+        if self.state == "waiting":
+            self._batch_size = batch_size
+        elif self.state == "searching" and batch_size != self._batch_size:
+            self._abandoned = True  # taken up at the next step (under the step lock)
+        return False
 
     def consumed(self) -> None:
         """A run's outputs were used for the first time (one consumer step)."""
@@ -157,10 +187,15 @@ class Tuner:
             return  # another thread is counting this step (ndd fetches in a thread of its own)
         try:
             self._consumed()
+        except Exception as error:  # noqa: BLE001 (tuning never fails the user's step)
+            logs.tuning.info("%s: tuning stopped: %r", self._name(), error)
+            self._finish("failed", f"tuning stopped: {error!r}")
         finally:
             self._step_lock.release()
 
     def _consumed(self) -> None:
+        if self._abandoned:
+            self._restart()
         now = time.perf_counter()
         last, self._last = self._last, now
         if self._skip:
@@ -181,11 +216,12 @@ class Tuner:
     def _begin(self, rate: float) -> None:
         with _lock:
             other = _searching[0]() if _searching else None
-            if other is not None and time.perf_counter() - other._last < STALE_S:
+            if other is not None and other._executable_ref() is not None and \
+                    time.perf_counter() - other._last < STALE_S:
                 self._skip = SETTLE  # another pipeline is being tuned: measured again later
                 return
-            if other is not None:  # its loop stopped: it searches again later
-                other._abandon()
+            if other is not None:  # its loop stopped: it searches again when it runs again
+                other._abandoned = True
             _searching.clear()
             if 1.0 / rate < MIN_STEP_S:
                 self._finish("kept", f"steps of {1000 / rate:.2f} ms are too short for a "
@@ -247,11 +283,12 @@ class Tuner:
                 rate = yield candidate
                 if better(rate):
                     best, best_rate = candidate, rate
-        candidate = dataclasses.replace(best, prefetch_queue_depth=best.prefetch_queue_depth
-                                        + DEEPER)
-        rate = yield candidate
-        if better(rate):
-            best, best_rate = candidate, rate
+        if self._deeper_runs_ahead(best.prefetch_queue_depth):
+            candidate = dataclasses.replace(best, prefetch_queue_depth=best.prefetch_queue_depth
+                                            + DEEPER)
+            rate = yield candidate
+            if better(rate):
+                best, best_rate = candidate, rate
         if best == start:
             return start
         # measured once more, alternating: a setting that won by drift does not stay
@@ -260,6 +297,12 @@ class Tuner:
         if best_rate > start_rate * (1 + MARGIN) and again_best > again_start * (1 + MARGIN):
             return best
         return start
+
+    def _deeper_runs_ahead(self, depth: int) -> bool:
+        """A deeper queue lets more runs be launched ahead (ahead/runahead.py's `runs_ahead`):
+        a transparent-mode region's depth-2 queue, one deeper, still runs as far ahead, and is
+        not tried."""
+        return self._runs_ahead(depth + DEEPER) > self._runs_ahead(depth)
 
     def _conclude(self, decision: Setting) -> None:
         rates = [rate for setting, rate in self.measured if setting == self.start]
@@ -294,17 +337,24 @@ class Tuner:
                 _searching.clear()
         logs.tuning.info("%s: %s: %s (%s)", self._name(), state, self.current.text(), reason)
 
-    def _abandon(self) -> None:
-        """Its loop stopped using it mid-search (another loop runs now: a validation pass):
-        back to the starting settings (built when it is next run), to search again later."""
+    def _restart(self) -> None:
+        """Its search was given up (its loop stood still while another one ran, or its batch
+        grew): back to the starting settings (built when next run), to search again."""
+        self._abandoned = False
+        with _lock:
+            if _searching and _searching[0]() is self:
+                _searching.clear()
+        if self.state != "searching":
+            return
         if self.current != self.start:
             self._set(self.start, build=False)
         self.state, self.reason = "waiting", ""
         self.measured = []
         self._plan = None
-        self._intervals = []
-        logs.tuning.info("%s: its loop stopped for %.0f s during the search: the starting "
-                         "settings, searched again later", self._name(), STALE_S)
+        self._batch_size = 0
+        logs.tuning.info("%s: its search was given up (its loop stood still for %.0f s, or its "
+                         "batch grew): the starting settings, searched again", self._name(),
+                         STALE_S)
 
     # -- applying a setting -------------------------------------------------------------------
 
@@ -313,7 +363,14 @@ class Tuner:
         if setting.hw_decoder_load != self.current.hw_decoder_load:
             for node in self._decoders:
                 rewrites.set_hw_decoder_load(node, setting.hw_decoder_load)
-            lowered = self._relower()
+            if setting == self.start or setting.hw_decoder_load == self.start.hw_decoder_load:
+                lowered = self._start_lowered
+            else:
+                lowered = self._relower()
+                if lowered.feed_names != self._start_lowered.feed_names:  # (the module changed)
+                    for node in self._decoders:
+                        rewrites.set_hw_decoder_load(node, self.current.hw_decoder_load)
+                    raise RuntimeError("the code generated again feeds other names")
         options = dataclasses.replace(self._executable.options,
                                       num_threads=setting.num_threads,
                                       prefetch_queue_depth=setting.prefetch_queue_depth)
@@ -343,7 +400,8 @@ class Tuner:
 
     def _key(self) -> str:
         digest = hashlib.sha256()
-        for part in (str(FORMAT), _dali.DALI_VERSION, str(self._batch_size), self._source):
+        for part in (str(FORMAT), _dali.DALI_VERSION, str(self._batch_size), self.start.text(),
+                     str(self._threads_given), self._source):
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()
@@ -353,6 +411,21 @@ def described(executable: Any) -> list[str]:
     """The tuning line of `executable` (explain's and the report's), if it is tuned."""
     tuner = getattr(executable, "tuner", None)
     return [tuner.describe()] if tuner is not None else []
+
+
+def _valid(kept: dict, start: Setting) -> Setting | None:
+    """The setting a kept entry holds, if it can be used for a pipeline starting at `start`."""
+    try:
+        threads, depth = int(kept["num_threads"]), int(kept["prefetch_queue_depth"])
+        load = kept.get("hw_decoder_load")
+        load = None if load is None else float(load)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if (load is None) != (start.hw_decoder_load is None) or not 1 <= depth <= MAX_DEPTH or \
+            not 1 <= threads <= max(os.cpu_count() or 1, start.num_threads) or \
+            (load is not None and not 0.0 <= load <= 1.0):  # (a NaN fails too)
+        return None
+    return Setting(threads, depth, load)
 
 
 def _moves(start: Setting, now: Setting) -> str:
@@ -418,19 +491,34 @@ class _Store:
         entry = self._entries.get(key)
         return entry if isinstance(entry, dict) else None
 
-    def put(self, key: str, record: dict) -> None:
-        self._entries = {**self._read(), **(self._entries or {}), key: record}
+    def put(self, key: str, record: dict | None) -> None:
+        """Keep `record` under `key` (None: drop it). What other processes wrote since this one
+        read the file wins for their keys (two writing at once may lose one entry: it is then
+        tuned again)."""
+        entries = {**(self._entries or {}), **self._read()}
+        if record is None:
+            entries.pop(key, None)
+        else:
+            entries[key] = record
+        self._entries = entries
         if self.directory is None:
             return
+        temporary = None
         try:
             os.makedirs(self.directory, exist_ok=True)
             descriptor, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
             with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-                json.dump({"format": FORMAT, "machine": self.machine,
-                           "entries": self._entries}, file, indent=1)
+                json.dump({"format": FORMAT, "machine": self.machine, "entries": entries},
+                          file, indent=1)
             os.replace(temporary, self.path)
         except OSError as error:
             logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
+            if temporary is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+
+    def drop(self, key: str) -> None:
+        self.put(key, None)
 
 
 _stores: dict[str | None, _Store] = {}
@@ -445,5 +533,5 @@ def _store() -> _Store:
 
 
 def forget() -> None:
-    """Drop what this process read or decided (tests; a new cache directory reads its own)."""
+    """Drop what this process read or decided (a new cache directory reads its own)."""
     _stores.clear()

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from .. import _dali
-from ..ahead.readahead import Speculator
+from ..ahead.readahead import Speculator, runs_ahead
 from ..codegen.lower import lower
 from ..codegen.optimize import optimize as optimize_graph
 from ..core import logs
@@ -190,7 +190,8 @@ class RegionRunner:
         executable = Executable(graph, lowered, [], self.options, {})
         executable.feed.cache_constants = False
         if self.optimize:
-            tuning.attach(executable, applied, lambda: lower(graph), threads_given=False)
+            tuning.attach(executable, applied, lambda: lower(graph), threads_given=False,
+                          runs_ahead=runs_ahead)
         region = Region(key, loc, len(region_ops), executable, lowered.source,
                         optimizations=applied)
         region.build_s = time.perf_counter() - started  # lowering; the build is added on run

@@ -25,6 +25,7 @@ from ..core import logs, passes
 from ..core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
+from ..ahead.readahead import runs_ahead
 from ..execution import tuning
 from ..execution.runtime import Executable, Options
 from ..tracing.trace import GraphBreakRecord, Tracer
@@ -291,5 +292,5 @@ class TraceStage:
         if self.optimize:
             tuning.attach(entry.executable, entry.optimizations,
                           lambda: lower(graph, inline_constants=True),
-                          threads_given=self.threads_given)
+                          threads_given=self.threads_given, runs_ahead=runs_ahead)
         return entry
