@@ -10,7 +10,8 @@ uses of consecutive runs of one pipeline (the median of `WINDOW` steps, `SETTLE`
 each rebuild left out). The search is coordinate descent from the starting settings (the
 function's, or ndd's current threads; `prefetch_queue_depth` as it runs; the load `optimize`
 set): the decoder load over `LOADS`, then the threads halved (again while it pays) or doubled
-(up to the CPUs this process may use), then one step deeper. A setting replaces the start only
+(up to the CPUs this process may use), then one step deeper where that runs further ahead
+(`runs_ahead`, ahead/runahead.py's rule, is passed in). A setting replaces the start only
 if it beats it by `MARGIN` twice, measured once in the search and once more, alternating,
 after it: a loop bound by its own training step times every setting alike and keeps the start.
 
@@ -112,18 +113,17 @@ class Tuner:
         # weakly: the executable holds its tuner, and a search under way must not keep a
         # dropped pipeline alive (or hold up the others: see _begin)
         self._executable_ref = weakref.ref(executable)
-        self._start_lowered = executable.lowered  # the start's code, as traced
+        self._start_lowered = executable.lowered  # the start's code, as traced (and the key's)
         self._decoders = decoders
         self._relower = relower
         self._threads_given = threads_given
         self._runs_ahead = runs_ahead
-        self._source = executable.lowered.source  # the code as traced: the kept decision's key
         options = executable.options
         self.start = Setting(options.num_threads, options.prefetch_queue_depth,
                              decoders[0].static["hw_decoder_load"] if decoders else None)
         self.current = self.start
         self.measured: list[tuple[Setting, float]] = []  # (setting, steps/s), in order
-        self.state = "waiting"  # "loaded", "searching", "tuned", "kept", "failed", "off"
+        self.state = "waiting"  # "loaded", "searching", "tuned", "kept" or "failed"
         self.reason = ""
         self._plan: Generator[Setting, float, Setting] | None = None
         self._batch_size = 0
@@ -242,13 +242,7 @@ class Tuner:
         except StopIteration as done:
             self._conclude(done.value)
             return
-        try:
-            self._set(setting, build=True)
-        except Exception as error:  # noqa: BLE001 (a setting DALI refuses: back to the start)
-            logs.tuning.info("%s: %s did not build (%s): the starting settings stay",
-                             self._name(), setting.text(), error)
-            self._set(self.start, build=False)
-            self._finish("failed", f"{setting.text()} did not build: {error}")
+        self._apply(setting)
 
     def _search(self) -> Generator[Setting, float, Setting]:
         """Coordinate descent; sends back each setting's steps/s; returns the decision."""
@@ -268,8 +262,7 @@ class Tuner:
                 if better(rate):
                     best, best_rate = candidate, rate
         if not self._threads_given:
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-                (os.cpu_count() or 1)
+            cpus = _cpus()
             threads = best.num_threads
             moved = False
             while threads // 2 >= 1:
@@ -309,13 +302,8 @@ class Tuner:
         start_rate = statistics.median(rates) if rates else 0.0
         ours = [rate for setting, rate in self.measured if setting == decision]
         gain = statistics.median(ours) / start_rate if start_rate and ours else 1.0
-        if decision != self.current:
-            try:
-                self._set(decision, build=True)
-            except Exception as error:  # noqa: BLE001
-                self._set(self.start, build=False)
-                self._finish("failed", f"{decision.text()} did not build: {error}")
-                return
+        if decision != self.current and not self._apply(decision):
+            return
         if decision == self.start:
             self._finish("kept", f"no setting measured {MARGIN:.0%} faster twice ("
                          f"{len(self.measured)} measurements)")
@@ -358,6 +346,18 @@ class Tuner:
 
     # -- applying a setting -------------------------------------------------------------------
 
+    def _apply(self, setting: Setting) -> bool:
+        """Build with `setting`; where it does not build, the search ends at the start's."""
+        try:
+            self._set(setting, build=True)
+        except Exception as error:  # noqa: BLE001 (a setting DALI refuses: back to the start)
+            logs.tuning.info("%s: %s did not build (%s): the starting settings stay",
+                             self._name(), setting.text(), error)
+            self._set(self.start, build=False)
+            self._finish("failed", f"{setting.text()} did not build: {error}")
+            return False
+        return True
+
     def _set(self, setting: Setting, *, build: bool) -> None:
         lowered = None
         if setting.hw_decoder_load != self.current.hw_decoder_load:
@@ -382,8 +382,6 @@ class Tuner:
 
     def describe(self) -> str:
         """One line for `explain` and the report."""
-        if self.state == "off":
-            return ""
         moved = _moves(self.start, self.current)
         if self.state == "loaded":
             return f"tuning: {moved or 'the starting settings'} ({self.reason})"
@@ -401,7 +399,7 @@ class Tuner:
     def _key(self) -> str:
         digest = hashlib.sha256()
         for part in (str(FORMAT), _dali.DALI_VERSION, str(self._batch_size), self.start.text(),
-                     str(self._threads_given), self._source):
+                     str(self._threads_given), self._start_lowered.source):
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()
@@ -422,7 +420,7 @@ def _valid(kept: dict, start: Setting) -> Setting | None:
     except (KeyError, TypeError, ValueError):
         return None
     if (load is None) != (start.hw_decoder_load is None) or not 1 <= depth <= MAX_DEPTH or \
-            not 1 <= threads <= max(os.cpu_count() or 1, start.num_threads) or \
+            not 1 <= threads <= max(_cpus(), start.num_threads) or \
             (load is not None and not 0.0 <= load <= 1.0):  # (a NaN fails too)
         return None
     return Setting(threads, depth, load)
@@ -456,8 +454,14 @@ def machine() -> str:
                         if line.startswith("model name")), "")
     except OSError:
         pass
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{' + '.join(gpus) or 'no GPU'}; {cpu or 'CPU'}; {cpus} CPUs"
+    return f"{' + '.join(gpus) or 'no GPU'}; {cpu or 'CPU'}; {_cpus()} CPUs"
+
+
+def _cpus() -> int:
+    """The CPUs this process may use."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 class _Store:
