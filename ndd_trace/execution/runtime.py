@@ -389,9 +389,7 @@ class Executable:
         on: the runs in flight are fetched first (their outputs kept); `build` builds now, for
         the batch size built before (a failure raises here, the pipeline then left unbuilt)."""
         with self._lock:
-            self._drain()
-            self.pipeline = None
-            self.feed.forget_fed()
+            self.release()  # (the lock is re-entrant)
             if lowered is not None:
                 self.lowered = self.failures.lowered = lowered
             if options.prefetch_queue_depth != self.options.prefetch_queue_depth:
