@@ -272,3 +272,29 @@ def test_kept_settings_that_do_not_build_fall_back_to_the_start(jpeg_dir, tmp_pa
     assert second._step._entry_cache.last_entry().eager_reason is None
     assert json.loads(path.read_text())["entries"] == {}  # dropped: the next run searches
     _same(again, values)
+
+
+def flipped_epoch(reader):
+    for jpegs, labels in reader.next_epoch(batch_size=4):
+        images = ndd.resize(ndd.decoders.image(jpegs), size=[16, 16])
+        flip = ndd.random.coin_flip(batch_size=images.batch_size)
+        yield ndd.flip(images, horizontal=flip), flip, labels
+
+
+def test_tuned_steps_are_eager_s_where_no_rewrite_changes_values(jpeg_dir):
+    """Parity with eager itself (not only with untuned optimize): no rewrite touches these ops
+    on the CPU, so while tuning rebuilds the pipeline, every step is eager's, bit for bit."""
+    def run(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        ndd.random.set_seed(SEED)
+        steps = [[np.asarray(value.torch()) for value in step]
+                 for _ in range(10) for step in function(reader)]
+        return steps, str(ndd.random.get_default_rng().state)
+
+    eager, eager_state = run(flipped_epoch)
+    compiled = ndd.compile(flipped_epoch, optimize=True)
+    tuned, state = run(compiled)
+    assert _tuner(compiled).measured  # settings were tried while these steps ran
+    assert not compiled._step._entry_cache.last_entry().optimizations  # nothing rewritten
+    assert state == eager_state
+    _same(tuned, eager)
