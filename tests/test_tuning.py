@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -125,24 +127,76 @@ def test_no_tuning_without_optimize_or_when_switched_off(jpeg_dir, monkeypatch):
     assert _tuner(compiled) is None
 
 
+def _starting_threads_only(monkeypatch, built: Callable[[], None] | None = None):
+    """Builds of other thread counts than the first pipeline's are refused (or, with `built`,
+    let through once `built()` returns)."""
+    new_pipeline = runtime._new_pipeline
+    first: list = []
+
+    def building(lowered, options, batch_size, before_build=None):
+        if before_build is None:  # (not a reader's pipeline)
+            first[:] = first or [options.num_threads]
+            if options.num_threads != first[0]:
+                if built is None:
+                    raise RuntimeError("refused by the test")
+                built()
+        return new_pipeline(lowered, options, batch_size, before_build)
+
+    monkeypatch.setattr(runtime, "_new_pipeline", building)
+    return new_pipeline
+
+
 def test_a_setting_that_does_not_build_ends_at_the_start(jpeg_dir, monkeypatch):
-    build = runtime.Executable._build
-
-    def refusing(self, batch_size):
-        if self.tuner is not None and self.options.num_threads != self.tuner.start.num_threads:
-            raise RuntimeError("refused by the test")
-        build(self, batch_size)
-
-    monkeypatch.setattr(runtime.Executable, "_build", refusing)
+    new_pipeline = _starting_threads_only(monkeypatch)
     compiled = ndd.compile(decoded_epoch, optimize=True)
     values, _ = _epochs(compiled, jpeg_dir)
     tuner = _tuner(compiled)
     assert tuner.state == "failed" and tuner.current == tuner.start
     assert "did not build" in tuner.describe()
-    monkeypatch.setattr(runtime.Executable, "_build", build)
+    executable = compiled._step._entry_cache.last_entry().executable
+    assert executable.options.num_threads == tuner.start.num_threads
+    monkeypatch.setattr(runtime, "_new_pipeline", new_pipeline)
     monkeypatch.setenv(tuning.ENV_VAR, "0")
     plain, _ = _epochs(ndd.compile(decoded_epoch, optimize=True), jpeg_dir)
     _same(values, plain)
+
+
+def test_settings_are_built_while_the_steps_run_on(jpeg_dir, monkeypatch):
+    """A setting's pipeline is built by a thread of its own: the loop's steps go on with the
+    current settings meanwhile (each build here waits for 3 more steps, which a loop that
+    waited for the build would never run), and no value changes."""
+    steps = threading.Condition()
+    count = [0]
+    builds: list = []  # (thread name, whether 3 steps ran while it built)
+
+    def built():
+        with steps:
+            until = count[0] + 3
+            ran_on = steps.wait_for(lambda: count[0] >= until, timeout=20)
+        builds.append((threading.current_thread().name, ran_on))
+
+    _starting_threads_only(monkeypatch, built)
+    counting = runtime.PendingRun.result
+
+    def result(self):
+        if not self.used:
+            with steps:
+                count[0] += 1
+                steps.notify_all()
+        return counting(self)
+
+    monkeypatch.setattr(runtime.PendingRun, "result", result)
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    values, state = _epochs(compiled, jpeg_dir, epochs=20)
+    tuner = _tuner(compiled)
+    assert builds and all(name.startswith("ndd_trace build") and ran_on
+                          for name, ran_on in builds), builds
+    assert {setting.num_threads for setting, _ in tuner.measured} != {tuner.start.num_threads}
+    monkeypatch.setenv(tuning.ENV_VAR, "0")
+    plain, plain_state = _epochs(ndd.compile(decoded_epoch, optimize=True), jpeg_dir,
+                                 epochs=20)
+    _same(values, plain)
+    assert state == plain_state
 
 
 def test_short_steps_are_kept_as_they_are(jpeg_dir, monkeypatch):

@@ -17,9 +17,10 @@ after it: a loop bound by its own training step times every setting alike and ke
 
 Settings change no values but the decoder load's (which images the hardware JPEG decoder
 takes, documented under `optimize`): random states are fed per call, and a DALI op gives the
-same output on any number of threads. Each setting is a rebuild, done between two steps after
-the runs in flight are fetched (their outputs are kept); a setting that fails to build ends the
-search at the start's settings.
+same output on any number of threads. Each setting is a pipeline built by a thread of its own
+while the current settings run on (Executable.prepare: the loop does not wait for a build),
+swapped in at the first step after it is built, once the runs in flight are fetched (their
+outputs are kept); a setting that fails to build ends the search at the start's settings.
 
 With a cache directory (`NDD_TRACE_CACHE_DIR`, `ndd_trace.set_cache_dir`), the decision is kept
 in `tuning-<machine>.json` there, under a key of the generated code (as traced, before tuning),
@@ -60,6 +61,7 @@ LOADS = (0.65, 0.9, 1.0, 0.4)  # hw_decoder_load tried (the start's own skipped)
 DEEPER = 1  # prefetch_queue_depth tried this much above the start's, where it runs further ahead
 MAX_DEPTH = 8  # a kept prefetch_queue_depth above this (or below 1) is not used
 
+_UNTIL_BUILT = 1 << 30  # steps left out while a setting is being built
 STALE_S = 30.0  # a search whose pipeline was not used this long gives way to another one
 _lock = threading.RLock()
 # the one search under way (pipelines are tuned one at a time), weakly: a pipeline dropped
@@ -132,6 +134,7 @@ class Tuner:
         self._intervals: list[float] = []
         self._step_lock = threading.Lock()
         self._abandoned = False  # another search took over while this one's loop stood still
+        self._not_built: tuple[Setting, BaseException] | None = None  # a setting DALI refused
 
     @property
     def _executable(self) -> Any:
@@ -181,7 +184,7 @@ class Tuner:
 
     def consumed(self) -> None:
         """A run's outputs were used for the first time (one consumer step)."""
-        if self.state not in ("waiting", "searching"):
+        if self.state not in ("waiting", "searching") and self._not_built is None:
             return
         if not self._step_lock.acquire(blocking=False):
             return  # another thread is counting this step (ndd fetches in a thread of its own)
@@ -194,6 +197,10 @@ class Tuner:
             self._step_lock.release()
 
     def _consumed(self) -> None:
+        if self._not_built is not None:
+            (setting, error), self._not_built = self._not_built, None
+            self._refused(setting, error)
+            return
         if self._abandoned:
             self._restart()
         now = time.perf_counter()
@@ -302,8 +309,10 @@ class Tuner:
         start_rate = statistics.median(rates) if rates else 0.0
         ours = [rate for setting, rate in self.measured if setting == decision]
         gain = statistics.median(ours) / start_rate if start_rate and ours else 1.0
-        if decision != self.current and not self._apply(decision):
-            return
+        if decision != self.current:
+            self._apply(decision)
+            if self.state == "failed":
+                return
         if decision == self.start:
             self._finish("kept", f"no setting measured {MARGIN:.0%} faster twice ("
                          f"{len(self.measured)} measurements)")
@@ -346,17 +355,22 @@ class Tuner:
 
     # -- applying a setting -------------------------------------------------------------------
 
-    def _apply(self, setting: Setting) -> bool:
-        """Build with `setting`; where it does not build, the search ends at the start's."""
+    def _apply(self, setting: Setting) -> None:
+        """Run with `setting` from the first step after it is built (a thread of its own builds
+        it while the current settings run on); where it does not build, the search ends at the
+        start's settings."""
         try:
             self._set(setting, build=True)
-        except Exception as error:  # noqa: BLE001 (a setting DALI refuses: back to the start)
-            logs.tuning.info("%s: %s did not build (%s): the starting settings stay",
-                             self._name(), setting.text(), error)
-            self._set(self.start, build=False)
-            self._finish("failed", f"{setting.text()} did not build: {error}")
-            return False
-        return True
+        except Exception as error:  # noqa: BLE001 (its code could not be generated again)
+            self._refused(setting, error)
+
+    def _refused(self, setting: Setting, error: BaseException) -> None:
+        logs.tuning.info("%s: %s did not build (%s): the starting settings", self._name(),
+                         setting.text(), error)
+        if self.state == "tuned":  # the decision itself: not kept either
+            _store().drop(self._key())
+        self._set(self.start, build=False)
+        self._finish("failed", f"{setting.text()} did not build: {error}")
 
     def _set(self, setting: Setting, *, build: bool) -> None:
         lowered = None
@@ -375,8 +389,18 @@ class Tuner:
                                       num_threads=setting.num_threads,
                                       prefetch_queue_depth=setting.prefetch_queue_depth)
         self.current = setting
-        self._skip = SETTLE
-        self._executable.retune(options, lowered, build=build)
+        if not build:
+            self._skip = SETTLE
+            self._executable.retune(options, lowered, build=False)
+            return
+        # the steps until it is swapped in are not its own (built() starts its window)
+        self._skip = _UNTIL_BUILT
+
+        def done(error: BaseException | None) -> None:
+            if error is not None:  # taken up at the next step (under the step lock)
+                self._not_built = (setting, error)
+
+        self._executable.prepare(options, lowered, done=done)
 
     # -- what it says -------------------------------------------------------------------------
 
