@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable
 
@@ -27,6 +28,7 @@ def quick_tuning(monkeypatch, tmp_path):
     test's own."""
     monkeypatch.setattr(tuning, "WINDOW", 3)
     monkeypatch.setattr(tuning, "SETTLE", 1)
+    monkeypatch.setattr(tuning, "WINDOW_S", 0.0)
     monkeypatch.setattr(tuning, "MIN_STEP_S", 0.0)
     monkeypatch.delenv(tuning.ENV_VAR, raising=False)
     monkeypatch.delenv("NDD_TRACE_HW_DECODER_LOAD", raising=False)
@@ -197,6 +199,36 @@ def test_settings_are_built_while_the_steps_run_on(jpeg_dir, monkeypatch):
                                  epochs=20)
     _same(values, plain)
     assert state == plain_state
+
+
+def test_a_setting_is_timed_with_its_stalls(jpeg_dir, monkeypatch):
+    """The rate is the mean over the window, its stalls included: a setting whose steps are
+    mostly shorter, but which stalls every 4th step (as a deep CPU-heavy pipeline refills after
+    each epoch's end), is slower for the loop than the start, and not chosen."""
+    monkeypatch.setattr(tuning, "WINDOW", 8)
+    count = [0]
+    timed = runtime.PendingRun.result
+    starting: list = []
+
+    def result(self):
+        if not self.used:
+            threads = self._executable.options.num_threads
+            starting[:] = starting or [threads]
+            count[0] += 1
+            if threads == starting[0]:
+                time.sleep(0.005)  # 5 ms each
+            else:  # 1 ms, and 40 ms every 4th step: a median of 1 ms, a mean of 11 ms
+                time.sleep(0.04 if count[0] % 4 == 0 else 0.001)
+        return timed(self)
+
+    monkeypatch.setattr(runtime.PendingRun, "result", result)
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    _epochs(compiled, jpeg_dir, epochs=20)
+    tuner = _tuner(compiled)
+    others = [rate for setting, rate in tuner.measured if setting.num_threads != starting[0]]
+    starts = [rate for setting, rate in tuner.measured if setting.num_threads == starting[0]]
+    assert others and max(others) < min(starts), tuner.measured
+    assert tuner.current.num_threads == starting[0]
 
 
 def test_short_steps_are_kept_as_they_are(jpeg_dir, monkeypatch):

@@ -5,9 +5,10 @@ and GPU decoders' `hw_decoder_load`, chosen from its first steps and kept per ma
     # ... the consumer's steps: each run's first result() calls tuner.consumed()
     tuner.describe()    # what `explain` and the report list: "tuning: num_threads 16 -> 8 ..."
 
-The objective is what the loop feels: the consumer's steps per second, timed between the first
-uses of consecutive runs of one pipeline (the median of `WINDOW` steps, `SETTLE` steps after
-each rebuild left out). The search is coordinate descent from the starting settings (the
+The objective is what the loop feels: the consumer's steps per second, counted at the first
+uses of the runs of one pipeline, over at least `WINDOW` steps and `WINDOW_S` seconds (the mean,
+stalls included: a setting that runs fast between an epoch's ends but refills slowly after each
+one is timed at what it costs; `SETTLE` steps after each change left out). The search is coordinate descent from the starting settings (the
 function's, or ndd's current threads; `prefetch_queue_depth` as it runs; the load `optimize`
 set): the decoder load over `LOADS`, then the threads halved (again while it pays) or doubled
 (up to the CPUs this process may use), then one step deeper where that runs further ahead
@@ -53,7 +54,8 @@ from ..core.ir import NodeKind
 
 ENV_VAR = "NDD_TRACE_TUNE"
 FORMAT = 1  # of the kept decisions: bump when what is kept changes
-WINDOW = 12  # steps timed per setting
+WINDOW = 12  # steps timed per setting, at least
+WINDOW_S = 1.0  # seconds timed per setting, at least (several epochs' ends of a short epoch)
 SETTLE = 3  # steps left out after a rebuild (the runs ahead refill)
 MIN_STEP_S = 0.002  # shorter steps: a rebuild (over 1 s with a GPU decoder) is not earned back
 MARGIN = 0.03  # a setting replaces the start only this much faster, in both measurements
@@ -129,9 +131,10 @@ class Tuner:
         self.reason = ""
         self._plan: Generator[Setting, float, Setting] | None = None
         self._batch_size = 0
-        self._last = 0.0
+        self._last = 0.0  # the last step's time
         self._skip = SETTLE
-        self._intervals: list[float] = []
+        self._began = 0.0  # the timing window's start (the last step left out)
+        self._count = 0  # steps timed in the window so far
         self._step_lock = threading.Lock()
         self._abandoned = False  # another search took over while this one's loop stood still
         self._not_built: tuple[Setting, BaseException] | None = None  # a setting DALI refused
@@ -175,7 +178,7 @@ class Tuner:
             self._set(self.start, build=False)
             self.state, self.reason = "failed", f"the kept settings did not build: {error}"
             return True
-        self._skip, self._intervals = SETTLE, []
+        self._skip, self._count = SETTLE, 0
         if self.state == "waiting":
             self._batch_size = batch_size
         elif self.state == "searching" and batch_size != self._batch_size:
@@ -203,16 +206,18 @@ class Tuner:
             return
         if self._abandoned:
             self._restart()
-        now = time.perf_counter()
-        last, self._last = self._last, now
+        now = self._last = time.perf_counter()
         if self._skip:
             self._skip -= 1
+            self._began, self._count = now, 0
             return
-        self._intervals.append(now - last)
-        if len(self._intervals) < WINDOW:
+        self._count += 1
+        elapsed = now - self._began
+        if self._count < WINDOW or elapsed < WINDOW_S:
             return
-        rate = 1.0 / statistics.median(self._intervals)
-        self._intervals = []
+        # the mean over the window: its stalls (an epoch's end, a refill) are what the loop feels
+        rate = self._count / elapsed
+        self._began, self._count = now, 0
         if self.state == "waiting":
             self._begin(rate)
         else:
