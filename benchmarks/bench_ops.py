@@ -621,11 +621,21 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
             for phase, ms in getattr(record, "ndd_trace_ms", {}).items():
                 phases[phase] += ms
 
+    # what per-machine tuning did (optimize=True): its log, each line with the seconds since
+    # the mode was set up
+    tuning_log: list = []
+    set_up = time.perf_counter()
+
+    class TuningLog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            tuning_log.append(f"{time.perf_counter() - set_up:.2f}s {record.getMessage()}")
+
     if mode.startswith("ndd_trace") or mode == "transparent":
-        for channel in ("trace", "builds"):
+        for channel, handler in (("trace", PhaseTimes()), ("builds", PhaseTimes()),
+                                 ("tuning", TuningLog())):
             logger = logging.getLogger(f"ndd_trace.{channel}")
             logger.setLevel(logging.INFO)
-            logger.addHandler(PhaseTimes())
+            logger.addHandler(handler)
             logger.propagate = False  # counted, not printed
 
     def on_first():
@@ -668,6 +678,10 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         captured = f"captured {len(names)} ops: {', '.join(names)}"
         result.notes = f"{result.notes}; {captured}" if result.notes else captured
         result.extra["captured_ops"] = names
+    if tuning_log:
+        result.extra["tuning"] = tuning_log
+        last = tuning_log[-1].split(": ", 1)[-1]  # (without the pipeline's file name)
+        result.notes = f"{result.notes}; tuning: {last}" if result.notes else f"tuning: {last}"
     return result
 
 
