@@ -6,22 +6,25 @@ and GPU decoders' `hw_decoder_load`, chosen from its first steps and kept per ma
     tuner.describe()    # what `explain` and the report list: "tuning: num_threads 16 -> 8 ..."
 
 The objective is what the loop feels: the consumer's steps per second, counted at the first
-uses of the runs of one pipeline, over at least `WINDOW` steps and `WINDOW_S` seconds (the mean,
-stalls included: a setting that runs fast between an epoch's ends but refills slowly after each
-one is timed at what it costs; `SETTLE` steps after each change left out). The search is coordinate descent from the starting settings (the
+uses of the runs of one pipeline, over at least `WINDOW` steps and `WINDOW_S` seconds (the
+mean, stalls included: a median leaves out the slow steps a setting causes; `SETTLE` steps
+after each change left out). The search is coordinate descent from the starting settings (the
 function's, or ndd's current threads; `prefetch_queue_depth` as it runs; the load `optimize`
-set): the decoder load over `LOADS`, then the threads halved (again while it pays) or doubled
-(up to the CPUs this process may use), then one step deeper where that runs further ahead
-(`runs_ahead`, ahead/runahead.py's rule, is passed in). A setting replaces the start only
-if it beats it by `MARGIN` twice, measured once in the search and once more, alternating,
-after it: a loop bound by its own training step times every setting alike and keeps the start.
+set): the decoder load along `LOADS` (one up, on up while it pays, else one down and on
+down), then the threads halved (again while it pays) or doubled (up to the CPUs this process
+may use), then one step deeper where that runs further ahead (`runs_ahead`,
+ahead/runahead.py's rule, is passed in). A setting replaces the start only if it beats it by
+`MARGIN` twice, measured once in the search and once more, alternating, after it: a loop
+bound by its own training step times every setting alike and keeps the start.
 
 Settings change no values but the decoder load's (which images the hardware JPEG decoder
 takes, documented under `optimize`): random states are fed per call, and a DALI op gives the
 same output on any number of threads. Each setting is a pipeline built by a thread of its own
-while the current settings run on (Executable.prepare: the loop does not wait for a build),
-swapped in at the first step after it is built, once the runs in flight are fetched (their
-outputs are kept); a setting that fails to build ends the search at the start's settings.
+while the current one runs on (Executable.prepare), swapped in at the first step after it is
+built, once the runs in flight are fetched (their outputs are kept); a setting that fails to
+build ends the search at the start's settings. DALI holds the GIL while it builds (about 0.5 s
+for a GPU-decoder pipeline on the H200), so the loop's Python waits that long all the same; the
+runs already queued go on meanwhile, and nothing is drained or freed on the loop's thread.
 
 With a cache directory (`NDD_TRACE_CACHE_DIR`, `ndd_trace.set_cache_dir`), the decision is kept
 in `tuning-<machine>.json` there, under a key of the generated code (as traced, before tuning),
@@ -59,7 +62,7 @@ WINDOW_S = 1.0  # seconds timed per setting, at least (several epochs' ends of a
 SETTLE = 3  # steps left out after a rebuild (the runs ahead refill)
 MIN_STEP_S = 0.002  # shorter steps: a rebuild (over 1 s with a GPU decoder) is not earned back
 MARGIN = 0.03  # a setting replaces the start only this much faster, in both measurements
-LOADS = (0.65, 0.9, 1.0, 0.4)  # hw_decoder_load tried (the start's own skipped)
+LOADS = (0.4, 0.65, 0.9, 1.0)  # hw_decoder_load: the start's neighbours tried, on while it pays
 DEEPER = 1  # prefetch_queue_depth tried this much above the start's, where it runs further ahead
 MAX_DEPTH = 8  # a kept prefetch_queue_depth above this (or below 1) is not used
 
@@ -266,13 +269,21 @@ class Tuner:
             return rate > best_rate * (1 + MARGIN / 3)
 
         if start.hw_decoder_load is not None:
-            for load in LOADS:
-                if load == start.hw_decoder_load:
-                    continue
-                candidate = dataclasses.replace(best, hw_decoder_load=load)
-                rate = yield candidate
-                if better(rate):
-                    best, best_rate = candidate, rate
+            # along the loads in order: up from the start while that pays, else down
+            loads = sorted(set(LOADS) | {start.hw_decoder_load})
+            at = loads.index(start.hw_decoder_load)
+            for step in (1, -1):
+                moved = False
+                index = at + step
+                while 0 <= index < len(loads):
+                    candidate = dataclasses.replace(best, hw_decoder_load=loads[index])
+                    rate = yield candidate
+                    if not better(rate):
+                        break
+                    best, best_rate, moved = candidate, rate, True
+                    index += step
+                if moved:
+                    break
         if not self._threads_given:
             cpus = _cpus()
             threads = best.num_threads
