@@ -301,7 +301,8 @@ def test_gpu_decoder_load_is_tuned(jpeg_dir):
     tuner = _tuner(compiled)
     assert tuner.state in ("tuned", "kept"), tuner.describe()
     loads = {setting.hw_decoder_load for setting, _ in tuner.measured}
-    assert {0.4, 0.9} <= loads, loads  # the start's (0.65) neighbours, at least
+    # along the loads' order from the start's: one up first, then on up or one down
+    assert 0.9 in loads and len(loads) >= 3, loads
     code = compiled._step._entry_cache.last_entry().executable.lowered.source
     assert f"hw_decoder_load={tuner.current.hw_decoder_load}" in code
 
@@ -416,3 +417,28 @@ def test_tuned_steps_are_eager_s_where_no_rewrite_changes_values(jpeg_dir):
     assert not compiled._step._entry_cache.last_entry().optimizations  # nothing rewritten
     assert state == eager_state
     _same(tuned, eager)
+
+
+def _put_many(directory: str, rank: int, count: int) -> None:
+    """One process's decisions (a torchrun rank's), put one by one."""
+    store = tuning._Store(directory)
+    for index in range(count):
+        store.put(f"rank{rank}-{index}", {"num_threads": 1, "prefetch_queue_depth": 2,
+                                          "hw_decoder_load": None})
+
+
+def test_processes_writing_the_file_at_once_lose_no_entry(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    directory = str(tmp_path / "shared")
+    workers = [context.Process(target=_put_many, args=(directory, rank, 25)) for rank in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    (kept,) = (tmp_path / "shared").glob("tuning-*.json")
+    entries = json.loads(kept.read_text())["entries"]
+    assert set(entries) == {f"rank{rank}-{index}" for rank in range(4) for index in range(25)}
+    assert not list((tmp_path / "shared").glob("*.tmp"))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import glob
 import hashlib
 import json
@@ -537,29 +538,39 @@ class _Store:
 
     def put(self, key: str, record: dict | None) -> None:
         """Keep `record` under `key` (None: drop it). What other processes wrote since this one
-        read the file wins for their keys (two writing at once may lose one entry: it is then
-        tuned again)."""
-        entries = {**(self._entries or {}), **self._read()}
-        if record is None:
-            entries.pop(key, None)
-        else:
-            entries[key] = record
-        self._entries = entries
+        read the file wins for their keys; the read and the write are one step under the file's
+        lock (`<file>.lock`, flock), so processes writing at once (torchrun's ranks) lose none."""
         if self.directory is None:
+            self._entries = {**(self._entries or {}), key: record}
+            if record is None:
+                self._entries.pop(key)
             return
-        temporary = None
         try:
             os.makedirs(self.directory, exist_ok=True)
-            descriptor, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with open(self.path + ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # (released when closed)
+                entries = {**(self._entries or {}), **self._read()}
+                if record is None:
+                    entries.pop(key, None)
+                else:
+                    entries[key] = record
+                self._entries = entries
+                self._write(entries)
+        except OSError as error:
+            logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
+
+    def _write(self, entries: dict) -> None:
+        """The file, written whole and atomically (its temporary file removed if that fails)."""
+        descriptor, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        try:
             with os.fdopen(descriptor, "w", encoding="utf-8") as file:
                 json.dump({"format": FORMAT, "machine": self.machine, "entries": entries},
                           file, indent=1)
             os.replace(temporary, self.path)
-        except OSError as error:
-            logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
-            if temporary is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
 
     def drop(self, key: str) -> None:
         self.put(key, None)
