@@ -435,9 +435,10 @@ class Executable:
         """`retune(options, lowered, build=True)` without stopping the runs: a thread of its own
         builds the pipeline while this one runs on (its queued runs go on; DALI holds the GIL
         while it builds), and the next run after it is built swaps it in (the runs in flight
-        fetched first, their outputs kept; the old pipeline freed in a thread). `done(error)` is called then
-        (`error`: it did not build; this pipeline runs on). Where nothing is built yet, or a
-        reader moves in at each build, it is `retune` at once (and `done` called)."""
+        fetched first, their outputs kept; the old pipeline freed in a thread). `done(error)`
+        is called then (`error`: it did not build; this pipeline runs on). Where nothing is
+        built yet, or a reader moves in at each build, it is `retune` at once (and `done`
+        called)."""
         with self._lock:
             self._swap(wait=True)  # (one at a time)
             if self.pipeline is None or self.before_build is not None:

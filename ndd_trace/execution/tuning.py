@@ -59,7 +59,7 @@ from ..core.ir import NodeKind
 ENV_VAR = "NDD_TRACE_TUNE"
 FORMAT = 1  # of the kept decisions: bump when what is kept changes
 WINDOW = 12  # steps timed per setting, at least
-WINDOW_S = 1.0  # seconds timed per setting, at least (several epochs' ends of a short epoch)
+WINDOW_S = 1.0  # seconds timed per setting, at least (a rate over more than a few steps)
 SETTLE = 3  # steps left out after a rebuild (the runs ahead refill)
 MIN_STEP_S = 0.002  # shorter steps: a rebuild (over 1 s with a GPU decoder) is not earned back
 MARGIN = 0.03  # a setting replaces the start only this much faster, in both measurements
@@ -219,7 +219,7 @@ class Tuner:
         elapsed = now - self._began
         if self._count < WINDOW or elapsed < WINDOW_S:
             return
-        # the mean over the window: its stalls (an epoch's end, a refill) are what the loop feels
+        # the mean over the window: its slow steps are what the loop feels (a median drops them)
         rate = self._count / elapsed
         self._began, self._count = now, 0
         if self.state == "waiting":
