@@ -540,24 +540,33 @@ class _Store:
         """Keep `record` under `key` (None: drop it). What other processes wrote since this one
         read the file wins for their keys; the read and the write are one step under the file's
         lock (`<file>.lock`, flock), so processes writing at once (torchrun's ranks) lose none."""
-        if self.directory is None:
-            self._entries = {**(self._entries or {}), key: record}
+        with self._locked():
+            entries = {**(self._entries or {}), **self._read()}
             if record is None:
-                self._entries.pop(key)
-            return
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            with open(self.path + ".lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # (released when closed)
-                entries = {**(self._entries or {}), **self._read()}
-                if record is None:
-                    entries.pop(key, None)
-                else:
-                    entries[key] = record
-                self._entries = entries
+                entries.pop(key, None)
+            else:
+                entries[key] = record
+            self._entries = entries
+            if self.directory is None:
+                return
+            try:
                 self._write(entries)
-        except OSError as error:
-            logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
+            except OSError as error:
+                logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Generator[None, None, None]:
+        """The file's lock across processes, held while inside (none without a directory, or
+        where it cannot be taken: then the write is atomic still, only not merged in turn)."""
+        with contextlib.ExitStack() as stack:
+            if self.directory is not None:
+                try:
+                    os.makedirs(self.directory, exist_ok=True)
+                    lock = stack.enter_context(open(self.path + ".lock", "a"))
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # (released when closed)
+                except OSError as error:
+                    logs.tuning.info("could not lock %s: %s", self.path, error)
+            yield
 
     def _write(self, entries: dict) -> None:
         """The file, written whole and atomically (its temporary file removed if that fails)."""
