@@ -29,7 +29,7 @@
 #          0.5 0.65 0.9 1.0), and the obvious pipeline at each thread count: the landscape a
 #          per-machine tuner searches
 # tune:    per-machine tuning (optimize=True, docs/optimize.md): the train workload's optimize
-#          mode run TUNE_STEPS steps (default 400) with an empty cache directory, which it
+#          mode run TUNE_STEPS steps (default 6000: the search waits 20 s) with an empty cache directory, which it
 #          tunes from and keeps its settings in (copied here: each measurement is listed);
 #          then ROUNDS rounds of the train workload, every mode, with that cache directory
 #          (optimize starts tuned; the other ndd_trace modes get the warm start)
@@ -141,7 +141,7 @@ if has tune; then
     cache=${TUNE_CACHE:-/tmp/ndd-tune}  # kept between calls of one lease
     mkdir -p "$cache"
     NDD_TRACE_CACHE_DIR=$cache bounded python3 benchmarks/bench_ops.py \
-        $TRAIN --steps "${TUNE_STEPS:-400}" --modes ndd_trace_optimize,pipeline \
+        $TRAIN --steps "${TUNE_STEPS:-6000}" --modes ndd_trace_optimize,pipeline \
         --json "$OUT/tune_first_run.json" 2>&1 | grep -v "^\s*$" | tail -40 \
         | tee "$OUT/tune_first_run.log"
     cp "$cache"/tuning-*.json "$OUT/" 2>/dev/null

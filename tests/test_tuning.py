@@ -30,6 +30,7 @@ def quick_tuning(monkeypatch, tmp_path):
     monkeypatch.setattr(tuning, "WINDOW", 3)
     monkeypatch.setattr(tuning, "SETTLE", 1)
     monkeypatch.setattr(tuning, "WINDOW_S", 0.0)
+    monkeypatch.setattr(tuning, "SEARCH_AFTER_S", 0.0)
     monkeypatch.setattr(tuning, "MIN_STEP_S", 0.0)
     monkeypatch.delenv(tuning.ENV_VAR, raising=False)
     monkeypatch.delenv("NDD_TRACE_HW_DECODER_LOAD", raising=False)
@@ -261,6 +262,20 @@ def test_the_load_is_searched_along_its_order():
     tried, decision = _searched(start, loads({0.65: 100, 0.9: 90, 0.4: 120, 1.0: 200}))
     assert [s.hw_decoder_load for s in tried] == [0.9, 0.4, 0.65, 0.4]
     assert decision.hw_decoder_load == 0.4
+
+
+def test_a_short_run_is_not_searched(jpeg_dir, monkeypatch):
+    """The search begins only once the loop has run SEARCH_AFTER_S seconds: a run shorter than
+    that builds no setting and keeps nothing (the H200 run that ended mid-search ran at 0.57x
+    the pipeline: its tries' GIL-held builds were most of it)."""
+    monkeypatch.setattr(tuning, "SEARCH_AFTER_S", 3600.0)
+    compiled = ndd.compile(decoded_epoch, optimize=True)
+    _epochs(compiled, jpeg_dir, epochs=4)
+    tuner = _tuner(compiled)
+    assert tuner.state == "waiting" and tuner.measured == [], tuner.describe()
+    assert compiled._step._entry_cache.last_entry().executable.builds == 1
+    assert tuning._store().get(tuner._key()) is None
+    assert "searched once the loop has run 3600 s (waiting" in str(ndd_trace.explain(compiled))
 
 
 def test_short_steps_are_kept_as_they_are(jpeg_dir, monkeypatch):

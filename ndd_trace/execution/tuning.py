@@ -8,7 +8,8 @@ and GPU decoders' `hw_decoder_load`, chosen from its first steps and kept per ma
 The objective is what the loop feels: the consumer's steps per second, counted at the first
 uses of the runs of one pipeline, over at least `WINDOW` steps and `WINDOW_S` seconds (the
 mean, stalls included: a median leaves out the slow steps a setting causes; `SETTLE` steps
-after each change left out). The search is coordinate descent from the starting settings (the
+after each change left out). It begins once the loop has run `SEARCH_AFTER_S` seconds, so a
+short run is not slowed by tries that could not pay in it. The search is coordinate descent from the starting settings (the
 function's, or ndd's current threads; `prefetch_queue_depth` as it runs; the load `optimize`
 set): the decoder load along `LOADS` (one up, on up while it pays, else one down and on
 down), then the threads halved (again while it pays) or doubled (up to the CPUs this process
@@ -62,6 +63,11 @@ WINDOW = 12  # steps timed per setting, at least
 WINDOW_S = 1.0  # seconds timed per setting, at least (a rate over more than a few steps)
 SETTLE = 3  # steps left out after a rebuild (the runs ahead refill)
 MIN_STEP_S = 0.002  # shorter steps: a rebuild (over 1 s with a GPU decoder) is not earned back
+# the search begins once the loop has run this long on the start's settings: each try holds
+# the GIL for its build (about 0.5 s with a GPU decoder on the H200), so a run shorter than the
+# search (about 15 s there) would lose more to it than it gains; a run that lasted this long is
+# likely a training run, and whatever it ends at, the search's cost stays a fraction of it
+SEARCH_AFTER_S = 20.0
 MARGIN = 0.03  # a setting replaces the start only this much faster, in both measurements
 LOADS = (0.4, 0.65, 0.9, 1.0)  # hw_decoder_load: the start's neighbours tried, on while it pays
 DEEPER = 1  # prefetch_queue_depth tried this much above the start's, where it runs further ahead
@@ -139,6 +145,7 @@ class Tuner:
         self._skip = SETTLE
         self._began = 0.0  # the timing window's start (the last step left out)
         self._count = 0  # steps timed in the window so far
+        self._first = 0.0  # the first step's time (the search waits SEARCH_AFTER_S after it)
         self._step_lock = threading.Lock()
         self._abandoned = False  # another search took over while this one's loop stood still
         self._not_built: tuple[Setting, BaseException] | None = None  # a setting DALI refused
@@ -211,6 +218,7 @@ class Tuner:
         if self._abandoned:
             self._restart()
         now = self._last = time.perf_counter()
+        self._first = self._first or now
         if self._skip:
             self._skip -= 1
             self._began, self._count = now, 0
@@ -223,7 +231,8 @@ class Tuner:
         rate = self._count / elapsed
         self._began, self._count = now, 0
         if self.state == "waiting":
-            self._begin(rate)
+            if now - self._first >= SEARCH_AFTER_S:  # (else measured again, later)
+                self._begin(rate)
         else:
             self._next(rate)
 
@@ -431,8 +440,10 @@ class Tuner:
         if self.state in ("kept", "failed"):
             return f"tuning: the starting settings, {self.start.text()} ({self.reason})"
         done = len(self.measured)
-        return (f"tuning: from the first steps ({self.state}; {done} setting(s) measured so far,"
-                f" starting from {self.start.text()})")
+        when = (f"searched once the loop has run {SEARCH_AFTER_S:g} s" if self.state ==
+                "waiting" else "from the first steps")
+        return (f"tuning: {when} ({self.state}; {done} setting(s) measured so far, starting "
+                f"from {self.start.text()})")
 
     def _name(self) -> str:
         return self._executable.lowered.filename
