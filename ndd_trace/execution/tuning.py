@@ -1,22 +1,23 @@
-"""Per-machine tuning under `optimize=True`: a pipeline's `num_threads`, `prefetch_queue_depth`
-and GPU decoders' `hw_decoder_load`, chosen from its first steps and kept per machine.
+"""Per-machine tuning under `optimize=True`: a pipeline's `num_threads`, `prefetch_queue_depth` and
+GPU decoders' `hw_decoder_load`, measured once the loop has run a while (`SEARCH_AFTER_S`) and
+kept per machine.
 
     tuner = tuning.attach(executable, applied, relower, threads_given=False)  # or None
     # ... the consumer's steps: each run's first result() calls tuner.consumed()
     tuner.describe()    # what `explain` and the report list: "tuning: num_threads 16 -> 8 ..."
 
-The objective is what the loop feels: the consumer's steps per second, counted at the first
-uses of the runs of one pipeline, over at least `WINDOW` steps and `WINDOW_S` seconds (the
-mean, stalls included: a median leaves out the slow steps a setting causes; `SETTLE` steps
-after each change left out). It begins once the loop has run `SEARCH_AFTER_S` seconds, so a
-short run is not slowed by tries that could not pay in it. The search is coordinate descent from the starting settings (the
-function's, or ndd's current threads; `prefetch_queue_depth` as it runs; the load `optimize`
-set): the decoder load along `LOADS` (one up, on up while it pays, else one down and on
-down), then the threads halved (again while it pays) or doubled (up to the CPUs this process
-may use), then one step deeper where that runs further ahead (`runs_ahead`,
-ahead/runahead.py's rule, is passed in). A setting replaces the start only if it beats it by
-`MARGIN` twice, measured once in the search and once more, alternating, after it: a loop
-bound by its own training step times every setting alike and keeps the start.
+The objective is what the loop feels: the consumer's steps per second, counted at the first uses
+of the runs of one pipeline, over at least `WINDOW` steps and `WINDOW_S` seconds (the mean,
+stalls included: a median leaves out the slow steps a setting causes; `SETTLE` steps after each
+change left out). It begins once the loop has run `SEARCH_AFTER_S` seconds, so a short run is
+not slowed by tries that could not pay in it. The search is coordinate descent from the starting
+settings (the function's, or ndd's current threads; `prefetch_queue_depth` as it runs; the load
+`optimize` set): the decoder load along `LOADS` (one up, on up while it pays, else one down and
+on down), then the threads halved (again while it pays) or doubled (up to the CPUs this process
+may use), then one step deeper where that runs further ahead (`runs_ahead`, ahead/runahead.py's
+rule, is passed in). A setting replaces the start only if it beats it by `MARGIN` twice,
+measured once in the search and once more, alternating, after it: a loop bound by its own
+training step times every setting alike and keeps the start.
 
 Settings change no values but the decoder load's (which images the hardware JPEG decoder
 takes, documented under `optimize`): random states are fed per call, and a DALI op gives the
@@ -441,7 +442,7 @@ class Tuner:
             return f"tuning: the starting settings, {self.start.text()} ({self.reason})"
         done = len(self.measured)
         when = (f"searched once the loop has run {SEARCH_AFTER_S:g} s" if self.state ==
-                "waiting" else "from the first steps")
+                "waiting" else "under way")
         return (f"tuning: {when} ({self.state}; {done} setting(s) measured so far, starting "
                 f"from {self.start.text()})")
 
