@@ -37,10 +37,6 @@
 #          batch for the compiled generator, the compiled step and transparent mode, each in a
 #          process with an empty cache (cold) and then one with the cache it left (warm), and the
 #          pipeline's beside them, ROUNDS rounds
-# cudawarm: the CUDA driver's set-up at a trace (NDD_TRACE_CUDA_WARMUP, execution/warmup.py), on
-#          and off: the train workload's first batch for the compiled generator, the compiled step
-#          and transparent mode beside the pipeline's, without a cache directory (cold: DALI parses
-#          the module) and with one already filled (warm), ROUNDS rounds alternating on and off
 # optshort: optimize beside the pipeline, OPTSHORT_STEPS steps (default 400) with an empty cache
 #          directory: a run too short to search (tuning.SEARCH_AFTER_S) runs on the start's settings
 set -u
@@ -170,24 +166,6 @@ if has warm; then
             ls -la "$cache" | tee -a "$OUT/warm_${mode}_cold_r$round.log"
         done
     done
-fi
-if has cudawarm; then
-    warmed=$(mktemp -d)  # filled once, then every warm start loads from it
-    bounded python3 benchmarks/bench_ops.py $TRAIN --steps 5 --warmup 1 \
-        --modes ndd_trace,ndd_trace_loop,transparent >/dev/null 2>&1 </dev/null
-    for round in $(seq 1 "$ROUNDS"); do
-        for start in cold warm; do
-            for switch in 1 0; do
-                if [ "$start" = warm ]; then export NDD_TRACE_CACHE_DIR=$warmed; else unset NDD_TRACE_CACHE_DIR; fi
-                NDD_TRACE_CUDA_WARMUP=$switch NDD_TRACE_LOGS=builds bounded python3 benchmarks/bench_ops.py \
-                    $TRAIN --steps 20 --warmup 5 --modes ndd_trace,ndd_trace_loop,transparent,pipeline \
-                    --json "$OUT/cudawarm_${start}_w${switch}_r$round.json" 2>&1 \
-                    | grep -E "CUDA warm-up|steps/s|first batch|^ *(ndd_trace|transparent|pipeline)" \
-                    | tail -12 | tee "$OUT/cudawarm_${start}_w${switch}_r$round.log"
-            done
-        done
-    done
-    unset NDD_TRACE_CACHE_DIR
 fi
 if has optshort; then
     bounded env NDD_TRACE_CACHE_DIR="$(mktemp -d)" python3 benchmarks/bench_ops.py $TRAIN \

@@ -39,7 +39,7 @@ from ..core import logs
 from ..core.errors import PipelineError, _GraphBreak
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
 from ..core.source import SourceLoc, user_frame, user_location
-from ..execution import waits, warmup
+from ..execution import waits
 from ..execution.runtime import Options
 from ..tracing.trace import Tracer, inference_metas
 from .proxies import LazyBatch, LazyTensor, _is_lazy, _LazyMixin
@@ -210,9 +210,6 @@ class LazyTracer(Tracer):
     @_dali.plumbing
     def handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
         started = time.perf_counter()
-        # the CUDA driver's set-up beside this first call's Python (its call-site parse): at
-        # the first ndd call, as eager sets it up, not at enable() (a script may fork before)
-        warmup.start(self.device_id)
         try:
             return self._handle(op_class, original, inputs, kwargs)
         finally:

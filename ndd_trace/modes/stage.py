@@ -26,7 +26,7 @@ from ..core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..ahead.readahead import runs_ahead
-from ..execution import tuning, warmup
+from ..execution import tuning
 from ..execution.runtime import Executable, Options
 from ..tracing.trace import GraphBreakRecord, Tracer
 from .cache import Entry, EntryCache, batch_sizes, walk_data
@@ -185,7 +185,6 @@ class TraceStage:
         cache.replan()  # the helpers the function calls may have changed since the last trace
         key = cache.key(args, kwargs)
         tracer = Tracer(self._function.__name__, self._options().device_id)
-        warmup.start(tracer.device_id)  # the CUDA driver's set-up, beside the trace's Python
         sizes = batch_sizes(args, kwargs)
         batch_size, consistent = (max(sizes), len(sizes) == 1) if sizes else (None, True)
         tracer.batch_size = batch_size or 1
