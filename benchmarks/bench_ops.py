@@ -32,6 +32,9 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
   ``hw_decoder_load``): the ceiling of the machine for this data, every mode is also reported as
   a fraction of it (``decode_rrc_cmn`` only; ROI decoding decodes less, so a fused mode can pass
   it).
+- ``fused_decode_only``: the reader and the ROI decoder alone (``fn.decoders.image_random_crop``,
+  the same ``hw_decoder_load``): the ceiling of every rewrite that keeps eager's crop windows'
+  distribution (what ``optimize`` and ``pipeline_fused`` decode, with nothing after it).
 - ``pipeline_percall``: the same hand-written pipeline, built by hand with a named
   ``fn.external_source`` and driven one step at a time from Python (``feed_input`` + ``run``, no
   prefetching): the floor of a per-call function (``small_ops`` only).
@@ -98,8 +101,9 @@ from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
 MODES = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "ndd_trace_checked",
          "ndd_trace_optimize", "transparent", "pipeline_percall", "pipeline", "pipeline_fused",
-         "decode_only", "dataloader")
-DECODE_ONLY_MODES = ("ndd_trace_optimize", "pipeline_fused", "decode_only")
+         "decode_only", "fused_decode_only", "dataloader")
+DECODE_ONLY_MODES = ("ndd_trace_optimize", "pipeline_fused", "decode_only", "fused_decode_only")
+PIPELINE_MODES = ("pipeline", "pipeline_fused", "decode_only", "fused_decode_only")
 WORKLOADS = ("small_ops", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
 SMALL_IMAGE_SIDE = 64
@@ -210,7 +214,8 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
                    variant: str = "pipeline"):
     """Build the hand-written pipeline of `workload` (`inputs`: batches or a JPEG directory);
     `percall`: small_ops with a named external source fed by `feed_input`, no prefetching;
-    `variant`: "pipeline_fused" or "decode_only" for decode_rrc_cmn's expert-written ones."""
+    `variant`: "pipeline_fused", "decode_only" or "fused_decode_only" for decode_rrc_cmn's
+    expert-written ones."""
 
     @pipeline_def
     def small_ops_pipeline():
@@ -261,6 +266,10 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         return fn.decoders.image(jpegs_of_reader(), device=decoder_device, **tuning)
 
     @pipeline_def
+    def fused_decode_only_pipeline():
+        return fn.decoders.image_random_crop(jpegs_of_reader(), device=decoder_device, **tuning)
+
+    @pipeline_def
     def small_ops_percall_pipeline():
         images = fn.external_source(name="images", layout="HWC", device=options.device)
         return small_ops_pipeline_body(images)
@@ -292,6 +301,8 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         definition = decode_rrc_cmn_fused_pipeline
     elif variant == "decode_only":
         definition = decode_only_pipeline
+    elif variant == "fused_decode_only":
+        definition = fused_decode_only_pipeline
     pipe = definition(
         batch_size=options.batch_size,
         num_threads=options.threads,
@@ -583,7 +594,7 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         return result
     if mode == "pipeline_percall":
         steps = pipeline_percall_steps(workload, options, data, times)
-    elif mode in ("pipeline", "pipeline_fused", "decode_only"):
+    elif mode in PIPELINE_MODES:
         steps = pipeline_mode_steps(workload, options, data, mode)
     elif mode == "dataloader":
         try:
@@ -830,7 +841,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-ms", type=float, default=0.0,
                         help="simulated training step after each batch (milliseconds)")
     parser.add_argument("--hw-decoder-load", type=float, default=None,
-                        help="the GPU decoder's hw_decoder_load in pipeline_fused and decode_only "
+                        help="the GPU decoder's hw_decoder_load in pipeline_fused, decode_only and "
+                             "fused_decode_only "
                              f"(default {FUSED_HW_DECODER_LOAD}), and in ndd_trace_optimize "
                              "(default: ndd_trace's, tuned per machine with a cache directory);"
                              " pipeline keeps DALI's default, 0.65")

@@ -25,7 +25,7 @@ from pathlib import Path
 MODE_ORDER = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop",
               "ndd_trace_checked", "ndd_trace_optimize",
               "transparent", "pipeline_percall", "pipeline", "pipeline_fused", "decode_only",
-              "dataloader")
+              "fused_decode_only", "dataloader")
 LABELS = {
     "eager": "eager ndd",
     "capture": "DALI capture mode",
@@ -39,6 +39,7 @@ LABELS = {
     "pipeline": "@pipeline_def",
     "pipeline_fused": "@pipeline_def, fused by hand",
     "decode_only": "reader + decoder alone (ceiling)",
+    "fused_decode_only": "reader + ROI decoder alone (ceiling of exact fusion)",
     "dataloader": "torch DataLoader",
 }
 

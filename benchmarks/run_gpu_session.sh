@@ -10,7 +10,8 @@
 # Wheels in .whl/ (carried: torchdata, which that machine lacks) are installed first.
 # small:   the tiny workload (small_ops, batch 8), every mode
 # decode:  the decode workload (batch 16), every mode
-# train:   the train workload (batch 256, 16 threads, 4096 JPEGs), ROUNDS rounds, every mode
+# train:   the train workload (batch 256, 16 threads, 4096 JPEGs), ROUNDS rounds, every mode,
+#          TRAIN_STEPS timed steps (default 100)
 # ddp:     benchmarks/bench_ddp.py on the GPUs there are (torchrun, one pipeline per rank)
 # ab:      the train workload for the compiled generator, transparent mode and the pipeline,
 #          this tree against the one in $OLD (an older checkout's ndd_trace/ and benchmarks/),
@@ -46,7 +47,7 @@ PARTS=${PARTS:-tests small train}
 OLD=${OLD:-.ab/old}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-ALL=eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,transparent,pipeline,pipeline_fused,decode_only
+ALL=eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,transparent,pipeline,pipeline_fused,decode_only,fused_decode_only
 TRAIN="--device gpu --workloads decode_rrc_cmn --steps 100 --warmup 40 --threads 16 --batch-size 256 --images 4096"
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 # every command ends by DEADLINE_S seconds into the script (default 560, under the device tool's
@@ -82,8 +83,9 @@ if has decode; then
 fi
 if has train; then
     for round in $(seq 1 "$ROUNDS"); do
-        bounded python3 benchmarks/bench_ops.py $TRAIN --modes "$ALL" --json "$OUT/bench_train_r$round.json" \
-            2>&1 | tail -14 | tee "$OUT/bench_train_r$round.log"
+        bounded python3 benchmarks/bench_ops.py $TRAIN ${TRAIN_STEPS:+--steps $TRAIN_STEPS} --modes "$ALL" \
+            --json "$OUT/bench_train_r$round.json" \
+            2>&1 | tail -16 | tee "$OUT/bench_train_r$round.log"
     done
 fi
 if has ddp; then
