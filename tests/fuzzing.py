@@ -39,6 +39,13 @@ def _unary_ops(draw: Callable) -> list[tuple[str, Callable]]:
     factor = draw(st.floats(0.125, 3.0, width=32))
     k = draw(st.integers(1, 9))
     lo = draw(st.integers(0, 3))
+    # numpy constants as a user writes them: float64 by default (DALI's Constant holds no
+    # doubles), exact in float32 or not
+    const_dtype = draw(st.sampled_from(["float64", "float32", "int32"]))
+    channel = np.array([draw(st.floats(0.25, 4.0, width=32)) for _ in range(3)])
+    channel = (channel * 4).astype(const_dtype) if const_dtype == "int32" else \
+        channel.astype(const_dtype)
+    mean = np.array([draw(st.floats(0, 255, width=64)) for _ in range(3)])
     return [
         (f"flip(h={horizontal}, v={vertical})",
          lambda x: ndd.flip(x, horizontal=horizontal, vertical=vertical)),
@@ -68,6 +75,10 @@ def _unary_ops(draw: Callable) -> list[tuple[str, Callable]]:
         ("x + uniform", lambda x: x + ndd.random.uniform(batch_size=x.batch_size, range=[0, 2])),
         ("reductions.sum(keep_dims)", lambda x: ndd.reductions.sum(x, axes=[0], keep_dims=True)),
         ("sqrt", lambda x: ndd.math.sqrt(ndd.cast(x, dtype=ndd.float32))),
+        (f"* np.array({channel.tolist()}, {const_dtype})", lambda x: x * channel),
+        (f"crop_mirror_normalize(mean=np.array({mean.tolist()}))",
+         lambda x: ndd.crop_mirror_normalize(x, mean=mean, std=channel.astype(np.float64),
+                                             output_layout="HWC")),
     ]
 
 

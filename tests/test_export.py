@@ -296,3 +296,20 @@ def test_source_file_name_stays_in_its_comment(batch, tmp_path):
     run_module("f.py", str(tmp_path), "--save", "out.npz")
     assert not marker.exists()
     _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+
+
+def test_float64_constant_round_trip(batch, tmp_path):
+    """A float64 numpy constant (numpy's default dtype) is written as a float constant and a cast:
+    DALI's Constant holds no doubles."""
+    mean = np.array([100.0, 110.0, 120.0])
+
+    def centred(images):
+        return ndd.crop_mirror_normalize(images, mean=mean, std=[2.0, 2.0, 2.0]), \
+            ndd.cast(images, dtype=ndd.float64) - np.array([1.5, 2.5, 3.5])
+
+    compiled = ndd.compile(centred)
+    expected = to_numpy(list(compiled(batch)))
+    ndd_trace.export(compiled, batch, path=str(tmp_path / "centred.py"))
+    assert "dtype=types.FLOAT64" in (tmp_path / "centred.py").read_text()
+    run_module("centred.py", str(tmp_path), "--save", "out.npz")
+    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 2))

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same, to_numpy
+from conftest import assert_same, run_both, to_numpy
 
 import ndd_trace
 
@@ -264,3 +264,46 @@ def test_list_parameter_for_a_tensor_argument_as_in_eager(uniform_batch):
     with pytest.raises(RuntimeError, match="Affine mapping parameters"):
         to_numpy(compiled(uniform_batch, [1.0, 0, 1, 0, 1, 2], [3, 5]))
     assert compiled.cache_info().fallbacks == 0
+
+
+# numpy's default float dtype, as a mean or std computed with numpy has it: DALI's Constant holds
+# no doubles (found by a differential sweep of ordinary training scripts)
+_MEAN_F64 = np.array([100.0, 110.0, 120.0])          # exact in float32: written into the code
+_STD_F64 = np.array([58.395, 57.12, 57.375])         # not exact in float32: fed
+_WEIGHTS_F64 = np.array([[0.5, 0.25], [2.0, 4.0]])  # 2-D, exact
+
+
+def _normalize_f64(x):
+    a = ndd.crop_mirror_normalize(x, mean=_MEAN_F64, std=_STD_F64)
+    b = ndd.cast(x.slice[:2, :2, 0], dtype=ndd.float64) * _WEIGHTS_F64
+    return a, b - np.array([1.5, 3.0]), b + np.array([1e-300, 0.1])
+
+
+def test_float64_numpy_constants(uniform_batch):
+    run_both(_normalize_f64, uniform_batch, calls=2)
+
+
+def test_float64_numpy_constants_in_a_compiled_generator(jpeg_dir):
+    def epochs(reader):
+        for jpegs, _ in reader.next_epoch(batch_size=4):
+            images = ndd.decoders.image(jpegs)
+            images = ndd.resize(images, size=[16, 16])
+            yield ndd.crop_mirror_normalize(images, mean=_MEAN_F64, std=_STD_F64)
+
+    eager = [to_numpy(b) for b in epochs(ndd.readers.File(file_root=str(jpeg_dir)))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+        compiled = [to_numpy(b) for b in
+                    ndd.compile(epochs)(ndd.readers.File(file_root=str(jpeg_dir)))]
+    assert len(eager) == len(compiled) > 1
+    for e, c in zip(eager, compiled):
+        for a, b in zip(e, c):
+            assert a.dtype == b.dtype == np.float32
+            np.testing.assert_array_equal(a, b)
+
+
+def test_float64_numpy_constants_in_transparent_mode(uniform_batch):
+    eager = _normalize_f64(uniform_batch)
+    with ndd_trace.enabled():
+        lazy = _normalize_f64(uniform_batch)
+        assert_same(eager, lazy)

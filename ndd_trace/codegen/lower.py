@@ -268,6 +268,12 @@ class _Emitter:
             keywords["layout"] = ast.Constant(meta.layout)
         if meta.device != "cpu":
             keywords["device"] = ast.Constant(meta.device)
+        if meta.dtype == "FLOAT64":
+            # DALI's Constant holds no doubles: the values (exact in float32, checked above)
+            # written as floats and cast, bit for bit the same doubles
+            keywords["dtype"] = _dtype("FLOAT")
+            return _call("cast", [_call("constant", [], keywords)],
+                         {"dtype": _dtype("FLOAT64")})
         return _call("constant", [], keywords)
 
     def _input(self, ref: Ref, device: str) -> ast.expr:
