@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 import warnings
 
 import numpy as np
@@ -307,3 +309,70 @@ def test_float64_numpy_constants_in_transparent_mode(uniform_batch):
     with ndd_trace.enabled():
         lazy = _normalize_f64(uniform_batch)
         assert_same(eager, lazy)
+
+
+# A compiled function's Python runs at its trace only: a call known to be impure (print, next,
+# random, time, logging, numpy.random) would run once, silently. It runs in transparent mode
+# instead, its Python at every call (found by a differential sweep of ordinary training scripts).
+_effects_counter = None
+
+
+def _step_with_effects(x, printed):
+    k = next(_effects_counter)
+    printed.append(k)  # (a list the caller sees: the guards alone would re-trace every call)
+    if random.random() < 0.5:  # the torchvision idiom: a Python coin for a flip
+        x = ndd.flip(x, horizontal=1)
+    return ndd.cast(x, dtype=ndd.float32) * float(np.random.uniform(0.5, 1.5)), k
+
+
+def _effects_run(function, x, calls=6):
+    global _effects_counter
+    _effects_counter = itertools.count()
+    random.seed(7)
+    np.random.seed(7)
+    printed: list = []
+    outputs = [function(x, printed) for _ in range(calls)]
+    return outputs, printed, random.random(), np.random.random()
+
+
+def test_python_effects_in_a_compiled_function_run_at_every_call(uniform_batch):
+    eager = _effects_run(_step_with_effects, uniform_batch)
+    compiled = ndd.compile(_step_with_effects)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="calls `next`.*transparent mode") as seen:
+        result = _effects_run(compiled, uniform_batch)
+    assert seen[0].filename == __file__  # at the user's line of the call
+    assert_same(eager[0], result[0])
+    assert eager[1:] == result[1:]  # the counter's values, the RNG states after
+    text = str(ndd_trace.explain(compiled, uniform_batch, []))
+    assert "calls `next`" in text and "test_regressions.py:" in text
+
+
+def test_python_effects_in_a_helper_are_found(uniform_batch):
+    import logging
+    log = logging.getLogger("ndd_trace.tests.effects")
+
+    def augment(x):
+        log.debug("augmenting")
+        return ndd.flip(x, horizontal=1)
+
+    def step(x):
+        return augment(x)
+
+    with pytest.raises(ndd_trace.GraphBreakError, match="calls `augment`, which calls "
+                       "`log.debug`"):
+        ndd.compile(step, fullgraph=True)(uniform_batch)
+    with pytest.warns(ndd_trace.NddTraceWarning):
+        assert_same(step(uniform_batch), ndd.compile(step)(uniform_batch))
+
+
+def test_pure_python_in_a_compiled_function_stays_compiled(uniform_batch):
+    def helper(x, size):
+        return ndd.resize(x, size=[size, size])
+
+    def step(x, size=3):
+        scale = float(np.mean(np.array([1.0, 2.0])))
+        outs = [ndd.flip(v, horizontal=1) for v in (x, x)]
+        return ndd.cast(helper(outs[0], size), dtype=ndd.float32) * scale, len(outs), \
+            x.batch_size
+
+    run_both(step, uniform_batch, calls=3)  # (warnings are errors there: no break)

@@ -28,6 +28,7 @@ from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..ahead.readahead import runs_ahead
 from ..execution import tuning
 from ..execution.runtime import Executable, Options
+from ..tracing import stepcheck
 from ..tracing.trace import GraphBreakRecord, Tracer
 from .cache import Entry, EntryCache, batch_sizes, walk_data
 
@@ -184,6 +185,12 @@ class TraceStage:
         Draws nothing from any RNG."""
         cache.replan()  # the helpers the function calls may have changed since the last trace
         key = cache.key(args, kwargs)
+        if self.path != "compiled loop":  # (a loop body was checked as a loop: stepcheck.py)
+            found = stepcheck.find_effect(self._function)
+            if found is not None:  # before the trace: its Python runs once on this call too
+                record = GraphBreakRecord(f"{found.reason}: a compiled function's Python runs "
+                                          "at its trace only", found.loc)
+                return self.break_entry(Entry(key=key), record)
         tracer = Tracer(self._function.__name__, self._options().device_id)
         sizes = batch_sizes(args, kwargs)
         batch_size, consistent = (max(sizes), len(sizes) == 1) if sizes else (None, True)

@@ -16,6 +16,14 @@ calls run ahead and are used only when they match), which is exact by constructi
 
 Values a body reads from parameters and globals are guarded once per epoch (guards.py); they
 are taken as unchanged within an epoch (documented in docs/loops.md).
+
+    finding = find_effect(step)                 # None: no call known to be impure
+
+A compiled function's Python runs at its trace only. `find_effect` looks in it (and the helpers
+it calls) for a call known to have an effect or to give another value at each call (`print`,
+`next`, `random`, `time`, `logging`, ...), which eager runs at every call: the caller (stage.py)
+then runs the function in transparent mode, its Python at every call. Unlike the loop check it
+is not conservative: what it does not know to be impure is left to the guards (docs/limitations.md).
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ _PURE_BUILTINS = frozenset({
 # modules whose functions are pure computations (their random/time submodules are not)
 _PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools")
 _IMPURE_MODULES = ("numpy.random", "random", "time", "os", "sys", "logging")
+# builtins whose call is an effect, or gives another value at each call
+_EFFECT_BUILTINS = frozenset({"print", "next", "input", "open", "exec", "eval", "setattr",
+                              "delattr", "breakpoint"})
 _STEP_SOURCES = ("next_epoch", "captured")
 # methods of ndd Batch/Tensor values that return new values and change nothing
 _DATA_METHODS = frozenset({"gpu", "cpu", "select", "evaluate", "torch", "tolist", "item",
@@ -303,6 +314,83 @@ def _check_helper(function: Any, depth: int) -> Finding | None:
     try:
         for statement in node.body:
             checker.statement(statement, set(), set(), in_loop=False)
+    except _Unprovable as problem:
+        return Finding(problem.reason, _loc(filename, first, problem.node, function))
+    return None
+
+
+def _module_of(value: Any) -> str:
+    """The module a callee comes from, bound builtins (`random.random`: a method of a hidden
+    Random) and C methods (numpy's `Generator.random`) included."""
+    module = getattr(value, "__module__", None)
+    if module:
+        return module
+    owner = getattr(value, "__objclass__", None) or getattr(value, "__self__", None)
+    if owner is None or inspect.ismodule(owner):
+        return getattr(owner, "__name__", "") or ""
+    return getattr(owner if isinstance(owner, type) else type(owner), "__module__", "") or ""
+
+
+class _EffectFinder(_Checker):
+    """Finds a call known to be impure in a compiled function's Python (find_effect)."""
+
+    def find(self, body: list[ast.stmt]) -> None:
+        code = self.function.__code__
+        local = {*code.co_varnames, *code.co_cellvars}
+        for statement in body:
+            for node in ast.walk(statement):
+                if isinstance(node, ast.Call):
+                    self.check_effect(node, local)
+
+    def check_effect(self, call: ast.Call, local: set[str]) -> None:
+        chain = self._chain(call.func)
+        if chain is None or chain[0] in local:
+            return  # a value of its own, or an argument's: left to the guards
+        root, attrs = chain
+        known, value = self._resolve(root)
+        for attr in attrs if known else ():
+            try:
+                value = getattr(inspect.getattr_static(value, attr), "__func__",
+                                inspect.getattr_static(value, attr))
+            except AttributeError:
+                return
+        if known:
+            self.check_callee(value, _text(call.func), call)
+
+    def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
+        value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
+        module = _module_of(value)
+        if module == "builtins" and getattr(value, "__name__", "") in _EFFECT_BUILTINS:
+            raise _Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
+        if module.startswith(_IMPURE_MODULES):
+            raise _Unprovable(f"calls `{what}`, which gives other values or effects at each "
+                              "call", node)
+        if isinstance(value, types.FunctionType) and not module.startswith(_PURE_MODULES) \
+                and self.depth < _MAX_DEPTH:
+            finding = _find_effect_in(value, self.depth + 1)
+            if finding is not None:
+                raise _Unprovable(f"calls `{what}`, which {finding.reason} (at {finding.loc})",
+                                  node)
+
+
+def find_effect(function: Any) -> Finding | None:
+    """The first call in `function` (or a helper it calls, 3 deep) known to have an effect or
+    to give another value at each call; None where there is none, or no source to read."""
+    return _find_effect_in(function, 0)
+
+
+def _find_effect_in(function: Any, depth: int) -> Finding | None:
+    if not isinstance(function, types.FunctionType):
+        return None
+    try:
+        tree = _source_tree(function)
+    except SyntaxError:
+        return None
+    if tree is None:
+        return None
+    node, filename, first = tree
+    try:
+        _EffectFinder(function, depth).find(node.body)
     except _Unprovable as problem:
         return Finding(problem.reason, _loc(filename, first, problem.node, function))
     return None
