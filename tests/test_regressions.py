@@ -376,3 +376,12 @@ def test_pure_python_in_a_compiled_function_stays_compiled(uniform_batch):
             x.batch_size
 
     run_both(step, uniform_batch, calls=3)  # (warnings are errors there: no break)
+
+
+@pytest.mark.gpu
+def test_float64_numpy_constants_on_the_gpu(uniform_batch):
+    def on_gpu(x):
+        x = x.gpu()
+        return _normalize_f64(x), ndd.cast(x, dtype=ndd.float64) * np.array([0.5, 2.0, 4.0])
+
+    run_both(on_gpu, uniform_batch, calls=2)
