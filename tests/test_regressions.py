@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import random
 import warnings
@@ -365,12 +366,38 @@ def test_python_effects_in_a_helper_are_found(uniform_batch):
         assert_same(step(uniform_batch), ndd.compile(step)(uniform_batch))
 
 
+_SETTINGS = {"scale": 2.0}
+_effects_log = collections.deque(maxlen=100)  # guarded by identity only: a change goes unseen
+
+
+def _log_step(message):
+    _effects_log.append(message)
+
+
+def test_a_global_deque_appended_to_by_a_helper(uniform_batch):
+    def step(x):
+        _log_step("step")
+        return ndd.flip(x, horizontal=1)
+
+    _effects_log.clear()
+    eager = [step(uniform_batch) for _ in range(3)]
+    assert len(_effects_log) == 3
+    _effects_log.clear()
+    compiled = ndd.compile(step)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="calls `_log_step`, which calls "
+                      "`_effects_log.append`"):
+        results = [compiled(uniform_batch) for _ in range(3)]
+    assert len(_effects_log) == 3
+    assert_same(eager, results)
+
+
 def test_pure_python_in_a_compiled_function_stays_compiled(uniform_batch):
     def helper(x, size):
         return ndd.resize(x, size=[size, size])
 
     def step(x, size=3):
-        scale = float(np.mean(np.array([1.0, 2.0])))
+        scale = float(np.mean(np.array([1.0, 2.0]))) * _SETTINGS.get("scale", 1.0)
+        assert ",".join(["a", "b"]) and sorted([2, 1])
         outs = [ndd.flip(v, horizontal=1) for v in (x, x)]
         return ndd.cast(helper(outs[0], size), dtype=ndd.float32) * scale, len(outs), \
             x.batch_size

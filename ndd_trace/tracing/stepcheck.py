@@ -21,7 +21,8 @@ are taken as unchanged within an epoch (documented in docs/loops.md).
 
 A compiled function's Python runs at its trace only. `find_effect` looks in it (and the helpers
 it calls) for a call known to have an effect or to give another value at each call (`print`,
-`next`, `random`, `time`, `logging`, ...), which eager runs at every call: the caller (stage.py)
+`next`, `random`, `time`, `logging`, a global deque's `append`, ...), which eager runs at every
+call: the caller (stage.py)
 then runs the function in transparent mode, its Python at every call. Unlike the loop check it
 is not conservative: what it does not know to be impure is left to the guards (docs/limitations.md).
 """
@@ -51,6 +52,14 @@ _IMPURE_MODULES = ("numpy.random", "random", "time", "os", "sys", "logging")
 # builtins whose call is an effect, or gives another value at each call
 _EFFECT_BUILTINS = frozenset({"print", "next", "input", "open", "exec", "eval", "setattr",
                               "delattr", "breakpoint"})
+_EFFECT_MODULES = (*_IMPURE_MODULES, "queue", "threading")
+# methods that change the Python object they are called on, for Python's own containers and
+# streams (a deque or a stream is guarded by its identity only: its change would go unseen)
+_CONTAINER_MODULES = ("builtins", "collections", "_collections", "io", "_io", "array")
+_MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "insert", "pop",
+                       "popleft", "popitem", "remove", "discard", "add", "update", "clear",
+                       "setdefault", "sort", "reverse", "rotate", "write", "writelines",
+                       "flush"})
 _STEP_SOURCES = ("next_epoch", "captured")
 # methods of ndd Batch/Tensor values that return new values and change nothing
 _DATA_METHODS = frozenset({"gpu", "cpu", "select", "evaluate", "torch", "tolist", "item",
@@ -360,9 +369,13 @@ class _EffectFinder(_Checker):
     def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
         value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
         module = _module_of(value)
-        if module == "builtins" and getattr(value, "__name__", "") in _EFFECT_BUILTINS:
+        name = getattr(value, "__name__", "")
+        if module == "builtins" and name in _EFFECT_BUILTINS:
             raise _Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
-        if module.startswith(_IMPURE_MODULES):
+        if module in _CONTAINER_MODULES and name in _MUTATORS:
+            raise _Unprovable(f"calls `{what}`, which changes a Python object at every call",
+                              node)
+        if module.startswith(_EFFECT_MODULES):
             raise _Unprovable(f"calls `{what}`, which gives other values or effects at each "
                               "call", node)
         if isinstance(value, types.FunctionType) and not module.startswith(_PURE_MODULES) \
