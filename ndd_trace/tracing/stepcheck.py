@@ -22,9 +22,9 @@ are taken as unchanged within an epoch (documented in docs/loops.md).
 A compiled function's Python runs at its trace only. `find_effect` looks in it (and the helpers
 it calls) for a call known to have an effect or to give another value at each call (`print`,
 `next`, `random`, `time`, `logging`, a global deque's `append`, ...), which eager runs at every
-call: the caller (stage.py)
-then runs the function in transparent mode, its Python at every call. Unlike the loop check it
-is not conservative: what it does not know to be impure is left to the guards (docs/limitations.md).
+call: the caller (stage.py) then runs the function in transparent mode, its Python at every
+call. Unlike the loop check it is not conservative: what it does not know to be impure is left
+to the guards (docs/limitations.md).
 """
 
 from __future__ import annotations
@@ -357,14 +357,15 @@ class _EffectFinder(_Checker):
             return  # a value of its own, or an argument's: left to the guards
         root, attrs = chain
         known, value = self._resolve(root)
-        for attr in attrs if known else ():
+        if not known:
+            return
+        for attr in attrs:
             try:
-                value = getattr(inspect.getattr_static(value, attr), "__func__",
-                                inspect.getattr_static(value, attr))
+                found = inspect.getattr_static(value, attr)
             except AttributeError:
                 return
-        if known:
-            self.check_callee(value, _text(call.func), call)
+            value = getattr(found, "__func__", found)
+        self.check_callee(value, _text(call.func), call)
 
     def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
         value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
