@@ -263,3 +263,43 @@ def test_baked_arguments_are_keyed_by_value():
     assert guards.build_key((batch, generators[0]), {}, plan) == \
         guards.build_key((batch, generators[1]), {}, plan)  # a compiled function's: fed
     assert guards.FastGuard.of((batch, first), plan, None, baked=True) is None
+
+
+class _BaseSettings:
+    angle = 0.0
+
+
+class _Settings(_BaseSettings):
+    size = 32
+
+
+class _Dataset:
+    size = 32
+
+    @ndd.compile
+    def load(self, x):
+        return ndd.resize(x, size=[self.size, self.size])
+
+
+def test_class_attributes_read_through_an_argument_are_guarded(batch):
+    """`self.size` or `cfg.size` where `size` is a class attribute (not in the instance's
+    __dict__): changing it on the class re-traces, as for a class read as a global (found by a
+    differential sweep: the result went stale)."""
+
+    @ndd.compile
+    def resize(cfg, x):
+        return ndd.rotate(ndd.resize(x, size=[cfg.size, cfg.size]), angle=cfg.angle)
+
+    cfg, dataset = _Settings(), _Dataset()
+    try:
+        for size, angle in ((32, 0.0), (24, 0.0), (24, 10.0)):
+            _Settings.size = _Dataset.size = size
+            _BaseSettings.angle = angle  # a base class's attribute
+            assert_same(resize.__wrapped__(cfg, batch), resize(cfg, batch))
+            assert_same(_Dataset.load.__wrapped__(dataset, batch), dataset.load(batch))
+        assert resize.cache_info().traces == 3
+        assert "cfg" in resize.last_miss_reason
+        assert _Dataset.load.cache_info().traces == 2
+    finally:
+        _Settings.size = _Dataset.size = 32
+        _BaseSettings.angle = 0.0

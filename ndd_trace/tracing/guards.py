@@ -125,8 +125,12 @@ def freeze(value: Any, depth: int = 0) -> Any:
             attributes = vars(value)
         except TypeError:
             return _by_identity(value)
+        # what `value.x` may read: its own attributes, and its classes' plain data (the same
+        # rule as for a class read as a global), base classes included
         return ("object", id(type(value)),
-                tuple((k, freeze(v, depth + 1)) for k, v in attributes.items()))
+                tuple((k, freeze(v, depth + 1)) for k, v in attributes.items()),
+                tuple(freeze(cls, depth + 1) for cls in type(value).__mro__
+                      if _is_user_class(cls)))
     try:
         hash(value)
         return ("hashable", type(value).__name__, value)
