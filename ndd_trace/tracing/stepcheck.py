@@ -172,17 +172,24 @@ class _Checker:
         if root in self.params:
             raise _Unprovable(f"calls `{what}` on an argument: ndd_trace cannot tell whether "
                               "its Python keeps state from step to step", call)
-        known, value = self._resolve(root)
+        known, value = self._callee(root, attrs)
         if not known:
             raise _Unprovable(f"calls `{what}`, which ndd_trace cannot resolve", call)
+        self.check_callee(value, what, call)
+
+    def _callee(self, root: str, attrs: list[str]) -> tuple[bool, Any]:
+        """(known, value) of a free name's attribute chain (`log.info`), read without running
+        any code (methods unwrapped to their functions)."""
+        known, value = self._resolve(root)
+        if not known:
+            return False, None
         for attr in attrs:
             try:
                 value = inspect.getattr_static(value, attr)
             except AttributeError:
-                raise _Unprovable(f"calls `{what}`, which ndd_trace cannot resolve", call) \
-                    from None
+                return False, None
             value = getattr(value, "__func__", value)
-        self.check_callee(value, what, call)
+        return True, value
 
     def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
         inlined = getattr(value, "_ndd_trace_inlined", None)
@@ -355,17 +362,9 @@ class _EffectFinder(_Checker):
         chain = self._chain(call.func)
         if chain is None or chain[0] in local:
             return  # a value of its own, or an argument's: left to the guards
-        root, attrs = chain
-        known, value = self._resolve(root)
-        if not known:
-            return
-        for attr in attrs:
-            try:
-                found = inspect.getattr_static(value, attr)
-            except AttributeError:
-                return
-            value = getattr(found, "__func__", found)
-        self.check_callee(value, _text(call.func), call)
+        known, value = self._callee(*chain)
+        if known:
+            self.check_callee(value, _text(call.func), call)
 
     def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
         value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
