@@ -27,7 +27,7 @@ from typing import Any
 
 from . import _dali
 from .ahead import readahead
-from .core import logs, trees
+from .core import keys, logs, trees
 from .core.errors import NddTraceWarning
 from .core.ir import NodeKind, Ref
 from .core.source import hide_own_frames, user_location
@@ -582,7 +582,7 @@ class Explanation:
 def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `function` for these arguments (running nothing) and report what would happen."""
     if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
-        guard_lines = guards.describe(function._guard_key(args))
+        guard_lines = keys.describe(function._guard_key(args))
         return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
                            [], None, CacheInfo(0, 0, 0, 0, len(function._variants)), 0,
                            function.last_miss_reason)
@@ -591,7 +591,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         return _explain_generator(compiled)
     args, kwargs = compiled._normalize(args, kwargs)
     entry = compiled.trace(args, kwargs)  # counted nowhere: explaining is not calling
-    guard_lines = guards.describe(compiled._entry_cache.key(args, kwargs))
+    guard_lines = keys.describe(compiled._entry_cache.key(args, kwargs))
     if entry is None:
         _, error = compiled._stage.take_failure()
         return Explanation(compiled.__qualname__, "", "", guard_lines, [],
@@ -638,7 +638,7 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         return Explanation(compiled.__qualname__, "(not traced yet: the loop body is traced at "
                            "its first step)", "", [], [], None, compiled.cache_info(), 0,
                            None, path=_LOOP_PATH, loop=loop)
-    guard_lines = guards.describe(entry.key)
+    guard_lines = keys.describe(entry.key)
     return Explanation(
         function_name=compiled.__qualname__, graph=entry.graph_text,
         code=_code(entry), guards=guard_lines,

@@ -20,7 +20,7 @@ import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
 from ndd_trace.tracing import guards
 from ndd_trace import launch
-from ndd_trace.core import logs
+from ndd_trace.core import keys, logs
 
 SCRIPT = """\
 import sys
@@ -252,14 +252,18 @@ def test_logs_environment_variable(tmp_path):
 def test_guards_print_floats_as_written():
     key_a = guards.build_key((0.1, 128.0), {}, guards.plan_for(lambda a, b: None), None, ("a", "b"))
     key_b = guards.build_key((0.1, 120.5), {}, guards.plan_for(lambda a, b: None), None, ("a", "b"))
-    assert guards.explain_miss(key_b, key_a) == \
+    assert keys.explain_miss(key_b, key_a) == \
         "argument `b`: 128.0 -> 120.5"
-    assert "0x1" not in repr(key_a) and guards.show(key_a[0][1]) == "0.1"
-    assert guards.freeze(-0.0) != guards.freeze(0.0)
-    assert guards.freeze(math.nan) == guards.freeze(float("nan"))
-    assert guards.freeze(np.float64(2.5)) == guards.freeze(2.5)
-    assert guards.show(guards.freeze(np.float32(0.1))) == "numpy <f4 0.10000000149011612"
-    assert guards.freeze(np.float32(-0.0)) != guards.freeze(np.float32(0.0))
+    assert "0x1" not in repr(key_a) and keys.show(key_a[0][1]) == "0.1"
+
+    def freeze(value):
+        return keys.freeze(value, guards.GUARDS)
+
+    assert freeze(-0.0) != freeze(0.0)
+    assert freeze(math.nan) == freeze(float("nan"))
+    assert freeze(np.float64(2.5)) == freeze(2.5)
+    assert keys.show(freeze(np.float32(0.1))) == "numpy <f4 0.10000000149011612"
+    assert freeze(np.float32(-0.0)) != freeze(np.float32(0.0))
 
 
 def test_float_miss_reason_of_a_compiled_function(batch):

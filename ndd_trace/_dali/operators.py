@@ -13,7 +13,8 @@ from nvidia.dali.data_node import DataNode
 from nvidia.dali.experimental.dynamic import (_call_site, _eval_context, _op_builder, _ops,
                                               _source_analysis)
 
-from ..core.ir import TensorMeta, freeze
+from ..core.ir import TensorMeta
+from ..core.keys import freeze, freeze_arguments
 from . import analysis
 from .base import DType, Device, device
 
@@ -273,7 +274,7 @@ def decay_static(value: Any) -> Any:
 
 def argument_token(value: Any) -> Any:
     """A hashable description of a Python-side operator argument such that equal tokens give
-    the same static argument to DALI, bit for bit: `ir.freeze`'s (`1`, `1.0`, `True`, `-0.0`
+    the same static argument to DALI, bit for bit: `keys.freeze`'s (`1`, `1.0`, `True`, `-0.0`
     and `0.0` all differ, and so do NaNs of another sign), for what it describes cheaply (plain
     values and lists of them, dtypes, devices, DALI's enums); None for anything else (data,
     numpy values, user objects)."""
@@ -353,10 +354,12 @@ def infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
 
     Raises DALI's own error when an argument is invalid. Memoized: building the legacy operator
     costs far more than a dictionary look-up, and transparent mode records every iteration.
-    `frozen`: `ir.freeze(static)`, where the caller made it already.
+    `frozen`: `keys.freeze_arguments(static)`, where the caller made it already.
     """
     try:
-        key = (op_class, backend_name, frozen if frozen is not None else freeze(static),
+        if frozen is None:
+            frozen = freeze_arguments(static)
+        key = (op_class, backend_name, frozen,
                tuple(input_metas), tuple(sorted(arg_metas.items())) if arg_metas else ())
     except TypeError:  # an unhashable static value: no memo
         return _infer_metadata(op_class, backend_name, static, input_metas, arg_metas)

@@ -38,7 +38,8 @@ import numpy as np
 
 from .. import _dali
 from ..core.errors import ExportError
-from ..core.ir import Graph, Node, NodeKind, Ref, float_key
+from ..core.ir import Graph, Node, NodeKind, Ref
+from ..core.keys import float_key
 from ..core.source import NameTable, one_line, register_source, unparse
 
 _counter = itertools.count()

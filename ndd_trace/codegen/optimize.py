@@ -31,7 +31,8 @@ import os
 from typing import Any
 
 from .. import _dali
-from ..core.ir import Graph, Node, NodeKind, Ref, freeze
+from ..core.ir import Graph, Node, NodeKind, Ref
+from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc
 
 ENV_VAR = "NDD_TRACE_OPTIMIZE"
@@ -158,7 +159,7 @@ def _become(node: Node, path: str, static: dict[str, Any], arg_inputs: dict[str,
     node.op_class = op_class
     node.static = static
     try:
-        node.frozen_static = freeze(static)
+        node.frozen_static = freeze_arguments(static)
     except TypeError:  # an unhashable value: keys freeze it by identity
         node.frozen_static = None
     node.arg_inputs = arg_inputs

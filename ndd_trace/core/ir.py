@@ -16,47 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
-import struct
 from typing import Any, NamedTuple
 
 from .errors import GraphError
+from .keys import STATIC_BY_IDENTITY, freeze_arguments
 from .source import SourceLoc
-
-_DOUBLE = struct.Struct("<d")
-
-
-def float_key(value: float) -> Any:
-    """A float as a key that tells apart what DALI tells apart: `-0.0` is not `0.0`, and NaNs
-    of another sign or payload differ (`float.hex` writes every NaN as "nan"): the hex text,
-    or for a NaN its 8 bytes."""
-    return _DOUBLE.pack(value) if math.isnan(value) else value.hex()
-
-
-_PLAIN = frozenset((int, bool, str, type(None)))
-
-
-def freeze(value: Any, by_identity: bool = False) -> Any:
-    """Static arguments (a value, or a dict of them) in hashable form, for cache and region
-    keys: floats by `float_key`, containers by their items. An unhashable value raises
-    TypeError, or with `by_identity` stands for its object."""
-    kind = type(value)
-    if kind is float or isinstance(value, float):
-        return ("float", float_key(value))
-    if kind in _PLAIN:
-        return (kind.__name__, value)
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(freeze(v, by_identity) for v in value))
-    if isinstance(value, dict):
-        return tuple(sorted((k, freeze(v, by_identity)) for k, v in value.items()))
-    try:
-        hash(value)
-    except TypeError:
-        if not by_identity:
-            raise
-        return ("id", id(value))
-    return (type(value).__name__, value)
-
 
 class NodeKind(enum.Enum):
     INPUT = "input"  # a Batch/Tensor argument of the compiled function, fed per call
@@ -130,7 +94,7 @@ def op_key(node: Node, inputs: tuple, arg_inputs: tuple) -> tuple:
     subexpressions (passes.py) and transparent mode's region keys (lazy.py) are made of it."""
     return (node.name, node.backend, node.is_batch,
             node.frozen_static if node.frozen_static is not None
-            else freeze(node.static, by_identity=True),
+            else freeze_arguments(node.static, STATIC_BY_IDENTITY),
             inputs, tuple(node.input_devices), arg_inputs, tuple(sorted(node.arg_casts.items())))
 
 

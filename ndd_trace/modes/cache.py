@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from .. import _dali
 from ..codegen.lower import Lowered
-from ..core import logs, trees
+from ..core import keys, logs, trees
 from ..core.ir import Graph
 from ..execution.runtime import Executable
 from ..tracing import guards
@@ -152,7 +152,7 @@ class EntryCache:
                 self.last_key = key
                 return entry, "hit"
             self.counters.misses += 1
-            self.last_miss_reason = guards.explain_miss(key, self.last_key)
+            self.last_miss_reason = keys.explain_miss(key, self.last_key)
             (logs.recompiles if self.entries else logs.trace).info(
                 "`%s`: cache miss (%d of cache_limit %d entries held): %s", self._name,
                 len(self.entries), self.limit, self.last_miss_reason)

@@ -49,7 +49,7 @@ from typing import Any
 
 
 from .. import _dali
-from ..core import logs, trees
+from ..core import keys, logs, trees
 from ..core.errors import PerSampleError
 from ..core.source import SourceLoc, register_source, unparse, user_frame, user_location
 from ..tracing import guards
@@ -937,7 +937,7 @@ class PerSampleFunction:
         key = self._guard_key(args)
         variant = self._variants.get(key)
         if variant is None:
-            self.last_miss_reason = guards.explain_miss(key, self._last_key)
+            self.last_miss_reason = keys.explain_miss(key, self._last_key)
             (logs.recompiles if self._variants else logs.trace).info(
                 "`%s`: cache miss (%d of cache_limit %d variants held): %s", self.__qualname__,
                 len(self._variants), self.cache_limit, self.last_miss_reason)

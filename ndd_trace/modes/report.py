@@ -15,6 +15,7 @@ from collections import Counter, OrderedDict
 from typing import Any
 
 from ..core.ir import NodeKind
+from ..core.keys import show_arguments
 from ..core.source import SourceLoc
 from ..execution import tuning, waits
 from ..execution.runtime import Executable
@@ -191,32 +192,6 @@ def _splits(regions: list[Region]) -> dict[int, str]:
     return splits
 
 
-class _Shown(str):
-    """Text that prints as itself (no quotes) in a region's description."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return str.__str__(self)
-
-
-def _thaw(frozen: Any) -> Any:
-    """Back from ir.freeze to a value that prints as the user wrote it."""
-    if isinstance(frozen, tuple) and len(frozen) == 2 and isinstance(frozen[0], str):
-        kind, value = frozen
-        if kind == "float":  # (a NaN's key is its bytes: ir.float_key)
-            if isinstance(value, str):
-                return float.fromhex(value)
-            return _Shown("-nan" if value[-1] & 0x80 else "nan")  # the sign bit, little-endian
-        if kind in ("list", "tuple") and isinstance(value, tuple):
-            items = [_thaw(v) for v in value]
-            return items if kind == "list" else tuple(items)
-        if kind == "id":
-            return f"<object {value:#x}>"
-        return value
-    return frozen
-
-
 def _describe_key(key: tuple) -> list[str]:
     """Readable lines for a region key (built by regions.region_view: fed leaves and op calls in
     order, then the outputs)."""
@@ -238,9 +213,7 @@ def _describe_key(key: tuple) -> list[str]:
         name, backend, _, static, positional, _, arg_inputs, _ = item
         arguments = [names[at] + (f"[{index}]" if index else "") for at, index in positional]
         arguments += [f"{arg}={names[at]}" for arg, at, _ in arg_inputs]
-        if isinstance(static, tuple):
-            arguments += [f"{arg}={_thaw(value)!r}" for arg, value in static
-                          if isinstance(arg, str) and not arg.startswith("_")]
+        arguments += show_arguments(static)
         names.append(f"op{ops}")
         lines.append(f"op {name}[{backend}]({', '.join(arguments)})")
         ops += 1

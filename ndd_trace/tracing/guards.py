@@ -26,122 +26,65 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
-from ..core.ir import freeze as ir_freeze
+from ..core.keys import KeyPolicy, Shown, class_key, freeze, is_code, is_user_class
 from ..core.source import is_internal_file
 
 _MAX_DEPTH = 4
 
 
-class Shown:
-    """A frozen value that is compared by `key` and printed as a user reads it: an object
-    guarded by identity as `module numpy`, not as an id; a dtype as `ndd.float32`."""
+class GuardPolicy(KeyPolicy):
+    """Guards' rule for what an object is: its attributes (to a depth), its classes' plain data;
+    code, DALI's stateful objects and generators by identity; data by its description."""
 
-    __slots__ = ("key", "text")
+    by_attributes = True
+    unhashable_by_identity = True
+    max_depth = _MAX_DEPTH
 
-    def __init__(self, key: tuple, text: str):
-        self.key = key
-        self.text = text
+    def special(self, value: Any, depth: int) -> Any:
+        if isinstance(value, (_dali.Batch, _dali.Tensor)):
+            return ("data", id(value), describe_data(value))
+        if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource)):
+            return self.by_identity(value)  # stateful: its identity is what matters
+        if isinstance(value, type) and is_user_class(value) and depth < _MAX_DEPTH:
+            return class_key(value, self, depth)
+        if is_code(value) or hasattr(value, "cache_info"):
+            # code is guarded by identity (a compiled function by its own cache, not its state)
+            return self.by_identity(value)
+        if isinstance(value, _dali.DType):
+            return Shown(("enum", "DType", str(value)), _dali.dtype_public_name(value))
+        if isinstance(value, enum.Enum) or isinstance(value, _dali.Device):
+            return Shown(("enum", type(value).__name__, str(value)), str(value))
+        if isinstance(value, np.ndarray):
+            return ("ndarray", value.dtype.str, value.shape, hash(value.tobytes()))
+        if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
+            try:
+                return freeze(value.detach().cpu().numpy(), self, depth + 1)
+            except Exception:
+                return self.by_identity(value)
+        return None
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Shown) and other.key == self.key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def _by_identity(value: Any) -> Shown:
-    return Shown(("id", id(value)), _named(value))
-
-
-def _named(value: Any) -> str:
-    if isinstance(value, types.ModuleType):
-        return f"module {value.__name__}"
-    if isinstance(value, types.BuiltinFunctionType) and \
-            getattr(value, "__module__", None) == "builtins":
-        return f"builtin {value.__name__}"
-    if hasattr(value, "_ndd_trace_inlined"):
-        return f"compiled function {value.__qualname__}"
-    if isinstance(value, type):
-        return f"class {value.__module__}.{value.__qualname__}"
-    if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)) or \
-            hasattr(value, "cache_info"):
-        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "?")
-        return f"function {getattr(value, '__module__', '?')}.{name}"
-    if isinstance(value, _dali.RNG):
-        return f"RNG at {id(value):#x}"
-    if isinstance(value, _dali.Reader):
-        return f"reader {type(value).__name__} at {id(value):#x}"
-    return f"{type(value).__name__} object at {id(value):#x}"
-
-
-def freeze(value: Any, depth: int = 0) -> Any:
-    """A hashable summary of `value` that changes whenever the value does."""
-    if isinstance(value, float):  # ir's one float rule (-0.0 is not 0.0; NaNs by their bits)
-        value = float(value)
-        return Shown(ir_freeze(value), repr(value))
-    if value is None or isinstance(value, (bool, int, str, bytes, complex)):
-        return (type(value).__name__, value)
-    if isinstance(value, (_dali.Batch, _dali.Tensor)):
-        return ("data", id(value), describe_data(value))
-    if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource)):
-        return _by_identity(value)  # stateful: its identity is what matters
-    if isinstance(value, type) and _is_user_class(value) and depth < _MAX_DEPTH:
-        # a class read for its attributes (`Config.scale`): its plain data, and its identity
-        return ("class", id(value), tuple(
-            (k, freeze(v, depth + 1)) for k, v in vars(value).items()
-            if not k.startswith("__") and isinstance(v, (bool, int, float, str, list, tuple,
-                                                         dict, type(None)))))
-    if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                          type, types.MethodType)) or hasattr(value, "cache_info"):
-        # code is guarded by identity (a compiled function by its own cache, not its state)
-        return _by_identity(value)
-    if isinstance(value, _dali.DType):
-        return Shown(("enum", "DType", str(value)), _dali.dtype_public_name(value))
-    if isinstance(value, enum.Enum) or isinstance(value, _dali.Device):
-        return Shown(("enum", type(value).__name__, str(value)), str(value))
-    if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.shape, hash(value.tobytes()))
-    if isinstance(value, np.generic):
-        return ("npscalar", value.dtype.str, freeze(value.item(), depth))  # -0.0 is not 0.0
-    if depth >= _MAX_DEPTH:
-        return _by_identity(value)
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(freeze(v, depth + 1) for v in value))
-    if isinstance(value, dict):
-        return ("dict", tuple((freeze(k, depth + 1), freeze(v, depth + 1))
-                              for k, v in value.items()))
-    if isinstance(value, (set, frozenset)):
-        return ("set", frozenset(freeze(v, depth + 1) for v in value))
-    if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
-        try:
-            return freeze(value.detach().cpu().numpy(), depth + 1)
-        except Exception:
-            return _by_identity(value)
-    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
-        try:
-            attributes = vars(value)
-        except TypeError:
-            return _by_identity(value)
-        # what `value.x` may read: its own attributes, and its classes' plain data (the same
-        # rule as for a class read as a global), base classes included
-        return ("object", id(type(value)),
-                tuple((k, freeze(v, depth + 1)) for k, v in attributes.items()),
-                tuple(freeze(cls, depth + 1) for cls in type(value).__mro__
-                      if _is_user_class(cls)))
-    try:
-        hash(value)
-        return ("hashable", type(value).__name__, value)
-    except TypeError:
-        return _by_identity(value)
+    def named(self, value: Any) -> str:
+        if isinstance(value, types.ModuleType):
+            return f"module {value.__name__}"
+        if isinstance(value, types.BuiltinFunctionType) and \
+                getattr(value, "__module__", None) == "builtins":
+            return f"builtin {value.__name__}"
+        if hasattr(value, "_ndd_trace_inlined"):
+            return f"compiled function {value.__qualname__}"
+        if isinstance(value, type):
+            return f"class {value.__module__}.{value.__qualname__}"
+        if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)) \
+                or hasattr(value, "cache_info"):
+            name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "?")
+            return f"function {getattr(value, '__module__', '?')}.{name}"
+        if isinstance(value, _dali.RNG):
+            return f"RNG at {id(value):#x}"
+        if isinstance(value, _dali.Reader):
+            return f"reader {type(value).__name__} at {id(value):#x}"
+        return super().named(value)
 
 
-def _is_user_class(cls: type) -> bool:
-    module = getattr(cls, "__module__", "") or ""
-    return not module.startswith(("builtins", "nvidia", "numpy", "torch", "ndd_trace",
-                                  "typing", "collections", "enum", "abc"))
+GUARDS = GuardPolicy()
 
 
 def describe_data(value: Any) -> tuple:
@@ -164,7 +107,7 @@ def _argument_key(value: Any) -> Any:
             isinstance(v, (_dali.Batch, _dali.Tensor, _dali.RNG, list, tuple, dict))
             for v in value.values()):
         return ("dict", tuple((k, _argument_key(v)) for k, v in value.items()))
-    return ("static", freeze(value))
+    return ("static", freeze(value, GUARDS))
 
 
 def _baked_argument_key(value: Any) -> Any:
@@ -174,8 +117,8 @@ def _baked_argument_key(value: Any) -> Any:
     if isinstance(value, _dali.Batch):
         return describe_data(value)
     if isinstance(value, _dali.Tensor):
-        return ("tensor", describe_data(value), freeze(_dali.host_array(value)))
-    return ("static", freeze(value))
+        return ("tensor", describe_data(value), freeze(_dali.host_array(value), GUARDS))
+    return ("static", freeze(value, GUARDS))
 
 
 def _rngs_in(value: Any, found: list) -> None:
@@ -341,17 +284,17 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
         if value is _MISSING:
             value = builtins.__dict__.get(name, _MISSING)
         key.append((f"{prefix}global `{name}`",
-                    ("missing",) if value is _MISSING else freeze(value)))
+                    ("missing",) if value is _MISSING else freeze(value, GUARDS)))
     for prefix, name, namespace, chain in plan.module_attributes:
         value = _chain_value(namespace.get(name), chain)
         key.append((f"{prefix}global `{name}.{'.'.join(chain)}`",
-                    ("missing",) if value is _MISSING else freeze(value)))
+                    ("missing",) if value is _MISSING else freeze(value, GUARDS)))
     for label, cell in plan.closure:
         try:
             value = cell.cell_contents
         except ValueError:
             value = None
-        key.append((label, freeze(value)))
+        key.append((label, freeze(value, GUARDS)))
     if batch_sizes is not None:
         key.append(("batch size", batch_sizes))
     others = [namespace.get(name) for _, name, namespace in plan.globals_read
@@ -368,8 +311,8 @@ _BY_IDENTITY = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
 
 
 def _same_object_same_guard(value: Any) -> bool:
-    """Whether `freeze(value)` cannot change while `value` stays the same object: immutable
-    values, and what `freeze` guards by identity (code, modules, generators, sources)."""
+    """Whether the guard key of `value` cannot change while `value` stays the same object:
+    immutable values, and what is guarded by identity (code, modules, generators, sources)."""
     if isinstance(value, _IMMUTABLE):
         return True
     if type(value) is tuple:
@@ -377,7 +320,7 @@ def _same_object_same_guard(value: Any) -> bool:
     if isinstance(value, (_dali.Batch, _dali.Tensor, np.ndarray)):
         return False
     if isinstance(value, type):
-        return not _is_user_class(value)  # a user class is guarded by its attributes
+        return not is_user_class(value)  # a user class is guarded by its attributes
     if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource, _dali.DType,
                           _dali.Device, *_BY_IDENTITY)):
         return True
@@ -469,82 +412,3 @@ class FastGuard:
             if _chain_value(namespace.get(name), chain) is not value:
                 return False
         return True
-
-
-_PLAIN_KINDS = frozenset(("bool", "int", "str", "bytes", "complex", "NoneType"))
-
-
-def show(frozen: Any) -> str:
-    """A frozen value (a key's item) as the user would write the value: `8`, `[224, 224]`,
-    `Batch(cpu, UINT8, ndim=1)`, `module numpy`, `Config(scale=2)`."""
-    if isinstance(frozen, Shown) or not isinstance(frozen, tuple) or not frozen:
-        return repr(frozen)
-    kind = frozen[0]
-    if kind == "static" and len(frozen) == 2:
-        return show(frozen[1])
-    if kind in _PLAIN_KINDS and len(frozen) == 2:
-        return repr(frozen[1])
-    if kind == "float":
-        return str(frozen[1])
-    if kind in ("list", "tuple") and len(frozen) == 2 and isinstance(frozen[1], tuple):
-        items = ", ".join(show(item) for item in frozen[1])
-        return f"[{items}]" if kind == "list" else f"({items}{',' if len(frozen[1]) == 1 else ''})"
-    if kind == "dict" and len(frozen) == 2:
-        return "{" + ", ".join(f"{show(k)}: {show(v)}" for k, v in frozen[1]) + "}"
-    if kind in ("Batch", "Tensor") and len(frozen) == 5:
-        _, device, dtype, ndim, layout = frozen
-        return f"{kind}({device}, {dtype}, ndim={ndim}" + (f", {layout!r}" if layout else "") + ")"
-    if kind in ("object", "class") and len(frozen) == 3:
-        attributes = ", ".join(f"{name}={show(value)}" for name, value in frozen[2])
-        return f"{'object' if kind == 'object' else 'class'}({attributes})"
-    if kind == "data" and len(frozen) == 3:
-        return show(frozen[2])
-    if kind == "missing":
-        return "(not defined)"
-    if kind == "npscalar":
-        return f"numpy {frozen[1]} {show(frozen[2])}"
-    if kind == "ndarray":
-        return f"ndarray({frozen[1]}, shape={frozen[2]})"
-    return repr(frozen)
-
-
-def _short(value: Any) -> str:
-    text = show(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def describe(key: tuple) -> list[str]:
-    """A key's guards, one line each, as explain prints them; builtins the function reads by
-    name (`enumerate`) are guarded (a module global of that name would shadow them) but not
-    listed."""
-    return [f"{label} == {_short(value)}" for label, value in key
-            if not (isinstance(value, Shown) and value.text.startswith("builtin "))]
-
-
-def _difference(old: Any, new: Any) -> str:
-    """Old -> new, cut around the first place where the two texts differ."""
-    old_text, new_text = show(old), show(new)
-    if len(old_text) <= 60 and len(new_text) <= 60:
-        return f"{old_text} -> {new_text}"
-    start = next((i for i, (a, b) in enumerate(zip(old_text, new_text)) if a != b),
-                 min(len(old_text), len(new_text)))
-    start = max(0, start - 20)
-    return f"...{old_text[start:start + 50]}... -> ...{new_text[start:start + 50]}..."
-
-
-def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
-    """Name the guard fields that differ between two keys."""
-    if old_key is None:
-        return "first call"
-    old = dict(old_key)
-    new = dict(new_key)
-    changes = []
-    for label in new:
-        if label not in old:
-            changes.append(f"{label} is new")
-        elif old[label] != new[label]:
-            changes.append(f"{label}: {_difference(old[label], new[label])}")
-    for label in old:
-        if label not in new:
-            changes.append(f"{label} is gone")
-    return "; ".join(changes) or "no guard differs"

@@ -28,7 +28,8 @@ import numpy as np
 from .. import _dali
 from ..core import trees
 from ..core.errors import _GraphBreak
-from ..core.ir import Graph, Node, Ref, TensorMeta, freeze
+from ..core.ir import Graph, Node, Ref, TensorMeta
+from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc, raise_at, user_location
 
 
@@ -541,7 +542,7 @@ class Tracer:
         if random_state is not None:
             arg_metas["_random_state"] = random_state.meta[0]
         try:
-            frozen = freeze(static)
+            frozen = freeze_arguments(static)
         except TypeError:  # an unhashable value (an array DALI takes as it is)
             frozen = None
         try:

@@ -1,0 +1,264 @@
+"""The one key encoding: values frozen into hashable keys, printed back as the user wrote them.
+
+    freeze([224, 224])                        # ('list', (('int', 224), ('int', 224)))
+    freeze(-0.0) != freeze(0.0)               # floats by their bits (float_key)
+    freeze_arguments({"size": [224, 224]})    # an op's static arguments, in name order
+    show(freeze([224, 224]))                  # '[224, 224]'
+    explain_miss(new_key, old_key)            # "argument `size`: 224 -> 256"
+
+Guard keys (tracing/guards.py), op keys and region keys (ir.op_key) are all made by `freeze`;
+they differ only in their `KeyPolicy`: what an object that is not plain data stands for. The
+default policy (`STATIC`) is an op's static arguments: a hashable value stands for itself and an
+unhashable one raises TypeError. Guards use a policy that looks into objects (their attributes,
+to a depth) and knows DALI's kinds. This module imports nothing from DALI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+import types
+from typing import Any
+
+import numpy as np
+
+_DOUBLE = struct.Struct("<d")
+
+
+def float_key(value: float) -> Any:
+    """A float as a key that tells apart what DALI tells apart: `-0.0` is not `0.0`, and NaNs
+    of another sign or payload differ (`float.hex` writes every NaN as "nan"): the hex text,
+    or for a NaN its 8 bytes."""
+    return _DOUBLE.pack(value) if math.isnan(value) else value.hex()
+
+
+class Shown:
+    """A frozen value compared by `key` and printed as a user reads it: an object keyed by its
+    identity as `module numpy` rather than an id; a dtype as `ndd.float32`."""
+
+    __slots__ = ("key", "text")
+
+    def __init__(self, key: tuple, text: str):
+        self.key = key
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Shown) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class KeyPolicy:
+    """What `freeze` makes of values that are not plain data (numbers, strings, containers).
+    The base policy is an op's static arguments'; guards.GuardPolicy extends it."""
+
+    by_attributes = False  # an object stands for its attributes (else for its hash)
+    unhashable_by_identity = False  # an unhashable value stands for its object (else TypeError)
+    max_depth: int | None = None  # past it, a value stands for its object
+
+    def special(self, value: Any, depth: int) -> Any:
+        """The key of a kind this policy knows (None: not one of them)."""
+        return None
+
+    def named(self, value: Any) -> str:
+        """How an object keyed by its identity is printed."""
+        return f"{type(value).__name__} object at {id(value):#x}"
+
+    def by_identity(self, value: Any) -> Shown:
+        return Shown(("id", id(value)), self.named(value))
+
+
+STATIC = KeyPolicy()
+
+
+class _ByIdentity(KeyPolicy):
+    unhashable_by_identity = True
+
+
+# op keys of calls whose static arguments hold an unhashable value (an array DALI takes as is)
+STATIC_BY_IDENTITY = _ByIdentity()
+
+_SCALARS = frozenset((int, bool, str, bytes, complex, type(None)))
+
+
+def _float(value: float) -> Shown:
+    encoded = float_key(value)
+    return Shown(("float", encoded), _show_float(encoded))
+
+
+def freeze(value: Any, policy: KeyPolicy = STATIC, depth: int = 0) -> Any:
+    """A hashable key of `value` that changes whenever the value does (what counts as a change
+    for objects is the policy's)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return (kind.__name__, value)
+    if kind is float:
+        return _float(value)
+    if isinstance(value, float):  # a float subclass (numpy's float64 among them)
+        return _float(float(value))
+    if isinstance(value, (bool, int, str, bytes, complex)):  # subclasses: IntEnum, ...
+        return (kind.__name__, value)
+    found = policy.special(value, depth)
+    if found is not None:
+        return found
+    if isinstance(value, np.generic):
+        return ("npscalar", value.dtype.str, freeze(value.item(), policy, depth))
+    if policy.max_depth is not None and depth >= policy.max_depth:
+        return policy.by_identity(value)
+    if isinstance(value, (list, tuple)):
+        return (kind.__name__, tuple(freeze(v, policy, depth + 1) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((freeze(k, policy, depth + 1), freeze(v, policy, depth + 1))
+                              for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(freeze(v, policy, depth + 1) for v in value))
+    if policy.by_attributes and (dataclasses.is_dataclass(value) or hasattr(value, "__dict__")):
+        try:
+            attributes = vars(value)
+        except TypeError:
+            return policy.by_identity(value)
+        # what `value.x` may read: its own attributes, and its classes' plain data (the same
+        # rule as for a class read as a global), base classes included
+        return ("object", id(kind),
+                tuple((k, freeze(v, policy, depth + 1)) for k, v in attributes.items()),
+                tuple(freeze(cls, policy, depth + 1) for cls in kind.__mro__
+                      if is_user_class(cls)))
+    try:
+        hash(value)
+    except TypeError:
+        if not policy.unhashable_by_identity:
+            raise
+        return policy.by_identity(value)
+    return ("hashable", kind.__name__, value)
+
+
+def freeze_arguments(arguments: dict[str, Any], policy: KeyPolicy = STATIC) -> tuple:
+    """An op's static arguments (name -> value) as a key: in name order, since eager does not
+    care in which order keyword arguments were passed."""
+    return ("arguments", tuple(sorted((name, freeze(value, policy))
+                                      for name, value in arguments.items())))
+
+
+_PLAIN_DATA = (bool, int, float, str, list, tuple, dict, type(None))
+
+
+def class_key(cls: type, policy: KeyPolicy, depth: int) -> tuple:
+    """A class read for its attributes (`Config.scale`): its plain data, and its identity."""
+    return ("class", id(cls), tuple(
+        (k, freeze(v, policy, depth + 1)) for k, v in vars(cls).items()
+        if not k.startswith("__") and isinstance(v, _PLAIN_DATA)))
+
+
+def is_user_class(cls: type) -> bool:
+    """A class of the user's (whose attributes a function may read as data), not a library's."""
+    module = getattr(cls, "__module__", "") or ""
+    return not module.startswith(("builtins", "nvidia", "numpy", "torch", "ndd_trace",
+                                  "typing", "collections", "enum", "abc"))
+
+
+def is_code(value: Any) -> bool:
+    """Modules, functions, classes and methods: keyed by identity by every policy that looks
+    into objects (their state is code, not data)."""
+    return isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                              type, types.MethodType))
+
+
+# -- printing ----------------------------------------------------------------------------------
+
+_PLAIN_KINDS = frozenset(("bool", "int", "str", "bytes", "complex", "NoneType"))
+
+
+def _show_float(encoded: Any) -> str:
+    if isinstance(encoded, str):
+        return repr(float.fromhex(encoded))
+    return "-nan" if encoded[-1] & 0x80 else "nan"  # a NaN's bytes: the sign bit, little-endian
+
+
+def show(frozen: Any) -> str:
+    """A frozen value as the user would write the value: `8`, `[224, 224]`, `0.5`,
+    `Batch(cpu, UINT8, ndim=1)`, `module numpy`, `object(size=64)`."""
+    if isinstance(frozen, Shown) or not isinstance(frozen, tuple) or not frozen:
+        return repr(frozen)
+    kind = frozen[0]
+    if kind == "static" and len(frozen) == 2:
+        return show(frozen[1])
+    if kind in _PLAIN_KINDS and len(frozen) == 2:
+        return repr(frozen[1])
+    if kind in ("list", "tuple") and len(frozen) == 2 and isinstance(frozen[1], tuple):
+        items = ", ".join(show(item) for item in frozen[1])
+        return f"[{items}]" if kind == "list" else f"({items}{',' if len(frozen[1]) == 1 else ''})"
+    if kind == "dict" and len(frozen) == 2:
+        return "{" + ", ".join(f"{show(k)}: {show(v)}" for k, v in frozen[1]) + "}"
+    if kind == "set" and len(frozen) == 2:
+        return "{" + ", ".join(sorted(show(v) for v in frozen[1])) + "}"
+    if kind in ("Batch", "Tensor") and len(frozen) == 5:
+        _, device, dtype, ndim, layout = frozen
+        return f"{kind}({device}, {dtype}, ndim={ndim}" + (f", {layout!r}" if layout else "") + ")"
+    if kind in ("object", "class") and len(frozen) in (3, 4):
+        attributes = ", ".join(f"{name}={show(value)}" for name, value in frozen[2])
+        return f"{kind}({attributes})"
+    if kind == "data" and len(frozen) == 3:
+        return show(frozen[2])
+    if kind == "hashable" and len(frozen) == 3:
+        return repr(frozen[2])
+    if kind == "missing":
+        return "(not defined)"
+    if kind == "npscalar":
+        return f"numpy {frozen[1]} {show(frozen[2])}"
+    if kind == "ndarray":
+        return f"ndarray({frozen[1]}, shape={frozen[2]})"
+    return repr(frozen)
+
+
+def show_arguments(frozen: Any) -> list[str]:
+    """`freeze_arguments`'s key as `name=value` texts (names starting with `_` left out)."""
+    if not (isinstance(frozen, tuple) and len(frozen) == 2 and frozen[0] == "arguments"):
+        return []
+    return [f"{name}={show(value)}" for name, value in frozen[1] if not name.startswith("_")]
+
+
+def _short(value: Any) -> str:
+    text = show(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def describe(key: tuple) -> list[str]:
+    """A guard key's items (label, frozen value), one line each, as explain prints them;
+    builtins a function reads by name (`enumerate`) are guarded (a module global of that name
+    would shadow them) but not listed."""
+    return [f"{label} == {_short(value)}" for label, value in key
+            if not (isinstance(value, Shown) and value.text.startswith("builtin "))]
+
+
+def difference(old: Any, new: Any) -> str:
+    """Old -> new, cut around the first place where the two texts differ."""
+    old_text, new_text = show(old), show(new)
+    if len(old_text) <= 60 and len(new_text) <= 60:
+        return f"{old_text} -> {new_text}"
+    start = next((i for i, (a, b) in enumerate(zip(old_text, new_text)) if a != b),
+                 min(len(old_text), len(new_text)))
+    start = max(0, start - 20)
+    return f"...{old_text[start:start + 50]}... -> ...{new_text[start:start + 50]}..."
+
+
+def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
+    """Name the guard items that differ between two keys."""
+    if old_key is None:
+        return "first call"
+    old = dict(old_key)
+    new = dict(new_key)
+    changes = []
+    for label in new:
+        if label not in old:
+            changes.append(f"{label} is new")
+        elif old[label] != new[label]:
+            changes.append(f"{label}: {difference(old[label], new[label])}")
+    for label in old:
+        if label not in new:
+            changes.append(f"{label} is gone")
+    return "; ".join(changes) or "no guard differs"
