@@ -95,6 +95,7 @@ class CompiledFunction:
         self.prefetch_queue_depth = prefetch_queue_depth
         _check_fallback(fallback)
         self._signature = inspect.signature(function)
+        self._signature_defaults = function.__defaults__  # (what the signature was made from)
         self.is_generator = inspect.isgeneratorfunction(function)
         positional_names = tuple(
             name for name, parameter in self._signature.parameters.items()
@@ -299,11 +300,20 @@ class CompiledFunction:
         be, so `f(b)`, `f(b, 16)` and `f(b, size=16)` share a cache entry."""
         if not kwargs and len(args) == self._simple_arity:
             return args, kwargs  # every parameter passed by position: already one spelling
+        function = self._function
+        if function.__defaults__ is not self._signature_defaults:  # `f.__defaults__ = (...)`
+            self._signature = inspect.signature(function)
+            self._signature_defaults = function.__defaults__
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError:
             return args, kwargs  # the call itself raises the usual TypeError
+        passed = bound.arguments.keys() & function.__kwdefaults__.keys() \
+            if function.__kwdefaults__ else ()
         bound.apply_defaults()
+        for name, value in (function.__kwdefaults__ or {}).items():
+            if name not in passed:  # as eager: the keyword default as it is now
+                bound.arguments[name] = value
         return bound.args, bound.kwargs
 
     def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:

@@ -303,3 +303,106 @@ def test_class_attributes_read_through_an_argument_are_guarded(batch):
     finally:
         _Settings.size = _Dataset.size = 32
         _BaseSettings.angle = 0.0
+
+
+# -- what a function reads, changed between calls (issue 35: each was silently stale) --------------
+
+def _scale(x, k):
+    return x * k
+
+
+SCALE_PARTIAL = None
+SCALER = None
+
+
+def _eager_then_compiled_after_each(function, changes, batch):
+    """Call `function` eagerly and compiled after each change; each pair must match exactly."""
+    compiled = ndd.compile(function)
+    for change in changes:
+        change()
+        assert_same(function(batch), compiled(batch))
+    return compiled
+
+
+def test_a_global_partial_rebound_or_with_other_keywords_retraces(batch):
+    import functools
+
+    def call(x):
+        return SCALE_PARTIAL(x)
+
+    def bind(k):
+        def change():
+            global SCALE_PARTIAL
+            SCALE_PARTIAL = functools.partial(_scale, k=k)
+        return change
+
+    compiled = _eager_then_compiled_after_each(call, [bind(2.0), bind(3.0), bind(3.0)], batch)
+    assert compiled.cache_info().traces == 2
+    assert "global `SCALE_PARTIAL`" in compiled.last_miss_reason
+
+
+class _Scaler:
+    def __init__(self):
+        self.k = 2.0
+
+    def run(self, x):
+        return x * self.k
+
+
+def test_a_global_bound_method_is_guarded_through_its_object(batch):
+    global SCALER
+    owner = _Scaler()
+    SCALER = owner.run
+
+    def call(x):
+        return SCALER(x)
+
+    def set_k(k):
+        return lambda: setattr(owner, "k", k)
+
+    compiled = _eager_then_compiled_after_each(call, [set_k(2.0), set_k(3.0), set_k(3.0)], batch)
+    assert compiled.cache_info().traces == 2
+
+
+def test_changed_defaults_of_the_compiled_function_are_used_as_eager_uses_them(batch):
+    def f(x, m=[2.0]):  # noqa: B006 (a mutable default, as users write them)
+        return x * m[0]
+
+    def h(x, *, s=2):
+        return x * s
+
+    compiled_f, compiled_h = ndd.compile(f), ndd.compile(h)
+    for change in [lambda: None,
+                   lambda: setattr(f, "__defaults__", ([4.0],)),
+                   lambda: f.__defaults__[0].__setitem__(0, 3.0),
+                   lambda: h.__kwdefaults__.__setitem__("s", 5),
+                   lambda: setattr(h, "__kwdefaults__", {"s": 7})]:
+        change()
+        assert_same(f(batch), compiled_f(batch))
+        assert_same(h(batch), compiled_h(batch))
+
+
+def _helper_with_default(x, k=2.0):
+    return x * k
+
+
+def test_changed_defaults_of_a_helper_retrace(batch):
+    def call(x):
+        return _helper_with_default(x)
+
+    compiled = _eager_then_compiled_after_each(call, [
+        lambda: None,
+        lambda: setattr(_helper_with_default, "__defaults__", (3.0,)),
+        lambda: setattr(_helper_with_default, "__defaults__", (2.0,))], batch)
+    assert compiled.cache_info().traces == 2
+
+
+def test_numpy_scalars_and_python_numbers_key_apart(batch):
+    def scaled(x, k):
+        return x * k
+
+    compiled = ndd.compile(scaled)
+    for k in (np.float64(3.0), 3.0, np.float32(3.0), 3, np.int64(3)):
+        eager, result = scaled(batch, k), compiled(batch, k)
+        assert_same(eager, result)
+    assert compiled.cache_info().traces == 5

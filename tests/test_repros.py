@@ -22,14 +22,10 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPROS, "*", "[0-9][0-9]_*.py")))
 # folder/script -> the issue that fixes it (issue 35: zero differences)
 NOT_FIXED_YET = {
     "guards_errors/01_error_text_after_three_failures.py": "issue 35: errors",
-    "guards_errors/02_partial_global_stale.py": "issue 35: guards",
     "guards_errors/03_len_of_lazy_batch_internal_exception.py": "issue 35: lazy values",
-    "guards_errors/04_bound_method_global_stale.py": "issue 35: guards",
-    "guards_errors/05_function_defaults_changed_stale.py": "issue 35: guards",
     "guards_errors/06_numpy_array_static_arg_compiled_only.py": "issue 35: errors",
     "guards_errors/07_layout_error_deferred_in_compiled.py": "issue 35: errors",
     "guards_errors/08_lazy_repr_and_type.py": "issue 35: lazy values",
-    "guards_errors/09_np_float64_and_float_share_guard.py": "issue 35: guards",
     "reliability/01_cache_foreign_owned_pickle_runs.py": "issue 35: the cache's trust boundary",
     "reliability/02_export_full_disk_loses_previous.py": "issue 35: atomic writes",
     "reliability/03_tuning_lock_unavailable_loses_entries.py": "issue 35: atomic writes",

@@ -99,15 +99,15 @@ def freeze(value: Any, policy: KeyPolicy = STATIC, depth: int = 0) -> Any:
         return (kind.__name__, value)
     if kind is float:
         return _float(value)
-    if isinstance(value, float):  # a float subclass (numpy's float64 among them)
+    if isinstance(value, np.generic):  # before float: np.float64 is a float, with its own dtype
+        return ("npscalar", value.dtype.str, freeze(value.item(), policy, depth))
+    if isinstance(value, float):  # a float subclass
         return _float(float(value))
     if isinstance(value, (bool, int, str, bytes, complex)):  # subclasses: IntEnum, ...
         return (kind.__name__, value)
     found = policy.special(value, depth)
     if found is not None:
         return found
-    if isinstance(value, np.generic):
-        return ("npscalar", value.dtype.str, freeze(value.item(), policy, depth))
     if policy.max_depth is not None and depth >= policy.max_depth:
         return policy.by_identity(value)
     if isinstance(value, (list, tuple)):

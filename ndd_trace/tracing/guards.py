@@ -19,6 +19,7 @@ import dataclasses
 import dis
 import sys
 import enum
+import functools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,17 @@ class GuardPolicy(KeyPolicy):
             return self.by_identity(value)  # stateful: its identity is what matters
         if isinstance(value, type) and is_user_class(value) and depth < _MAX_DEPTH:
             return class_key(value, self, depth)
+        if isinstance(value, functools.partial):  # what it calls with is part of what it is
+            return ("partial", freeze(value.func, self, depth + 1),
+                    freeze(value.args, self, depth + 1),
+                    freeze(value.keywords, self, depth + 1))
+        if isinstance(value, types.MethodType):  # a bound method reads its object's state
+            return ("method", self.by_identity(value.__func__),
+                    freeze(value.__self__, self, depth + 1))
+        if isinstance(value, types.FunctionType) and (value.__defaults__ or value.__kwdefaults__):
+            return ("function", self.by_identity(value),
+                    freeze(value.__defaults__, self, depth + 1),
+                    freeze(value.__kwdefaults__, self, depth + 1))
         if is_code(value) or hasattr(value, "cache_info"):
             # code is guarded by identity (a compiled function by its own cache, not its state)
             return self.by_identity(value)
@@ -306,8 +318,7 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
 
 
 _IMMUTABLE = (float, bool, int, str, bytes, complex, type(None), np.number, np.bool_)
-_BY_IDENTITY = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                types.MethodType, enum.Enum)
+_BY_IDENTITY = (types.ModuleType, types.BuiltinFunctionType, enum.Enum)
 
 
 def _same_object_same_guard(value: Any) -> bool:
@@ -321,6 +332,10 @@ def _same_object_same_guard(value: Any) -> bool:
         return False
     if isinstance(value, type):
         return not is_user_class(value)  # a user class is guarded by its attributes
+    if isinstance(value, types.FunctionType):  # defaults can be set or changed in place
+        return value.__defaults__ is None and value.__kwdefaults__ is None
+    if isinstance(value, types.MethodType):  # its object's attributes can change
+        return _same_object_same_guard(value.__self__)
     if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource, _dali.DType,
                           _dali.Device, *_BY_IDENTITY)):
         return True
@@ -334,7 +349,8 @@ class FastGuard:
     cannot change while it stays the same object. A match means `build_key` would give the
     key this guard was made from; anything else takes the full path."""
 
-    __slots__ = ("plan", "entry", "arity", "arguments", "globals_read", "cells", "attributes")
+    __slots__ = ("plan", "entry", "arity", "arguments", "globals_read", "cells", "attributes",
+                 "functions")
 
     def __init__(self, plan: GuardPlan, entry: Any, arity: int, arguments: tuple,
                  globals_read: tuple, cells: tuple, attributes: tuple = ()):
@@ -345,6 +361,11 @@ class FastGuard:
         self.globals_read = globals_read  # (namespace, name, value or _MISSING, builtin value)
         self.cells = cells  # (cell, value)
         self.attributes = attributes  # (namespace, name, chain, value): module attributes
+        # the functions among them, which have no defaults as long as this guard holds
+        self.functions = tuple(value for value in (
+            *(value for kind, value in arguments if kind is None),
+            *(value for _, _, value, _ in globals_read), *(value for _, value in cells),
+            *(value for *_, value in attributes)) if isinstance(value, types.FunctionType))
 
     @staticmethod
     def of(args: tuple, plan: GuardPlan, entry: Any, baked: bool = False) -> FastGuard | None:
@@ -410,5 +431,8 @@ class FastGuard:
                 return False
         for namespace, name, chain, value in self.attributes:
             if _chain_value(namespace.get(name), chain) is not value:
+                return False
+        for function in self.functions:  # (defaults given since: the full key has them)
+            if function.__defaults__ is not None or function.__kwdefaults__ is not None:
                 return False
         return True
