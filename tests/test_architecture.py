@@ -32,6 +32,7 @@ LAYERS = [
     {"execution.waits", "execution.interpret", "execution.feed", "execution.tuning"},
     {"execution.failures"},
     {"execution.runtime"},
+    {"execution.build"},
     {"ahead.runahead"},
     {"ahead.streams"},
     {"ahead.speculator"},
@@ -179,3 +180,23 @@ def test_one_key_encoding():
     assert _definitions("show") == ["core.keys"]
     assert _definitions("_thaw") == []
     assert _definitions("explain_miss") == ["core.keys"]
+
+
+def _calls_of(name: str) -> list[str]:
+    """The modules that call `name(...)` (a plain or attribute call)."""
+    found = set()
+    for module, path in _modules().items():
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.id if isinstance(func, ast.Name) else \
+                    func.attr if isinstance(func, ast.Attribute) else None
+                if called == name:
+                    found.add(module)
+    return sorted(found)
+
+
+def test_one_way_from_a_graph_to_a_pipeline():
+    """I1: an Executable is made in execution/build.py only (f7fb7da: modes/stage.py,
+    modes/regions.py and ahead/streams.py each made their own)."""
+    assert _calls_of("Executable") == ["execution.build"]

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from .. import _dali
-from ..codegen.lower import lower
 from ..core.errors import LoopError
 from ..core.ir import Graph, Ref
+from ..execution.build import compile_graph
 from ..execution.runtime import Executable, Options, PendingRun
 from ..tracing.trace import add_reader_node
 from .runahead import READ_AHEAD
@@ -50,8 +50,8 @@ class ReaderStream:
         self.names = node.output_names
         self.batch_size = batch_size
         self._operator: Any = None  # the reader's operator, claimed and moved into the pipeline
-        self.executable = Executable(graph, lower(graph), [], options, {},
-                                     before_build=self._move_reader_in)
+        self.executable = compile_graph(graph, options,
+                                        before_build=self._move_reader_in).executable
         self.count = 0  # batches handed out so far
         self._ready: list[tuple] = []  # the Batches of counts self.count, self.count + 1, ...
         self._cond = threading.Condition()

@@ -14,13 +14,11 @@ from typing import Any
 
 from .. import _dali
 from ..ahead.readahead import Speculator, runs_ahead
-from ..codegen.lower import lower
-from ..codegen.optimize import optimize as optimize_graph
 from ..core import logs
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
 from ..execution.interpret import interpret
-from ..execution import tuning
-from ..execution.runtime import Executable, Options
+from ..execution.build import compile_graph
+from ..execution.runtime import Options
 from . import report as limits  # MAX_LIVE_REGIONS, MAX_SITE_REGIONS: read there, at each use
 from .report import Region, _state
 
@@ -185,15 +183,10 @@ class RegionRunner:
         if not site_has_room:
             return Region(key, loc, len(region_ops), None, "", eager_reason=limits.site_full())
         graph = region_view(region_ops, target, clone=True).graph
-        applied = optimize_graph(graph) if self.optimize else []
-        lowered = lower(graph)
-        executable = Executable(graph, lowered, [], self.options, {})
-        executable.feed.cache_constants = False
-        if self.optimize:
-            tuning.attach(executable, applied, lambda: lower(graph), threads_given=False,
-                          runs_ahead=runs_ahead)
-        region = Region(key, loc, len(region_ops), executable, lowered.source,
-                        optimizations=applied)
+        program = compile_graph(graph, self.options, optimize=self.optimize,
+                                cache_constants=False, runs_ahead=runs_ahead)
+        region = Region(key, loc, len(region_ops), program.executable, program.lowered.source,
+                        optimizations=program.optimizations)
         region.build_s = time.perf_counter() - started  # lowering; the build is added on run
         return region
 

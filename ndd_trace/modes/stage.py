@@ -19,15 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _dali
-from ..codegen.lower import lower
-from ..codegen.optimize import optimize as optimize_graph
 from ..core import logs, passes
 from ..core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..ahead.readahead import runs_ahead
-from ..execution import tuning
-from ..execution.runtime import Executable, Options
+from ..execution.build import compile_graph
+from ..execution.runtime import Options
 from ..tracing import stepcheck
 from ..tracing.trace import GraphBreakRecord, Tracer
 from .cache import Entry, EntryCache, batch_sizes, walk_data
@@ -272,10 +270,14 @@ class TraceStage:
         draws = [(node.payload, node) for node in graph.nodes_of(NodeKind.RANDOM_STATE)]
         passes.eliminate_common_subexpressions(graph)
         passes.eliminate_dead_code(graph)
-        if self.optimize:  # after the passes: a value's users are then all the users it has
-            entry.optimizations = optimize_graph(graph)
-            for applied in entry.optimizations:
-                logs.trace.info("`%s`: optimization applied at %s", self._name, applied)
+        # optimize after the passes: a value's users are then all the users it has
+        program = compile_graph(graph, self._options(), draws=draws,
+                                rng_objects=tracer.rng_objects, optimize=self.optimize,
+                                inline_constants=True, threads_given=self.threads_given,
+                                runs_ahead=runs_ahead)
+        entry.optimizations = program.optimizations
+        for applied in entry.optimizations:
+            logs.trace.info("`%s`: optimization applied at %s", self._name, applied)
         entry.graph = graph
         # what explain shows is what runs: the graph after the passes (and, where they changed
         # it, the graph as traced)
@@ -285,7 +287,7 @@ class TraceStage:
                        entry.optimizations else "the passes and optimizations")
             entry.graph_text += f"\n\nas traced, before {removed}:\n" + traced
         entry.output_tree = tracer.output_tree
-        entry.lowered = lower(graph, inline_constants=True)
+        entry.lowered = program.lowered
         entry.path = self.path
         # the times a cache of traces kept across processes could save (the build it cannot)
         times = {"trace": (traced_at - tracer.started) * 1000,
@@ -294,10 +296,5 @@ class TraceStage:
                         " passes and code in %.1f ms", self._name, entry.num_ops,
                         entry.lowered.filename, len(graph.nodes_of(NodeKind.OP)), times["trace"],
                         times["code"], extra={"ndd_trace_ms": times})
-        entry.executable = Executable(graph, entry.lowered, draws, self._options(),
-                                      tracer.rng_objects)
-        if self.optimize:
-            tuning.attach(entry.executable, entry.optimizations,
-                          lambda: lower(graph, inline_constants=True),
-                          threads_given=self.threads_given, runs_ahead=runs_ahead)
+        entry.executable = program.executable
         return entry

@@ -1,0 +1,52 @@
+"""The one way from a graph to a runnable pipeline: optimize (opt-in), lower, make the Executable,
+attach the tuner.
+
+    program = compile_graph(graph, options, optimize=False)
+    program.executable.start(...)            # runtime.py builds it at its first run
+    program.lowered.source                   # the readable @pipeline_def it runs
+
+Every compiled unit goes through here: a compiled function's entry (modes/stage.py), a transparent
+mode region (modes/regions.py) and a reader's stream (ahead/streams.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..codegen.lower import Lowered, lower
+from ..codegen.optimize import optimize as optimize_graph
+from ..core.ir import Graph
+from . import tuning
+from .runtime import Executable, Options
+
+
+@dataclasses.dataclass
+class Program:
+    """A graph made runnable: its code, its executable and the rewrites optimize applied."""
+
+    lowered: Lowered
+    executable: Executable
+    optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied
+
+
+def compile_graph(graph: Graph, options: Options, *, draws: list | None = None,
+                  rng_objects: dict | None = None, optimize: bool = False,
+                  inline_constants: bool = False, cache_constants: bool = True,
+                  threads_given: bool = False,
+                  runs_ahead: Callable[[int], int] | None = None,
+                  before_build: Callable[[Any, int], None] | None = None) -> Program:
+    """`graph` (after its passes) as a Program. `optimize`: optimize.py's rewrites, applied to
+    `graph` in place, and the per-machine tuning (`runs_ahead` tells it how deep runs are
+    launched ahead). `cache_constants=False`: constants are fed again at every run (a region's
+    constants change from run to run)."""
+    applied = optimize_graph(graph) if optimize else []
+    lowered = lower(graph, inline_constants=inline_constants)
+    executable = Executable(graph, lowered, draws or [], options, rng_objects or {},
+                            before_build=before_build)
+    executable.feed.cache_constants = cache_constants
+    if optimize:
+        tuning.attach(executable, applied, lambda: lower(graph, inline_constants=inline_constants),
+                      threads_given=threads_given, runs_ahead=runs_ahead or (lambda depth: 1))
+    return Program(lowered, executable, applied)
