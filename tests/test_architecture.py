@@ -13,7 +13,8 @@ FOLDERS = ["core", "_dali", "tracing", "codegen", "execution", "ahead", "modes",
 # Modules (dotted, within the package), lowest first: each imports only modules of a lower layer
 # (or of its own layer, where several are listed together).
 LAYERS = [
-    {"core.source", "core.errors", "core.logs", "core.trees", "core.keys"},
+    {"core.source", "core.errors", "core.logs", "core.trees", "core.keys",
+     "core.ledger"},
     {"core.ir"},
     {"core.passes"},
     {"_dali.base"},
@@ -200,3 +201,14 @@ def test_one_way_from_a_graph_to_a_pipeline():
     """I1: an Executable is made in execution/build.py only (f7fb7da: modes/stage.py,
     modes/regions.py and ahead/streams.py each made their own)."""
     assert _calls_of("Executable") == ["execution.build"]
+
+
+def test_one_warning_sink():
+    """I4: warnings go out through core/ledger.py only (f7fb7da: modes/stage.py,
+    modes/per_sample.py and core/logs.py each called `warnings.warn`)."""
+    assert _calls_of("warn_explicit") == ["core.ledger"]
+    callers = {module for module, path in _modules().items() for node in ast.walk(_parse(path))
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr == "warn" and isinstance(node.func.value, ast.Name)
+               and node.func.value.id == "warnings"}
+    assert callers == {"core.ledger"}, sorted(callers)

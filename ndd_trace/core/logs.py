@@ -24,7 +24,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import warnings
+
+from . import ledger
 
 CHANNELS = ("trace", "recompiles", "breaks", "fallbacks", "builds", "runtime", "transparent",
             "cache", "tuning")
@@ -95,6 +96,6 @@ def configure_from_environment() -> None:
     try:
         levels = parse(text)
     except ValueError as error:
-        warnings.warn(str(error), stacklevel=2)
+        ledger.warn(str(error), None, UserWarning, stacklevel=2)
         return
     configure(levels)

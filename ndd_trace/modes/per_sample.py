@@ -43,13 +43,12 @@ import sys
 import textwrap
 import threading
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 
 from .. import _dali
-from ..core import keys, logs, trees
+from ..core import keys, ledger, logs, trees
 from ..core.errors import PerSampleError
 from ..core.source import SourceLoc, register_source, unparse, user_frame, user_location
 from ..tracing import guards
@@ -825,7 +824,7 @@ class PerSampleFunction:
         self.builds = 0
         self.runs = 0  # pipeline runs so far (more than calls where paths were guessed wrong)
         self.last_runs = 0
-        self._warned: set = set()
+        self._once = ledger.WarnOnce()
         self._warning = warning
         parameters = inspect.signature(function).parameters
         self._parameters = list(parameters)
@@ -1070,16 +1069,10 @@ class PerSampleFunction:
 
     def _warn_eager(self, variant: _Variant) -> None:
         loc = variant.eager_loc
-        site = (loc.filename, loc.lineno) if loc else None
-        if site in self._warned:
-            return
-        self._warned.add(site)
         message = (f"ndd_trace: per-sample function `{self.__qualname__}` runs as the eager "
                    f"per-sample loop: it {variant.eager_reason}.")
-        if loc is None:
-            warnings.warn(message, self._warning, stacklevel=3)
-        else:
-            warnings.warn_explicit(message, self._warning, loc.filename, loc.lineno)
+        self._once.warn(message, loc, self._warning, stacklevel=3,
+                        key=(loc.filename, loc.lineno) if loc else ("no line",))
 
 
 def _gather(results: list) -> Any:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import inspect
 import random
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from .. import _dali
-from ..core import logs, passes
-from ..core.errors import GraphBreakError, NddTraceWarning, _GraphBreak
+from ..core import ledger, logs, passes
+from ..core.errors import GraphBreakError, _GraphBreak
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..ahead.readahead import runs_ahead
@@ -46,20 +45,14 @@ class Notices:
         self._name = name
         self.fallback = fallback  # "lazy" or "eager": the one place it is kept
         self._is_generator = is_generator
-        self._warned: set[tuple] = set()
+        self._once = ledger.WarnOnce()
         self._storm_warned = False
 
     def warn(self, message: str, loc: SourceLoc | None) -> None:
-        if loc is None:
-            warnings.warn(message, NddTraceWarning, stacklevel=3)
-        else:
-            warnings.warn_explicit(message, NddTraceWarning, loc.filename, loc.lineno)
+        ledger.warn(message, loc, stacklevel=3)
 
     def warn_once(self, message: str, loc: SourceLoc | None) -> None:
-        site = (loc.filename if loc else None, loc.lineno if loc else None, message)
-        if site not in self._warned:
-            self._warned.add(site)
-            self.warn(message, loc)
+        self._once.warn(message, loc, stacklevel=3)
 
     def storm(self, limit: int, reason: str | None) -> None:
         """Past cache_limit: logged each time, warned once."""
