@@ -98,7 +98,7 @@ if has ab; then
             [ "$tree" = old ] && root=$PWD/$OLD  # its ndd_trace/ first on the path, for every mode's process
             (cd / && PYTHONPATH=$root:$PYTHONPATH python3 -c 'import ndd_trace; print("ndd_trace from", ndd_trace.__file__)')
             PYTHONPATH=$root:$PYTHONPATH bounded python3 "$root/benchmarks/bench_ops.py" $TRAIN \
-                --modes ndd_trace_loop,transparent,pipeline \
+                --modes "${AB_MODES:-ndd_trace,ndd_trace_loop,transparent,pipeline}" \
                 --json "$OUT/ab_${tree}_r$round.json" 2>&1 | tail -6 | tee "$OUT/ab_${tree}_r$round.log"
         done
     done

@@ -22,7 +22,6 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPROS, "*", "[0-9][0-9]_*.py")))
 # folder/script -> the issue that fixes it (issue 35: zero differences)
 NOT_FIXED_YET = {
     "guards_errors/01_error_text_after_three_failures.py": "issue 35: errors",
-    "guards_errors/03_len_of_lazy_batch_internal_exception.py": "issue 35: lazy values",
     "guards_errors/06_numpy_array_static_arg_compiled_only.py": "issue 35: errors",
     "guards_errors/07_layout_error_deferred_in_compiled.py": "issue 35: errors",
     "guards_errors/08_lazy_repr_and_type.py": "issue 35: lazy values",
@@ -34,8 +33,6 @@ NOT_FIXED_YET = {
     "training4/01_normalize_scalar_in_variable.py": "issue 35: errors",
     "training4/02_uncaught_error_type_name.py": "issue 35: errors",
     "training4/03_files_rewritten_between_epochs.py": "issue 35: files between epochs",
-    "training4/04_len_of_batch.py": "issue 35: lazy values",
-    "training4/05_list_of_batch.py": "issue 35: lazy values",
     "training4/06_lazy_batch_repr.py": "issue 35: lazy values",
 }
 

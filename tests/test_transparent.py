@@ -279,3 +279,27 @@ def test_call_site_replay_records_anew_when_the_data_changes_type(batch):
     for (e, e_meta), (t, t_meta) in zip(eager, traced):
         assert e_meta == t_meta
         assert_same(e, t)
+
+
+def test_len_list_tuple_and_star_of_lazy_values_as_eager(batch):
+    """Generic code consumes a Batch the ways Python offers: `len()` raises eager's TypeError
+    (ndd's Batch and Tensor have none; ndd_trace's internal break escaped `except`), and
+    `list()`, `tuple()`, `[*x]` give eager's samples (issue 35)."""
+    def observe():
+        y = batch * 2
+        seen = []
+        for value in (y, y.select(0)):
+            try:
+                seen.append(("len", len(value)))
+            except TypeError as error:
+                seen.append(("TypeError", str(error)))
+        seen.append([to_numpy(t).tolist() for t in list(y)])
+        seen.append([to_numpy(t).tolist() for t in tuple(y)])
+        seen.append([to_numpy(t).tolist() for t in [*y]])
+        return seen
+
+    eager = observe()
+    with ndd_trace.enabled():
+        transparent = observe()
+    assert eager == transparent
+    assert eager[0] == ("TypeError", "object of type 'Batch' has no len()")

@@ -78,6 +78,12 @@ class _LazyMixin:
         self._materialize()
         return True
 
+    def __len__(self) -> int:
+        """As eager's: ndd's Batch and Tensor have no len() (list(), tuple() and `[*x]` ask for
+        it as a hint, then iterate)."""
+        base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
+        raise TypeError(f"object of type '{base.__name__}' has no len()")
+
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
         self._materialize()
         return _dali.Tensor.__dlpack__(self, *args, **kwargs)
