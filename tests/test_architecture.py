@@ -212,3 +212,17 @@ def test_one_warning_sink():
                and node.func.attr == "warn" and isinstance(node.func.value, ast.Name)
                and node.func.value.id == "warnings"}
     assert callers == {"core.ledger"}, sorted(callers)
+
+
+def test_no_import_of_another_modules_private_name():
+    """I6 (imports): a module uses another module's public names only; the adapter's package
+    name `_dali` is the one exception (f7fb7da: `_state`, `_GraphBreak`, `_is_lazy`,
+    `_LazyMixin`, `_MAX_SITES`, `_first_output`, `_is_concrete_data`, `_interceptor`)."""
+    found = []
+    for module, path in _modules().items():
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                found += [f"{module}: {alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")
+                          and alias.name != "_dali"]
+    assert not found, found

@@ -535,7 +535,7 @@ def test_every_break_the_tracer_raises_has_a_fix():
     tree = ast.parse(pathlib.Path(trace.__file__).read_text())
     reasons = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("_break", "_GraphBreak"):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("_break", "GraphBreakSignal"):
             first = node.args[0]
             text = first.value if isinstance(first, ast.Constant) else "".join(
                 part.value if isinstance(part, ast.Constant) else "X"

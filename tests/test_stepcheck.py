@@ -91,4 +91,4 @@ def test_checked_loop_runs_ahead_across_steps_and_epochs(jpeg_dir):
     np.testing.assert_array_equal(eager[2], result[2])  # the generator's state afterwards
     ahead = sum(region.ahead for region in ndd_trace.report().regions)
     assert ahead >= 8, ndd_trace.report()
-    assert not ndd_trace._dali.tracing_active() and ndd_trace._dali._interceptor._count == 0
+    assert not ndd_trace._dali.tracing_active() and ndd_trace._dali.interceptor._count == 0

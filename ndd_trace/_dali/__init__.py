@@ -42,7 +42,7 @@ from .operators import (NOT_PLAIN, argument_dtype, argument_names, argument_toke
                         eager_split, has_gpu_backend, infer_metadata, input_device,
                         is_tensor_argument, keep_eager_instance, meta_of, op_class_at,
                         resolve_backend, tensor_argument, tensor_argument_meta)
-from .interception import (_interceptor, capture_running, eager_inside_trace, eval_mode_is_sync,
+from .interception import (interceptor, capture_running, eager_inside_trace, eval_mode_is_sync,
                            hold_interception, intercept, is_random, is_stateful, op_functions,
                            op_path, plumbing, process_params_replaced, schema_name, synchronous,
                            synchronous_cpu, tracing_active, unwatched)
@@ -98,5 +98,5 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "synchronous", "synchronous_cpu", "Tensor", "tensor_argument", "tensor_argument_meta",
     "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader", "types",
     "unwatched", "watch_reader_methods", "wrap_batch", "wrap_tensor", "wraps_user_data",
-    "zero_state", "_interceptor",
+    "zero_state", "interceptor",
 ]

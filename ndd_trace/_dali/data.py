@@ -14,7 +14,7 @@ import nvidia.dali.experimental.dynamic as ndd
 from nvidia.dali.experimental.dynamic import _ops
 
 from .base import Batch, EvalMode, Tensor
-from .interception import _interceptor, op_functions
+from .interception import interceptor, op_functions
 
 
 def storage_of(value: Any) -> Any:
@@ -39,7 +39,7 @@ def snapshot(value: Any) -> Any:
         if not copy.data_ptr():
             return value
         return Batch(copy) if isinstance(storage, backend.TensorListCPU) else Tensor(copy)
-    with _interceptor.suspended():
+    with interceptor.suspended():
         return ndd.copy(value).evaluate()  # GPU data: a device copy, made now
 
 

@@ -258,7 +258,7 @@ class _Interceptor:
             self._local.handler, self._local.on_reader = previous
 
 
-_interceptor = _Interceptor()
+interceptor = _Interceptor()
 
 
 _WATCHED: dict[tuple[type, str], Callable] = {}  # (class, method) -> ndd's own function
@@ -272,14 +272,14 @@ def watch_method(owner: type, name: str, callback: Callable,
     interceptor hooks the method too (it goes on top while tracing), the wrapper steps aside
     while a trace or transparent mode runs; `during_traces`: it never does (a method the
     interceptor leaves alone)."""
-    with _interceptor._lock:
+    with interceptor._lock:
         if (owner, name) in _WATCHED:
             return
         current = owner.__dict__[name]
         original = getattr(current, "_ndd_trace_original", current)
 
         def watched(obj: Any, *args: Any, **kwargs: Any) -> Any:
-            if not during_traces and _interceptor.handler() is not None:
+            if not during_traces and interceptor.handler() is not None:
                 return original(obj, *args, **kwargs)
             return callback(obj, original, args, kwargs)
 
@@ -293,9 +293,9 @@ def watch_method(owner: type, name: str, callback: Callable,
         if current is original:
             setattr(owner, name, watched)
         else:  # the interceptor's hook is on top: it restores the watch when it goes
-            _interceptor._patched = [
+            interceptor._patched = [
                 (cls, attribute, watched if saved is original else saved)
-                for cls, attribute, saved in _interceptor._patched]
+                for cls, attribute, saved in interceptor._patched]
 
 
 def unwatched(owner: type, name: str) -> Callable:
@@ -310,21 +310,21 @@ def unwatched(owner: type, name: str) -> Callable:
 def intercept(handler: Callable, on_reader: Callable | None = None) -> Any:
     """Context manager: while active, this thread's ndd operator calls go to `handler`, and
     `reader.next_epoch()` calls to `on_reader(reader)`."""
-    return _interceptor.active(handler, on_reader)
+    return interceptor.active(handler, on_reader)
 
 
 def hold_interception() -> Callable[[], None]:
     """Keep the ndd hooks installed until the returned function is called (see `intercept`)."""
-    return _interceptor.hold()
+    return interceptor.hold()
 
 
 def eager_inside_trace() -> Any:
-    return _interceptor.suspended()
+    return interceptor.suspended()
 
 
 def tracing_active() -> bool:
     """Whether this thread's ndd calls go to a handler (a trace or transparent mode)."""
-    return _interceptor.handler() is not None
+    return interceptor.handler() is not None
 
 
 def schema_name(op_class: type) -> str:

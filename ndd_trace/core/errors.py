@@ -141,7 +141,7 @@ for _builtin in _EAGER_TYPES:
     pipeline_error_type(_builtin)
 
 
-class _GraphBreak(BaseException):
+class GraphBreakSignal(BaseException):
     """Internal signal: abort the trace. A BaseException so user `except Exception` misses it;
     a bare `except:` could still swallow it, so every instance is also noted in `raised`."""
 
@@ -151,6 +151,6 @@ class _GraphBreak(BaseException):
         super().__init__(reason)
         self.reason = reason
         self.loc = loc
-        breaks = getattr(_GraphBreak.raised, "breaks", None)
+        breaks = getattr(GraphBreakSignal.raised, "breaks", None)
         if breaks is not None:
             breaks.append(self)

@@ -36,16 +36,16 @@ from ..ahead.readahead import (
 )
 from ..codegen.optimize import requested as optimize_requested
 from ..core import logs
-from ..core.errors import PipelineError, _GraphBreak
+from ..core.errors import PipelineError, GraphBreakSignal
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
 from ..core.source import SourceLoc, user_frame, user_location
 from ..execution import waits
 from ..execution.runtime import Options
 from ..tracing.trace import Tracer, inference_metas
-from .proxies import LazyBatch, LazyTensor, _is_lazy, _LazyMixin
+from .proxies import LazyBatch, LazyTensor, is_lazy, LazyMixin
 from .regions import RegionRunner
-from .report import Region, Report, _state, report, reset_report, step_breakdown
-from .sites import _MAX_SITES, CallSites, _first_output
+from .report import Region, Report, bookkeeping, report, reset_report, step_breakdown
+from .sites import MAX_SITES, CallSites, first_output
 
 __all__ = ["LazyBatch", "LazyTensor", "LazyTracer",
            "Region", "Report", "Steps", "disable", "enable", "enabled", "is_enabled",
@@ -73,13 +73,13 @@ def _runs_at_call(node: Node, inputs: tuple, kwargs: dict) -> bool:
     for value in inputs:
         if value is None:
             continue
-        if not isinstance(value, _LazyMixin) and index < len(devices) and \
+        if not isinstance(value, LazyMixin) and index < len(devices) and \
                 _dali.eager_reads_as_is(value, node.is_batch) == devices[index]:
             return True
         index += 1
     for key in node.arg_inputs:
         value = kwargs.get(key)
-        if value is not None and not isinstance(value, _LazyMixin) and \
+        if value is not None and not isinstance(value, LazyMixin) and \
                 key not in node.arg_casts and \
                 _dali.eager_reads_as_is(value, node.is_batch) == "cpu":
             return True
@@ -120,7 +120,7 @@ class LazyTracer(Tracer):
         return proxy
 
     def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
-        if _is_lazy(value):
+        if is_lazy(value):
             if _dali.proxy_storage(value) is None and value._tracer is self:
                 return value._ref
             value._materialize()
@@ -143,7 +143,7 @@ class LazyTracer(Tracer):
             with _dali.eager_inside_trace():
                 converted = _dali.tensor_argument(op_class, key, value, batch_size)
             if cache_key is not None:
-                if len(self._converted) >= _MAX_SITES:
+                if len(self._converted) >= MAX_SITES:
                     self._converted.clear()
                     self._owned.clear()
                 self._converted[cache_key] = converted
@@ -181,8 +181,8 @@ class LazyTracer(Tracer):
                               else _dali.reader_epoch_request(obj, args, kwargs))
                 if batch_size is not None:
                     loc = user_location()
-                    with _state.lock:
-                        _state.readers[(type(obj).__name__, str(loc) if loc else "?")] += 1
+                    with bookkeeping.lock:
+                        bookkeeping.readers[(type(obj).__name__, str(loc) if loc else "?")] += 1
                     logs.transparent.debug("%s.next_epoch(batch_size=%s) at %s: read ahead",
                                            type(obj).__name__, batch_size, loc or "?")
                     epoch = waits.timed(
@@ -197,8 +197,8 @@ class LazyTracer(Tracer):
         if reason is not None:
             loc = user_location()
             name = f"{type(obj).__name__}.next_epoch" if kind is None else type(obj).__name__
-            with _state.lock:
-                _state.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
+            with bookkeeping.lock:
+                bookkeeping.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
         if kind is None and has_epoch_wrapper(obj):  # an eager epoch, through its wrapper
             epoch = _dali.unwatched(_dali.Reader, "next_epoch")(obj, *args, **kwargs)
             return epoch_of(obj, epoch, args, kwargs)
@@ -213,7 +213,7 @@ class LazyTracer(Tracer):
         try:
             return self._handle(op_class, original, inputs, kwargs)
         finally:
-            _state.times["record"] += time.perf_counter() - started
+            bookkeeping.times["record"] += time.perf_counter() - started
 
     @_dali.plumbing  # it calls ndd's own op when the call runs eagerly: DALI looks past it
     def _handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
@@ -233,27 +233,27 @@ class LazyTracer(Tracer):
             if result is None:
                 result = super().handle(op_class, original, inputs, dict(kwargs))
                 instance = self.sites.keep_eager_instance(
-                    op_class, _first_output(result)._ref.node, kwargs,
+                    op_class, first_output(result)._ref.node, kwargs,
                     _dali.call_site_frame(sys._getframe(1), kwargs))
                 if site_key is not None:
                     self.sites.remember(site_key, result, inputs, kwargs, instance)
-        except _GraphBreak as graph_break:
+        except GraphBreakSignal as graph_break:
             reason = graph_break.reason
         except Exception as error:  # DALI rejects the call: eager raises its own error
             reason = f"could not be recorded ({type(error).__name__})"
         if reason is not None:  # run outside the handler: eager's error has no internal context
             return self._eager(original, inputs, kwargs, name, reason)
-        state = _first_output(result)._ref.node.arg_inputs.get("_random_state")
+        state = first_output(result)._ref.node.arg_inputs.get("_random_state")
         if state is not None:  # draw now, in call order, exactly as the eager call would
             _, rng = state.node.payload
             position = _dali.rng_position(rng)
             words = _dali.draw_state(rng)
             state.node.payload = ("drawn", words)
             self.speculator.note_draw(words, rng, position)
-        with _state.lock:
-            _state.ops_recorded += 1
-            _state.ops_replayed += replayed
-        node = _first_output(result)._ref.node
+        with bookkeeping.lock:
+            bookkeeping.ops_recorded += 1
+            bookkeeping.ops_replayed += replayed
+        node = first_output(result)._ref.node
         if _runs_at_call(node, inputs, kwargs):
             self._run_at_call(node)
         return result
@@ -274,11 +274,11 @@ class LazyTracer(Tracer):
     @_dali.plumbing
     def _eager(self, original: Any, inputs: tuple, kwargs: dict, name: str, reason: str) -> Any:
         loc = user_location()
-        with _state.lock:
-            _state.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
+        with bookkeeping.lock:
+            bookkeeping.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
         logs.transparent.debug("ndd.%s at %s runs eagerly: %s", name, loc or "?", reason)
         for value in (*inputs, *kwargs.values()):
-            if _is_lazy(value):
+            if is_lazy(value):
                 value._materialize()
         with _dali.eager_inside_trace():
             return original(*inputs, **kwargs)
@@ -320,7 +320,7 @@ class LazyTracer(Tracer):
 # Public switches
 
 def _local() -> Any:
-    return _state.local
+    return bookkeeping.local
 
 
 def enable(optimize: bool | None = None) -> None:

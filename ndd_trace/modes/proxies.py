@@ -13,7 +13,7 @@ from ..execution.runtime import LazyResult
 from ..tracing.trace import BATCH_ABSENT, TracedBatch, TracedTensor
 
 
-class _LazyMixin:
+class LazyMixin:
     _tracer: Any  # lazy.LazyTracer
     _ref: Ref
 
@@ -127,10 +127,10 @@ class _LazyHandle(LazyResult):
         return self._ref.node.results
 
 
-class LazyBatch(_LazyMixin, TracedBatch):
+class LazyBatch(LazyMixin, TracedBatch):
     """A lazy ndd.Batch of transparent mode; consumed, it runs its pending region."""
 
-    # (over _LazyMixin's, which are the tensors')
+    # (over LazyMixin's, which are the tensors')
     locals().update({name: getattr(TracedBatch, name) for name in BATCH_ABSENT})
 
     def __init__(self, tracer: Any, ref: Ref, meta: TensorMeta):
@@ -151,7 +151,7 @@ class LazyBatch(_LazyMixin, TracedBatch):
         return _dali.Batch.tensors.fget(self)
 
 
-class LazyTensor(_LazyMixin, TracedTensor):
+class LazyTensor(LazyMixin, TracedTensor):
     """A lazy ndd.Tensor of transparent mode."""
 
     def __init__(self, tracer: Any, ref: Ref, meta: TensorMeta):
@@ -167,5 +167,5 @@ class LazyTensor(_LazyMixin, TracedTensor):
         return _dali.Tensor.size.fget(self)
 
 
-def _is_lazy(value: Any) -> bool:
-    return isinstance(value, _LazyMixin)
+def is_lazy(value: Any) -> bool:
+    return isinstance(value, LazyMixin)

@@ -20,7 +20,7 @@ from ..execution.interpret import interpret
 from ..execution.build import compile_graph
 from ..execution.runtime import Options
 from . import report as limits  # MAX_LIVE_REGIONS, MAX_SITE_REGIONS: read there, at each use
-from .report import Region, _state
+from .report import Region, bookkeeping
 
 
 class RegionRunner:
@@ -59,14 +59,14 @@ class RegionRunner:
         if self.optimize:  # (regions are shared by threads, which may differ in this)
             lookup = (lookup, "optimize")
         record_s = time.perf_counter() - started
-        with _state.lock:
-            region = _state.regions.get(lookup)
+        with bookkeeping.lock:
+            region = bookkeeping.regions.get(lookup)
             if region is None:
                 mixed = len(batch_sizes) > 1 or own_region
                 region = self._new_region(key, region_ops, target, mixed,
                                           mixed or self._site_has_room(region_ops))
                 if region.eager_reason is None or mixed:
-                    _state.regions[lookup] = region
+                    bookkeeping.regions[lookup] = region
                     logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
                                           region.op_chain, region.eager_reason or "pipeline")
             else:
@@ -75,7 +75,7 @@ class RegionRunner:
             region.record_s += record_s
             if region.executable is not None:
                 self._note_live(region)
-        times = _state.times
+        times = bookkeeping.times
         checked = time.perf_counter()
         times["key"] += checked - started
         observation = (self.speculator.observe(view.leaves, view.computed)
@@ -86,7 +86,7 @@ class RegionRunner:
         times["check"] += fed - checked
         if ahead is not None:
             outputs = list(ahead)
-            with _state.lock:
+            with bookkeeping.lock:
                 region.ahead += 1
         elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
                                            self._empty_sample_call(region, view.leaves)):
@@ -137,8 +137,8 @@ class RegionRunner:
         if not executable.feed.feeds_empty_sample(leaves=leaves):
             return False
         site = str(region.loc) if region.loc else "?"
-        with _state.lock:
-            _state.eager_ops[(region.op_chain, executable.feed.empty_sample_reason, site)] += 1
+        with bookkeeping.lock:
+            bookkeeping.eager_ops[(region.op_chain, executable.feed.empty_sample_reason, site)] += 1
         logs.fallbacks.debug("region at %s runs eagerly: %s", site,
                              executable.feed.empty_sample_reason)
         return True
@@ -149,11 +149,11 @@ class RegionRunner:
         this call runs eagerly (interpreted), counted with the reason."""
         loc = region_ops[0].loc
         site = str(loc) if loc else "?"
-        if _state.site_regions[site] < limits.MAX_SITE_REGIONS:
-            _state.site_regions[site] += 1
+        if bookkeeping.site_regions[site] < limits.MAX_SITE_REGIONS:
+            bookkeeping.site_regions[site] += 1
             return True
         chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
-        _state.eager_ops[(chain, limits.site_full(), site)] += 1
+        bookkeeping.eager_ops[(chain, limits.site_full(), site)] += 1
         logs.fallbacks.debug("region at %s: %s", site, limits.site_full())
         return False
 
@@ -161,14 +161,14 @@ class RegionRunner:
     def _note_live(region: Region) -> None:
         """`region` runs now: the most recently run; past MAX_LIVE_REGIONS pipelines, the least
         recently run one's is freed (its threads go; it is built again if it runs again)."""
-        live = _state.live
+        live = bookkeeping.live
         live[region.token] = region
         live.move_to_end(region.token)
         if len(live) > limits.MAX_LIVE_REGIONS:
             _, oldest = live.popitem(last=False)
             if oldest.executable is not None and oldest.executable.release():
                 oldest.releases += 1
-                _state.releases += 1
+                bookkeeping.releases += 1
                 logs.transparent.info("region at %s: pipeline freed (the least recently run of "
                                       "%d)", oldest.loc or "?", limits.MAX_LIVE_REGIONS)
 

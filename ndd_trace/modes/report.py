@@ -4,7 +4,7 @@ and lines), the readers it read ahead, and the time each stage took; process-wid
     print(ndd_trace.report())      # or python -m ndd_trace --report script.py
     ndd_trace.reset_report()
 
-`_state` is the bookkeeping the recorder (lazy.py) and the region runner (regions.py) write.
+`bookkeeping` is the bookkeeping the recorder (lazy.py) and the region runner (regions.py) write.
 """
 
 from __future__ import annotations
@@ -241,16 +241,16 @@ class _State:
         self.times = dict.fromkeys(("record", "key", "check", "feed", "run", "fetch"), 0.0)
 
 
-_state = _State()
+bookkeeping = _State()
 
 
 def report() -> Report:
     """What transparent mode compiled and ran eagerly so far, and how long the consumer of each
     reader loop waited for its data (the loader verdict; compiled generators too), all threads."""
-    with _state.lock:
-        return Report(list(_state.regions.values()), Counter(_state.eager_ops),
-                      _state.ops_recorded, Counter(_state.readers), _state.ops_replayed,
-                      _state.releases, waits.loops())
+    with bookkeeping.lock:
+        return Report(list(bookkeeping.regions.values()), Counter(bookkeeping.eager_ops),
+                      bookkeeping.ops_recorded, Counter(bookkeeping.readers), bookkeeping.ops_replayed,
+                      bookkeeping.releases, waits.loops())
 
 
 def step_breakdown() -> dict[str, float]:
@@ -259,20 +259,20 @@ def step_breakdown() -> dict[str, float]:
     using a run launched ahead, which may wait for it, and launching the next), `feed`
     (building, feeding), `run` (DALI's Run of the region's own runs), `fetch` (waiting for
     their outputs)."""
-    with _state.lock:
-        return dict(_state.times)
+    with bookkeeping.lock:
+        return dict(bookkeeping.times)
 
 
 def reset_report() -> None:
     """Forget the regions, eager calls, readers and loop times counted so far (all threads)."""
-    with _state.lock:
-        _state.times = dict.fromkeys(_state.times, 0.0)
-        _state.regions.clear()
-        _state.live.clear()
-        _state.site_regions.clear()
-        _state.releases = 0
-        _state.eager_ops.clear()
-        _state.readers.clear()
-        _state.ops_recorded = 0
-        _state.ops_replayed = 0
+    with bookkeeping.lock:
+        bookkeeping.times = dict.fromkeys(bookkeeping.times, 0.0)
+        bookkeeping.regions.clear()
+        bookkeeping.live.clear()
+        bookkeeping.site_regions.clear()
+        bookkeeping.releases = 0
+        bookkeeping.eager_ops.clear()
+        bookkeeping.readers.clear()
+        bookkeeping.ops_recorded = 0
+        bookkeeping.ops_replayed = 0
     waits.reset()

@@ -15,12 +15,12 @@ from typing import Any
 
 from .. import _dali
 from ..core.ir import Node, Ref
-from ..tracing.trace import _is_concrete_data
-from .proxies import _is_lazy
+from ..tracing.trace import is_concrete_data
+from .proxies import is_lazy
 
 _IGNORED_KWARGS = frozenset(("_backend", "_caller_frame"))  # what recording drops too
 _DATA, _RNG = object(), object()  # argument tokens: recorded data; a random op's generator
-_MAX_SITES = 4096
+MAX_SITES = 4096
 _SITE_FIELDS = ("name", "schema", "backend", "arg_casts", "static", "frozen_static",
                 "num_outputs", "output_names", "is_batch", "loc")
 
@@ -39,7 +39,7 @@ class _Site:
     instance: tuple | None  # eager's operator instance: (key, construction arguments, batch size)
 
 
-def _first_output(result: Any) -> Any:
+def first_output(result: Any) -> Any:
     """The first output of a recorded call's result (one value, a tuple or a dict of them)."""
     if isinstance(result, dict):
         return next(iter(result.values()))
@@ -83,13 +83,13 @@ class CallSites:
 
     def remember(self, site_key: tuple, result: Any, inputs: tuple, kwargs: dict,
                        instance: tuple | None) -> None:
-        node = _first_output(result)._ref.node
+        node = first_output(result)._ref.node
         arguments = self.describe_arguments(node.op_class, kwargs)
         if arguments is None or not all(self.replayable_input(value) for value in inputs
                                         if value is not None):
             self._sites.pop(site_key, None)
             return
-        if len(self._sites) >= _MAX_SITES:
+        if len(self._sites) >= MAX_SITES:
             self._sites.clear()
         converted = tuple(key for key in node.arg_inputs if type(kwargs.get(key)) in (list, tuple))
         self._sites[site_key] = _Site(
@@ -115,7 +115,7 @@ class CallSites:
             if key == "rng" and _dali.is_random(op_class):
                 described.append((key, _RNG))
                 continue
-            if _is_lazy(value) and _dali.proxy_storage(value) is None and \
+            if is_lazy(value) and _dali.proxy_storage(value) is None and \
                     value._tracer is self._tracer:
                 described.append((key, _DATA))
                 continue
@@ -128,9 +128,9 @@ class CallSites:
     def replayable_input(self, value: Any) -> bool:
         """A value this tracer recorded, or concrete ndd data (fed as a constant), a lazy value
         that ran included (an op given user data runs at its call)."""
-        if _is_lazy(value):
+        if is_lazy(value):
             return _dali.proxy_storage(value) is not None or value._tracer is self._tracer
-        return _is_concrete_data(value)
+        return is_concrete_data(value)
 
     def replay(self, site: _Site, op_class: type, inputs: tuple, kwargs: dict) -> Any:
         """This call recorded from its site's last call, if it was given the same (else None)."""

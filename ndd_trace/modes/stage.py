@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import _dali
 from ..core import ledger, logs, passes
-from ..core.errors import GraphBreakError, _GraphBreak
+from ..core.errors import GraphBreakError, GraphBreakSignal
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..ahead.readahead import runs_ahead
@@ -206,14 +206,14 @@ class TraceStage:
             rngs.append(rng)
         before = [(rng, _dali.rng_snapshot(rng)) for rng in rngs]
         entry = Entry(key=key)
-        _GraphBreak.raised.breaks = swallowed = []
+        GraphBreakSignal.raised.breaks = swallowed = []
         try:
             with tracer.active():
                 result = self._function(*traced_args, **traced_kwargs)
             tracer.set_outputs(result)
             if swallowed:  # a bare `except:` in user code caught a graph break: still a break
                 raise swallowed[0]
-        except _GraphBreak as graph_break:
+        except GraphBreakSignal as graph_break:
             self._restore(before, python_random)
             record = GraphBreakRecord(graph_break.reason, graph_break.loc)
             return self.break_entry(entry, record)
@@ -225,7 +225,7 @@ class TraceStage:
                 raise
             return None
         finally:
-            _GraphBreak.raised.breaks = None
+            GraphBreakSignal.raised.breaks = None
         if any(_dali.rng_snapshot(rng) != snapshot for rng, snapshot in before) or (
                 python_random is not None and _dali.existing_default_rng() is not None):
             self._restore(before, python_random)

@@ -10,7 +10,7 @@
 Proxies subclass ndd.Batch / ndd.Tensor, so ndd's own Python code (arithmetic, `.slice[...]`,
 `.gpu()`) runs on them unchanged and ends in operator calls, which the interceptor in `_dali`
 routes here. Anything that needs concrete data (`.shape`, `np.asarray`, `.torch()`, iteration,
-`bool()`) raises `_GraphBreak`, which the compiler turns into an eager run with a warning.
+`bool()`) raises `GraphBreakSignal`, which the compiler turns into an eager run with a warning.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import _dali
 from ..core import trees
-from ..core.errors import _GraphBreak
+from ..core.errors import GraphBreakSignal
 from ..core.ir import Graph, Node, Ref, TensorMeta
 from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc, raise_at, user_location
@@ -93,8 +93,8 @@ _FIXES = (
 )
 
 
-def _break(reason: str) -> _GraphBreak:
-    return _GraphBreak(reason, user_location())
+def _break(reason: str) -> GraphBreakSignal:
+    return GraphBreakSignal(reason, user_location())
 
 
 def _specializing(name: str):
@@ -315,7 +315,7 @@ def _is_traced(value: Any) -> bool:
     return isinstance(value, _TracedMixin)
 
 
-def _is_concrete_data(value: Any) -> bool:
+def is_concrete_data(value: Any) -> bool:
     return isinstance(value, (_dali.Batch, _dali.Tensor)) and not _is_traced(value)
 
 
@@ -386,15 +386,15 @@ class Tracer:
         loc = user_location()
         kind = kwargs.pop("_ndd_trace_kind", None)
         if kind == "operator":
-            raise _GraphBreak(f"calls operator object `{type(reader).__name__}` (class API or a "
+            raise GraphBreakSignal(f"calls operator object `{type(reader).__name__}` (class API or a "
                               "reader called directly); use the ndd.<op> function, or call it "
                               "outside", loc)
         if kind in ("external_source", "external_source.captured"):
-            raise _GraphBreak("pulls data from an ndd.ExternalSource (its next batch would be "
+            raise GraphBreakSignal("pulls data from an ndd.ExternalSource (its next batch would be "
                               "frozen into the graph); pass the batch as an argument, or "
                               "iterate source.captured(batch_size=...) in a compiled generator",
                               loc)
-        raise _GraphBreak(
+        raise GraphBreakSignal(
             f"reads from reader `{type(reader).__name__}` in a plain function (a reader keeps "
             "its position); write the loop in a generator function decorated with "
             "@ndd.compile to compile it", loc)
@@ -404,7 +404,7 @@ class Tracer:
     def _constant_ref(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
         """Concrete data met while tracing becomes a constant fed to the pipeline every call."""
         with _dali.eager_inside_trace():
-            if not _is_concrete_data(value):
+            if not is_concrete_data(value):
                 value = _dali.to_tensor(value)
             value = value.evaluate()
             meta = _dali.meta_of(value)
@@ -440,7 +440,7 @@ class Tracer:
             return slot
         if id(rng) in self.rng_objects:
             return ("object", id(rng))
-        raise _GraphBreak(
+        raise GraphBreakSignal(
             "a random op uses an RNG that is neither an argument of the function, a module "
             "global or closure value, nor the default generator (an RNG created inside the "
             "function restarts every call); pass it as an argument", loc)
@@ -455,11 +455,11 @@ class Tracer:
         call_frame = _dali.call_site_frame(sys._getframe(1), kwargs)
         raw_kwargs = dict(kwargs)
         if _dali.is_stateful(op_class):
-            raise _GraphBreak(f"calls stateful operator `{name}` (readers and other stateful "
+            raise GraphBreakSignal(f"calls stateful operator `{name}` (readers and other stateful "
                               "ops keep their own state; create them outside)", loc)
         if _dali.eval_mode_is_sync():
             # the user asked for each call to run, and fail, on the spot
-            raise _GraphBreak(f"calls `ndd.{name}` under a synchronous EvalMode (sync_cpu / "
+            raise GraphBreakSignal(f"calls `ndd.{name}` under a synchronous EvalMode (sync_cpu / "
                               "sync_full), which runs each call and raises its errors at the "
                               "call", loc)
         batch_size = kwargs.pop("batch_size", None)
@@ -479,7 +479,7 @@ class Tracer:
             if sizes:
                 batch_size = sizes[0]
                 if len({size for size in sizes if type(size) is int}) > 1:
-                    raise _GraphBreak(f"`ndd.{name}` is given batches of different sizes "
+                    raise GraphBreakSignal(f"`ndd.{name}` is given batches of different sizes "
                                       f"({', '.join(map(str, sizes))}), which ndd rejects at "
                                       "the call", loc)
         is_batch = batch_size is not None
@@ -520,7 +520,7 @@ class Tracer:
                 continue
             # a shape or count made of the batch size: the trace depends on its value
             value = _resolve_symbols(value, f"passes the batch size as `{key}=`")
-            if _is_traced(value) or _is_concrete_data(value) or (
+            if _is_traced(value) or is_concrete_data(value) or (
                     _is_array_like(value) and _dali.is_tensor_argument(op_class, key)):
                 ref = self._ref_of(value, is_batch, loc)
                 arg_inputs[key] = ref
