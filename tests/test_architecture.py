@@ -226,3 +226,20 @@ def test_no_import_of_another_modules_private_name():
                           if alias.name.startswith("_") and not alias.name.startswith("__")
                           and alias.name != "_dali"]
     assert not found, found
+
+
+def test_the_ir_is_declared():
+    """I7: a graph node holds its declared fields only (f7fb7da: transparent mode set
+    `node.results` and `node.proxies` on nodes, and wrote a feed hint, `static["no_copy"]`,
+    into the op arguments that keys hash)."""
+    import pytest
+
+    from ndd_trace.core.ir import Node, NodeKind
+
+    node = Node(index=0, kind=NodeKind.OP, name="flip")
+    assert not hasattr(node, "__dict__")
+    with pytest.raises(AttributeError):
+        node.results = []
+    for module, path in _modules().items():
+        source = open(path).read()
+        assert '"no_copy"]' not in source, f"{module} writes a feed hint into static arguments"

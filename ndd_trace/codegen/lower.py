@@ -221,8 +221,8 @@ class _Emitter:
             "name": ast.Constant(feed_name),
             "device": ast.Constant(meta.device),
         }
-        if node.kind is NodeKind.RANDOM_STATE or node.static.get("no_copy"):
-            # states (and constants marked no_copy: pipeline outputs nobody writes to) are used
+        if node.kind is NodeKind.RANDOM_STATE or node.feed_in_place:
+            # states (and constants fed in place: pipeline outputs nobody writes to) are used
             # in place, kept alive by the runtime; user data is copied at the call, as eager ndd
             # reads it then (callers reuse buffers)
             keywords["no_copy"] = ast.Constant(True)
@@ -237,7 +237,7 @@ class _Emitter:
     def constant(self, node: Node) -> ast.Call | None:
         """`fn.constant(...)` holding exactly the value of a one-tensor constant, or None where
         the value cannot be written exactly (or is larger than the inline limit)."""
-        if node.is_batch or node.static.get("no_copy"):
+        if node.is_batch or node.feed_in_place:
             return None
         meta = node.meta[0]
         values = _dali.host_array(node.payload)

@@ -41,7 +41,7 @@ class TensorMeta(NamedTuple):
     layout: str | None = None
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Node:
     """One value-producing step: an input, a constant, a random state or an operator call."""
 
@@ -64,6 +64,12 @@ class Node:
     payload: Any = None  # INPUT: argument path; CONSTANT: the value; RANDOM_STATE: rng slot
     op_class: Any = None  # the ndd operator class, for ops (lets the interpreter run them)
     batch_size: Any = None  # the batch size the op was called with (None: sample mode)
+    # a fed constant nobody writes to (a pipeline's output, ndd_trace's own conversions): DALI
+    # reads it in place (external_source's no_copy) instead of a copy made at the call
+    feed_in_place: bool = False
+    # what a front end keeps on a node beside the IR, as FX's `Node.meta`: transparent mode's
+    # results and live values of a recorded call (modes/lazy.py); None elsewhere
+    state: Any = None
 
     @property
     def var(self) -> str:

@@ -52,14 +52,23 @@ __all__ = ["LazyBatch", "LazyTensor", "LazyTracer",
            "new_tracer", "report", "reset_report", "step_breakdown"]
 
 
+class Pending:
+    """A recorded call's state in transparent mode (its node's `state`): its outputs once its
+    region ran, and the lazy values it handed out that have not got them yet."""
+
+    __slots__ = ("results", "proxies")
+
+    def __init__(self) -> None:
+        self.results: list | None = None
+        self.proxies: list = []  # weak references to LazyBatch/LazyTensor
+
+
 class _UnlistedGraph(Graph):
     """A graph that numbers nodes but keeps no list: lazy nodes live as long as their users."""
 
     def _add(self, kind: NodeKind, name: str, **fields: Any) -> Node:
-        node = Node(index=self._next_index, kind=kind, name=name, **fields)
+        node = Node(index=self._next_index, kind=kind, name=name, state=Pending(), **fields)
         self._next_index += 1
-        node.results = None
-        node.proxies = []
         return node
 
     _next_index = 0
@@ -116,7 +125,7 @@ class LazyTracer(Tracer):
 
     def _proxy(self, ref: Ref, meta: TensorMeta, is_batch: bool) -> Any:
         proxy = (LazyBatch if is_batch else LazyTensor)(self, ref, meta)
-        ref.node.proxies.append(weakref.ref(proxy))
+        ref.node.state.proxies.append(weakref.ref(proxy))
         return proxy
 
     def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
@@ -158,13 +167,13 @@ class LazyTracer(Tracer):
         ref = super()._constant_ref(value, is_batch, loc)
         if id(value) in self._owned:
             if ref.node.meta[0].device == "cpu":
-                ref.node.static["no_copy"] = True
+                ref.node.feed_in_place = True
             return ref
         if not self.speculator.is_reader_batch(ref.node.payload):
             with _dali.eager_inside_trace():
                 ref.node.payload = _dali.snapshot(ref.node.payload)
         elif ref.node.meta[0].device == "cpu":
-            ref.node.static["no_copy"] = True  # fed in place: nobody writes to it
+            ref.node.feed_in_place = True  # nobody writes to it
         return ref
 
     def reader_used(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -292,7 +301,7 @@ class LazyTracer(Tracer):
         op itself does not: its own run-time error still comes at first use, as eagerly. True
         if the node's metadata changed (its proxies then answer from it)."""
         node = ref.node
-        if node.kind is not NodeKind.OP or node.results is not None or node.op_class is None:
+        if node.kind is not NodeKind.OP or node.state.results is not None or node.op_class is None:
             return False
 
         def real(value: Ref) -> TensorMeta:
@@ -310,7 +319,7 @@ class LazyTracer(Tracer):
         if len(metas) != node.num_outputs or metas == node.meta:
             return False
         node.meta = list(metas)
-        for proxy_ref in node.proxies:
+        for proxy_ref in node.state.proxies:
             proxy = proxy_ref()
             if proxy is not None:
                 proxy._meta = node.meta[proxy._ref.index]

@@ -124,7 +124,7 @@ class _LazyHandle(LazyResult):
     @property
     def _results(self) -> list | None:
         """ndd's `Invocation._results`: None until the call has run, then its outputs."""
-        return self._ref.node.results
+        return self._ref.node.state.results
 
 
 class LazyBatch(LazyMixin, TracedBatch):

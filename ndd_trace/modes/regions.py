@@ -35,9 +35,9 @@ class RegionRunner:
     def materialize(self, ref: Ref) -> Any:
         """Run the pending region `ref` depends on; return that output's TensorList."""
         node = ref.node
-        if node.results is None:
+        if node.state.results is None:
             self.run(node)
-        return node.results[ref.index]
+        return node.state.results[ref.index]
 
     def run(self, target: Node) -> None:
         started = time.perf_counter()
@@ -123,10 +123,10 @@ class RegionRunner:
             self.speculator.learn(region.token, region.executable, observation, batch_size)
             times["check"] += time.perf_counter() - learned
         for (original, index), output in zip(view.outputs, outputs):
-            if original.results is None:
-                original.results = [None] * original.num_outputs
-            original.results[index] = output
-            if all(r is not None for r in original.results):
+            if original.state.results is None:
+                original.state.results = [None] * original.num_outputs
+            original.state.results[index] = output
+            if all(r is not None for r in original.state.results):
                 _settle_proxies(original)
 
     @staticmethod
@@ -197,7 +197,7 @@ class RegionRunner:
         stack = [target]
         while stack:
             node = stack.pop()
-            if id(node) in seen or node.kind is not NodeKind.OP or node.results is not None:
+            if id(node) in seen or node.kind is not NodeKind.OP or node.state.results is not None:
                 continue
             seen[id(node)] = node
             stack.extend(ref.node for ref in node.inputs)
@@ -238,7 +238,7 @@ def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVie
             leaf = _make_leaf(graph, node, ref.index)
             fed[key] = (len(items), Ref(leaf, 0))
             items.append((leaf.kind.value, leaf.meta[0], leaf.is_batch,
-                          bool(leaf.static.get("no_copy"))))
+                          leaf.feed_in_place))
             leaves.append(leaf)
             computed.append(node.kind is NodeKind.OP)
         at, leaf_ref = fed[key]
@@ -254,12 +254,12 @@ def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVie
         if clone:
             fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(Node)
                       if f.name not in ("index", "kind", "name", "schema", "inputs",
-                                        "arg_inputs")}
+                                        "arg_inputs", "state")}
             copies[id(node)] = graph.add_op(
                 node.name, node.schema, **fields, inputs=[ref for *_, ref in inputs],
                 arg_inputs={name: ref for name, (*_, ref) in arg_inputs})
     outputs = [(node, index) for node in region_ops
-               if node is target or any(proxy() is not None for proxy in node.proxies)
+               if node is target or any(proxy() is not None for proxy in node.state.proxies)
                for index in range(node.num_outputs)]
     items.append(tuple((position[id(node)], index) for node, index in outputs))
     if clone:
@@ -270,18 +270,19 @@ def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVie
 def _make_leaf(graph: Graph, node: Node, index: int) -> Node:
     """The fed leaf standing for output `index` of `node`, outside the region."""
     if node.kind is NodeKind.OP:  # materialized earlier: its data is fed
-        data = node.results[index]
+        data = node.state.results[index]
         value = _dali.wrap_batch(data) if node.is_batch else _dali.wrap_tensor(data)
         # the data's own metadata (inference may not know the layout), so that regions fed
         # differently laid-out data get different pipelines
         leaf = graph.add_constant(value, _dali.meta_of(value), node.is_batch, None)
         if leaf.meta[0].device == "cpu":
-            leaf.static["no_copy"] = True  # a pipeline's output: fed in place
+            leaf.feed_in_place = True  # a pipeline's output: nobody writes to it
         return leaf
     if node.kind is NodeKind.RANDOM_STATE:
         return graph.add_random_state(node.payload, node.loc)
     leaf = graph.add_constant(node.payload, node.meta[0], node.is_batch, None)
     leaf.static = dict(node.static)
+    leaf.feed_in_place = node.feed_in_place
     return leaf
 
 
@@ -292,8 +293,8 @@ def _leaf_value(leaf: Node) -> Any:
 
 
 def _settle_proxies(node: Node) -> None:
-    for proxy_ref in node.proxies:
+    for proxy_ref in node.state.proxies:
         proxy = proxy_ref()
         if proxy is not None and _dali.proxy_storage(proxy) is None:
-            _dali.set_proxy_storage(proxy, node.results[proxy._ref.index])
-    node.proxies = []
+            _dali.set_proxy_storage(proxy, node.state.results[proxy._ref.index])
+    node.state.proxies = []

@@ -199,7 +199,7 @@ def _describe_key(key: tuple) -> list[str]:
     names: list[str] = []  # what each key position is called in later lines
     ops = inputs = 0
     for item in key[:-1]:
-        if len(item) == 4:  # a fed leaf: (kind, meta, is_batch, no_copy)
+        if len(item) == 4:  # a fed leaf: (kind, meta, is_batch, feed_in_place)
             kind, meta, is_batch, _ = item
             if kind == NodeKind.RANDOM_STATE.value:
                 text = "random state"
