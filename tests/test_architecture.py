@@ -241,5 +241,6 @@ def test_the_ir_is_declared():
     with pytest.raises(AttributeError):
         node.results = []
     for module, path in _modules().items():
-        source = open(path).read()
-        assert '"no_copy"]' not in source, f"{module} writes a feed hint into static arguments"
+        with open(path) as file:
+            source = file.read()
+        assert 'static["no_copy"]' not in source, f"{module} writes a feed hint into arguments"
