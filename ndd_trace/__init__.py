@@ -24,7 +24,7 @@ from __future__ import annotations
 from . import _dali
 from .api import (CacheInfo, CompiledFunction, Explanation, cache_dir, compile, explain,
                   set_cache_dir)
-from .core import logs
+from .core import ledger, logs
 from .core.errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
                           PerSampleError, PipelineError)
 from .export import export
@@ -58,4 +58,6 @@ __all__ = [
 
 # The one documented addition to DALI's namespace: `ndd.compile` is `ndd_trace.compile`.
 _dali.ndd.compile = compile
-logs.configure_from_environment()
+_logs_error = logs.configure_from_environment()
+if _logs_error:  # an unknown channel: nothing applied, and said
+    ledger.warn(_logs_error, None, UserWarning)

@@ -30,11 +30,12 @@ from .ahead import readahead
 from .core import keys, logs, trees
 from .core.errors import NddTraceWarning
 from .core.ir import NodeKind, Ref
-from .core.source import hide_own_frames, user_location
+from .core.ledger import Runs, Verdict
+from .core.source import hide_own_frames, innermost_user_loc, user_location
 from .execution import tuning, waits
 from .execution.runtime import LazyOutput, Options
 from .modes import lazy
-from .modes.cache import CacheInfo, Entry, EntryCache, walk_data
+from .modes.cache import CacheInfo, Entry, EntryCache, Found, walk_data
 from .modes.loop import Split, StepCall, split_generator
 from .modes.per_sample import PerSampleFunction
 from .modes.stage import Notices, TraceStage
@@ -107,8 +108,10 @@ class CompiledFunction:
         self._simple_arity = len(kinds) if all(
             kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
             for kind in kinds) else -1
-        self._entry_cache = EntryCache(function, self.__qualname__, cache_limit, positional_names)
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
+        self._ledger = self._notices.ledger
+        self._entry_cache = EntryCache(function, self.__qualname__, cache_limit, positional_names,
+                                       self._ledger)
         self._stage = TraceStage(function, self.__qualname__, self._signature, self._notices,
                                  self._options, fullgraph=fullgraph, optimize=bool(optimize),
                                  threads_given=num_threads is not None)
@@ -224,16 +227,16 @@ class CompiledFunction:
         entry = cache.fast_hit(args, kwargs)  # the last call's entry, without building its key
         if entry is None:
             key = cache.key(args, kwargs)
-            entry, status = cache.lookup(
+            entry, found = cache.lookup(
                 key, lambda: self._stage.trace(cache, args, kwargs))
-            if status == "storm":
+            if found is Found.PAST_LIMIT:
                 self._notices.storm(cache.limit, cache.last_miss_reason)
                 return self._fallback(args, kwargs)
-            if status == "failed":  # tracing raised: run eagerly, which raises the same way
+            if found is Found.TRACE_FAILED:  # run eagerly, which raises the same way
                 return self._eager_after_failed_trace(key, args, kwargs)
             cache.remember_fast(args, kwargs, entry)
         if entry.eager:
-            cache.counters.fallbacks += 1
+            self._ledger.count(entry.verdict)
             return self._fallback(args, kwargs)
         try:
             return self._run(entry, args, kwargs)
@@ -244,13 +247,12 @@ class CompiledFunction:
     def _in_capture_mode(self, args: tuple, kwargs: dict) -> Any:
         """A call made in a loop DALI's capture mode records: its ndd calls run as written, for
         capture mode to record and run as a pipeline (as without ndd_trace)."""
-        self._entry_cache.counters.fallbacks += 1
-        logs.fallbacks.info("`%s`: called in DALI's capture mode, whose pipeline runs its calls",
-                            self.__qualname__)
-        self._notices.warn_once(
-            f"ndd_trace: `{self.__qualname__}` is called in a loop DALI's capture mode records "
-            "(source.captured(...) or next_epoch(capture=True)): its ndd calls run as written, "
-            "and capture mode runs them as a pipeline", user_location())
+        self._ledger.record(
+            Verdict("called in DALI's capture mode, whose pipeline runs its calls",
+                    user_location(), Runs.CAPTURE_MODE),
+            warning=f"ndd_trace: `{self.__qualname__}` is called in a loop DALI's capture mode "
+                    "records (source.captured(...) or next_epoch(capture=True)): its ndd calls "
+                    "run as written, and capture mode runs them as a pipeline", stacklevel=2)
         return self._function(*args, **kwargs)
 
     def _fallback(self, args: tuple, kwargs: dict) -> Any:
@@ -289,6 +291,8 @@ class CompiledFunction:
 
     def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         note, error = self._stage.take_failure()
+        self._ledger.count(Verdict(f"tracing raised {type(error).__name__}: {error}",
+                                   innermost_user_loc(error), self._notices.runs()))
         with _noted(note):
             result = self._function(*args, **kwargs)
         # Eager succeeded where tracing failed: this variant runs eagerly from now on, and says so.
@@ -321,7 +325,10 @@ class CompiledFunction:
         (loop.py); or, where the body cannot be compiled, each step in checked mode."""
         split = self._loop()
         if split is None:
-            self._entry_cache.counters.fallbacks += 1
+            self._ledger.count(Verdict(f"graph break: {self._loop_break}",
+                                       self._loop_break.loc if self._loop_break else None,
+                                       Runs.CAPTURE_MODE if self._loop_break is not None and
+                                       self._loop_break.captures else Runs.CHECKED_LOOP))
             if self._loop_break is not None and self._loop_break.captures:
                 epoch = self._function(*args, **kwargs)  # DALI's capture mode runs its loop
             else:
@@ -344,21 +351,21 @@ class CompiledFunction:
                 self._split = None
                 self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
                 self._entry_cache.store(("capture mode",), self._stage.break_entry(
-                    Entry(key=("capture mode",)), self._loop_break, path="DALI's capture mode"))
+                    Entry(key=("capture mode",)), self._loop_break, Runs.CAPTURE_MODE))
             elif isinstance(found, Finding):
                 self._split = None
                 self._loop_break = GraphBreakRecord(
                     f"its loop body's Python may not do the same at every step ({found.reason});"
                     " each step runs its Python in checked mode", found.loc)
                 self._entry_cache.store(("checked loop",), self._stage.break_entry(
-                    Entry(key=("checked loop",)), self._loop_break, path="checked loop"))
+                    Entry(key=("checked loop",)), self._loop_break, Runs.CHECKED_LOOP))
             else:
                 self._step = CompiledFunction(
                     found.step, fullgraph=self.fullgraph, num_threads=self._num_threads,
                     device_id=self._device_id, prefetch_queue_depth=self.prefetch_queue_depth,
                     cache_limit=self.cache_limit, fallback=self.fallback,
                     optimize=self.optimize)
-                self._step._stage.path = "compiled loop"
+                self._step._stage.runs = Runs.COMPILED_LOOP
                 found.step_cell.cell_contents = StepCall(self._step)
                 self._split = found
         return self._split
@@ -390,23 +397,22 @@ class CompiledFunction:
             retired = executable.retired
             if retired is not None:
                 # its failed pipelines cannot be freed: it stops making new ones
-                entry.eager_reason = retired
-                self._notices.warn(f"ndd_trace: `{self.__qualname__}` is no longer compiled "
-                                   f"whole: {retired}. It {self._notices.fallback_text()}.",
-                                   user_location())
-                self._entry_cache.counters.fallbacks += 1
-                logs.fallbacks.info("`%s`: not compiled whole from now on: %s",
-                                    self.__qualname__, retired)
+                entry.verdict = Verdict(retired, user_location(), self._notices.runs())
+                self._ledger.record(
+                    entry.verdict, once=False, stacklevel=2,
+                    log=f"not compiled whole from now on: {retired}",
+                    warning=f"ndd_trace: `{self.__qualname__}` is no longer compiled whole: "
+                            f"{retired}. It {self._notices.fallback_text()}.")
                 return self._fallback(args, kwargs)
             if executable.builds == 0:
                 # The pipeline could not be built: this variant runs eagerly from now on.
-                entry.eager_reason = f"pipeline build failed: {error}"
-                loc = getattr(error, "loc", None)
-                self._notices.warn(f"ndd_trace: `{self.__qualname__}` runs eagerly: the "
-                                   f"pipeline could not be built ({error}).", loc)
-                self._entry_cache.counters.fallbacks += 1
-                logs.fallbacks.info("`%s`: pipeline build failed, runs eagerly: %s",
-                                    self.__qualname__, error)
+                entry.verdict = Verdict(f"pipeline build failed: {error}",
+                                        getattr(error, "loc", None), Runs.EAGER)
+                self._ledger.record(
+                    entry.verdict, once=False, stacklevel=2,
+                    log=f"pipeline build failed, runs eagerly: {error}",
+                    warning=f"ndd_trace: `{self.__qualname__}` runs eagerly: the pipeline could "
+                            f"not be built ({error}).")
                 return self._function(*args, **kwargs)
             raise
         logs.runtime.debug("`%s`: pipeline run scheduled (batch size %d)", self.__qualname__,
@@ -418,10 +424,10 @@ class CompiledFunction:
     def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "") -> Any:
         """This one call runs eagerly (the variant stays compiled): warned once at the user's
         line, counted as a fallback and logged."""
-        self._notices.warn_once(f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: "
-                                f"{reason}{why}", user_location())
-        self._entry_cache.counters.fallbacks += 1
-        logs.fallbacks.info("`%s`: this call runs eagerly: %s", self.__qualname__, reason)
+        self._ledger.record(
+            Verdict(reason, user_location(), Runs.EAGER), stacklevel=2,
+            log=f"this call runs eagerly: {reason}",
+            warning=f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: {reason}{why}")
         return self._function(*args, **kwargs)
 
     @staticmethod
@@ -617,7 +623,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         cache=compiled.cache_info(),
         num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
-        path=entry.path,
+        path=entry.runs.value,
         optimize=compiled.optimize,
         optimizations=[str(applied) for applied in entry.optimizations],
         # the entry the cache holds for this key runs the calls (the one traced here does not)
@@ -637,7 +643,7 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         record = compiled._loop_break
         return Explanation(compiled.__qualname__, "", "", [], [record], f"graph break: {record}",
                            compiled.cache_info(), 0, None,
-                           path="DALI's capture mode" if record.captures else "checked loop")
+                           path=(Runs.CAPTURE_MODE if record.captures else Runs.CHECKED_LOOP).value)
     loop = "\n".join([
         "the generator, as it runs:", textwrap.indent(split.generator_source, "    "), "",
         f"its loop body ({split.body_loc}), compiled:",
@@ -655,7 +661,7 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         breaks=list(entry.breaks), eager_reason=entry.eager_reason,
         cache=compiled.cache_info(), num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
-        path=_LOOP_PATH if not entry.eager else f"checked loop ({entry.path})", loop=loop,
+        path=_LOOP_PATH if not entry.eager else f"{Runs.CHECKED_LOOP.value} ({entry.runs.value})", loop=loop,
         optimize=compiled.optimize,
         optimizations=[str(applied) for applied in entry.optimizations], tuning=_tuning(entry))
 

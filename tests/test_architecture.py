@@ -244,3 +244,28 @@ def test_the_ir_is_declared():
         with open(path) as file:
             source = file.read()
         assert 'static["no_copy"]' not in source, f"{module} writes a feed hint into arguments"
+
+
+def test_one_verdict_type():
+    """I3: why a unit or a call does not run as compiled is a `core.ledger.Verdict`, set where it
+    is decided, and calls not run as compiled are counted by the ledger alone (f7fb7da:
+    `eager_reason` set in 9 places, `fallbacks += 1` by hand in 8, path strings compared as
+    text)."""
+    assigned = []
+    for module, path in _modules().items():
+        for node in ast.walk(_parse(path)):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in (
+                        "eager_reason", "eager_loc", "fallbacks"):
+                    assigned.append(f"{module}: .{target.attr}")
+    assert all(item.startswith("core.ledger:") for item in assigned), assigned
+    from ndd_trace.core.ledger import Runs
+
+    words = {runs.value for runs in Runs} | {"storm"}
+    compared = [f"{module}: {node.lineno}" for module, path in _modules().items()
+                for node in ast.walk(_parse(path)) if isinstance(node, ast.Compare)
+                for side in [node.left, *node.comparators]
+                if isinstance(side, ast.Constant) and side.value in words]
+    assert not compared, f"how a unit runs compared as text: {compared}"

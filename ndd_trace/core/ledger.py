@@ -1,7 +1,15 @@
-"""The one sink of what ndd_trace tells its user: every warning goes out through `warn`.
+"""The one sink of what ndd_trace decides and tells its user: verdicts, counters, warnings.
 
+    ledger = Ledger("preprocess")
+    ledger.record(Verdict("pipeline build failed: ...", loc, Runs.EAGER), warning="...")
+    ledger.counters.hits                                            # what cache_info() reads
+    ledger.verdicts[-1]                                             # what explain reads
     warn("ndd_trace: `f` cannot be compiled whole: ...", loc)     # at the user's file:line
-    once = WarnOnce(); once.warn(message, loc)                      # each (site, text) once
+
+A unit (a compiled function's entry, a transparent-mode region, a per-sample variant) that does
+not run as compiled holds a `Verdict`: why, where (the user's line) and how it runs instead, in
+one vocabulary (`Runs`). Every call that does not run as compiled is recorded in its owner's
+ledger, which counts it, logs it and warns once at the user's line.
 
 A warning names the user's line where one is known (`warnings.warn_explicit` at `loc`), so the
 user sees their own code in it, not ndd_trace's; without one it is attributed `stacklevel`
@@ -10,10 +18,49 @@ frames above the caller, as `warnings.warn` would.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import enum
 import warnings
 
+from . import logs
 from .errors import NddTraceWarning
 from .source import SourceLoc
+
+
+class Runs(enum.Enum):
+    """How a unit's calls run (explain's "runs as")."""
+
+    ONE_PIPELINE = "one pipeline"
+    COMPILED_LOOP = "compiled loop"
+    CHECKED_LOOP = "checked loop"
+    CAPTURE_MODE = "DALI's capture mode"
+    TRANSPARENT = "transparent mode"
+    EAGER = "eager"
+    PER_SAMPLE_LOOP = "the eager per-sample loop"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Why a unit (every call of it) or one call does not run as compiled, where, and how it
+    runs instead."""
+
+    reason: str
+    loc: SourceLoc | None = None
+    runs: Runs = Runs.EAGER
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class Counters:
+    """A compiled function's calls: cache hits, misses, traces, and fallbacks (calls that did
+    not run as compiled, each recorded with its verdict)."""
+
+    __slots__ = ("hits", "misses", "traces", "fallbacks")
+
+    def __init__(self) -> None:
+        self.hits = self.misses = self.traces = self.fallbacks = 0
 
 
 def warn(message: str, loc: SourceLoc | None, category: type[Warning] = NddTraceWarning,
@@ -44,3 +91,44 @@ class WarnOnce:
         self._warned.add(site)
         warn(message, loc, category, stacklevel + 1)
         return True
+
+
+class Ledger:
+    """One owner's record: its counters, its latest verdicts, its warnings (each once)."""
+
+    KEPT = 32  # verdicts kept for explain
+
+    def __init__(self, name: str, category: type[Warning] = NddTraceWarning):
+        self.name = name
+        self.category = category
+        self.counters = Counters()
+        self.verdicts: collections.deque[Verdict] = collections.deque(maxlen=self.KEPT)
+        self._once = WarnOnce()
+
+    def count(self, verdict: Verdict) -> None:
+        """A call that does not run as compiled, for a reason already said (its unit's)."""
+        self.counters.fallbacks += 1
+        self.verdicts.append(verdict)
+
+    def record(self, verdict: Verdict, *, warning: str | None = None, once: bool = True,
+               log: str | None = None, stacklevel: int = 1, key: tuple | None = None) -> None:
+        """A call that does not run as compiled: counted, kept, logged (`log`, default the
+        reason) and, with `warning`, warned at the verdict's line (`once`: each site once)."""
+        self.count(verdict)
+        logs.fallbacks.info("`%s`: %s", self.name, log or verdict.reason)
+        if warning is not None:
+            if once:
+                self._once.warn(warning, verdict.loc, self.category, stacklevel + 1, key)
+            else:
+                warn(warning, verdict.loc, self.category, stacklevel + 1)
+
+    def warn(self, message: str, loc: SourceLoc | None, stacklevel: int = 1) -> None:
+        warn(message, loc, self.category, stacklevel + 1)
+
+    def warn_once(self, message: str, loc: SourceLoc | None, stacklevel: int = 1,
+                  key: tuple | None = None) -> bool:
+        return self._once.warn(message, loc, self.category, stacklevel + 1, key)
+
+    def clear(self) -> None:
+        self.counters = Counters()
+        self.verdicts.clear()

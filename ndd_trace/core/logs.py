@@ -25,7 +25,6 @@ import logging
 import os
 import sys
 
-from . import ledger
 
 CHANNELS = ("trace", "recompiles", "breaks", "fallbacks", "builds", "runtime", "transparent",
             "cache", "tuning")
@@ -88,14 +87,15 @@ def configure(levels: dict[str, int], stream: object | None = None) -> None:
         root.propagate = False  # printed once, even when the application also logs to stderr
 
 
-def configure_from_environment() -> None:
-    """Apply NDD_TRACE_LOGS, if set (an unknown channel is a warning, not a crash)."""
+def configure_from_environment() -> str | None:
+    """Apply NDD_TRACE_LOGS, if set; an unknown channel is not a crash: its error's text is
+    returned (the caller warns) and nothing is applied."""
     text = os.environ.get(ENV_VAR, "")
     if not text.strip():
-        return
+        return None
     try:
         levels = parse(text)
     except ValueError as error:
-        ledger.warn(str(error), None, UserWarning, stacklevel=2)
-        return
+        return str(error)
     configure(levels)
+    return None

@@ -3,7 +3,7 @@ counters, the last call's fast guard, the cache limit and why the last miss miss
 
     cache = EntryCache(function, "preprocess", limit=8, positional_names=("jpegs", "size"))
     entry = cache.fast_hit(args) or ...            # the last call's entry, without a key
-    entry, status = cache.lookup(cache.key(args, kwargs), trace)   # "hit", "new", "storm", ...
+    entry, found = cache.lookup(cache.key(args, kwargs), trace)   # Found.HIT, Found.NEW, ...
 
 It owns no tracing and runs nothing: a miss calls the `trace` it is given (stage.py's).
 """
@@ -11,6 +11,7 @@ It owns no tracing and runs nothing: a miss calls the `trace` it is given (stage
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,10 +20,20 @@ from typing import Any, NamedTuple
 from .. import _dali
 from ..codegen.lower import Lowered
 from ..core import keys, logs, trees
+from ..core.ledger import Ledger, Runs, Verdict
 from ..core.ir import Graph
 from ..execution.runtime import Executable
 from ..tracing import guards
 from ..tracing.trace import GraphBreakRecord
+
+
+class Found(enum.Enum):
+    """How a lookup found its key's entry."""
+
+    HIT = "hit"
+    NEW = "new"  # traced now
+    PAST_LIMIT = "past cache_limit"  # not traced: cache_limit entries are held
+    TRACE_FAILED = "trace failed"  # tracing raised (the eager call raises the same way, or not)
 
 
 class CacheInfo(NamedTuple):
@@ -48,19 +59,23 @@ class Entry:
     output_tree: Any = None
     static_batch_size: int | None = None
     breaks: list[GraphBreakRecord] = dataclasses.field(default_factory=list)
-    eager_reason: str | None = None
+    verdict: Verdict | None = None  # why its calls do not run as compiled (None: they do)
     num_ops: int = 0
-    path: str = ""  # how calls run: "one pipeline", "compiled loop", "checked loop", ...
+    runs: Runs = Runs.ONE_PIPELINE  # how its calls run
     optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied (optimize)
 
     @property
     def eager(self) -> bool:
-        return self.eager_reason is not None
+        return self.verdict is not None
 
+    @property
+    def eager_reason(self) -> str | None:
+        return self.verdict.reason if self.verdict is not None else None
 
-class Counters:
-    def __init__(self) -> None:
-        self.hits = self.misses = self.traces = self.fallbacks = 0
+    @property
+    def path(self) -> str:
+        """How its calls run, as explain says it ("one pipeline", "transparent mode", ...)."""
+        return self.runs.value
 
 
 def _is_data(value: Any) -> bool:
@@ -90,14 +105,14 @@ class EntryCache:
     """The entries of one compiled function, by guard key, and the guard plan that keys them."""
 
     def __init__(self, function: Callable, name: str, limit: int,
-                 positional_names: tuple[str, ...]):
+                 positional_names: tuple[str, ...], ledger: Ledger):
         self._function = function
         self._name = name
         self.limit = limit
         self._positional_names = positional_names
         self.plan = guards.plan_for(function)
         self.entries: OrderedDict[tuple, Entry] = OrderedDict()
-        self.counters = Counters()
+        self.ledger = ledger  # its counters are the cache's
         self.lock = threading.RLock()
         self.specialized_on_batch_size = False  # keys hold the batch size (a trace read it)
         self.last_key: tuple | None = None
@@ -132,7 +147,7 @@ class EntryCache:
             return None
         entry = fast.entry
         with self.lock:
-            self.counters.hits += 1
+            self.ledger.counters.hits += 1
             self.last_key = entry.key
         return entry
 
@@ -142,31 +157,28 @@ class EntryCache:
             self._fast = guards.FastGuard.of(args, self.plan, entry)
 
     def lookup(self, key: tuple, trace: Callable[[], Entry | None]
-               ) -> tuple[Entry | None, str]:
-        """The entry for this key, made by `trace` on a miss; the status says "hit", "new",
-        "storm" (past the limit: not traced) or "failed" (`trace` gave None: tracing raised)."""
+               ) -> tuple[Entry | None, Found]:
+        """The entry for this key, made by `trace` on a miss, and how it was found."""
         with self.lock:
             entry = self.entries.get(key)
             if entry is not None:
-                self.counters.hits += 1
+                self.ledger.counters.hits += 1
                 self.last_key = key
-                return entry, "hit"
-            self.counters.misses += 1
+                return entry, Found.HIT
+            self.ledger.counters.misses += 1
             self.last_miss_reason = keys.explain_miss(key, self.last_key)
             (logs.recompiles if self.entries else logs.trace).info(
                 "`%s`: cache miss (%d of cache_limit %d entries held): %s", self._name,
                 len(self.entries), self.limit, self.last_miss_reason)
             if len(self.entries) >= self.limit:
-                self.counters.fallbacks += 1
-                return None, "storm"
-            self.counters.traces += 1
+                return None, Found.PAST_LIMIT  # (the caller records the verdict)
+            self.ledger.counters.traces += 1
             entry = trace()
             if entry is None:
-                self.counters.fallbacks += 1
-                return None, "failed"
+                return None, Found.TRACE_FAILED  # (the caller records the verdict)
             self.entries[entry.key] = entry
             self.last_key = key
-            return entry, "new"
+            return entry, Found.NEW
 
     def store(self, key: tuple, entry: Entry) -> None:
         self.entries[key] = entry
@@ -177,7 +189,7 @@ class EntryCache:
     # -- the public face -----------------------------------------------------------------------
 
     def info(self) -> CacheInfo:
-        c = self.counters
+        c = self.ledger.counters
         return CacheInfo(c.hits, c.misses, c.traces, c.fallbacks, len(self.entries))
 
     def clear(self) -> None:
@@ -187,4 +199,4 @@ class EntryCache:
                     entry.executable.close()
             self.entries.clear()
             self._fast = None
-            self.counters = Counters()
+            self.ledger.clear()

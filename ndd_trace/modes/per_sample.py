@@ -49,6 +49,7 @@ from typing import Any
 
 from .. import _dali
 from ..core import keys, ledger, logs, trees
+from ..core.ledger import Runs, Verdict
 from ..core.errors import PerSampleError
 from ..core.source import SourceLoc, register_source, unparse, user_frame, user_location
 from ..tracing import guards
@@ -787,6 +788,10 @@ def _flatten(value: Any, outputs: list) -> Any:
 # ---------------------------------------------------------------------------------------------
 # The compiled per-sample function
 
+def _eager_loop(reason: str, loc: SourceLoc | None) -> Verdict:
+    return Verdict(reason, loc, Runs.PER_SAMPLE_LOOP)
+
+
 @dataclasses.dataclass
 class _Variant:
     """One guard set's pipeline (or the decision to run the eager loop)."""
@@ -795,8 +800,15 @@ class _Variant:
     pipeline: Any = None
     definition: _Definition | None = None
     max_batch_size: int = 0
-    eager_reason: str | None = None
-    eager_loc: SourceLoc | None = None
+    verdict: Verdict | None = None  # why it runs as the eager per-sample loop (None: it does not)
+
+    @property
+    def eager_reason(self) -> str | None:
+        return self.verdict.reason if self.verdict is not None else None
+
+    @property
+    def eager_loc(self) -> SourceLoc | None:
+        return self.verdict.loc if self.verdict is not None else None
 
 
 class PerSampleFunction:
@@ -945,10 +957,10 @@ class PerSampleFunction:
             variant = self._variants.get(key)
             if variant is None and len(self._variants) >= self.cache_limit:
                 self._last_key = key
-                return _Variant(key, eager_loc=user_location(), eager_reason=(
+                return _Variant(key, verdict=_eager_loop(
                     f"was built {self.cache_limit} times (cache_limit), last change: "
                     f"{self.last_miss_reason}; new variants are not built. Make the changing "
-                    "value an ndd Batch argument, or raise cache_limit"))
+                    "value an ndd Batch argument, or raise cache_limit", user_location()))
         if variant is None or not (variant.eager_reason is not None or
                                    batch_size <= variant.max_batch_size):
             if variant is not None:
@@ -972,7 +984,7 @@ class PerSampleFunction:
                     raise raised from None  # ours, wrapped by DALI's AutoGraph
                 raise
         except _EagerLoop as reason:
-            variant.eager_reason, variant.eager_loc = reason.reason, reason.loc
+            variant.verdict = _eager_loop(reason.reason, reason.loc)
         else:
             variant.pipeline, variant.definition = pipe, definition
             variant.max_batch_size = batch_size
@@ -1027,12 +1039,11 @@ class PerSampleFunction:
                 self.runs += runs
                 site = definition.random_sites[stream.last_settled]
                 variant.pipeline = variant.definition = None
-                variant.eager_reason = (
+                variant.verdict = _eager_loop(
                     f"did not find in {runs} pipeline runs which samples call random op "
                     f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
                     "through pipeline ops, which cannot be evaluated before the run; each run "
-                    "settles at least one more sample)")
-                variant.eager_loc = site.loc
+                    "settles at least one more sample)", site.loc)
                 raise _EagerCall()
         stream.commit()
         self.last_runs = runs
@@ -1048,10 +1059,10 @@ class PerSampleFunction:
         del self._variants[key]
         self._fast = None
         result = self.eager(*args)
-        variant = _Variant(key, eager_loc=user_location(), eager_reason=(
+        variant = _Variant(key, verdict=_eager_loop(
             "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
             "random ops not known before the run), and the run failed where the eager loop "
-            f"does not ({_dali.pipeline_failure(failure.error).summary()})"))
+            f"does not ({_dali.pipeline_failure(failure.error).summary()})", user_location()))
         self._variants[key] = variant
         self._warn_eager(variant)
         return result

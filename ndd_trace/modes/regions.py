@@ -15,6 +15,7 @@ from typing import Any
 from .. import _dali
 from ..ahead.readahead import Speculator, runs_ahead
 from ..core import logs
+from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
 from ..execution.interpret import interpret
 from ..execution.build import compile_graph
@@ -112,7 +113,7 @@ class RegionRunner:
                 if region.executable.builds and retired is None:
                     raise
                 region.executable = None  # the pipeline cannot be built: interpret from now on
-                region.eager_reason = retired or "pipeline build failed"
+                region.verdict = Verdict(retired or "pipeline build failed", region.loc)
                 logs.fallbacks.info("region at %s: %s, interpreted eagerly", region.loc or "?",
                                     region.eager_reason)
                 return self.run(target)
@@ -178,10 +179,10 @@ class RegionRunner:
         started = time.perf_counter()
         if mixed_batch_sizes:
             return Region(key, loc, len(region_ops), None, "",
-                          eager_reason="batches of different sizes, or a one-value random op "
-                                       "among batches, in one region")
+                          verdict=Verdict("batches of different sizes, or a one-value random "
+                                          "op among batches, in one region", loc))
         if not site_has_room:
-            return Region(key, loc, len(region_ops), None, "", eager_reason=limits.site_full())
+            return Region(key, loc, len(region_ops), None, "", verdict=Verdict(limits.site_full(), loc))
         graph = region_view(region_ops, target, clone=True).graph
         program = compile_graph(graph, self.options, optimize=self.optimize,
                                 cache_constants=False, runs_ahead=runs_ahead)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..core.ir import NodeKind
 from ..core.keys import show_arguments
+from ..core.ledger import Verdict
 from ..core.source import SourceLoc
 from ..execution import tuning, waits
 from ..execution.runtime import Executable
@@ -47,12 +48,16 @@ class Region:
     hits: int = 0
     build_s: float = 0.0
     record_s: float = 0.0
-    eager_reason: str | None = None
+    verdict: Verdict | None = None  # why it runs eagerly (interpreted); None: as a pipeline
     ahead: int = 0  # runs served by a run launched ahead on batches read ahead
     releases: int = 0  # times its pipeline was freed as the least recently run (rebuilt on use)
     # the region's identity for the speculator's tables (hashing `key` again costs more)
     token: object = dataclasses.field(default_factory=object, compare=False, repr=False)
     optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied, in order
+
+    @property
+    def eager_reason(self) -> str | None:
+        return self.verdict.reason if self.verdict is not None else None
 
     @property
     def parts(self) -> list[str]:

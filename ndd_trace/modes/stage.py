@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _dali
-from ..core import ledger, logs, passes
+from ..core import logs, passes
+from ..core.ledger import Ledger, Runs, Verdict
 from ..core.errors import GraphBreakError, GraphBreakSignal
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
@@ -45,26 +46,27 @@ class Notices:
         self._name = name
         self.fallback = fallback  # "lazy" or "eager": the one place it is kept
         self._is_generator = is_generator
-        self._once = ledger.WarnOnce()
-        self._storm_warned = False
+        self.ledger = Ledger(name)  # every call not run as compiled, counted and said
 
     def warn(self, message: str, loc: SourceLoc | None) -> None:
-        ledger.warn(message, loc, stacklevel=3)
+        self.ledger.warn(message, loc, stacklevel=3)
 
     def warn_once(self, message: str, loc: SourceLoc | None) -> None:
-        self._once.warn(message, loc, stacklevel=3)
+        self.ledger.warn_once(message, loc, stacklevel=3)
+
+    def runs(self) -> Runs:
+        """How a call not compiled whole runs (fallback=)."""
+        return Runs.TRANSPARENT if self.fallback == "lazy" else Runs.EAGER
 
     def storm(self, limit: int, reason: str | None) -> None:
-        """Past cache_limit: logged each time, warned once."""
-        logs.fallbacks.info("`%s`: past cache_limit (%d), this variant is not compiled: %s",
-                            self._name, limit, reason)
-        if not self._storm_warned:
-            self._storm_warned = True
-            self.warn(
-                f"`{self._name}` was traced {limit} times (cache_limit); "
-                f"last change: {reason}. New variants are not compiled: "
-                f"each {self.fallback_text()}. Make the changing value an ndd Batch/Tensor "
-                "argument, or raise cache_limit.", user_location())
+        """Past cache_limit: recorded and logged each time, warned once."""
+        self.ledger.record(
+            Verdict(f"past cache_limit ({limit}): {reason}", user_location(), self.runs()),
+            log=f"past cache_limit ({limit}), this variant is not compiled: {reason}",
+            warning=(f"`{self._name}` was traced {limit} times (cache_limit); "
+                     f"last change: {reason}. New variants are not compiled: "
+                     f"each {self.fallback_text()}. Make the changing value an ndd Batch/Tensor "
+                     "argument, or raise cache_limit."), key=("cache_limit",), stacklevel=2)
 
     def fallback_text(self) -> str:
         if self.fallback == "lazy" and self._is_generator:
@@ -82,7 +84,7 @@ class TraceStage:
 
     def __init__(self, function: Callable, name: str, signature: inspect.Signature,
                  notices: Notices, options: Callable[[], Options], *, fullgraph: bool,
-                 optimize: bool, path: str = "one pipeline", threads_given: bool = False):
+                 optimize: bool, runs: Runs = Runs.ONE_PIPELINE, threads_given: bool = False):
         self._function = function
         self._name = name
         self._signature = signature
@@ -91,7 +93,7 @@ class TraceStage:
         self.fullgraph = fullgraph
         self.optimize = optimize
         self.threads_given = threads_given  # num_threads given to ndd.compile: not tuned
-        self.path = path  # how its compiled entries run ("compiled loop": a loop body)
+        self.runs = runs  # how its compiled entries run (COMPILED_LOOP: a loop body)
         self._failure_note: str | None = None
         self._trace_exception: BaseException | None = None
 
@@ -115,20 +117,21 @@ class TraceStage:
         logs.fallbacks.info("`%s`: %s", self._name, record)
         return self.break_entry(Entry(key=key), record)
 
-    def break_entry(self, entry: Entry, record: GraphBreakRecord, path: str = "") -> Entry:
-        """`entry`, made one that runs as `path` says (transparent mode by default) for the
+    def break_entry(self, entry: Entry, record: GraphBreakRecord, runs: Runs | None = None
+                    ) -> Entry:
+        """`entry`, made one that runs as `runs` says (transparent mode by default) for the
         graph break `record`; under fullgraph=True, GraphBreakError at the break instead."""
         entry.breaks.append(record)
-        entry.eager_reason = f"graph break: {record}"
-        entry.path = path or ("transparent mode" if self._notices.fallback == "lazy" else "eager")
+        entry.runs = runs or self._notices.runs()
+        entry.verdict = Verdict(f"graph break: {record}", record.loc, entry.runs)
         logs.breaks.info("`%s`: graph break at %s: %s", self._name, record.loc or "?",
                          record.reason)
         if self.fullgraph:
             error = GraphBreakError(record.reason, record.loc, self._name)
             error.filename, error.lineno = record.filename, record.lineno
             raise_at(error, record.loc)
-        then = (CHECKED_LOOP_TEXT if path == "checked loop" else CAPTURE_LOOP_TEXT
-                if path == "DALI's capture mode" else self._notices.fallback_text())
+        then = (CHECKED_LOOP_TEXT if runs is Runs.CHECKED_LOOP else CAPTURE_LOOP_TEXT
+                if runs is Runs.CAPTURE_MODE else self._notices.fallback_text())
         self._notices.warn_once(f"ndd_trace: `{self._name}` cannot be compiled whole: "
                                 f"{record.reason}. It {then}. See ndd_trace.explain().",
                                 record.loc)
@@ -176,7 +179,7 @@ class TraceStage:
         Draws nothing from any RNG."""
         cache.replan()  # the helpers the function calls may have changed since the last trace
         key = cache.key(args, kwargs)
-        if self.path != "compiled loop":  # (a loop body was checked as a loop: stepcheck.py)
+        if self.runs is not Runs.COMPILED_LOOP:  # (a loop body was checked as a loop)
             found = stepcheck.find_effect(self._function)
             if found is not None:  # before the trace: its Python runs once on this call too
                 record = GraphBreakRecord(f"{found.reason}: a compiled function's Python runs "
@@ -281,7 +284,7 @@ class TraceStage:
             entry.graph_text += f"\n\nas traced, before {removed}:\n" + traced
         entry.output_tree = tracer.output_tree
         entry.lowered = program.lowered
-        entry.path = self.path
+        entry.runs = self.runs
         # the times a cache of traces kept across processes could save (the build it cannot)
         times = {"trace": (traced_at - tracer.started) * 1000,
                  "code": (time.perf_counter() - traced_at) * 1000}
