@@ -30,7 +30,7 @@ from .ahead import readahead
 from .core import keys, logs, trees
 from .core.errors import NddTraceWarning
 from .core.ir import NodeKind, Ref
-from .core.ledger import Runs, Verdict
+from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
 from .execution import tuning, waits
 from .execution.runtime import LazyOutput, Options
@@ -166,6 +166,15 @@ class CompiledFunction:
     def fallback(self, value: str) -> None:
         _check_fallback(value)
         self._notices.fallback = value
+
+    @property
+    def ledger(self) -> Ledger:
+        """Its record of calls not run as compiled (`ledger.verdicts`: the latest, each with
+        its reason and the user's line) and its counters (a compiled generator: its loop
+        body's)."""
+        if self._step is not None:
+            return self._step.ledger
+        return self._ledger
 
     def cache_info(self) -> CacheInfo:
         if self._step is not None:  # a compiled generator: its loop body's cache
@@ -554,6 +563,8 @@ class Explanation:
     optimize: bool = False  # compiled with optimize=True
     optimizations: list[str] = dataclasses.field(default_factory=list)  # what was rewritten
     tuning: list[str] = dataclasses.field(default_factory=list)  # per-machine settings (tuning.py)
+    # the latest calls not run as compiled, as the function's ledger recorded them
+    recorded: list[Verdict] = dataclasses.field(default_factory=list)
 
     @property
     def optimizations_text(self) -> list[str]:
@@ -579,6 +590,10 @@ class Explanation:
             lines.append(f"    - {record}")
             if record.fix:
                 lines.append(f"      try: {record.fix}")
+        if self.recorded:
+            lines.append(f"  calls not run as compiled (latest {len(self.recorded)}):")
+            lines += [f"    - {verdict.reason} at {verdict.loc or '?'} (runs as "
+                      f"{verdict.runs.value})" for verdict in self.recorded[-5:]]
         lines += self.optimizations_text
         lines.append("  guards (a change in any of these re-traces):")
         lines += [f"    - {guard}" for guard in self.guards]
@@ -628,6 +643,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         optimizations=[str(applied) for applied in entry.optimizations],
         # the entry the cache holds for this key runs the calls (the one traced here does not)
         tuning=_tuning(compiled._entry_cache.entries.get(entry.key)),
+        recorded=list(compiled.ledger.verdicts),
     )
 
 
@@ -663,7 +679,8 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         miss_reason=compiled.last_miss_reason,
         path=_LOOP_PATH if not entry.eager else f"{Runs.CHECKED_LOOP.value} ({entry.runs.value})", loop=loop,
         optimize=compiled.optimize,
-        optimizations=[str(applied) for applied in entry.optimizations], tuning=_tuning(entry))
+        optimizations=[str(applied) for applied in entry.optimizations], tuning=_tuning(entry),
+        recorded=list(compiled.ledger.verdicts))
 
 
 def _code(entry: Entry) -> str:

@@ -546,3 +546,28 @@ def test_every_break_the_tracer_raises_has_a_fix():
     missing = [r for r in reasons if r and trace.GraphBreakRecord(r, None).fix is None
                and not any(words in r for words in own_fix)]
     assert not missing, f"breaks with no fix in trace._FIXES: {missing}"
+
+
+def test_explain_and_cache_info_read_the_ledger(batch):
+    """Each call not run as compiled is recorded once, with its reason and the user's line, and
+    explain, cache_info() and the warning all say the same (issue 32: one verdict, one ledger)."""
+    import warnings as _warnings
+
+    @ndd.compile
+    def shaped(x):
+        if x.shape[0][0] > 0:  # reads a shape: a graph break
+            return x * 2
+        return x
+
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        for _ in range(3):
+            assert_same(shaped.__wrapped__(batch), shaped(batch))
+    info = shaped.cache_info()
+    assert info.fallbacks == 3 == len(shaped.ledger.verdicts)
+    verdict = shaped.ledger.verdicts[-1]
+    assert verdict.reason.startswith("graph break:") and verdict.loc is not None
+    assert [str(w.filename) for w in caught if "cannot be compiled whole" in str(w.message)] \
+        == [verdict.loc.filename]
+    text = str(ndd_trace.explain(shaped, batch))
+    assert "calls not run as compiled (latest 3)" in text and verdict.reason in text
