@@ -571,3 +571,43 @@ def test_explain_and_cache_info_read_the_ledger(batch):
         == [verdict.loc.filename]
     text = str(ndd_trace.explain(shaped, batch))
     assert "calls not run as compiled (latest 3)" in text and verdict.reason in text
+
+
+def test_output_structures_come_back_as_eager_returns_them(batch):
+    """OrderedDicts, dataclasses (frozen too), namedtuples, deques and list subclasses come back
+    with eager's types and key order (issue 35: a dataclass held the trace's proxies, an
+    OrderedDict came back a dict)."""
+    import collections
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Sample:
+        image: object
+        label: int
+        extra: list
+
+    class Images(list):
+        pass
+
+    Pair = collections.namedtuple("Pair", "left right")
+
+    def structured(x):
+        flipped = ndd.flip(x, horizontal=1)
+        return {
+            "z": Sample(flipped, 3, [x * 2, "text"]),
+            "a": collections.OrderedDict([("second", x), ("first", flipped)]),
+            "pair": Pair(flipped, (x,)),
+            "queue": collections.deque([x]),
+            "images": Images([flipped, None]),
+        }
+
+    compiled = run_both(structured, batch, calls=2)
+    eager, result = structured(batch), compiled(batch)
+    assert list(result) == list(eager) and type(result["a"]) is collections.OrderedDict
+    assert list(result["a"]) == ["second", "first"]
+    assert type(result["z"]) is type(eager["z"]) and result["z"].label == 3
+    assert type(result["pair"]) is type(eager["pair"])
+    assert type(result["queue"]) is collections.deque
+    assert type(result["images"]) is type(eager["images"])
+    assert_same(eager["z"].image, result["z"].image)
+    assert_same(eager["z"].extra[0], result["z"].extra[0])

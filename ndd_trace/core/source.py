@@ -31,7 +31,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _internal_dirs() -> tuple[str, ...]:
     dirs = [_PACKAGE_DIR]
-    for name in ("nvidia.dali", "makefun"):
+    for name in ("nvidia.dali", "makefun", "optree"):  # (optree: core/trees.py walks outputs)
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             dirs.append(os.path.dirname(os.path.abspath(module.__file__)))
@@ -58,21 +58,21 @@ class SourceLoc:
 
 
 _internal_cache: tuple[str, ...] | None = None
-# filename -> internal or not, once DALI and makefun are imported (every recorded call walks
+# filename -> internal or not, once DALI, makefun and optree are imported (every recorded call walks
 # the stack through the same few files)
 _internal_files: dict[str, bool] = {}
 
 
 def is_internal_file(filename: str) -> bool:
-    """True for files of ndd_trace, DALI and makefun, and for generated code."""
+    """True for files of ndd_trace, DALI, makefun and optree, and for generated code."""
     global _internal_cache
     known = _internal_files.get(filename)
     if known is not None:
         return known
-    if _internal_cache is None or len(_internal_cache) < 3:
+    if _internal_cache is None or len(_internal_cache) < 4:
         _internal_cache = _internal_dirs()
     internal = filename.startswith(("<makefun", "<ndd_trace", *_internal_cache))
-    if len(_internal_cache) >= 3 and len(_internal_files) < 4096:
+    if len(_internal_cache) >= 4 and len(_internal_files) < 4096:
         _internal_files[filename] = internal
     return internal
 

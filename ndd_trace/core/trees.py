@@ -6,53 +6,148 @@
             return ("out", len(found) - 1)
         return None
 
-    tree = flatten(result, leaf)              # ("tuple", [("out", 0), ("static", 3)])
+    tree = flatten(result, leaf)              # its structure and its leaves' nodes
     value = unflatten(tree, lambda node: outputs[node[1]])
 
-A tree is made of `("tuple" | "list", [items])`, `("namedtuple", type, [items])`,
-`("dict", [(key, item)])`, `("static", value)` (anything else, returned as it is) and leaves,
-whose form the caller chooses (`leaf(value)` returns it, or None for a value that is no leaf).
-Compiled functions, compiled loop bodies and per-sample functions keep their outputs so.
-Imports nothing from DALI.
+The structure is optree's (the library DALI itself uses for structures): tuples, lists, dicts
+(their key order kept), namedtuples, OrderedDicts, defaultdicts, deques, and the types
+registered with optree; dataclasses and subclasses of list and dict are registered here, in
+ndd_trace's own optree namespace, at their first sight. Any other value is a static leaf,
+returned as it is. Compiled functions, compiled loop bodies and per-sample functions keep their
+outputs so, and hand back what eager returns: the same types, the same key order. Imports
+nothing from DALI.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
-_CONTAINERS = frozenset(("tuple", "list", "namedtuple", "dict", "static"))
+import optree
+
+NAMESPACE = "ndd_trace"
 
 
-def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> tuple:
+class Tree(NamedTuple):
+    """A flattened structure: optree's spec, and per leaf its node (`("static", value)` for a
+    value given back as it is)."""
+
+    spec: Any
+    nodes: list
+
+
+def _fields_of(value: Any) -> tuple[list, Any, tuple]:
+    names = tuple(field.name for field in dataclasses.fields(value))
+    return [getattr(value, name) for name in names], (value, names), names
+
+
+def _with_fields(meta: tuple, children: Any) -> Any:
+    """A copy of the dataclass instance eager returned, its fields the new values (frozen
+    ones too: the object is new)."""
+    value, names = meta
+    made = copy.copy(value)
+    for name, child in zip(names, children):
+        object.__setattr__(made, name, child)
+    return made
+
+
+def _items_of(value: Any) -> tuple[list, Any]:
+    return list(value), value
+
+
+def _with_items(value: Any, children: Any) -> Any:
+    made = copy.copy(value)
+    made[:] = list(children)
+    return made
+
+
+def _mapping_of(value: Any) -> tuple[list, Any, list]:
+    keys = list(value)
+    return [value[key] for key in keys], (value, keys), keys
+
+
+def _with_mapping(meta: tuple, children: Any) -> Any:
+    value, keys = meta
+    made = copy.copy(value)
+    made.clear()
+    made.update(zip(keys, children))
+    return made
+
+
+def _register(kind: type) -> bool:
+    """Register a dataclass, or a subclass of list, tuple or dict, with optree (ndd_trace's own
+    namespace): whether `kind` is one."""
+    if dataclasses.is_dataclass(kind):
+        optree.register_pytree_node(kind, _fields_of, _with_fields, namespace=NAMESPACE)
+    elif issubclass(kind, list):
+        optree.register_pytree_node(kind, _items_of, _with_items, namespace=NAMESPACE)
+    elif issubclass(kind, tuple):
+        optree.register_pytree_node(kind, _items_of, lambda value, children: type(value)(
+            children), namespace=NAMESPACE)
+    elif issubclass(kind, dict):
+        optree.register_pytree_node(kind, _mapping_of, _with_mapping, namespace=NAMESPACE)
+    else:
+        return False
+    return True
+
+
+def _is_container(kind: type) -> bool:
+    """Whether optree takes values of `kind` apart (registering it here where it is a
+    dataclass or a container subclass)."""
+    if kind in _CONTAINERS:
+        return True
+    if kind in _NOT_CONTAINERS:
+        return False
+    known = optree.register_pytree_node.get(kind, namespace=NAMESPACE) is not None or \
+        optree.is_namedtuple_class(kind) or optree.is_structseq_class(kind)
+    if not known:
+        try:
+            known = _register(kind)
+        except ValueError:  # registered meanwhile (another thread)
+            known = True
+    (_CONTAINERS if known else _NOT_CONTAINERS).add(kind)
+    return known
+
+
+# what `_is_container` found for each type (types are few; a look-up costs far less)
+_CONTAINERS: set[type] = {tuple, list, dict}
+_NOT_CONTAINERS: set[type] = {type(None), int, float, str, bool}
+
+
+def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
     """The tree of `value`: `leaf(v)` gives the node of a leaf (None: not a leaf)."""
-    node = leaf(value)
-    if node is not None:
-        return node
-    if isinstance(value, tuple) and type(value) is not tuple and hasattr(value, "_fields"):
-        return ("namedtuple", type(value), [flatten(v, leaf) for v in value])
-    if isinstance(value, (tuple, list)):
-        return ("tuple" if isinstance(value, tuple) else "list",
-                [flatten(v, leaf) for v in value])
-    if isinstance(value, dict):
-        return ("dict", [(k, flatten(v, leaf)) for k, v in value.items()])
-    return ("static", value)
+    nodes: list = []
+    raised: list[BaseException] = []
+
+    def is_leaf(item: Any) -> bool:
+        if raised:
+            return True
+        try:
+            node = leaf(item)
+        except BaseException as error:  # noqa: BLE001 (raised below, outside optree's frames)
+            raised.append(error)
+            return True
+        if node is None:
+            if _is_container(type(item)):
+                return False
+            node = ("static", item)
+        nodes.append(node)
+        return True
+
+    _, spec = optree.tree_flatten(value, is_leaf=is_leaf, none_is_leaf=True,
+                                  namespace=NAMESPACE)
+    if raised:  # (a graph break's traceback ends at the user's line, not in optree)
+        raise raised[0]
+    return Tree(spec, nodes)
 
 
-def unflatten(tree: tuple, leaf: Callable[[tuple], Any]) -> Any:
+def unflatten(tree: Tree, leaf: Callable[[tuple], Any]) -> Any:
     """The value of `tree`, each leaf node given by `leaf(node)`."""
-    tag = tree[0]
-    if tag not in _CONTAINERS:
-        return leaf(tree)
-    if tag == "static":
-        return tree[1]
-    if tag == "dict":
-        return {k: unflatten(v, leaf) for k, v in tree[1]}
-    if tag == "namedtuple":
-        return tree[1](*(unflatten(v, leaf) for v in tree[2]))
-    items = [unflatten(v, leaf) for v in tree[1]]
-    return tuple(items) if tag == "tuple" else items
+    return optree.tree_unflatten(tree.spec, [
+        node[1] if node[0] == "static" else leaf(node) for node in tree.nodes])
 
 
 def map_leaves(value: Any, is_leaf: Callable[[Any], bool], visit: Callable[[tuple, Any], Any],
