@@ -28,6 +28,7 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import io
 import os
 import shlex
 import sys
@@ -42,6 +43,7 @@ from . import _dali
 from .api import CompiledFunction, compile
 from .codegen.lower import lower
 from .core.errors import ExportError
+from .core.files import write_atomic
 from .core.ir import Graph, NodeKind, Ref
 from .core.source import SourceLoc, docstring, one_line, unparse
 from .modes.cache import batch_sizes
@@ -183,16 +185,17 @@ def export(function: Callable, *example_args: Any, path: str, format: str = "pyt
                         device_id=options["device_id"])
     if format == "serialized":
         pipe = lowered.function()
-        pipe.serialize(filename=str(path))
+        write_atomic(path, pipe.serialize())
         return exported
     example_path = os.path.splitext(str(path))[0] + "_example.npz"
     if example:
-        np.savez(example_path, **{f"{key}__{i}": sample for key, samples in example.items()
-                                  for i, sample in enumerate(samples)})
+        buffer = io.BytesIO()  # (np.savez to a path writes in place: a full disk cuts it short)
+        np.savez(buffer, **{f"{key}__{i}": sample for key, samples in example.items()
+                            for i, sample in enumerate(samples)})
+        write_atomic(example_path, buffer.getbuffer())
         exported.example_path = example_path
-    with open(path, "w") as file:
-        file.write(_module_text(name, lowered, inputs, os.path.basename(example_path), random,
-                                str(path)))
+    write_atomic(path, _module_text(name, lowered, inputs, os.path.basename(example_path), random,
+                                    str(path)))
     return exported
 
 
@@ -213,7 +216,7 @@ def _export_per_sample(function: PerSampleFunction, args: tuple, path: str, form
             f"per-sample function `{function.__qualname__}`{{where}} has random ops, whose "
             "per-sample values are computed before each run and fed; export it with "
             f"random='inputs' (inputs {', '.join(random_sites)}, one value per sample)", loc)
-    pipe.serialize(filename=path)
+    write_atomic(path, pipe.serialize())
     return Exported(path=path, format=format, source=function.converted_source,
                     inputs=[*inputs, *random_sites], num_outputs=num_outputs,
                     batch_size=pipe.max_batch_size, device_id=pipe.device_id)

@@ -19,6 +19,7 @@ import re
 import threading
 
 from .core import logs
+from .core.files import write_atomic
 from .modes import lazy
 
 REPORT_ENV_VAR = "NDD_TRACE_REPORT"
@@ -61,8 +62,7 @@ def write_report(path: str) -> str:
     directory = os.path.dirname(target)
     if directory:
         os.makedirs(directory, exist_ok=True)
-    with open(target, "w") as file:
-        json.dump({"rank": rank(), **lazy.report().as_dict()}, file, indent=2)
+    write_atomic(target, json.dumps({"rank": rank(), **lazy.report().as_dict()}, indent=2))
     return target
 
 

@@ -13,7 +13,7 @@ FOLDERS = ["core", "_dali", "tracing", "codegen", "execution", "ahead", "modes",
 # Modules (dotted, within the package), lowest first: each imports only modules of a lower layer
 # (or of its own layer, where several are listed together).
 LAYERS = [
-    {"core.source", "core.errors", "core.logs", "core.trees"},
+    {"core.source", "core.errors", "core.logs", "core.trees", "core.files"},
     {"core.ir"},
     {"core.passes"},
     {"_dali.base"},

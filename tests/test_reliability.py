@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -201,3 +202,39 @@ def test_exception_during_trace_leaves_no_tracing_state(batch):
     result = ndd.flip(batch)
     assert not isinstance(result, ndd_trace.tracing.trace.TracedBatch)
     assert to_numpy(result)[0].shape == to_numpy(batch)[0].shape
+
+
+def _flipped(images):
+    return ndd.flip(images, horizontal=1)
+
+
+def _flipped_forty_times(images):  # a later version of the function: a longer module
+    for k in range(40):
+        images = ndd.flip(images, horizontal=k % 2)
+    return images
+
+
+def test_a_failed_export_keeps_the_previous_one_whole(tmp_path):
+    """The disk fills (here: a file-size limit, as a full disk fails a write) while an export
+    writes over an earlier one: the earlier module and its example inputs stay as they were."""
+    resource = pytest.importorskip("resource")
+    import signal
+
+    frames = ndd.as_batch([np.zeros((6, 5, 3), np.uint8)] * 3, layout="HWC")
+    path = tmp_path / "pipe.py"
+    ndd_trace.export(_flipped, frames, path=str(path))
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    assert set(before) == {"pipe.py", "pipe_example.npz"}
+    # room for the example inputs and the earlier module, not for the longer module
+    limit = max(len(data) for data in before.values()) + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        with pytest.raises(OSError):
+            ndd_trace.export(_flipped_forty_times, frames, path=str(path))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    after = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    assert after == before  # no partial module, no temporary file left beside it

@@ -31,7 +31,6 @@ NOT_FIXED_YET = {
     "guards_errors/08_lazy_repr_and_type.py": "issue 35: lazy values",
     "guards_errors/09_np_float64_and_float_share_guard.py": "issue 35: guards",
     "reliability/01_cache_foreign_owned_pickle_runs.py": "issue 35: the cache's trust boundary",
-    "reliability/02_export_full_disk_loses_previous.py": "issue 35: atomic writes",
     "reliability/03_tuning_lock_unavailable_loses_entries.py": "issue 35: atomic writes",
     "reliability/04_export_bytes_path.py": "issue 35: atomic writes",
     "reliability/05_report_spawn_child_overwritten.py": "issue 35: atomic writes",

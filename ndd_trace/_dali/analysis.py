@@ -20,23 +20,22 @@ The directory holds pickles: name one only you can write to, as for any pickle c
 
 from __future__ import annotations
 
-import contextlib
 import copyreg
 import functools
 import hashlib
 import importlib.metadata
+import io
 import linecache
 import os
 import pickle
 import sys
-import tempfile
 import threading
 import types
 from typing import Any
 
 from nvidia.dali.experimental.dynamic import _source_analysis
 
-from ..core import logs
+from ..core import files, logs
 from .base import DALI_VERSION
 
 FORMAT = 1  # bump when what is saved changes
@@ -150,14 +149,9 @@ def _load_or_save(code: types.CodeType, where: str) -> None:
     if info is None:
         return
     os.makedirs(where, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=where, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            _Pickler(file, protocol=pickle.HIGHEST_PROTOCOL).dump(info)
-        os.replace(temporary, path)  # atomic: ranks writing at once leave one whole entry
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(info)
+    # atomic: ranks writing at once leave one whole entry; the owner's alone to read
+    files.write_atomic(path, buffer.getbuffer(), mode=0o600)
     stats["saved"] += 1
     logs.cache.info("analysis cache: %s saved to %s", filename, path)

@@ -46,7 +46,6 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 import threading
 import time
 import weakref
@@ -56,6 +55,7 @@ from typing import Any
 from .. import _dali
 from ..codegen import optimize as rewrites
 from ..core import logs
+from ..core.files import write_atomic
 from ..core.ir import NodeKind
 
 ENV_VAR = "NDD_TRACE_TUNE"
@@ -582,16 +582,8 @@ class _Store:
 
     def _write(self, entries: dict) -> None:
         """The file, written whole and atomically (its temporary file removed if that fails)."""
-        descriptor, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        try:
-            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-                json.dump({"format": FORMAT, "machine": self.machine, "entries": entries},
-                          file, indent=1)
-            os.replace(temporary, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        write_atomic(self.path, json.dumps({"format": FORMAT, "machine": self.machine,
+                                            "entries": entries}, indent=1), mode=0o600)
 
     def drop(self, key: str) -> None:
         self.put(key, None)
