@@ -43,7 +43,7 @@ from . import _dali
 from .api import CompiledFunction, compile
 from .codegen.lower import lower
 from .core.errors import ExportError
-from .core.files import write_atomic
+from .core.files import path_argument, write_atomic
 from .core.ir import Graph, NodeKind, Ref
 from .core.source import SourceLoc, docstring, one_line, unparse
 from .modes.cache import batch_sizes
@@ -135,16 +135,19 @@ def _loop_graph(compiled: CompiledFunction, args: tuple, kwargs: dict) -> tuple[
     return entry, graph
 
 
-def export(function: Callable, *example_args: Any, path: str, format: str = "python",
-           batch_size: int | None = None, num_threads: int | None = None,
-           random: str = "pipeline", seed: int | None = None,
+def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLike,
+           format: str = "python", batch_size: int | None = None,
+           num_threads: int | None = None, random: str = "pipeline", seed: int | None = None,
            **example_kwargs: Any) -> Exported:
     """Write `function`'s pipeline for these example arguments to `path` (see module doc).
 
+    `path`: a file name (str, bytes or os.PathLike); format="python" writes the example
+    inputs beside it (`<path without extension>_example.npz`).
     `batch_size`: the pipeline's maximum batch size (default: that of the example batches, or
     the reader loop's). `random`: "pipeline" (the pipeline draws its own random numbers, from
     `seed`) or "inputs" (random states are inputs, for eager's exact values).
     """
+    path = path_argument(path, "path", "export")  # (one str: the module and its inputs alike)
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     if random not in ("pipeline", "inputs"):

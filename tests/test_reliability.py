@@ -238,3 +238,22 @@ def test_a_failed_export_keeps_the_previous_one_whole(tmp_path):
         signal.signal(signal.SIGXFSZ, previous_handler)
     after = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
     assert after == before  # no partial module, no temporary file left beside it
+
+
+def test_export_takes_bytes_and_path_objects_as_file_names(tmp_path, monkeypatch):
+    """The example inputs go beside the module, under the name its `EXAMPLE` gives, whichever
+    form the file name takes."""
+    import pathlib
+
+    frames = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    monkeypatch.chdir(tmp_path)
+    for name, path in (("as_bytes", b"as_bytes.py"),
+                       ("as_path", pathlib.Path("as_path.py"))):
+        exported = ndd_trace.export(_flipped, frames, path=path)
+        assert exported.path == f"{name}.py"
+        assert exported.example_path == f"{name}_example.npz"
+        assert f"EXAMPLE = '{name}_example.npz'" in (tmp_path / f"{name}.py").read_text()
+    assert sorted(os.listdir(tmp_path)) == ["as_bytes.py", "as_bytes_example.npz", "as_path.py",
+                                            "as_path_example.npz"]
+    with pytest.raises(TypeError, match="`path`"):
+        ndd_trace.export(_flipped, frames, path=3)

@@ -1,7 +1,8 @@
-"""Files ndd_trace writes: whole or not at all.
+"""Files ndd_trace writes, whole or not at all; file names given to it, read as `os` reads them.
 
     write_atomic("pipe.py", source)               # a reader sees the old file or the new one
     write_atomic(entry, pickled, mode=0o600)      # a cache entry only its owner can read
+    path = path_argument(path, "path", "export")  # str, bytes or os.PathLike -> str
 
 Every file ndd_trace writes goes through `write_atomic`: the data goes to a temporary file in
 the target's folder, flushed and fsynced, then `os.replace`s the target, so a full disk, a
@@ -18,6 +19,16 @@ from typing import Any
 # a temporary file's name: the target's (cut, to stay within a file name's 255 bytes) and a
 # random part, with a leading dot so that a glob of the folder's entries does not list it
 _TEMPORARY_NAME_KEPT = 120
+
+
+def path_argument(value: Any, argument: str, function: str) -> str:
+    """`value`, a file name given as str, bytes or os.PathLike, as a str (bytes decoded as the os
+    module decodes them); a TypeError naming `function`'s `argument` for anything else."""
+    try:
+        return os.fsdecode(os.fspath(value))
+    except TypeError:
+        raise TypeError(f"{function}(): `{argument}` must be a file name (str, bytes or "
+                        f"os.PathLike), got {type(value).__name__} {value!r:.80}") from None
 
 
 def write_atomic(path: Any, data: bytes | bytearray | memoryview | str, *,
