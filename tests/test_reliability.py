@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
 import threading
 import tracemalloc
+import warnings
 import weakref
 
 import numpy as np
@@ -257,3 +259,158 @@ def test_export_takes_bytes_and_path_objects_as_file_names(tmp_path, monkeypatch
                                             "as_path_example.npz"]
     with pytest.raises(TypeError, match="`path`"):
         ndd_trace.export(_flipped, frames, path=3)
+
+
+# -- the warm-start cache's trust boundary (docs/warm-start.md, "What the cache trusts") --------
+
+USER_MODULE = '''
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+
+MEAN = [10.0, 20.0, 30.0]  # a list bound to a name: ndd asks DALI's call-site analysis
+
+
+@ndd.compile
+def prep(images):
+    return ndd.crop_mirror_normalize(images, mean=MEAN, std=[2.0, 2.0, 2.0]) * 2
+'''
+
+
+class _Planted:
+    """What another user puts in the cache: a pickle that runs code (here: makes a file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    """A cache directory of the test's own, the process's one restored after it."""
+    previous = ndd_trace.cache_dir()
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    yield directory
+    ndd_trace.set_cache_dir(previous)
+
+
+def _user_module(folder, name):
+    """A module of the user's (a file of its own: the cache is per module), imported."""
+    import importlib.util
+
+    path = folder / f"{name}.py"
+    path.write_text(USER_MODULE)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _entry_name(module):
+    """The cache entry a module's parse is kept under (what another user would plant)."""
+    import linecache
+
+    from ndd_trace._dali import analysis
+
+    return f"analysis-{analysis._key(''.join(linecache.getlines(module.__file__)))}.pickle"
+
+
+def _same_as_eager(module, images):
+    data = ndd.as_batch(images, layout="HWC")
+    compiled = module.prep(data)  # (first: eager would parse the module itself)
+    assert_same(module.prep.__wrapped__(data), compiled)
+
+
+def _plant(path, marker):
+    with open(path, "wb") as file:
+        pickle.dump(_Planted(marker), file)
+
+
+def test_a_symlinked_cache_entry_is_refused_with_one_warning(cache_dir, tmp_path, images):
+    """A cache in a shared sticky folder, like /tmp (others may add files, not replace ours):
+    another user's link in it, to a pickle of theirs, is never followed, and the cache is
+    off for the process, said once."""
+    cache_dir.chmod(0o1777)
+    ndd_trace.set_cache_dir(str(cache_dir))
+    first, second = _user_module(tmp_path, "augment_a"), _user_module(tmp_path, "augment_b")
+    marker = tmp_path / "planted-code-ran"
+    _plant(tmp_path / "theirs.pickle", marker)
+    (cache_dir / _entry_name(first)).symlink_to(tmp_path / "theirs.pickle")
+    with pytest.warns(ndd_trace.NddTraceWarning, match="is a symbolic link") as warned:
+        _same_as_eager(first, images)
+        _same_as_eager(second, images)
+    assert len([w for w in warned if "cache" in str(w.message)]) == 1
+    (warning,) = [w for w in warned if "cache" in str(w.message)]
+    assert warning.filename == first.__file__  # at the user's line
+    assert "Delete" in str(warning.message) and str(cache_dir) in str(warning.message)
+    assert not marker.exists()
+    assert sorted(os.listdir(cache_dir)) == [_entry_name(first)]  # nothing saved there either
+
+
+def test_a_cache_directory_others_may_write_to_is_refused(cache_dir, tmp_path, images):
+    cache_dir.chmod(0o777)  # no sticky bit: another user could replace the entries
+    ndd_trace.set_cache_dir(str(cache_dir))
+    module = _user_module(tmp_path, "augment_c")
+    with pytest.warns(ndd_trace.NddTraceWarning, match="mode 0777"):
+        _same_as_eager(module, images)
+    assert os.listdir(cache_dir) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="makes files of another user (root only)")
+def test_a_cache_directory_of_another_user_is_refused(cache_dir, tmp_path, images):
+    """pip disables such a cache, and so does ndd_trace: the planted pickle does not run."""
+    module = _user_module(tmp_path, "augment_d")
+    marker = tmp_path / "planted-code-ran"
+    _plant(cache_dir / _entry_name(module), marker)
+    os.chown(cache_dir / _entry_name(module), 65534, 65534)
+    os.chown(cache_dir, 65534, 65534)
+    cache_dir.chmod(0o1777)
+    ndd_trace.set_cache_dir(str(cache_dir))
+    with pytest.warns(ndd_trace.NddTraceWarning, match="is owned by uid 65534"):
+        _same_as_eager(module, images)
+    assert not marker.exists()
+
+
+def test_a_cache_entry_of_ours_that_is_no_parse_is_a_miss(cache_dir, tmp_path, images):
+    """An entry of the user's own that holds something else (a pickle naming other code, or
+    another object) is not used, runs nothing, and is made again."""
+    ndd_trace.set_cache_dir(str(cache_dir))
+    marker = tmp_path / "planted-code-ran"
+    for name, content in (("augment_e", _Planted(marker)), ("augment_f", {"not": "a parse"})):
+        module = _user_module(tmp_path, name)
+        entry = cache_dir / _entry_name(module)
+        with open(entry, "wb") as file:
+            pickle.dump(content, file)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+            _same_as_eager(module, images)
+        assert not marker.exists()
+        # DALI's parse, saved in its place
+        assert type(pickle.loads(entry.read_bytes())).__name__ == "ModuleInfo"
+
+
+def test_a_symlinked_tuning_file_is_refused(cache_dir, tmp_path):
+    """optimize=True's per-machine settings, kept in the same directory, are read only from a
+    file of the user's own: another user's link turns the cache off, and nothing is written
+    through it."""
+    from ndd_trace.execution import tuning
+
+    cache_dir.chmod(0o1777)
+    ndd_trace.set_cache_dir(str(cache_dir))
+    tuning.forget()
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text('{"format": 1, "entries": {"k": {"num_threads": 64}}}')
+    link = tuning._store().path
+    os.symlink(theirs, link)
+    try:
+        with pytest.warns(ndd_trace.NddTraceWarning, match="is a symbolic link"):
+            assert tuning._store().get("k") is None
+        tuning._store().put("k", {"num_threads": 1, "prefetch_queue_depth": 2})
+        assert tuning._store().get("k")["num_threads"] == 1  # kept in this process only
+    finally:
+        tuning.forget()
+    assert os.listdir(cache_dir) == [os.path.basename(link)] and os.path.islink(link)
+    assert "64" in theirs.read_text()

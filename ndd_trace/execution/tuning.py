@@ -54,8 +54,7 @@ from typing import Any
 
 from .. import _dali
 from ..codegen import optimize as rewrites
-from ..core import logs
-from ..core.files import write_atomic
+from ..core import files, logs
 from ..core.ir import NodeKind
 
 ENV_VAR = "NDD_TRACE_TUNE"
@@ -533,8 +532,12 @@ class _Store:
         if self.directory is None:
             return {}
         try:
-            with open(self.path, encoding="utf-8") as file:
-                data = json.load(file)
+            with files.open_owned(self.path) as file:
+                data = json.loads(file.read().decode("utf-8"))
+        except files.UntrustedFileError as error:  # the directory is used no more (warned)
+            _dali.refuse_cache_dir(self.directory, error.path, error.reason)
+            self.directory = None
+            return {}
         except (OSError, ValueError):
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -574,7 +577,9 @@ class _Store:
             if self.directory is not None:
                 try:
                     os.makedirs(self.directory, exist_ok=True)
-                    lock = stack.enter_context(open(self.path + ".lock", "a"))
+                    lock = stack.enter_context(os.fdopen(os.open(
+                        self.path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW |
+                        os.O_CLOEXEC, 0o600), "ab"))  # (never a link another user put there)
                     fcntl.flock(lock, fcntl.LOCK_EX)  # (released when closed)
                 except OSError as error:
                     logs.tuning.info("could not lock %s: %s", self.path, error)
@@ -582,8 +587,9 @@ class _Store:
 
     def _write(self, entries: dict) -> None:
         """The file, written whole and atomically (its temporary file removed if that fails)."""
-        write_atomic(self.path, json.dumps({"format": FORMAT, "machine": self.machine,
-                                            "entries": entries}, indent=1), mode=0o600)
+        files.write_atomic(self.path, json.dumps(
+            {"format": FORMAT, "machine": self.machine, "entries": entries}, indent=1),
+            mode=0o600)
 
     def drop(self, key: str) -> None:
         self.put(key, None)
@@ -593,7 +599,12 @@ _stores: dict[str | None, _Store] = {}
 
 
 def _store() -> _Store:
-    directory = _dali.analysis_cache_dir()
+    try:
+        directory = _dali.trusted_cache_dir()  # (None where refused: another user's)
+    except OSError as error:
+        logs.tuning.info("the cache directory %s cannot be used (%s): the tuning is kept in "
+                         "this process only", _dali.analysis_cache_dir(), error)
+        directory = None
     store = _stores.get(directory)
     if store is None:
         store = _stores[directory] = _Store(directory)
