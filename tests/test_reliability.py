@@ -414,3 +414,40 @@ def test_a_symlinked_tuning_file_is_refused(cache_dir, tmp_path):
         tuning.forget()
     assert os.listdir(cache_dir) == [os.path.basename(link)] and os.path.islink(link)
     assert "64" in theirs.read_text()
+
+
+def _tune_many(directory, rank, count, start):
+    """One process's tuning decisions (a torchrun rank's), kept one by one, all ranks at once."""
+    from ndd_trace.execution import tuning
+
+    store = tuning._Store(directory)
+    start.wait()
+    for index in range(count):
+        store.put(f"rank{rank}-{index}", {"num_threads": 1, "prefetch_queue_depth": 2,
+                                          "hw_decoder_load": None})
+
+
+def test_ranks_keeping_tuning_at_once_lose_nothing_when_its_lock_file_cannot_be_opened(tmp_path):
+    """`tuning-<machine>.json.lock` is a directory here (another tool's, a user's mistake), as
+    it may be another user's file: the ranks still take turns, and every decision is kept."""
+    import json
+    import multiprocessing
+
+    from ndd_trace.execution import tuning
+
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    kept = tuning._Store(str(directory)).path
+    os.mkdir(kept + ".lock")
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(4)
+    workers = [context.Process(target=_tune_many, args=(str(directory), rank, 50, start))
+               for rank in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    with open(kept) as file:
+        entries = json.load(file)["entries"]
+    assert set(entries) == {f"rank{rank}-{index}" for rank in range(4) for index in range(50)}
