@@ -451,3 +451,57 @@ def test_ranks_keeping_tuning_at_once_lose_nothing_when_its_lock_file_cannot_be_
     with open(kept) as file:
         entries = json.load(file)["entries"]
     assert set(entries) == {f"rank{rank}-{index}" for rank in range(4) for index in range(50)}
+
+
+SPAWNING_SCRIPT = '''
+import multiprocessing
+
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+
+
+def crop_in_a_child():
+    images = ndd.as_batch([np.ones((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    print("child", int(ndd.crop(images, crop=[2, 2]).torch().sum()), flush=True)
+
+
+if __name__ == "__main__":
+    images = ndd.as_batch([np.ones((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    print("parent", int((ndd.flip(images, horizontal=1) * 3).torch().sum()), flush=True)
+    child = multiprocessing.get_context("spawn").Process(target=crop_in_a_child)
+    child.start()
+    child.join(120)
+'''
+
+
+def test_a_spawned_child_writes_its_report_beside_its_parents(tmp_path):
+    """`NDD_TRACE=1 NDD_TRACE_REPORT=report.json python script.py`, no RANK, the script
+    starting a spawn child (a DataLoader worker's way): each process keeps its own report, the
+    script's under the name given, the child's under its pid."""
+    import json
+    import re
+    import shutil
+
+    (tmp_path / "script.py").write_text(SPAWNING_SCRIPT)
+    # ndd_trace.pth read at every interpreter's start-up, as once installed (the spawn child's)
+    site_dir, startup = tmp_path / "site", tmp_path / "startup"
+    site_dir.mkdir()
+    startup.mkdir()
+    shutil.copy(os.path.join(ROOT, "ndd_trace.pth"), site_dir / "ndd_trace.pth")
+    (startup / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site_dir)!r})\n")
+    env = subprocess_env(NDD_TRACE="1", NDD_TRACE_REPORT="report.json")
+    for name in ("RANK", "LOCAL_RANK", "NDD_TRACE_REPORTS_CLAIMED"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(startup), env["PYTHONPATH"]])
+    completed = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["parent", "288", "child", "24"]
+    reports = sorted(path.name for path in tmp_path.glob("report*.json"))
+    assert len(reports) == 2 and "report.json" in reports, reports
+    (child_report,) = [name for name in reports if name != "report.json"]
+    parent = json.loads((tmp_path / "report.json").read_text())
+    child = json.loads((tmp_path / child_report).read_text())
+    assert re.fullmatch(r"report\.pid\d+\.json", child_report)
+    assert child_report == f"report.pid{child['pid']}.json" and parent["pid"] != child["pid"]
+    assert (parent["ops_recorded"], child["ops_recorded"]) == (2, 1)

@@ -30,7 +30,6 @@ NOT_FIXED_YET = {
     "guards_errors/07_layout_error_deferred_in_compiled.py": "issue 35: errors",
     "guards_errors/08_lazy_repr_and_type.py": "issue 35: lazy values",
     "guards_errors/09_np_float64_and_float_share_guard.py": "issue 35: guards",
-    "reliability/05_report_spawn_child_overwritten.py": "issue 35: atomic writes",
     "training4/01_normalize_scalar_in_variable.py": "issue 35: errors",
     "training4/02_uncaught_error_type_name.py": "issue 35: errors",
     "training4/03_files_rewritten_between_epochs.py": "issue 35: files between epochs",
