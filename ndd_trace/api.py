@@ -493,8 +493,9 @@ def set_cache_dir(path: Any) -> None:
     warm start; `NDD_TRACE_CACHE_DIR=path` sets it at start-up; None turns it off): DALI's
     parse of each module whose ndd calls are traced, the bulk of a first trace. Keyed by the
     module's exact text and the DALI, libcst and Python versions; exact (what is asked of the
-    parse is still answered against the live call). It holds pickles: name a directory only
-    you can write to. See docs/warm-start.md. `optimize=True`'s per-machine tuning keeps its
+    parse is still answered against the live call). It holds pickles: a directory another
+    user could write to, or a file there that is not yours, turns the cache off with one
+    NddTraceWarning (docs/warm-start.md, "What the cache trusts"). `optimize=True`'s per-machine tuning keeps its
     settings there too (docs/optimize.md)."""
     _dali.set_analysis_cache_dir(path)
     tuning.forget()  # the tuning read from another directory

@@ -28,6 +28,7 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import io
 import os
 import shlex
 import sys
@@ -42,6 +43,7 @@ from . import _dali
 from .api import CompiledFunction, compile
 from .codegen.lower import lower
 from .core.errors import ExportError
+from .core.files import path_argument, write_atomic
 from .core.ir import Graph, NodeKind, Ref
 from .core.source import SourceLoc, docstring, one_line, unparse
 from .modes.cache import batch_sizes
@@ -133,16 +135,19 @@ def _loop_graph(compiled: CompiledFunction, args: tuple, kwargs: dict) -> tuple[
     return entry, graph
 
 
-def export(function: Callable, *example_args: Any, path: str, format: str = "python",
-           batch_size: int | None = None, num_threads: int | None = None,
-           random: str = "pipeline", seed: int | None = None,
+def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLike,
+           format: str = "python", batch_size: int | None = None,
+           num_threads: int | None = None, random: str = "pipeline", seed: int | None = None,
            **example_kwargs: Any) -> Exported:
     """Write `function`'s pipeline for these example arguments to `path` (see module doc).
 
+    `path`: a file name (str, bytes or os.PathLike); format="python" writes the example
+    inputs beside it (`<path without extension>_example.npz`).
     `batch_size`: the pipeline's maximum batch size (default: that of the example batches, or
     the reader loop's). `random`: "pipeline" (the pipeline draws its own random numbers, from
     `seed`) or "inputs" (random states are inputs, for eager's exact values).
     """
+    path = path_argument(path, "path", "export")  # (one str: the module and its inputs alike)
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     if random not in ("pipeline", "inputs"):
@@ -183,16 +188,17 @@ def export(function: Callable, *example_args: Any, path: str, format: str = "pyt
                         device_id=options["device_id"])
     if format == "serialized":
         pipe = lowered.function()
-        pipe.serialize(filename=str(path))
+        write_atomic(path, pipe.serialize())
         return exported
     example_path = os.path.splitext(str(path))[0] + "_example.npz"
     if example:
-        np.savez(example_path, **{f"{key}__{i}": sample for key, samples in example.items()
-                                  for i, sample in enumerate(samples)})
+        buffer = io.BytesIO()  # (np.savez to a path writes in place: a full disk cuts it short)
+        np.savez(buffer, **{f"{key}__{i}": sample for key, samples in example.items()
+                            for i, sample in enumerate(samples)})
+        write_atomic(example_path, buffer.getbuffer())
         exported.example_path = example_path
-    with open(path, "w") as file:
-        file.write(_module_text(name, lowered, inputs, os.path.basename(example_path), random,
-                                str(path)))
+    write_atomic(path, _module_text(name, lowered, inputs, os.path.basename(example_path), random,
+                                    str(path)))
     return exported
 
 
@@ -213,7 +219,7 @@ def _export_per_sample(function: PerSampleFunction, args: tuple, path: str, form
             f"per-sample function `{function.__qualname__}`{{where}} has random ops, whose "
             "per-sample values are computed before each run and fed; export it with "
             f"random='inputs' (inputs {', '.join(random_sites)}, one value per sample)", loc)
-    pipe.serialize(filename=path)
+    write_atomic(path, pipe.serialize())
     return Exported(path=path, format=format, source=function.converted_source,
                     inputs=[*inputs, *random_sites], num_outputs=num_outputs,
                     batch_size=pipe.max_batch_size, device_id=pipe.device_id)

@@ -14,7 +14,7 @@ FOLDERS = ["core", "_dali", "tracing", "codegen", "execution", "ahead", "modes",
 # (or of its own layer, where several are listed together).
 LAYERS = [
     {"core.source", "core.errors", "core.logs", "core.trees", "core.keys",
-     "core.ledger"},
+     "core.ledger", "core.files"},
     {"core.ir"},
     {"core.passes"},
     {"_dali.base"},

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gc
+import os
+import pickle
 import subprocess
 import sys
 import textwrap
 import threading
 import tracemalloc
+import warnings
 import weakref
 
 import numpy as np
@@ -201,3 +204,304 @@ def test_exception_during_trace_leaves_no_tracing_state(batch):
     result = ndd.flip(batch)
     assert not isinstance(result, ndd_trace.tracing.trace.TracedBatch)
     assert to_numpy(result)[0].shape == to_numpy(batch)[0].shape
+
+
+def _flipped(images):
+    return ndd.flip(images, horizontal=1)
+
+
+def _flipped_forty_times(images):  # a later version of the function: a longer module
+    for k in range(40):
+        images = ndd.flip(images, horizontal=k % 2)
+    return images
+
+
+def test_a_failed_export_keeps_the_previous_one_whole(tmp_path):
+    """The disk fills (here: a file-size limit, as a full disk fails a write) while an export
+    writes over an earlier one: the earlier module and its example inputs stay as they were."""
+    resource = pytest.importorskip("resource")
+    import signal
+
+    frames = ndd.as_batch([np.zeros((6, 5, 3), np.uint8)] * 3, layout="HWC")
+    path = tmp_path / "pipe.py"
+    ndd_trace.export(_flipped, frames, path=str(path))
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    assert set(before) == {"pipe.py", "pipe_example.npz"}
+    # room for the example inputs and the earlier module, not for the longer module
+    limit = max(len(data) for data in before.values()) + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        with pytest.raises(OSError):
+            ndd_trace.export(_flipped_forty_times, frames, path=str(path))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+    after = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    assert after == before  # no partial module, no temporary file left beside it
+
+
+def test_export_takes_bytes_and_path_objects_as_file_names(tmp_path, monkeypatch):
+    """The example inputs go beside the module, under the name its `EXAMPLE` gives, whichever
+    form the file name takes."""
+    import pathlib
+
+    frames = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    monkeypatch.chdir(tmp_path)
+    for name, path in (("as_bytes", b"as_bytes.py"),
+                       ("as_path", pathlib.Path("as_path.py"))):
+        exported = ndd_trace.export(_flipped, frames, path=path)
+        assert exported.path == f"{name}.py"
+        assert exported.example_path == f"{name}_example.npz"
+        assert f"EXAMPLE = '{name}_example.npz'" in (tmp_path / f"{name}.py").read_text()
+    assert sorted(os.listdir(tmp_path)) == ["as_bytes.py", "as_bytes_example.npz", "as_path.py",
+                                            "as_path_example.npz"]
+    with pytest.raises(TypeError, match="`path`"):
+        ndd_trace.export(_flipped, frames, path=3)
+
+
+# -- the warm-start cache's trust boundary (docs/warm-start.md, "What the cache trusts") --------
+
+USER_MODULE = '''
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+
+MEAN = [10.0, 20.0, 30.0]  # a list bound to a name: ndd asks DALI's call-site analysis
+
+
+@ndd.compile
+def prep(images):
+    return ndd.crop_mirror_normalize(images, mean=MEAN, std=[2.0, 2.0, 2.0]) * 2
+'''
+
+
+class _Planted:
+    """What another user puts in the cache: a pickle that runs code (here: makes a file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    """A cache directory of the test's own, the process's one restored after it."""
+    previous = ndd_trace.cache_dir()
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    yield directory
+    ndd_trace.set_cache_dir(previous)
+
+
+def _user_module(folder, name):
+    """A module of the user's (a file of its own: the cache is per module), imported."""
+    import importlib.util
+
+    path = folder / f"{name}.py"
+    path.write_text(USER_MODULE)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _entry_name(module):
+    """The cache entry a module's parse is kept under (what another user would plant)."""
+    import linecache
+
+    from ndd_trace._dali import analysis
+
+    return f"analysis-{analysis._key(''.join(linecache.getlines(module.__file__)))}.pickle"
+
+
+def _same_as_eager(module, images):
+    data = ndd.as_batch(images, layout="HWC")
+    compiled = module.prep(data)  # (first: eager would parse the module itself)
+    assert_same(module.prep.__wrapped__(data), compiled)
+
+
+def _plant(path, marker):
+    with open(path, "wb") as file:
+        pickle.dump(_Planted(marker), file)
+
+
+def test_a_symlinked_cache_entry_is_refused_with_one_warning(cache_dir, tmp_path, images):
+    """A cache in a shared sticky folder, like /tmp (others may add files, not replace ours):
+    another user's link in it, to a pickle of theirs, is never followed, and the cache is
+    off for the process, said once."""
+    cache_dir.chmod(0o1777)
+    ndd_trace.set_cache_dir(str(cache_dir))
+    first, second = _user_module(tmp_path, "augment_a"), _user_module(tmp_path, "augment_b")
+    marker = tmp_path / "planted-code-ran"
+    _plant(tmp_path / "theirs.pickle", marker)
+    (cache_dir / _entry_name(first)).symlink_to(tmp_path / "theirs.pickle")
+    with pytest.warns(ndd_trace.NddTraceWarning, match="is a symbolic link") as warned:
+        _same_as_eager(first, images)
+        _same_as_eager(second, images)
+    assert len([w for w in warned if "cache" in str(w.message)]) == 1
+    (warning,) = [w for w in warned if "cache" in str(w.message)]
+    assert warning.filename == first.__file__  # at the user's line
+    assert "Delete" in str(warning.message) and str(cache_dir) in str(warning.message)
+    assert not marker.exists()
+    assert sorted(os.listdir(cache_dir)) == [_entry_name(first)]  # nothing saved there either
+
+
+def test_a_cache_directory_others_may_write_to_is_refused(cache_dir, tmp_path, images):
+    cache_dir.chmod(0o777)  # no sticky bit: another user could replace the entries
+    ndd_trace.set_cache_dir(str(cache_dir))
+    module = _user_module(tmp_path, "augment_c")
+    with pytest.warns(ndd_trace.NddTraceWarning, match="mode 0777"):
+        _same_as_eager(module, images)
+    assert os.listdir(cache_dir) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="makes files of another user (root only)")
+def test_a_cache_directory_of_another_user_is_refused(cache_dir, tmp_path, images):
+    """pip disables such a cache, and so does ndd_trace: the planted pickle does not run."""
+    module = _user_module(tmp_path, "augment_d")
+    marker = tmp_path / "planted-code-ran"
+    _plant(cache_dir / _entry_name(module), marker)
+    os.chown(cache_dir / _entry_name(module), 65534, 65534)
+    os.chown(cache_dir, 65534, 65534)
+    cache_dir.chmod(0o1777)
+    ndd_trace.set_cache_dir(str(cache_dir))
+    with pytest.warns(ndd_trace.NddTraceWarning, match="is owned by uid 65534"):
+        _same_as_eager(module, images)
+    assert not marker.exists()
+
+
+def test_a_cache_entry_of_ours_that_is_no_parse_is_a_miss(cache_dir, tmp_path, images):
+    """An entry of the user's own that holds something else (a pickle naming other code, or
+    another object) is not used, runs nothing, and is made again."""
+    ndd_trace.set_cache_dir(str(cache_dir))
+    marker = tmp_path / "planted-code-ran"
+    for name, content in (("augment_e", _Planted(marker)), ("augment_f", {"not": "a parse"})):
+        module = _user_module(tmp_path, name)
+        entry = cache_dir / _entry_name(module)
+        with open(entry, "wb") as file:
+            pickle.dump(content, file)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+            _same_as_eager(module, images)
+        assert not marker.exists()
+        # DALI's parse, saved in its place
+        assert type(pickle.loads(entry.read_bytes())).__name__ == "ModuleInfo"
+
+
+def test_a_symlinked_tuning_file_is_refused(cache_dir, tmp_path):
+    """optimize=True's per-machine settings, kept in the same directory, are read only from a
+    file of the user's own: another user's link turns the cache off, and nothing is written
+    through it."""
+    from ndd_trace.execution import tuning
+
+    cache_dir.chmod(0o1777)
+    ndd_trace.set_cache_dir(str(cache_dir))
+    tuning.forget()
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text('{"format": 1, "entries": {"k": {"num_threads": 64}}}')
+    link = tuning._store().path
+    os.symlink(theirs, link)
+    try:
+        with pytest.warns(ndd_trace.NddTraceWarning, match="is a symbolic link"):
+            assert tuning._store().get("k") is None
+        tuning._store().put("k", {"num_threads": 1, "prefetch_queue_depth": 2})
+        assert tuning._store().get("k")["num_threads"] == 1  # kept in this process only
+    finally:
+        tuning.forget()
+    assert os.listdir(cache_dir) == [os.path.basename(link)] and os.path.islink(link)
+    assert "64" in theirs.read_text()
+
+
+def _tune_many(directory, rank, count, start):
+    """One process's tuning decisions (a torchrun rank's), kept one by one, all ranks at once."""
+    from ndd_trace.execution import tuning
+
+    store = tuning._Store(directory)
+    start.wait()
+    for index in range(count):
+        store.put(f"rank{rank}-{index}", {"num_threads": 1, "prefetch_queue_depth": 2,
+                                          "hw_decoder_load": None})
+
+
+def test_ranks_keeping_tuning_at_once_lose_nothing_when_its_lock_file_cannot_be_opened(tmp_path):
+    """`tuning-<machine>.json.lock` is a directory here (another tool's, a user's mistake), as
+    it may be another user's file: the ranks still take turns, and every decision is kept."""
+    import json
+    import multiprocessing
+
+    from ndd_trace.execution import tuning
+
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    kept = tuning._Store(str(directory)).path
+    os.mkdir(kept + ".lock")
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(4)
+    workers = [context.Process(target=_tune_many, args=(str(directory), rank, 50, start))
+               for rank in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    with open(kept) as file:
+        entries = json.load(file)["entries"]
+    assert set(entries) == {f"rank{rank}-{index}" for rank in range(4) for index in range(50)}
+
+
+SPAWNING_SCRIPT = '''
+import multiprocessing
+
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+
+
+def crop_in_a_child():
+    images = ndd.as_batch([np.ones((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    print("child", int(ndd.crop(images, crop=[2, 2]).torch().sum()), flush=True)
+
+
+if __name__ == "__main__":
+    images = ndd.as_batch([np.ones((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    print("parent", int((ndd.flip(images, horizontal=1) * 3).torch().sum()), flush=True)
+    child = multiprocessing.get_context("spawn").Process(target=crop_in_a_child)
+    child.start()
+    child.join(120)
+'''
+
+
+def test_a_spawned_child_writes_its_report_beside_its_parents(tmp_path):
+    """`NDD_TRACE=1 NDD_TRACE_REPORT=report.json python script.py`, no RANK, the script
+    starting a spawn child (a DataLoader worker's way): each process keeps its own report, the
+    script's under the name given, the child's under its pid."""
+    import json
+    import re
+    import shutil
+
+    (tmp_path / "script.py").write_text(SPAWNING_SCRIPT)
+    # ndd_trace.pth read at every interpreter's start-up, as once installed (the spawn child's)
+    site_dir, startup = tmp_path / "site", tmp_path / "startup"
+    site_dir.mkdir()
+    startup.mkdir()
+    shutil.copy(os.path.join(ROOT, "ndd_trace.pth"), site_dir / "ndd_trace.pth")
+    (startup / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site_dir)!r})\n")
+    env = subprocess_env(NDD_TRACE="1", NDD_TRACE_REPORT="report.json")
+    for name in ("RANK", "LOCAL_RANK", "NDD_TRACE_REPORTS_CLAIMED"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(startup), env["PYTHONPATH"]])
+    completed = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["parent", "288", "child", "24"]
+    reports = sorted(path.name for path in tmp_path.glob("report*.json"))
+    assert len(reports) == 2 and "report.json" in reports, reports
+    (child_report,) = [name for name in reports if name != "report.json"]
+    parent = json.loads((tmp_path / "report.json").read_text())
+    child = json.loads((tmp_path / child_report).read_text())
+    assert re.fullmatch(r"report\.pid\d+\.json", child_report)
+    assert child_report == f"report.pid{child['pid']}.json" and parent["pid"] != child["pid"]
+    assert (parent["ops_recorded"], child["ops_recorded"]) == (2, 1)

@@ -33,6 +33,8 @@ import nvidia.dali.types as types
 from nvidia.dali import fn
 
 from .analysis import directory as analysis_cache_dir
+from .analysis import refuse as refuse_cache_dir
+from .analysis import trusted_directory as trusted_cache_dir
 from .analysis import set_directory as set_analysis_cache_dir
 from .analysis import stats as analysis_cache_stats
 from .base import Batch, DALI_VERSION, DType, Device, RNG, STATE_WORDS, Tensor, device
@@ -89,14 +91,16 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "proxy_storage", "Reader", "reader_checkpointing", "reader_epoch_captures",
     "reader_epoch_request", "reader_fn_path", "reader_has_tensor_args", "reader_metadata",
     "reader_metadata_of", "reader_name", "reader_shard_id", "reader_started", "reader_static_args",
-    "reader_transferred", "reader_uses_batch_size", "ReplayRNG", "resolve_backend", "resolve_rng",
+    "reader_transferred", "reader_uses_batch_size", "refuse_cache_dir", "ReplayRNG",
+    "resolve_backend", "resolve_rng",
     "RNG", "rng_advance", "rng_clone", "rng_position", "rng_restore", "rng_snapshot", "same_data",
     "sample_index_source", "sample_indices", "schedule_one", "schema_name",
     "set_analysis_cache_dir",
     "set_proxy_storage",
     "set_reader_shard_id", "shard_steps", "snapshot", "stand_in_batch", "STATE_WORDS", "storage_of",
     "synchronous", "synchronous_cpu", "Tensor", "tensor_argument", "tensor_argument_meta",
-    "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader", "types",
+    "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader",
+    "trusted_cache_dir", "types",
     "unwatched", "watch_reader_methods", "wrap_batch", "wrap_tensor", "wraps_user_data",
     "zero_state", "interceptor",
 ]

@@ -15,28 +15,38 @@ per-file cache, where DALI's next call finds it exactly as if it had parsed the 
 that goes wrong (an unreadable file, a corrupt entry) leaves DALI to parse as it does without
 the cache.
 
-The directory holds pickles: name one only you can write to, as for any pickle cache.
+    where = trusted_directory()     # the directory, or None: none set, or refused (warned once)
+    refuse(where, path, reason)     # a file there is not ours: the cache is off in this process
+
+The directory holds pickles, which run code when loaded: it is used only where no other user
+can have written to it (`files.foreign_directory_reason`: it is ours, and not writable by
+others unless sticky), and an entry is read only if it is a regular file of ours, not a link
+(`files.open_owned`). Anything else turns the cache off for the process, with one
+NddTraceWarning saying what was refused and why (docs/warm-start.md, "What the cache trusts").
+An entry is unpickled with only the classes a parse is made of, and used only if it holds the
+tables DALI reads; else it is a miss.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copyreg
 import functools
 import hashlib
 import importlib.metadata
+import io
 import linecache
 import os
 import pickle
 import sys
-import tempfile
 import threading
 import types
+from collections.abc import Mapping
 from typing import Any
 
 from nvidia.dali.experimental.dynamic import _source_analysis
 
-from ..core import logs
+from ..core import files, ledger, logs
+from ..core.source import user_location
 from .base import DALI_VERSION
 
 FORMAT = 1  # bump when what is saved changes
@@ -48,6 +58,8 @@ _lock = threading.Lock()
 _directory: str | None = (os.path.abspath(os.path.expanduser(os.environ["NDD_TRACE_CACHE_DIR"]))
                           if os.environ.get("NDD_TRACE_CACHE_DIR") else None)
 _done: set[str] = set()  # files handled in this process
+# directory -> None (checked: only this user can have written to it) or why it is refused
+_verdicts: dict[str, str | None] = {}
 stats = {"loaded": 0, "saved": 0, "failed": 0}
 
 
@@ -66,10 +78,55 @@ def set_directory(path: Any) -> None:
         _directory = (os.path.abspath(os.path.expanduser(os.fspath(path))) if path is not None
                       else None)
         _done.clear()
+        _verdicts.clear()  # (a directory whose owner or mode was fixed is checked again)
 
 
 def directory() -> str | None:
     return _directory
+
+
+def trusted_directory() -> str | None:
+    """The cache directory where this process may use it: made if missing (mode 0o700), checked
+    once; None without one, or where another user could have written to it (then refused, with
+    one warning). OSError where it cannot be made or read (not remembered: tried again)."""
+    where = _directory
+    if where is None:
+        return None
+    if where in _verdicts:
+        return where if _verdicts[where] is None else None
+    os.makedirs(where, mode=0o700, exist_ok=True)
+    reason = files.foreign_directory_reason(where)
+    if reason is not None:
+        refuse(where, where, reason)
+        return None
+    _verdicts.setdefault(where, None)
+    return where if _verdicts[where] is None else None
+
+
+def refuse(where: str, path: str, reason: str) -> None:
+    """Use the cache directory `where` no more in this process: `path` (itself, or a file in
+    it) may have been written by another user (`reason`). Warned once per directory, at the
+    user's line where one is on the stack."""
+    with _lock:
+        if _verdicts.get(where) is not None:
+            return  # refused already, and said so
+        if path == where:
+            what = "it"
+            remedy = ("Name a directory that you own and only you can write to (such as "
+                      "~/.cache/ndd_trace), or make this one yours with mode 700 (chown, then "
+                      f"chmod 700 {where})")
+        else:
+            what = f"its file {os.path.basename(path)}"
+            remedy = (f"Delete {path} if you did not put it there yourself (ndd_trace writes "
+                      "its entries again), or name another directory")
+        message = (f"ndd_trace: the warm-start cache directory {where} (NDD_TRACE_CACHE_DIR, "
+                   f"ndd_trace.set_cache_dir) is not used in this process: {what} {reason}. "
+                   "Another user could have put files there, and its entries are pickles, "
+                   "which run code as you when loaded: nothing is loaded from it or saved to "
+                   f"it. {remedy}.")
+        _verdicts[where] = message
+    logs.cache.info("analysis cache: %s refused: %s %s", where, path, reason)
+    ledger.warn(message, user_location(), stacklevel=3)
 
 
 def _mapping_proxy(mapping: dict) -> types.MappingProxyType:
@@ -82,6 +139,53 @@ class _Pickler(pickle.Pickler):
 
     dispatch_table = {**copyreg.dispatch_table,
                       types.MappingProxyType: lambda view: (_mapping_proxy, (dict(view),))}
+
+
+class _Unpickler(pickle.Unpickler):
+    """Only what a parse is made of can be named in an entry: libcst's classes, DALI's
+    ModuleInfo and a few containers. Anything else (`os.system`, a module's imports reached
+    through it) fails the load: a miss, parsed again."""
+
+    _NAMED = {("builtins", "set"), ("builtins", "frozenset"), ("builtins", "dict"),
+              ("builtins", "list"), ("builtins", "tuple"), ("collections", "defaultdict"),
+              ("collections", "OrderedDict"), (__name__, "_mapping_proxy"),
+              (_source_analysis.ModuleInfo.__module__, _source_analysis.ModuleInfo.__name__)}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._NAMED:
+            return super().find_class(module, name)
+        # (a module DALI's parse imported already: nothing is imported for an entry)
+        if module.split(".")[0] == "libcst" and module in sys.modules and "." not in name:
+            found = super().find_class(module, name)
+            if isinstance(found, type) and found.__module__ == module:  # (defined there)
+                return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a parse")
+
+
+def _usable(info: Any) -> bool:
+    """Whether a loaded entry is a ModuleInfo holding the tables DALI reads, of the types it
+    reads them as (one of another shape would fail the user's next ndd call inside DALI)."""
+    if type(info) is not _source_analysis.ModuleInfo:
+        return False
+    try:
+        scopes, parents = info.scope_of_node, info.parent_of
+        by_position, by_line = info.nodes_by_position, info.nodes_by_line
+    except AttributeError:  # (slots the pickle left unset)
+        return False
+    if not all(isinstance(table, Mapping) for table in (scopes, parents, by_position, by_line)):
+        return False
+    node, scope = _source_analysis.cst.CSTNode, _source_analysis.cst.metadata.Scope
+    return (all(isinstance(key, node) and isinstance(value, scope)
+                for key, value in scopes.items()) and
+            all(isinstance(key, node) and isinstance(value, node)
+                for key, value in parents.items()) and
+            all(type(span) is tuple and len(span) == 4 and
+                all(type(number) is int for number in span) and
+                (found is None or isinstance(found, node))
+                for span, found in by_position.items()) and
+            all(type(line) is int and type(nodes) is tuple and
+                all(isinstance(found, node) for found in nodes)
+                for line, nodes in by_line.items()))
 
 
 @functools.cache
@@ -132,16 +236,24 @@ def _load_or_save(code: types.CodeType, where: str) -> None:
     held = _source_analysis._file_cache.get(filename)
     if held is not None and held[0] is entry:
         return  # DALI has parsed it already in this process
+    if trusted_directory() != where:  # refused (warned), or another one set meanwhile
+        return
     path = os.path.join(where, f"analysis-{_key(''.join(lines))}.pickle")
     try:
-        with open(path, "rb") as file:
-            info = pickle.load(file)  # noqa: S301 (the user's own cache directory)
+        with files.open_owned(path) as file:
+            info = _Unpickler(file).load()
     except FileNotFoundError:
         info = None
+    except files.UntrustedFileError as error:
+        refuse(where, error.path, error.reason)
+        return
     except Exception as error:  # noqa: BLE001 (a corrupt entry: made again below)
         logs.cache.info("analysis cache: %s unreadable (%s), parsed again", path, error)
         info = None
-    if isinstance(info, _source_analysis.ModuleInfo):
+    if info is not None and not _usable(info):
+        logs.cache.info("analysis cache: %s holds no parse DALI can use, parsed again", path)
+        info = None
+    if info is not None:
         _source_analysis._file_cache[filename] = (entry, info)
         stats["loaded"] += 1
         logs.cache.info("analysis cache: %s loaded from %s", filename, path)
@@ -149,15 +261,11 @@ def _load_or_save(code: types.CodeType, where: str) -> None:
     info = _source_analysis._get_module_info(code)  # DALI's own parse, due at this call
     if info is None:
         return
-    os.makedirs(where, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=where, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            _Pickler(file, protocol=pickle.HIGHEST_PROTOCOL).dump(info)
-        os.replace(temporary, path)  # atomic: ranks writing at once leave one whole entry
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    if trusted_directory() != where:  # (refused meanwhile, by another thread's entry)
+        return
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(info)
+    # atomic: ranks writing at once leave one whole entry; the owner's alone to read
+    files.write_atomic(path, buffer.getbuffer(), mode=0o600)
     stats["saved"] += 1
     logs.cache.info("analysis cache: %s saved to %s", filename, path)

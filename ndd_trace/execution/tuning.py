@@ -46,7 +46,6 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 import threading
 import time
 import weakref
@@ -55,7 +54,7 @@ from typing import Any
 
 from .. import _dali
 from ..codegen import optimize as rewrites
-from ..core import logs
+from ..core import files, logs
 from ..core.ir import NodeKind
 
 ENV_VAR = "NDD_TRACE_TUNE"
@@ -73,6 +72,7 @@ MARGIN = 0.03  # a setting replaces the start only this much faster, in both mea
 LOADS = (0.4, 0.65, 0.9, 1.0)  # hw_decoder_load: the start's neighbours tried, on while it pays
 DEEPER = 1  # prefetch_queue_depth tried this much above the start's, where it runs further ahead
 MAX_DEPTH = 8  # a kept prefetch_queue_depth above this (or below 1) is not used
+MERGES = 5  # a decision replaced by a writer that took no lock this often: not kept
 
 _UNTIL_BUILT = 1 << 30  # steps left out while a setting is being built
 STALE_S = 30.0  # a search whose pipeline was not used this long gives way to another one
@@ -533,8 +533,12 @@ class _Store:
         if self.directory is None:
             return {}
         try:
-            with open(self.path, encoding="utf-8") as file:
-                data = json.load(file)
+            with files.open_owned(self.path) as file:
+                data = json.loads(file.read().decode("utf-8"))
+        except files.UntrustedFileError as error:  # the directory is used no more (warned)
+            _dali.refuse_cache_dir(self.directory, error.path, error.reason)
+            self.directory = None
+            return {}
         except (OSError, ValueError):
             return {}
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -551,47 +555,62 @@ class _Store:
     def put(self, key: str, record: dict | None) -> None:
         """Keep `record` under `key` (None: drop it). What other processes wrote since this one
         read the file wins for their keys; the read and the write are one step under the file's
-        lock (`<file>.lock`, flock), so processes writing at once (torchrun's ranks) lose none."""
+        locks (`_locked`), so processes writing at once (torchrun's ranks) lose none. The file
+        is read again after the write: where a writer took no lock (none could be taken, or an
+        older ndd_trace) and replaced it with what it read before, the merge is made again."""
         with self._locked():
-            entries = {**(self._entries or {}), **self._read()}
-            if record is None:
-                entries.pop(key, None)
-            else:
-                entries[key] = record
-            self._entries = entries
-            if self.directory is None:
-                return
-            try:
-                self._write(entries)
-            except OSError as error:
-                logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
+            for _ in range(MERGES):
+                entries = {**(self._entries or {}), **self._read()}
+                if record is None:
+                    entries.pop(key, None)
+                else:
+                    entries[key] = record
+                self._entries = entries
+                if self.directory is None:
+                    return
+                try:
+                    self._write(entries)
+                except OSError as error:
+                    logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
+                    return
+                if self._read().get(key) == record:
+                    return
+            logs.tuning.info("the tuning of %s was replaced %d times by other processes' as it "
+                             "was written: not kept", key, MERGES)
 
     @contextlib.contextmanager
     def _locked(self) -> Generator[None, None, None]:
-        """The file's lock across processes, held while inside (none without a directory, or
-        where it cannot be taken: then the write is atomic still, only not merged in turn)."""
+        """Locks across processes, held while inside: flock on the cache directory itself and
+        on `<file>.lock`, in that order, each where it can be taken. The directory's cannot be
+        taken on NFS, where the lock file's can; the lock file cannot be opened where a
+        directory or another user's file has its name, where the directory's holds still. A
+        process that can take neither writes all the same (atomically; `put` checks the file
+        after)."""
         with contextlib.ExitStack() as stack:
             if self.directory is not None:
-                try:
-                    os.makedirs(self.directory, exist_ok=True)
-                    lock = stack.enter_context(open(self.path + ".lock", "a"))
-                    fcntl.flock(lock, fcntl.LOCK_EX)  # (released when closed)
-                except OSError as error:
-                    logs.tuning.info("could not lock %s: %s", self.path, error)
+                with contextlib.suppress(OSError):  # (a failure is the lock's, below)
+                    os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                for path, flags in ((self.directory, os.O_RDONLY | os.O_DIRECTORY),
+                                    # (never a link another user put in its place)
+                                    (self.path + ".lock", os.O_WRONLY | os.O_CREAT |
+                                     os.O_NOFOLLOW)):
+                    try:
+                        descriptor = os.open(path, flags | os.O_CLOEXEC, 0o600)
+                    except OSError as error:
+                        logs.tuning.info("could not open %s to lock it: %s", path, error)
+                        continue
+                    stack.callback(os.close, descriptor)  # (the lock is released with it)
+                    try:
+                        fcntl.flock(descriptor, fcntl.LOCK_EX)
+                    except OSError as error:
+                        logs.tuning.info("could not lock %s: %s", path, error)
             yield
 
     def _write(self, entries: dict) -> None:
         """The file, written whole and atomically (its temporary file removed if that fails)."""
-        descriptor, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        try:
-            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-                json.dump({"format": FORMAT, "machine": self.machine, "entries": entries},
-                          file, indent=1)
-            os.replace(temporary, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        files.write_atomic(self.path, json.dumps(
+            {"format": FORMAT, "machine": self.machine, "entries": entries}, indent=1),
+            mode=0o600)
 
     def drop(self, key: str) -> None:
         self.put(key, None)
@@ -601,7 +620,12 @@ _stores: dict[str | None, _Store] = {}
 
 
 def _store() -> _Store:
-    directory = _dali.analysis_cache_dir()
+    try:
+        directory = _dali.trusted_cache_dir()  # (None where refused: another user's)
+    except OSError as error:
+        logs.tuning.info("the cache directory %s cannot be used (%s): the tuning is kept in "
+                         "this process only", _dali.analysis_cache_dir(), error)
+        directory = None
     store = _stores.get(directory)
     if store is None:
         store = _stores[directory] = _Store(directory)

@@ -17,6 +17,8 @@ reader epoch inside a compiled generator) are part of that loop's wait, not loop
 
 from __future__ import annotations
 
+import io
+import os
 import threading
 import time
 from array import array
@@ -26,6 +28,7 @@ from typing import Any
 
 from .. import _dali
 from ..core import trees
+from ..core.files import write_atomic
 
 __all__ = ["BOTTLENECK_SHARE", "LoopTimes", "chart", "loops", "note_fetched", "reset", "timed"]
 
@@ -254,6 +257,8 @@ def chart(path: str, timed_loops: list[LoopTimes] | None = None) -> str:
     if timed_loops:
         axes.legend(fontsize=7, loc="upper right")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    buffer = io.BytesIO()  # (savefig to a path writes in place: a full disk cuts it short)
+    figure.savefig(buffer, dpi=120, format=os.path.splitext(path)[1][1:].lower() or None)
     plt.close(figure)
+    write_atomic(path, buffer.getbuffer())
     return path
