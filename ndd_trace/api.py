@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
+import pickle
 import textwrap
 import threading
 import time
@@ -211,6 +213,16 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"<ndd_trace compiled function {self.__qualname__}>"
+
+    def __reduce__(self) -> tuple:
+        """Pickled by reference, as a function is (and as torch.compile's result is): its module
+        and qualified name, found again where it is unpickled (spawn workers, multiprocessing)."""
+        if _by_reference(self.__module__, self.__qualname__) is not self:
+            raise pickle.PicklingError(
+                f"cannot pickle {self!r}: it is not the object at {self.__module__}."
+                f"{self.__qualname__} (compile it where it is defined, at module level, or pass "
+                "the plain function and compile it in the worker)")
+        return _by_reference, (self.__module__, self.__qualname__)
 
     def _options(self) -> Options:
         num_threads = self._num_threads or _dali.current_num_threads()
@@ -486,6 +498,17 @@ class CompiledFunction:
             return _dali.Tensor(invocation_result=lazy)
 
         return trees.unflatten(tree, leaf)
+
+
+def _by_reference(module: str, qualname: str) -> Any:
+    """The object at `module.qualname` (None where there is none)."""
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return found
 
 
 def set_cache_dir(path: Any) -> None:

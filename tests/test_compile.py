@@ -611,3 +611,23 @@ def test_output_structures_come_back_as_eager_returns_them(batch):
     assert type(result["images"]) is type(eager["images"])
     assert_same(eager["z"].image, result["z"].image)
     assert_same(eager["z"].extra[0], result["z"].extra[0])
+
+
+def test_compiled_functions_pickle_by_reference_into_spawn_workers():
+    """A compiled function pickles as a function does, by its module and name (issue 35: it
+    raised PicklingError, so spawn DataLoader workers and multiprocessing could not use it)."""
+    import multiprocessing
+    import pickle
+
+    import pickled_worker
+
+    assert pickle.loads(pickle.dumps(pickled_worker.flipped)) is pickled_worker.flipped
+    values = [np.arange(12).reshape(2, 2, 3)]
+    eager, _ = pickled_worker.run_in_worker(pickled_worker.flipped.__wrapped__, values)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        result, traces = pool.apply(pickled_worker.run_in_worker, (pickled_worker.flipped, values))
+    assert result == eager and traces == 1
+
+    local = ndd.compile(lambda x: x)
+    with pytest.raises(pickle.PicklingError, match="at module level"):
+        pickle.dumps(local)
