@@ -22,11 +22,11 @@ standard logging configuration of the "ndd_trace" logger) logs traces, breaks an
 from __future__ import annotations
 
 from . import _dali
-from .api import (CacheInfo, CompiledFunction, Explanation, cache_dir, compile, explain,
-                  set_cache_dir)
+from .api import CacheInfo, CompiledFunction, cache_dir, compile, set_cache_dir
 from .core import ledger, logs
 from .core.errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
                           PerSampleError, PipelineError)
+from .explanation import Explanation, explain
 from .export import export
 from .modes.lazy import disable, enable, enabled, is_enabled, report, reset_report
 

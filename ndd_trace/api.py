@@ -1,4 +1,4 @@
-"""The public API: `compile`, `explain`, and the compiled-function object.
+"""The public API: `compile` and the compiled-function object (`explain`: explanation.py).
 
     @ndd.compile                                  # or @ndd.compile(fullgraph=True, ...)
     def preprocess(jpegs, size=224):
@@ -15,12 +15,10 @@ A compiled function dispatches its calls; its cache (modes/cache.py) and its tra
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import inspect
 import pickle
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +27,7 @@ from typing import Any
 
 from . import _dali
 from .ahead import readahead
-from .core import keys, logs, trees
+from .core import logs, trees
 from .core.errors import NddTraceWarning
 from .core.ir import NodeKind, Ref
 from .core.ledger import Ledger, Runs, Verdict
@@ -45,8 +43,7 @@ from .tracing import guards
 from .tracing.stepcheck import Finding
 from .tracing.trace import GraphBreakRecord
 
-__all__ = ["CacheInfo", "CompiledFunction", "Entry", "Explanation", "cache_dir", "compile",
-           "explain", "set_cache_dir"]
+__all__ = ["CacheInfo", "CompiledFunction", "Entry", "cache_dir", "compile", "set_cache_dir"]
 
 DEFAULT_CACHE_LIMIT = 8
 
@@ -202,9 +199,49 @@ class CompiledFunction:
         return list(self._entry_cache.entries.values())
 
     def trace(self, args: tuple, kwargs: dict, raise_errors: bool = False) -> Entry | None:
-        """Trace one call into a cache entry, not stored (None: tracing raised). Draws nothing
-        from any RNG."""
+        """Trace one call into a cache entry, not stored (None: tracing raised, see
+        `take_trace_error`). Draws nothing from any RNG."""
         return self._stage.trace(self._entry_cache, args, kwargs, raise_errors)
+
+    def take_trace_error(self) -> BaseException | None:
+        """The exception of the last trace that raised, handed over once."""
+        return self._stage.take_failure()[1]
+
+    def normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A call's arguments in one spelling (defaults applied, by position where they can
+        be): the spelling keys and traces see."""
+        return self._normalize(args, kwargs)
+
+    def guard_key(self, args: tuple, kwargs: dict) -> tuple:
+        """The guard key of a call with these (normalized) arguments."""
+        return self._entry_cache.key(args, kwargs)
+
+    def held_entry(self, key: tuple) -> Entry | None:
+        """The entry the cache holds for `key` (None: none)."""
+        return self._entry_cache.entries.get(key)
+
+    def last_entry(self) -> Entry | None:
+        """The entry of the last call that found or made one."""
+        return self._entry_cache.last_entry()
+
+    def options(self) -> Options:
+        """The pipeline options its calls run with now (threads, device, queue depth)."""
+        return self._options()
+
+    def loop(self) -> Split | None:
+        """A compiled generator taken apart (None: its loop body cannot be compiled, see
+        `loop_break`)."""
+        return self._loop()
+
+    @property
+    def loop_break(self) -> GraphBreakRecord | None:
+        """Why a compiled generator's loop body is not compiled (None: it is)."""
+        return self._loop_break
+
+    @property
+    def step(self) -> CompiledFunction | None:
+        """A compiled generator's loop body, compiled (None before its first call)."""
+        return self._step
 
     def __get__(self, instance: Any, owner: Any) -> Any:
         if instance is None:
@@ -567,152 +604,3 @@ def _per_sample_compile(function: Callable | None, num_threads: int | None,
                                  cache_limit=cache_limit)
 
     return make if function is None else make(function)
-
-
-@dataclasses.dataclass
-class Explanation:
-    """What ndd_trace does with one call: graph, generated code, guards, breaks, cache state."""
-
-    function_name: str
-    graph: str
-    code: str
-    guards: list[str]
-    breaks: list[GraphBreakRecord]
-    eager_reason: str | None
-    cache: CacheInfo
-    num_ops: int
-    miss_reason: str | None
-    path: str = ""
-    loop: str = ""  # a compiled generator: its Python as it runs, and its loop body
-    optimize: bool = False  # compiled with optimize=True
-    optimizations: list[str] = dataclasses.field(default_factory=list)  # what was rewritten
-    tuning: list[str] = dataclasses.field(default_factory=list)  # per-machine settings (tuning.py)
-    # the latest calls not run as compiled, as the function's ledger recorded them
-    recorded: list[Verdict] = dataclasses.field(default_factory=list)
-
-    @property
-    def optimizations_text(self) -> list[str]:
-        """The "optimizations applied:" section and the tuning (empty without optimize=True)."""
-        if not self.optimize:
-            return []
-        return [f"  optimizations applied: {len(self.optimizations) or 'none'}",
-                *(f"    - {applied}" for applied in self.optimizations),
-                *(f"  {line}" for line in self.tuning)]
-
-    def __str__(self) -> str:
-        lines = [f"ndd_trace.explain: `{self.function_name}`"]
-        status = f"not compiled whole ({self.eager_reason})" if self.eager_reason else \
-            f"compiled: {self.num_ops} ndd calls -> one DALI pipeline"
-        lines.append(f"  status: {status}")
-        if self.path:
-            lines.append(f"  runs as: {self.path}")
-        lines.append(f"  cache: {self.cache}")
-        if self.miss_reason:
-            lines.append(f"  last cache miss: {self.miss_reason}")
-        lines.append(f"  graph breaks: {len(self.breaks)}")
-        for record in self.breaks:
-            lines.append(f"    - {record}")
-            if record.fix:
-                lines.append(f"      try: {record.fix}")
-        if self.recorded:
-            lines.append(f"  calls not run as compiled (latest {len(self.recorded)}):")
-            lines += [f"    - {verdict.reason} at {verdict.loc or '?'} (runs as "
-                      f"{verdict.runs.value})" for verdict in self.recorded[-5:]]
-        lines += self.optimizations_text
-        lines.append("  guards (a change in any of these re-traces):")
-        lines += [f"    - {guard}" for guard in self.guards]
-        if self.loop:
-            lines.append("")
-            lines.append(self.loop)
-        if self.graph:
-            lines.append("")
-            lines.append(self.graph)
-        if self.code:
-            lines.append("")
-            lines.append("generated pipeline:")
-            lines.append(self.code)
-        return "\n".join(lines)
-
-
-def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
-    """Trace `function` for these arguments (running nothing) and report what would happen."""
-    if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
-        guard_lines = keys.describe(function._guard_key(args))
-        return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
-                           [], None, CacheInfo(0, 0, 0, 0, len(function._variants)), 0,
-                           function.last_miss_reason)
-    compiled = function if isinstance(function, CompiledFunction) else compile(function)
-    if compiled.is_generator:
-        return _explain_generator(compiled)
-    args, kwargs = compiled._normalize(args, kwargs)
-    entry = compiled.trace(args, kwargs)  # counted nowhere: explaining is not calling
-    guard_lines = keys.describe(compiled._entry_cache.key(args, kwargs))
-    if entry is None:
-        _, error = compiled._stage.take_failure()
-        return Explanation(compiled.__qualname__, "", "", guard_lines, [],
-                           f"tracing raised {error!r}; the eager call runs instead",
-                           compiled.cache_info(), 0, compiled.last_miss_reason)
-    return Explanation(
-        function_name=compiled.__qualname__,
-        graph=entry.graph_text,
-        code=_code(compiled._entry_cache.entries.get(entry.key) or entry),
-        guards=guard_lines,
-        breaks=list(entry.breaks),
-        eager_reason=entry.eager_reason,
-        cache=compiled.cache_info(),
-        num_ops=entry.num_ops,
-        miss_reason=compiled.last_miss_reason,
-        path=entry.runs.value,
-        optimize=compiled.optimize,
-        optimizations=[str(applied) for applied in entry.optimizations],
-        # the entry the cache holds for this key runs the calls (the one traced here does not)
-        tuning=_tuning(compiled._entry_cache.entries.get(entry.key)),
-        recorded=list(compiled.ledger.verdicts),
-    )
-
-
-_LOOP_PATH = ("compiled loop: the generator's Python runs as written, its loop body as one "
-              "compiled call per step, run ahead on the batches its readers read ahead")
-
-
-def _explain_generator(compiled: CompiledFunction) -> Explanation:
-    """A compiled generator: how it runs, and its loop body's latest variant (traced at the
-    first step of an epoch: nothing runs here)."""
-    split = compiled._loop()
-    if split is None:
-        record = compiled._loop_break
-        return Explanation(compiled.__qualname__, "", "", [], [record], f"graph break: {record}",
-                           compiled.cache_info(), 0, None,
-                           path=(Runs.CAPTURE_MODE if record.captures else Runs.CHECKED_LOOP).value)
-    loop = "\n".join([
-        "the generator, as it runs:", textwrap.indent(split.generator_source, "    "), "",
-        f"its loop body ({split.body_loc}), compiled:",
-        textwrap.indent(split.step_source, "    ")])
-    step = compiled._step
-    entry = step._entry_cache.last_entry()
-    if entry is None:
-        return Explanation(compiled.__qualname__, "(not traced yet: the loop body is traced at "
-                           "its first step)", "", [], [], None, compiled.cache_info(), 0,
-                           None, path=_LOOP_PATH, loop=loop)
-    guard_lines = keys.describe(entry.key)
-    return Explanation(
-        function_name=compiled.__qualname__, graph=entry.graph_text,
-        code=_code(entry), guards=guard_lines,
-        breaks=list(entry.breaks), eager_reason=entry.eager_reason,
-        cache=compiled.cache_info(), num_ops=entry.num_ops,
-        miss_reason=compiled.last_miss_reason,
-        path=_LOOP_PATH if not entry.eager else f"{Runs.CHECKED_LOOP.value} ({entry.runs.value})", loop=loop,
-        optimize=compiled.optimize,
-        optimizations=[str(applied) for applied in entry.optimizations], tuning=_tuning(entry),
-        recorded=list(compiled.ledger.verdicts))
-
-
-def _code(entry: Entry) -> str:
-    """The code that runs: the executable's (tuning may have generated it again)."""
-    if entry.executable is not None:
-        return entry.executable.lowered.source
-    return entry.lowered.source if entry.lowered else ""
-
-
-def _tuning(entry: Entry | None) -> list[str]:
-    return tuning.described(entry.executable) if entry is not None else []

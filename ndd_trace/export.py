@@ -85,9 +85,9 @@ def _loop_graph(compiled: CompiledFunction, args: tuple, kwargs: dict) -> tuple[
     """A compiled generator's loop body, traced on stand-ins for what its readers give at the
     first step (nothing is read: the generator's Python runs up to its loop's first step), with
     the readers put back into the graph where they feed it."""
-    split = compiled._loop()
+    split = compiled.loop()
     if split is None:
-        record = compiled._loop_break
+        record = compiled.loop_break
         raise ExportError(f"`{compiled.__qualname__}` cannot be exported{{where}}: its loop body "
                           f"cannot be compiled ({record.reason}); export needs one whole pipeline",
                           record.loc)
@@ -104,7 +104,7 @@ def _loop_graph(compiled: CompiledFunction, args: tuple, kwargs: dict) -> tuple[
     if step_args is None:
         raise ExportError(f"`{compiled.__qualname__}` cannot be exported{{where}}: its loop "
                           "gives no step", split.body_loc)
-    entry = _traced_entry(compiled._step, step_args, {})
+    entry = _traced_entry(compiled.step, step_args, {})
     graph = Graph(entry.graph.name)
     readers: dict[int, Any] = {}
     replaced: dict[int, Ref] = {}
@@ -156,13 +156,13 @@ def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLi
         return _export_per_sample(function, example_args, str(path), format, random,
                                   batch_size, num_threads)
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
-    args, kwargs = compiled._normalize(example_args, example_kwargs)
+    args, kwargs = compiled.normalize(example_args, example_kwargs)
     if compiled.is_generator:
         entry, graph = _loop_graph(compiled, args, kwargs)
     else:
         entry = _traced_entry(compiled, args, kwargs)
         graph = entry.graph
-    defaults = compiled._options()
+    defaults = compiled.options()
     size = batch_size or max(batch_sizes(args, kwargs), default=None) or \
         entry.static_batch_size or 1
     options = {"batch_size": int(size), "num_threads": num_threads or defaults.num_threads,

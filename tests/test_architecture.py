@@ -49,6 +49,7 @@ LAYERS = [
     {"modes.cache"},
     {"modes.stage"},
     {"api"},
+    {"explanation"},
     {"export"},
     {"__init__", "__main__", "launch"},
     {"nodes"},  # torchdata.nodes (an optional dependency): imported by no module
@@ -271,3 +272,32 @@ def test_one_verdict_type():
                 for side in [node.left, *node.comparators]
                 if isinstance(side, ast.Constant) and side.value in words]
     assert not compared, f"how a unit runs compared as text: {compared}"
+
+
+def _private_names_defined(path: str) -> set[str]:
+    """The `_names` a module defines: functions, classes, and attributes it assigns on self."""
+    names = set()
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {name for name in names if name.startswith("_")}
+
+
+def test_the_public_entry_points_use_public_surfaces():
+    """I6 (attributes): explain, export, the launcher, the CLI and the torchdata nodes read
+    compiled functions and the runtime through their public methods, not `x._private`
+    (f7fb7da: explain read `compiled._entry_cache`, `compiled._stage.take_failure()`; export
+    called `compiled._loop()`, `_normalize`, `_options()`)."""
+    modules = _modules()
+    for module in ("api", "explanation", "export", "launch", "__main__", "nodes"):
+        own = _private_names_defined(modules[module])
+        for node in ast.walk(_parse(modules[module])):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
+                    not node.attr.startswith("__") and node.attr not in own and \
+                    not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls",
+                                                                                "_dali")):
+                raise AssertionError(f"{module}:{node.lineno}: {ast.unparse(node)}")

@@ -853,7 +853,12 @@ class PerSampleFunction:
             else self._device_id
         return _dali.pipeline_options(batch_size, num_threads, device_id, 1)
 
-    def _guard_key(self, args: tuple) -> tuple:
+    @property
+    def variants_held(self) -> int:
+        """Pipelines (or eager-loop decisions) its cache holds, one per guard key."""
+        return len(self._variants)
+
+    def guard_key(self, args: tuple) -> tuple:
         return guards.build_key(args, {}, self._plan, names=self._names, baked=True)
 
     def _batch_size(self, args: tuple) -> int:
@@ -945,7 +950,7 @@ class PerSampleFunction:
             if variant.eager_reason is not None or batch_size <= variant.max_batch_size:
                 self._last_key = variant.key
                 return variant
-        key = self._guard_key(args)
+        key = self.guard_key(args)
         variant = self._variants.get(key)
         if variant is None:
             self.last_miss_reason = keys.explain_miss(key, self._last_key)
@@ -953,7 +958,7 @@ class PerSampleFunction:
                 "`%s`: cache miss (%d of cache_limit %d variants held): %s", self.__qualname__,
                 len(self._variants), self.cache_limit, self.last_miss_reason)
             self._plan = guards.plan_for(self._function)  # its helpers may have changed
-            key = self._guard_key(args)
+            key = self.guard_key(args)
             variant = self._variants.get(key)
             if variant is None and len(self._variants) >= self.cache_limit:
                 self._last_key = key
