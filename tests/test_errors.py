@@ -475,3 +475,15 @@ def test_trace_and_build_logs_carry_their_times():
             logger.removeHandler(handler)
             logger.setLevel(level)
     assert set(times) == {"trace", "code", "build"} and all(ms >= 0 for ms in times.values())
+
+
+def test_an_uncaught_pipeline_error_ends_its_traceback_as_eager_does():
+    """The last line of the traceback reads `RuntimeError: <DALI's text>`, as eager's (issue 35:
+    it read `ndd_trace.PipelineError.RuntimeError: ...`); the type still pickles by itself."""
+    import pickle
+    import traceback
+
+    error = _pipeline_error()
+    last = traceback.format_exception_only(type(error), error)[0]
+    assert last.startswith("RuntimeError: ") and str(error) in last
+    assert pickle.loads(pickle.dumps(type(error))) is type(error)

@@ -10,6 +10,7 @@ Every error names what failed, where (the user's ``file:line``), why, and what t
 
 from __future__ import annotations
 
+import copyreg
 import threading
 from typing import Any
 
@@ -119,16 +120,29 @@ def pipeline_error_type(builtin: type[BaseException]) -> type[PipelineError]:
     if not issubclass(builtin, Exception) or issubclass(builtin, NddTraceError):
         builtin = RuntimeError
     found = _AS_BUILTIN.get(builtin)
-    if found is None:
-        # ndd_trace.PipelineError.RuntimeError: where pickle (and a reader of a traceback)
-        # finds it; its __name__ is the built-in's, as eager's error type name is
-        found = type(builtin.__name__, (PipelineError, builtin),
-                     {"__module__": PUBLIC_MODULE, "__doc__": PipelineError.__doc__,
-                      "__qualname__": f"PipelineError.{builtin.__name__}"})
+    if found is None:  # (reachable as `ndd_trace.PipelineError.RuntimeError`, ...)
+        found = _NamedAsBuiltin(builtin.__name__, (PipelineError, builtin), {
+            "__module__": builtin.__module__, "__doc__": PipelineError.__doc__,
+            "__qualname__": builtin.__qualname__})
         _AS_BUILTIN[builtin] = found
         if builtin.__name__ not in vars(PipelineError):  # the first of a name keeps it
             setattr(PipelineError, builtin.__name__, found)
     return found
+
+
+class _NamedAsBuiltin(type):
+    """The type of PipelineError's built-in-named classes: named as the built-in is, module
+    included, so that a traceback ends as eager's does (`RuntimeError: ...`); pickled (torch's
+    DataLoader workers send exception types) as `pipeline_error_type(<the built-in>)`, since
+    its name leads to the built-in itself."""
+
+
+def _builtin_of(error_type: type) -> type:
+    return next(cls for cls in error_type.__mro__[1:]
+                if issubclass(cls, BaseException) and not issubclass(cls, PipelineError))
+
+
+copyreg.pickle(_NamedAsBuiltin, lambda cls: (pipeline_error_type, (_builtin_of(cls),)))
 
 
 # Tracebacks and reprs name the exceptions where users find them (`ndd_trace.GraphBreakError`),
