@@ -487,3 +487,17 @@ def test_an_uncaught_pipeline_error_ends_its_traceback_as_eager_does():
     last = traceback.format_exception_only(type(error), error)[0]
     assert last.startswith("RuntimeError: ") and str(error) in last
     assert pickle.loads(pickle.dumps(type(error))) is type(error)
+
+
+def test_a_numpy_array_for_a_fixed_argument_raises_eagers_type_error(batch):
+    """`axes=np.array([1])` (not a tensor argument): eager raises TypeError at the call, its
+    operator-instance key being unhashable; so does the compiled function (issue 35: it turned
+    the array into a list and returned values)."""
+    def mean(x):
+        return ndd.reductions.mean(x, axes=np.array([1]))
+
+    with pytest.raises(TypeError) as eager:
+        mean(batch)
+    with pytest.raises(TypeError) as compiled:
+        ndd.compile(mean)(batch)
+    assert str(compiled.value) == str(eager.value) == "unhashable type: 'numpy.ndarray'"

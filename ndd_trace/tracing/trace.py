@@ -528,6 +528,9 @@ class Tracer:
                 if expected is not None and ref.node.meta[ref.index].dtype != expected:
                     arg_casts[key] = expected
             elif _is_array_like(value):
+                # eager keys its operator instance by every fixed argument: a numpy array
+                # raises TypeError ("unhashable type") at the call there, and so here
+                hash(value)
                 static[key] = np.asarray(value).tolist()
             else:
                 static[key] = _dali.decay_static(value)
