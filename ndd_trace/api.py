@@ -29,13 +29,12 @@ from . import _dali
 from .ahead import readahead
 from .core import logs, trees
 from .core.errors import NddTraceWarning
-from .core.ir import NodeKind, Ref
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
 from .execution import tuning, waits
-from .execution.runtime import LazyOutput, Options
+from .execution.runtime import Options
 from .modes import lazy
-from .modes.cache import CacheInfo, Entry, EntryCache, Found, walk_data
+from .modes.cache import CacheInfo, Entry, EntryCache, Found, bind_data
 from .modes.loop import Split, StepCall, split_generator
 from .modes.per_sample import PerSampleFunction
 from .modes.stage import Notices, TraceStage
@@ -431,7 +430,7 @@ class CompiledFunction:
     # -- running -------------------------------------------------------------------------------
 
     def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
-        bound, sizes = self._bind_sizes(args, kwargs)
+        bound, sizes = bind_data(args, kwargs)
         batch_size = max(sizes) if sizes else None
         consistent = len(sizes) <= 1
         if batch_size is None:
@@ -477,7 +476,7 @@ class CompiledFunction:
                            batch_size)
         if at_call and run is not None:  # their run-time errors raise here, as eagerly
             executable.failures.raise_at_call(run, at_call, bound, snapshots)
-        return self._unflatten(entry.output_tree, run, entry, bound, batch_size)
+        return entry.results(run, bound, batch_size)
 
     def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "") -> Any:
         """This one call runs eagerly (the variant stays compiled): warned once at the user's
@@ -487,54 +486,6 @@ class CompiledFunction:
             log=f"this call runs eagerly: {reason}",
             warning=f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: {reason}{why}")
         return self._function(*args, **kwargs)
-
-    @staticmethod
-    def _bind_sizes(args: tuple, kwargs: dict) -> tuple[dict[tuple, Any], set[int]]:
-        """The data arguments by path and the batch sizes of the Batch ones, in one walk (the
-        common case of plain Batch/Tensor positional arguments without nesting is walked
-        inline)."""
-        bound: dict[tuple, Any] = {}
-        sizes: set[int] = set()
-        batch, tensor, rng = _dali.Batch, _dali.Tensor, _dali.RNG
-        for index, value in enumerate(args):
-            kind = type(value)
-            if kind is batch:
-                bound[("args", index)] = value
-                sizes.add(value.batch_size)
-            elif kind is tensor or kind is rng:
-                bound[("args", index)] = value
-            elif isinstance(value, (list, tuple, dict, batch, tensor, rng)):
-                break
-        else:
-            if not kwargs:
-                return bound, sizes
-        bound.clear()
-        sizes.clear()
-
-        def visit(path: tuple, value: Any) -> Any:
-            bound[path] = value
-            if isinstance(value, _dali.Batch):
-                sizes.add(value.batch_size)
-            return value
-
-        walk_data(args, ("args",), visit)
-        walk_data(kwargs, ("kwargs",), visit)
-        return bound, sizes
-
-    def _unflatten(self, tree: Any, run: Any, entry: Entry, bound: dict, batch_size: int) -> Any:
-        def leaf(node: tuple) -> Any:
-            if node[0] == "batch_size":
-                return batch_size
-            index, is_batch = node[1], node[2]
-            ref: Ref = entry.graph.outputs[index]
-            if ref.node.kind is NodeKind.INPUT:
-                return bound[ref.node.payload]
-            lazy = LazyOutput(run, index, is_batch, entry.executable.output_device(index))
-            if is_batch:
-                return _dali.lazy_batch(lazy)
-            return _dali.Tensor(invocation_result=lazy)
-
-        return trees.unflatten(tree, leaf)
 
 
 def _by_reference(module: str, qualname: str) -> Any:

@@ -21,8 +21,8 @@ from .. import _dali
 from ..codegen.lower import Lowered
 from ..core import keys, logs, trees
 from ..core.ledger import Ledger, Runs, Verdict
-from ..core.ir import Graph
-from ..execution.runtime import Executable
+from ..core.ir import Graph, NodeKind, Ref
+from ..execution.runtime import Executable, LazyOutput
 from ..tracing import guards
 from ..tracing.trace import GraphBreakRecord
 
@@ -72,6 +72,23 @@ class Entry:
     def eager_reason(self) -> str | None:
         return self.verdict.reason if self.verdict is not None else None
 
+    def results(self, run: Any, bound: dict, batch_size: int) -> Any:
+        """What the call returns, as the function returned it: its outputs fetched from `run`
+        when first used, its arguments returned as they are, the batch size as this call's."""
+        def leaf(node: tuple) -> Any:
+            if node[0] == "batch_size":
+                return batch_size
+            index, is_batch = node[1], node[2]
+            ref: Ref = self.graph.outputs[index]
+            if ref.node.kind is NodeKind.INPUT:
+                return bound[ref.node.payload]
+            lazy = LazyOutput(run, index, is_batch, self.executable.output_device(index))
+            if is_batch:
+                return _dali.lazy_batch(lazy)
+            return _dali.Tensor(invocation_result=lazy)
+
+        return trees.unflatten(self.output_tree, leaf)
+
     @property
     def path(self) -> str:
         """How its calls run, as explain says it ("one pipeline", "transparent mode", ...)."""
@@ -87,18 +104,41 @@ def walk_data(value: Any, path: tuple, visit: Callable[[tuple, Any], Any]) -> An
     return trees.map_leaves(value, _is_data, visit, path)
 
 
-def batch_sizes(args: tuple, kwargs: dict) -> set[int]:
-    """The batch sizes of the Batch arguments."""
-    sizes = set()
+def bind_data(args: tuple, kwargs: dict) -> tuple[dict[tuple, Any], set[int]]:
+    """The data arguments (Batches, Tensors, RNGs) by path and the batch sizes of the Batch
+    ones, in one walk (plain positional Batch/Tensor arguments, the common case, inline)."""
+    bound: dict[tuple, Any] = {}
+    sizes: set[int] = set()
+    batch, tensor, rng = _dali.Batch, _dali.Tensor, _dali.RNG
+    for index, value in enumerate(args):
+        kind = type(value)
+        if kind is batch:
+            bound[("args", index)] = value
+            sizes.add(value.batch_size)
+        elif kind is tensor or kind is rng:
+            bound[("args", index)] = value
+        elif isinstance(value, (list, tuple, dict, batch, tensor, rng)):
+            break
+    else:
+        if not kwargs:
+            return bound, sizes
+    bound.clear()
+    sizes.clear()
 
     def visit(path: tuple, value: Any) -> Any:
+        bound[path] = value
         if isinstance(value, _dali.Batch):
             sizes.add(value.batch_size)
         return value
 
     walk_data(args, ("args",), visit)
     walk_data(kwargs, ("kwargs",), visit)
-    return sizes
+    return bound, sizes
+
+
+def batch_sizes(args: tuple, kwargs: dict) -> set[int]:
+    """The batch sizes of the Batch arguments."""
+    return bind_data(args, kwargs)[1]
 
 
 class EntryCache:
