@@ -38,7 +38,6 @@ from .modes.cache import CacheInfo, Entry, EntryCache, Found, bind_data
 from .modes.loop import Split, StepCall, split_generator
 from .modes.per_sample import PerSampleFunction
 from .modes.stage import Notices, TraceStage
-from .tracing import guards
 from .tracing.stepcheck import Finding
 from .tracing.trace import GraphBreakRecord
 
