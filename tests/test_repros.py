@@ -37,7 +37,6 @@ NOT_FIXED_YET = {
     "reliability/05_report_spawn_child_overwritten.py": "issue 35: atomic writes",
     "training4/01_normalize_scalar_in_variable.py": "issue 35: errors",
     "training4/02_uncaught_error_type_name.py": "issue 35: errors",
-    "training4/03_files_rewritten_between_epochs.py": "issue 35: files between epochs",
     "training4/04_len_of_batch.py": "issue 35: lazy values",
     "training4/05_list_of_batch.py": "issue 35: lazy values",
     "training4/06_lazy_batch_repr.py": "issue 35: lazy values",
