@@ -4,11 +4,16 @@ the batches read ahead, checked; everything must equal the plain eager loop, bit
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same, to_numpy
-from test_transparent_readers import _augment, _reader  # the same readers and augmentation
+from conftest import assert_same, subprocess_env, to_numpy
+from test_transparent_readers import (  # the same readers, augmentation and file changes
+    _arrays, _augment, _epochs_between, _fresh_arrays, _fresh_photos, _photos, _reader, _truncate)
 
 import ndd_trace
 from ndd_trace.ahead.readahead import stream_of
@@ -217,3 +222,119 @@ def test_two_compiled_steps_on_one_reader(jpeg_dir):
     steps = (ndd.compile(_augment), ndd.compile(flip))
     assert_same(eager, to_numpy(scenario(_reader(jpeg_dir), steps)))
     assert all(_ahead(step) > 0 for step in steps)
+
+
+# -- files changed between epochs, read by a compiled generator (see test_transparent_readers) --
+
+
+def _decoded(reader):
+    for jpegs, labels in reader.next_epoch(batch_size=4):
+        yield ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]), labels
+
+
+def _doubled(reader):
+    for (arrays,) in reader.next_epoch(batch_size=4):
+        yield arrays * 2
+
+
+@pytest.mark.parametrize("shape", [(6, 5), (3, 11)], ids=["same-size", "other-size"])
+def test_generator_reads_files_rewritten_between_epochs(tmp_path, shape):
+    root = tmp_path / "arrays"
+
+    def scenario(reader, batches):
+        return _epochs_between(lambda: batches(reader),
+                               lambda epoch: _arrays(root, epoch, range(5, 16), shape))
+
+    compiled, reader = _both(scenario, lambda: ndd.readers.Numpy(
+        file_root=str(_fresh_arrays(root))), function=_doubled)
+    assert stream_of(reader) is not None and compiled.cache_info().traces == 1
+
+
+@pytest.mark.parametrize("position", [9, 8, 15], ids=["in-its-batch", "first-of-its-batch",
+                                                      "last"])
+def test_generator_fails_on_a_file_deleted_between_epochs(jpeg_dir, tmp_path, position):
+    """Eager's error (its type and DALI's text) at eager's step, then at every later one."""
+    root = tmp_path / "photos"
+
+    def scenario(reader, batches):
+        victim = _photos(root)[position]
+        return _epochs_between(lambda: batches(reader),
+                               lambda epoch: victim.unlink() if epoch == 1 else None)
+
+    _both(scenario, lambda: ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root))),
+          function=_decoded)
+
+
+def test_generator_fails_on_an_array_truncated_between_epochs(tmp_path):
+    """An array file cut short: eager's reader error (the data it cannot read), at its step."""
+    root = tmp_path / "arrays"
+
+    def scenario(reader, batches):
+        return _epochs_between(lambda: batches(reader),
+                               lambda epoch: _truncate(root / "010.npy", 140) if epoch == 1
+                               else None)
+
+    _both(scenario, lambda: ndd.readers.Numpy(file_root=str(_fresh_arrays(root))),
+          function=_doubled)
+
+
+def test_step_called_from_an_eager_loop_reads_files_changed_between_epochs(jpeg_dir, tmp_path):
+    """The README pattern (the reader streams from its second epoch): a photo replaced by
+    another of a different size, then one deleted, as eagerly."""
+    root = tmp_path / "photos"
+
+    def change(epoch):
+        photos = _photos(root)
+        if epoch == 1:
+            photos[11].write_bytes(photos[3].read_bytes())  # the same file, rewritten
+        else:
+            photos[13].unlink()
+
+    def scenario(reader, step):
+        return _epochs_between(lambda: (np.asarray(step(jpegs).torch())
+                                        for jpegs, _ in reader.next_epoch(batch_size=4)),
+                               change, epochs=4)
+
+    _both(scenario, lambda: _reader(_fresh_photos(jpeg_dir, root), random_shuffle=False))
+
+
+def test_files_cut_short_between_epochs_do_not_kill_the_process(tmp_path):
+    """Every array cut short between epochs (eager ndd, which maps the next epoch's first files
+    as an epoch ends, dies of SIGBUS here): a compiled generator and transparent mode raise the
+    reader's error instead (the stream reads files into memory)."""
+    script = textwrap.dedent('''
+        import os, sys
+        import numpy as np
+        import nvidia.dali.experimental.dynamic as ndd
+        import ndd_trace
+
+        def doubled(reader):
+            for (arrays,) in reader.next_epoch(batch_size=4):
+                yield arrays * 2
+
+        def run(batches, root):
+            os.makedirs(root)
+            for index in range(16):
+                np.save(os.path.join(root, f"{index:03d}.npy"),
+                        np.full((128, 128), index, np.float32))
+            reader = ndd.readers.Numpy(file_root=root)
+            seen = []
+            for epoch in range(3):
+                if epoch == 1:
+                    for name in os.listdir(root):  # past the first page of each file
+                        os.truncate(os.path.join(root, name), 200)
+                try:
+                    for batch in batches(reader):
+                        seen.append(len(batch.tensors))
+                except RuntimeError:
+                    seen.append("error")
+            return seen
+
+        print(run(ndd.compile(doubled), sys.argv[1] + "/compiled"))
+        with ndd_trace.enabled():
+            print(run(doubled, sys.argv[1] + "/transparent"))
+    ''')
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split("\n")[:2] == ["[4, 4, 4, 4, 'error', 'error']"] * 2, result.stdout

@@ -86,6 +86,8 @@ SURFACE = {
     ("Operator", "_max_batch_size"): "a reader's batch size, checked as eager checks it",
     ("Operator", "_op_backend"): "a reader's C++ operator, moved into its stream's pipeline",
     ("Operator", "_init_backend"): "a reader's operator made as eager makes it",
+    ("Operator", "_op_spec"): "a reader's op spec, made again for a stream's operator that "
+                              "reads files into memory (dont_use_mmap)",
     ("_ops", "_all_ops"): "every op class, whose __call__ the interceptor hooks",
     ("_ops", "_to_batch"): "ndd's conversion of a value to a Batch",
     ("_ops", "_to_tensor"): "ndd's conversion of a value to a Tensor",

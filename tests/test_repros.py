@@ -25,7 +25,6 @@ NOT_FIXED_YET = {
     "guards_errors/07_layout_error_deferred_in_compiled.py": "issue 35: errors",
     "guards_errors/08_lazy_repr_and_type.py": "issue 35: lazy values",
     "training4/01_normalize_scalar_in_variable.py": "issue 35: errors",
-    "training4/03_files_rewritten_between_epochs.py": "issue 35: files between epochs",
     "training4/06_lazy_batch_repr.py": "issue 35: lazy values",
 }
 

@@ -3,6 +3,8 @@ by its batches run ahead speculatively; everything must equal the plain eager lo
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
@@ -353,3 +355,125 @@ def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
 
     report = _both(scenario, lambda: _reader(jpeg_dir))
     assert _ahead(report) > 0
+
+
+# -- files changed between epochs -------------------------------------------------------------
+# The stream reads ahead across an epoch's end; what it read before the script's code between
+# epochs ran is checked when the next epoch hands it out. Files 0-4 of an epoch (batch size 4)
+# are changed by none of these tests: DALI's own prefetch reads them as the last epoch ends, in
+# eager ndd too, racing with the script's next line.
+
+
+def _epochs_between(epoch, change, epochs=3):
+    """A user's loop over `epochs` epochs (`epoch()`: one epoch's values, step by step), calling
+    `change(epoch)` before each but the first; an error ends its epoch: (epoch, step, type,
+    text)."""
+    out = []
+    for number in range(epochs):
+        if number:
+            change(number)
+        step = 0
+        try:
+            for value in epoch():
+                out.append(value)
+                step += 1
+        except Exception as error:  # noqa: BLE001 (compared with eager's)
+            out.append((number, step, type(error).__name__, str(error)))
+    return out
+
+
+def _arrays(root, epoch, indices, shape=(6, 5)):
+    """Write arrays `indices` for `epoch` under `root` (np.save rewrites a file in place)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for index in indices:
+        np.save(root / f"{index:03d}.npy", np.full(shape, 100 * epoch + index, np.float32))
+
+
+def _fresh_arrays(root, count=16):
+    """`count` arrays under `root`, the same path for the eager and the traced run (error texts
+    name it)."""
+    shutil.rmtree(root, ignore_errors=True)
+    _arrays(root, 0, range(count))
+    return root
+
+
+def _fresh_photos(jpeg_dir, root):
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(jpeg_dir, root)
+    return root
+
+
+def _photos(root):
+    return sorted(root.rglob("*.jpg"))  # the File reader's order: class folders, then names
+
+
+def _truncate(path, size):
+    with open(path, "r+b") as file:
+        file.truncate(size)
+
+
+@pytest.mark.parametrize("shape", [(6, 5), (3, 11)], ids=["same-size", "other-size"])
+def test_files_rewritten_in_place_between_epochs(tmp_path, shape):
+    """Arrays re-rendered in place before each epoch: each epoch reads what was written for it,
+    as eagerly (the stream had read the next epoch ahead, before the rewrite)."""
+    root = tmp_path / "arrays"
+
+    def scenario(reader):
+        return _epochs_between(lambda: (ndd.math.abs(arrays)
+                                        for (arrays,) in reader.next_epoch(batch_size=4)),
+                               lambda epoch: _arrays(root, epoch, range(5, 16), shape))
+
+    _both(scenario, lambda: ndd.readers.Numpy(file_root=str(_fresh_arrays(root))))
+
+
+def test_files_rewritten_in_place_between_epochs_shuffled(tmp_path):
+    """Every array overwritten in place before each epoch, read by a shuffling reader (which,
+    as eager's, maps the files its buffer loads long before their batch): the new values."""
+    root = tmp_path / "arrays"
+
+    def overwrite(epoch):
+        for path in sorted(root.glob("*.npy")):
+            with open(path, "r+b") as file:
+                file.seek(-4, 2)
+                file.write(np.float32(1000 * epoch).tobytes())  # the last element
+
+    def scenario(reader):
+        return _epochs_between(lambda: (arrays + 1
+                                        for (arrays,) in reader.next_epoch(batch_size=4)),
+                               overwrite, epochs=4)
+
+    _both(scenario, lambda: ndd.readers.Numpy(file_root=str(_fresh_arrays(root)),
+                                              random_shuffle=True, seed=3))
+
+
+@pytest.mark.parametrize("position", [9, 8], ids=["in-its-batch", "first-of-its-batch"])
+def test_file_deleted_between_epochs(jpeg_dir, tmp_path, position):
+    """A photo deleted between epochs: eager's reader fails on it at the step whose loading
+    reads it (the step before its batch for a batch's first sample: DALI loads one sample
+    ahead), with DALI's own error, then at every later step; so does the loop here."""
+    root = tmp_path / "photos"
+
+    def scenario(reader):
+        victim = _photos(root)[position]
+        return _epochs_between(
+            lambda: (ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])
+                     for jpegs, _ in reader.next_epoch(batch_size=4)),
+            lambda epoch: victim.unlink() if epoch == 1 else None)
+
+    _both(scenario, lambda: ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root))))
+
+
+def test_file_truncated_between_epochs(jpeg_dir, tmp_path):
+    """A photo cut short between epochs is read as it is now, as eagerly (its decoding then
+    fails, or not, at the same step): the stream reads files into memory, so a file cut short
+    under it cannot kill the process (SIGBUS, as it can a copy from a mapping)."""
+    root = tmp_path / "photos"
+
+    def scenario(reader):
+        victim = _photos(root)[10]
+        return _epochs_between(
+            lambda: ((np.asarray(ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]).torch()),
+                      labels) for jpegs, labels in reader.next_epoch(batch_size=4)),
+            lambda epoch: _truncate(victim, victim.stat().st_size // 3) if epoch == 1 else None)
+
+    _both(scenario, lambda: ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root))))

@@ -4,11 +4,15 @@ external sources."""
 from __future__ import annotations
 
 import base64
+import dataclasses
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+import nvidia.dali.backend as backend
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 from nvidia.dali import fn
@@ -18,7 +22,7 @@ from nvidia.dali.pipeline import Pipeline
 from ..core.ir import TensorMeta
 from .base import Batch
 from .operators import infer_metadata
-from .interception import unwatched, watch_method
+from .interception import eager_inside_trace, synchronous, unwatched, watch_method
 
 
 def watch_reader_methods(on_epoch: Callable, on_metadata: Callable) -> None:
@@ -105,6 +109,23 @@ def claim_reader(reader: Any, batch_size: int) -> Any:
     return reader._op_backend
 
 
+def claim_reader_unmapped(reader: Any, batch_size: int) -> tuple[Any, bool]:
+    """`claim_reader`, the operator made with `dont_use_mmap=True` where eager ndd has not made
+    it yet, so that it reads files into memory instead of mapping them (the reader's own
+    arguments are left as they were). Returns the operator and whether it maps its files (one
+    eager ndd made earlier keeps its own setting)."""
+    own_args = reader._init_args
+    unmapped = reader._op_backend is None or bool(own_args.get("dont_use_mmap"))
+    if reader._op_backend is None:
+        reader._init_args = {**own_args, "dont_use_mmap": True}
+        reader._op_spec = None  # (made again from these arguments by the backend's init)
+    try:
+        operator = claim_reader(reader, batch_size)
+    finally:
+        reader._init_args = own_args
+    return operator, not unmapped
+
+
 def transfer_reader(pipe: Pipeline, reader: Any, backend_op: Any) -> None:
     pipe._transfer_operator(reader._name, backend_op)
     reader._transferred = True
@@ -171,6 +192,125 @@ def shard_steps(reader: Any, epoch_size_padded: int, batch_size: int) -> int:
 
 def advance_shard(reader: Any) -> None:
     reader._advance_shard()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderFiles:
+    """How a File or Numpy reader's samples come from local files, for reading them again
+    (ahead/streams.py): each sample of `content_outputs` is the one file its source info names,
+    relative to `root`."""
+
+    root: str | None  # what source infos are relative to (None: paths as they are)
+    content_outputs: tuple[int, ...]  # outputs read from the files (not File's labels)
+    shuffled: bool  # random_shuffle: DALI's buffer loads files up to initial_fill samples ahead
+    prefetch_depth: int  # batches DALI's own prefetch thread loads ahead of the runs
+    mapped: bool  # eager ndd maps the files (dont_use_mmap=False), reading them at each run
+    whole_files: bool  # a sample is its file's bytes (File), so its size is the file's
+    read_args: tuple[tuple[str, Any], ...]  # the arguments that shape a sample from its file
+
+
+def _file_read_arguments(kind: str) -> tuple[str, ...]:
+    """The arguments of a `kind` reader that shape a sample from its file's bytes."""
+    if kind == "Numpy":
+        return ("dont_use_mmap", "read_ahead", "use_o_direct", "roi_start", "rel_roi_start",
+                "roi_end", "rel_roi_end", "roi_shape", "rel_roi_shape", "roi_axes",
+                "out_of_bounds_policy", "fill_value")
+    return ("dont_use_mmap", "read_ahead")
+
+
+def reader_files(reader: Any) -> ReaderFiles | None:
+    """How `reader`'s samples map to local files, or None where ndd_trace cannot tell (other
+    readers, GPU readers, URIs, cached images skipped)."""
+    kind = type(reader).__name__
+    args = {k: v for k, v in reader._init_args.items() if v is not None}
+    if kind not in ("File", "Numpy") or reader._backend != "cpu" or \
+            args.get("skip_cached_images") or args.get("cache_header_information"):
+        return None
+    root = args.get("file_root")
+    if root is None and args.get("file_list"):
+        root = os.path.dirname(args["file_list"]) or None  # (DALI's default root for a list)
+    named = [root or "", args.get("file_list") or "", *(args.get("files") or ())]
+    if any("://" in str(name) for name in named):
+        return None
+    return ReaderFiles(root=root, content_outputs=(0,),
+                       shuffled=bool(args.get("random_shuffle")),
+                       prefetch_depth=int(args.get("prefetch_queue_depth", 1)),
+                       mapped=not args.get("dont_use_mmap"), whole_files=kind == "File",
+                       read_args=tuple((name, args[name]) for name in _file_read_arguments(kind)
+                                       if name in args))
+
+
+def sample_sources(batch: Batch) -> list[str]:
+    """Each sample's source info (the file a reader read it from, as the reader names it)."""
+    storage = batch.evaluate()._storage
+    return [storage[index].source_info() for index in range(len(storage))]
+
+
+def sample_lengths(batch: Batch) -> list[int]:
+    """Each sample's length (a File reader's sample: its file's size in bytes)."""
+    return [int(shape[0]) if shape else 0 for shape in batch.evaluate()._storage.shape()]
+
+
+def file_path(files: ReaderFiles, source: str) -> str:
+    return os.path.join(files.root, source) if files.root else source
+
+
+def read_files_again(reader: Any, files: ReaderFiles, sources: list[str]) -> list[tuple]:
+    """Read these files as eager ndd's `reader` reads them now (a reader of its kind, over just
+    them, in order); per file, its samples of the content outputs. Raises the error eager's
+    reader raises for a file it cannot read (its own type and text)."""
+    args = dict(files.read_args)
+    if files.root is not None:
+        args["file_root"] = files.root
+    again = type(reader)(files=list(sources), random_shuffle=False, **args)
+    with eager_inside_trace(), synchronous():
+        outputs = next(_ops.Reader._batches(again, len(sources), None))
+        if isinstance(outputs, dict):
+            outputs = tuple(outputs.values())
+        storages = [outputs[index].evaluate()._storage for index in files.content_outputs]
+    return [tuple(storage[position] for storage in storages)
+            for position in range(len(sources))]
+
+
+# where DALI's file readers name the file they failed on (either way of reading it)
+_FAILED_FILE = (re.compile(r"Could not open file (.+): [^:]*$", re.M),
+                re.compile(r"Failed to read file: (.+?), read: \d+ while it should be \d+", re.M),
+                re.compile(r"File mapping failed: (.+)$", re.M),
+                re.compile(r"Failed to read file: (.+)$", re.M),
+                re.compile(r"\. File: (.+)$", re.M))
+
+
+def as_eager_read_error(reader: Any, files: ReaderFiles, error: BaseException) -> BaseException:
+    """The error eager ndd's `reader` raises for the file `error` (a reader run's, which read
+    files another way: into memory, or mapped) failed on: that file read again as eager reads
+    it; `error` itself where it names no file, or the file now reads."""
+    text = str(error)
+    for pattern in _FAILED_FILE:
+        match = pattern.search(text)
+        if match is None:
+            continue
+        path = match.group(1)
+        root = (files.root or "").rstrip("/")
+        source = path[len(root) + 1:] if root and path.startswith(root + "/") else path
+        try:
+            read_files_again(reader, files, [source])
+        except Exception as eager_error:  # noqa: BLE001 (what eager raises for it)
+            if os.path.basename(source) in str(eager_error):  # (not a failure of its own)
+                return eager_error
+        return error
+    return error
+
+
+def with_samples(batches: tuple, files: ReaderFiles, replaced: dict[int, tuple]) -> tuple:
+    """The reader outputs `batches` with some samples of their content outputs replaced
+    (`replaced`: sample index -> its samples, as `read_files_again` gives them)."""
+    result = list(batches)
+    for slot, output in enumerate(files.content_outputs):
+        storage = batches[output].evaluate()._storage
+        samples = [replaced[index][slot] if index in replaced else storage[index]
+                   for index in range(len(storage))]
+        result[output] = Batch(backend.TensorListCPU(samples, storage.layout() or None))
+    return tuple(result)
 
 
 def external_source_pull(source: Any, batch_size: int) -> tuple:

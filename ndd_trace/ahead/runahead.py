@@ -34,6 +34,22 @@ The rules they share:
 4. **When running ahead stops**: a pattern of runs that missed `MAX_MISSES` times and more than
    twice as often as it hit is no longer launched ahead; a dropped reader's batches, patterns and
    clones are forgotten.
+5. **Files between epochs**: a stream reads only while one of its epochs is open (and, at the
+   open epoch's end, into the next one); between epochs, when the script may rewrite, truncate
+   or delete files, none of its reads is in flight. A batch read before the open epoch's first
+   step is checked as it is handed out: each file eager ndd's reader reads at that step (DALI's
+   loader reads one sample, and its prefetch thread `prefetch_queue_depth` batches, ahead of its
+   runs) that changed since the stream read it (ctime at or after that read, or its state
+   unlike the one noted as the last epoch ended) is read again by a reader of the same kind,
+   and the error eager's reader raises for it is raised at that step and every later one.
+   Files eager's reader had already read when the epoch began keep the bytes read then, unless
+   changed in place under eager's mapping. A File or Numpy reader's stream reads files into
+   memory (`dont_use_mmap=True`), so a file truncated under a read fails that read (its error
+   told in eager's words) instead of killing the process (SIGBUS); a shuffling one keeps
+   eager's mapping (its shuffle buffer loads files long before their batch: read into memory,
+   they would be older than the mapping eager copies at the run, and DALI serves a deleted
+   file's mapping while it is in use). A reader whose files ndd_trace cannot name reads no
+   further than the open epoch's end.
 """
 
 from __future__ import annotations

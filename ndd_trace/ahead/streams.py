@@ -10,7 +10,10 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import stat
+import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +39,14 @@ class ReaderStream:
     through it, so the reader keeps one position, as eagerly. A worker thread keeps
     `READ_AHEAD` batches scheduled and fetched (DALI releases the GIL while it runs and waits),
     so taking a batch costs the script almost nothing. A failed read (a file that cannot be
-    mapped) is raised at that batch and at every later one, as eager ndd's reader does."""
+    mapped) is raised at that batch and at every later one, as eager ndd's reader does.
+
+    Files between epochs (runahead.py's rule 5): the worker reads only while an epoch is open,
+    and past its end. When the next epoch opens, the batches read before it are the files as
+    they were then; each is checked as it is handed out, and the samples eager ndd would read
+    from a file changed since are read again, at the step where eager's reader reads them (its
+    errors included). A reader whose files ndd_trace cannot name (`_dali.reader_files`) is
+    read no further than the open epoch's end."""
 
     def __init__(self, reader: Any, batch_size: int, options: Options):
         graph = Graph("reader")
@@ -61,6 +71,21 @@ class ReaderStream:
         self._worker: threading.Thread | None = None
         self._in_flight: list[PendingRun] = []  # scheduled, not fetched (without the thread)
         self._meta: dict = {}
+        self._times = ReadTimes()
+        self._read_limit = 0  # batch numbers the worker may schedule (see _open_epoch)
+        self._open_epochs = 0  # epochs between their first step and their end
+        self._epochs = 0  # epochs opened so far
+        self._opened_ns = 0  # when the open epoch's first step came (reads before it: checked)
+        self._epoch_first = 0  # the open epoch's first batch number
+        self._closed_ns = 0  # when the last epoch ended (the script's code between epochs began)
+        self._files: Any = None  # _dali.ReaderFiles: the reader's files, where it can name them
+        self._maps_files = True  # the operator maps its files (a read may overlap a truncation)
+        self._read_lag = 0  # batches before its own run the reader may have read a batch's files
+        self._failed: BaseException | None = None  # eager's reader error: raised at every batch
+        self._sources: dict[int, list[str]] = {}  # batch number -> its samples' source infos
+        self._lengths: dict[int, list[int]] = {}  # batch number -> its samples' lengths (File)
+        self._states_at_end: dict[int, list] = {}  # batch number -> its files' states then
+        self._read_again: dict[int, tuple] = {}  # sample number -> (source, state, samples)
 
     def _move_reader_in(self, pipe: Any, batch_size: int) -> None:
         if self._operator is None:
@@ -73,13 +98,24 @@ class ReaderStream:
         """Move the reader into the pipeline (eager ndd's checks and errors first, as at the
         first step of an eager epoch), then start reading ahead."""
         reader = self._reader()
-        self._operator = _dali.claim_reader(reader, self.batch_size)
+        files = _dali.reader_files(reader)
+        if files is not None and not files.shuffled:
+            # a mapped file cut short under a run's copy is SIGBUS (a shuffle buffer: see rule 5)
+            self._operator, self._maps_files = _dali.claim_reader_unmapped(reader,
+                                                                          self.batch_size)
+        else:
+            self._operator = _dali.claim_reader(reader, self.batch_size)
+            self._maps_files = files is None or files.mapped
+        self._files = files
+        self._read_lag = files.prefetch_depth + 1 if files is not None else 0
         self.executable.ensure_built(self.batch_size)
         self._meta = dict(_dali.reader_metadata_of(self.executable.pipeline, reader))
+        self._times.restart()
         if not READ_THREAD:
             return
         self._threaded = True
-        self._worker = threading.Thread(target=_read_ahead, args=(weakref.ref(self), self._cond),
+        self._worker = threading.Thread(target=_read_ahead,
+                                        args=(weakref.ref(self), self._cond, self._times),
                                         daemon=True, name=f"ndd_trace reader {self.name}")
         _workers.add(self)
         self._worker.start()
@@ -104,22 +140,28 @@ class ReaderStream:
 
     def peek(self, count: int, wait: bool = True) -> tuple | None:
         """The Batches the stream hands out at `count` (None if not read ahead so far, or, with
-        `wait=False`, not read yet)."""
+        `wait=False`, not read yet). A batch read before its epoch opened may still be replaced
+        by `take` (see `_as_eager_reads`)."""
         if count < self.count or count >= self.count + READ_AHEAD:
             return None
-        if not wait and self._threaded:
+        if not wait and (self._threaded or self._failed is not None):
             with self._cond:
-                ready = len(self._ready) > count - self.count and self._error is None
+                ready = len(self._ready) > count - self.count and self._error is None and \
+                    self._failed is None
                 return self._ready[count - self.count] if ready else None
         if not self._threaded:
             with self.executable._lock:
                 while len(self._ready) <= count - self.count:
-                    _schedule(self.executable, self._in_flight, len(self._ready))
+                    _schedule(self.executable, self._in_flight, len(self._ready), self._times,
+                              max(self._read_limit, count + 1))
                     batches = _fetch(self._in_flight[0])  # a failed run raises every time
                     self._in_flight.pop(0)
                     self._ready.append(batches)
                 return self._ready[count - self.count]
         with self._cond:
+            if self._read_limit <= count:  # asked for: read it, epoch or not
+                self._read_limit = count + 1
+                self._cond.notify_all()
             while len(self._ready) <= count - self.count:
                 if self._error is not None:
                     raise self._error
@@ -130,13 +172,27 @@ class ReaderStream:
             return self._ready[count - self.count]
 
     def take(self) -> tuple:
-        batches = self.peek(self.count)
+        if self._failed is not None:
+            raise self._failed
+        try:
+            batches = self.peek(self.count)
+        except Exception as error:
+            files = self._files
+            if files is None or self._maps_files == files.mapped:
+                raise
+            # reading into memory fails with other words than eager's mapping: eager's error
+            self._failed = _dali.as_eager_read_error(self._reader(), files, error)
+            raise self._failed from None
+        if self._files is not None:
+            batches = self._as_eager_reads(self.count, batches)  # type: ignore[arg-type]
         with self._cond:
             self._ready.pop(0)
             self.count += 1
             self._cond.notify_all()
+        self._forget_handed_out()
         if not self._threaded:  # keep reading ahead, into the next epoch
-            _schedule(self.executable, self._in_flight, len(self._ready))
+            _schedule(self.executable, self._in_flight, len(self._ready), self._times,
+                      self._read_limit)
         return batches  # type: ignore[return-value]
 
     def epoch(self, batch_size: int, on_batch: Callable | None) -> Iterator[Any]:
@@ -146,23 +202,290 @@ class ReaderStream:
         reader = self._reader()
         _dali.reader_uses_batch_size(reader, batch_size)
         steps = _dali.shard_steps(reader, self._meta["epoch_size_padded"], batch_size)
-        for _ in range(steps):
-            count = self.count
-            batches = self.take()
-            if on_batch is not None:
-                on_batch(self, count, batches)
-            yield dict(zip(self.names, batches)) if self.names else batches
-        _dali.advance_shard(reader)
+        self._open_epoch(steps)
+        try:
+            for _ in range(steps):
+                count = self.count
+                batches = self.take()
+                if on_batch is not None:
+                    on_batch(self, count, batches)
+                yield dict(zip(self.names, batches)) if self.names else batches
+            _dali.advance_shard(reader)
+        finally:
+            self._close_epoch()
+
+    # -- files between epochs (runahead.py, rule 5) ---------------------------------------------
+
+    def _open_epoch(self, steps: int) -> None:
+        """An epoch's first step: the script's code before it has run (it may have rewritten
+        files), so what was read before now is checked as it is handed out; reading goes on."""
+        with self._cond:
+            self._opened_ns = self._times.started_ns if self._epochs == 0 else time.time_ns()
+            self._epochs += 1
+            self._open_epochs += 1
+            self._epoch_first = self.count
+            # a reader whose files cannot be checked reads no further than this epoch's end
+            end = sys.maxsize if self._files is not None else self.count + steps
+            self._read_limit = max(self._read_limit, end)
+            self._cond.notify_all()
+
+    def _close_epoch(self) -> None:
+        """An epoch ended (or was left by a `break`): nothing more is read until the next one
+        opens, so no read overlaps the script's code in between."""
+        with self._cond:
+            self._open_epochs -= 1
+            if self._open_epochs > 0:
+                return
+            self._read_limit = self._times.scheduled
+            self._closed_ns = time.time_ns()
+        if self._maps_files or self._files is not None:
+            self._finish_reading()
+        if self._files is not None:
+            self._note_file_states()
+
+    def _finish_reading(self) -> None:
+        """Wait for the reads in flight: a mapped file the script truncates under a read's copy
+        kills the process (SIGBUS), and the files of all that was read are noted as the script's
+        code between epochs begins (`_note_file_states`)."""
+        if not self._threaded:
+            with self.executable._lock:
+                while self._in_flight and self._in_flight[0].error is None:
+                    try:
+                        batches = _fetch(self._in_flight[0])
+                    except Exception:  # noqa: BLE001 (raised again when its batch is taken)
+                        return
+                    self._in_flight.pop(0)
+                    self._ready.append(batches)
+            return
+        if self._worker is threading.current_thread():
+            return
+        deadline = time.monotonic() + 10
+        with self._cond:
+            while self._times.scheduled > self.count + len(self._ready) and \
+                    self._error is None and not self._stopping and \
+                    self._worker is not None and self._worker.is_alive():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(timeout=min(remaining, 1.0))
+
+    def _note_file_states(self) -> None:
+        """The states of the files of the batches read ahead, as the script's code between
+        epochs begins: a later difference is a change, whatever the file clocks say, and what
+        eager's reader, which reads its next samples then, read."""
+        with self._cond:
+            ready = list(enumerate(self._ready, self.count))
+        for number, outputs in ready:
+            self._states_at_end[number] = [
+                _file_state(_dali.file_path(self._files, source))
+                for source in self._sources_of(number, outputs)]
+
+    def _lengths_of(self, number: int, outputs: tuple) -> list[int]:
+        lengths = self._lengths.get(number)
+        if lengths is None:
+            lengths = self._lengths[number] = _dali.sample_lengths(
+                outputs[self._files.content_outputs[0]])
+        return lengths
+
+    def _sources_of(self, number: int, outputs: tuple) -> list[str]:
+        sources = self._sources.get(number)
+        if sources is None:
+            content = outputs[self._files.content_outputs[0]]
+            sources = self._sources[number] = _dali.sample_sources(content)
+        return sources
+
+    def _as_eager_reads(self, step: int, batches: tuple) -> tuple:
+        """The Batches of `step` as eager ndd's reader gives them at this step. The stream read
+        some batches before the open epoch's first step (the script's code ran after); for the
+        samples eager's reader reads at this step (`_eager_reads`), a file changed since is read
+        again now, as eager reads it, and the error eager's reader raises for a file it cannot
+        read is raised here (and at every later step)."""
+        files = self._files
+        last = step if files.shuffled else step + files.prefetch_depth
+        # an empty file reads into memory, but eager's reader fails to map it
+        empties_fail = files.whole_files and files.mapped and not self._maps_files
+        due: list[tuple] = []  # (sample number, source, file state) to read again at this step
+        for number in range(step, last + 1):
+            read_from = self._times.reading_from(number - self._read_lag)
+            early = read_from < self._opened_ns  # maybe read before the code between epochs ran
+            if not early and not empties_fail:
+                continue
+            outputs = batches if number == step else self._peek_read(number)
+            if outputs is None:
+                break
+            lengths = self._lengths_of(number, outputs) if files.whole_files else None
+            if not early and 0 not in lengths:  # type: ignore[operator]
+                continue
+            at_end = self._states_at_end.get(number)
+            for index, source in enumerate(self._sources_of(number, outputs)):
+                sample = number * self.batch_size + index
+                when = self._eager_reads(sample, step)
+                if when is None or sample in self._read_again:
+                    continue
+                if empties_fail and when == "now" and lengths[index] == 0:  # type: ignore[index]
+                    due.append((sample, source, None))
+                    continue
+                if not early:
+                    continue
+                state = _file_state(_dali.file_path(files, source))
+                ended = at_end[index] if at_end is not None else state  # as the last epoch ended
+                if state is not None and ended == state and \
+                        _changed_before(state, read_from) and \
+                        (lengths is None or lengths[index] == state[2]):
+                    continue  # as it was when the stream read it
+                if when == "before" and not self._read_before_changed(state, at_end, ended):
+                    continue
+                due.append((sample, source, state))
+        if due:
+            try:
+                samples = _dali.read_files_again(self._reader(), files,
+                                                 [source for _, source, _ in due])
+            except Exception as error:
+                self._failed = error  # eager's reader fails at this step and every later one
+                raise
+            for (sample, source, state), read in zip(due, samples):
+                self._read_again[sample] = (source, state, read)
+        first = step * self.batch_size
+        replaced = {index: self._read_again.pop(first + index)
+                    for index in range(self.batch_size) if first + index in self._read_again}
+        if not replaced:
+            return batches
+        if files.mapped:  # eager maps a file as it loads it, and copies it out at this step
+            changed = [index for index, (source, state, _) in replaced.items()
+                       if _changed_in_place(state, _file_state(_dali.file_path(files, source)))]
+            if changed:
+                again = _dali.read_files_again(self._reader(), files,
+                                               [replaced[index][0] for index in changed])
+                for index, read in zip(changed, again):
+                    replaced[index] = (None, None, read)
+        batches = _dali.with_samples(batches, files,
+                                     {index: read for index, (_, _, read) in replaced.items()})
+        with self._cond:
+            self._ready[0] = batches
+        return batches
+
+    def _read_before_changed(self, state: tuple | None, at_end: list | None,
+                             ended: tuple | None) -> bool:
+        """Whether eager's reader, which loaded a sample before the open epoch began (as the
+        last one ended; a shuffling one, into its buffer, maybe long before), gives its file as
+        it is now (`state`): it loaded it after its last change, or maps it and it was changed
+        in place since; not a file deleted or replaced since (eager keeps what it loaded, as
+        the stream does)."""
+        files = self._files
+        in_place = files.mapped and state is not None and (
+            at_end is None or _changed_in_place(ended, state) or ended == state)
+        if files.shuffled:
+            return in_place
+        if state is None:  # gone: eager's reader failed on it only if it was gone already
+            return at_end is not None and ended is None
+        since = ended != state if at_end is not None else \
+            not _changed_before(state, self._closed_ns)
+        return not since or in_place  # changed before the last epoch ended: read as it is
+
+    def _eager_reads(self, sample: int, step: int) -> str | None:
+        """Whether eager ndd's reader reads `sample` (numbered from the stream's first) at
+        `step`: "now"; "before" at the open epoch's first step for those it had read before the
+        epoch began (it reads them as the last one ended); None at another step. A shuffling
+        reader loads in its buffer's order, which ndd_trace does not know: a sample read before
+        the epoch began counts as loaded before it by eager's reader too, at the step that hands
+        it out."""
+        files, size, depth = self._files, self.batch_size, self._files.prefetch_depth
+        if files.shuffled:  # (loaded before this epoch began, as far as can be told)
+            return "before" if sample // size == step else None
+        loaded_by = (sample - 1) // size  # the batch whose loading reads it (one sample ahead)
+        if self._epochs > 1 and loaded_by < self._epoch_first + depth:  # before this epoch
+            return "before" if step == self._epoch_first else None
+        # (a new operator's first run loads its first batches)
+        return "now" if max(loaded_by - depth + 1, 0) == step else None
+
+    def _peek_read(self, number: int) -> tuple | None:
+        """The batch `number`, read (waiting for it); None where it is not to be had now."""
+        try:
+            return self.peek(number)
+        except Exception:  # noqa: BLE001 (the stream's own error, raised at its own batch)
+            return None
+
+    def _forget_handed_out(self) -> None:
+        self._times.forget_before(self.count - self._read_lag)
+        tables = (self._sources, self._lengths, self._states_at_end)
+        if not any(tables) and not self._read_again:
+            return
+        for table in tables:
+            for number in [number for number in table if number < self.count]:
+                del table[number]
+        first = self.count * self.batch_size
+        for sample in [sample for sample in self._read_again if sample < first]:
+            del self._read_again[sample]
 
 
-def _schedule(executable: Executable, in_flight: list[PendingRun], ready: int) -> None:
-    """Schedule reader runs until `ready` batches and those in flight make READ_AHEAD."""
+class ReadTimes:
+    """When each run of a stream's reader was scheduled (batch number -> wall-clock ns), shared
+    with its worker thread, which holds the stream itself only weakly."""
+
+    def __init__(self) -> None:
+        self.started_ns = time.time_ns()
+        self.scheduled = 0  # runs scheduled so far (the next one's batch number)
+        self._at: dict[int, int] = {}
+
+    def restart(self) -> None:
+        self.started_ns = time.time_ns()
+
+    def note(self, when_ns: int) -> None:
+        self._at[self.scheduled] = when_ns
+        self.scheduled += 1
+
+    def reading_from(self, number: int) -> int:
+        """When run `number` was scheduled (before the first run: when the stream started)."""
+        return self._at.get(number, self.started_ns) if number >= 0 else self.started_ns
+
+    def forget_before(self, number: int) -> None:
+        for key in [key for key in list(self._at) if key < number]:
+            del self._at[key]
+
+
+# file times tick coarsely (whole seconds on some filesystems), as git's "racily clean" knows
+_TICK_SLACK_NS = 50_000_000
+_SECOND_SLACK_NS = 2_000_000_000
+
+
+def _file_state(path: str) -> tuple[int, int, int, int, int] | None:
+    """(device, inode, size, mtime, ctime) of the file at `path`, through a symlink (ctime: the
+    later of the link's and the file's); None if there is none."""
+    try:
+        link = os.lstat(path)
+        state = os.stat(path) if stat.S_ISLNK(link.st_mode) else link
+    except OSError:
+        return None
+    return (state.st_dev, state.st_ino, state.st_size, state.st_mtime_ns,
+            max(state.st_ctime_ns, link.st_ctime_ns))
+
+
+def _changed_in_place(before: tuple | None, now: tuple | None) -> bool:
+    """Whether a file changed from `before` to `now`, the same file (a mapping of it shows the
+    change; one deleted or replaced keeps showing what it was)."""
+    return before is not None and now is not None and before != now and before[:2] == now[:2]
+
+
+def _changed_before(state: tuple, read_from_ns: int) -> bool:
+    """Whether a file in `state` last changed, for certain, before `read_from_ns` (its ctime,
+    which no user call can set back)."""
+    changed = state[4]
+    slack = _SECOND_SLACK_NS if changed % 1_000_000_000 == 0 else _TICK_SLACK_NS
+    return changed < read_from_ns - slack
+
+
+def _schedule(executable: Executable, in_flight: list[PendingRun], ready: int,
+              times: ReadTimes, limit: int) -> None:
+    """Schedule reader runs until `ready` batches and those in flight make READ_AHEAD (none for
+    batch numbers from `limit` on)."""
     with executable._lock:
-        while ready + len(in_flight) < READ_AHEAD:
+        while ready + len(in_flight) < READ_AHEAD and times.scheduled < limit:
+            when = time.time_ns()
             run = executable.launch([], executable.max_batch_size)
             if run is None:  # the pipeline failed: the next fetch raises its error
                 break
             in_flight.append(run)
+            times.note(when)
 
 
 def _fetch(run: PendingRun) -> tuple:
@@ -170,9 +493,10 @@ def _fetch(run: PendingRun) -> tuple:
     return tuple(_dali.wrap_batch(output) for output in run.result())
 
 
-def _read_ahead(ref: weakref.ref, cond: threading.Condition) -> None:
-    """A stream's worker: keep READ_AHEAD batches scheduled or fetched, in order. It holds its
-    stream weakly while it waits, and ends once the stream (with its reader) is dropped."""
+def _read_ahead(ref: weakref.ref, cond: threading.Condition, times: ReadTimes) -> None:
+    """A stream's worker: keep READ_AHEAD batches scheduled or fetched, in order, within the
+    stream's read limit. It holds its stream weakly while it waits, and ends once the stream
+    (with its reader) is dropped."""
     in_flight: list[PendingRun] = []
     try:
         while True:
@@ -180,14 +504,15 @@ def _read_ahead(ref: weakref.ref, cond: threading.Condition) -> None:
             if stream is None or stream._stopping:
                 return
             with cond:
-                if not in_flight and len(stream._ready) >= READ_AHEAD:
+                ready = len(stream._ready)
+                limit = stream._read_limit
+                if not in_flight and (ready >= READ_AHEAD or times.scheduled >= limit):
                     stream = None
                     cond.wait(timeout=0.5)
                     continue
-                ready = len(stream._ready)
             executable = stream.executable
             stream = None
-            _schedule(executable, in_flight, ready)
+            _schedule(executable, in_flight, ready, times, limit)
             executable = None
             batches = _fetch(in_flight.pop(0))  # waits with the GIL released
             stream = ref()
