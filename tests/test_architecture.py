@@ -45,6 +45,11 @@ LAYERS = [
     {"modes.sites"},
     {"modes.regions"},
     {"modes.lazy"},
+    {"modes.per_sample.conditions"},
+    {"modes.per_sample.rewrite"},
+    {"modes.per_sample.definition"},
+    {"modes.per_sample.random_stream"},
+    {"modes.per_sample.function"},
     {"modes.per_sample"},
     {"modes.cache"},
     {"modes.stage"},
@@ -95,7 +100,7 @@ def _parse(path: str) -> ast.Module:
 
 def _package_of(module: str, path: str) -> list[str]:
     parts = module.split(".")
-    return parts if path.endswith("__init__.py") and module in PACKAGES else parts[:-1]
+    return parts if path.endswith("__init__.py") and module != "__init__" else parts[:-1]
 
 
 def _imports(module: str, path: str, modules: dict[str, str]) -> set[str]:
