@@ -30,6 +30,7 @@ LAYERS = [
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},
     {"codegen.optimize"},
     {"codegen.lower"},
+    {"execution.tuning_store"},
     {"execution.waits", "execution.interpret", "execution.feed", "execution.tuning"},
     {"execution.failures"},
     {"execution.runtime"},
