@@ -27,7 +27,7 @@ LAYERS = [
     {"_dali.pipelines"},
     {"_dali.conditionals"},
     {"_dali"},
-    {"tracing.values"},
+    {"tracing.values", "tracing.effects"},
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},
     {"codegen.optimize"},
     {"codegen.lower"},
