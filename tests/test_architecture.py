@@ -34,6 +34,7 @@ LAYERS = [
     {"execution.tuning_store"},
     {"execution.waits", "execution.interpret", "execution.feed", "execution.tuning"},
     {"execution.failures"},
+    {"execution.results"},
     {"execution.runtime"},
     {"execution.build"},
     {"ahead.runahead"},
