@@ -309,3 +309,21 @@ def test_the_public_entry_points_use_public_surfaces():
                     not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls",
                                                                                 "_dali")):
                 raise AssertionError(f"{module}:{node.lineno}: {ast.unparse(node)}")
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_module_budget():
+    """I9: no module of ndd_trace is over 500 lines: a larger one is split by responsibility
+    (f7fb7da: per_sample.py 1,094 lines, api.py 661, trace.py 627, tuning.py 613, stepcheck.py
+    557, guards.py 550, runtime.py 508)."""
+    over = {}
+    for module, path in _modules().items():
+        if module == "api":  # another change splits api.py, and removes this exception
+            continue
+        with open(path) as file:
+            lines = sum(1 for _ in file)
+        if lines > MAX_MODULE_LINES:
+            over[module] = lines
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
