@@ -27,11 +27,14 @@ LAYERS = [
     {"_dali.pipelines"},
     {"_dali.conditionals"},
     {"_dali"},
+    {"tracing.values", "tracing.effects"},
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},
     {"codegen.optimize"},
     {"codegen.lower"},
+    {"execution.tuning_store"},
     {"execution.waits", "execution.interpret", "execution.feed", "execution.tuning"},
     {"execution.failures"},
+    {"execution.results"},
     {"execution.runtime"},
     {"execution.build"},
     {"ahead.runahead"},
@@ -45,6 +48,11 @@ LAYERS = [
     {"modes.sites"},
     {"modes.regions"},
     {"modes.lazy"},
+    {"modes.per_sample.conditions"},
+    {"modes.per_sample.rewrite"},
+    {"modes.per_sample.definition"},
+    {"modes.per_sample.random_stream"},
+    {"modes.per_sample.function"},
     {"modes.per_sample"},
     {"modes.cache"},
     {"modes.stage"},
@@ -95,7 +103,7 @@ def _parse(path: str) -> ast.Module:
 
 def _package_of(module: str, path: str) -> list[str]:
     parts = module.split(".")
-    return parts if path.endswith("__init__.py") and module in PACKAGES else parts[:-1]
+    return parts if path.endswith("__init__.py") and module != "__init__" else parts[:-1]
 
 
 def _imports(module: str, path: str, modules: dict[str, str]) -> set[str]:
@@ -301,3 +309,21 @@ def test_the_public_entry_points_use_public_surfaces():
                     not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls",
                                                                                 "_dali")):
                 raise AssertionError(f"{module}:{node.lineno}: {ast.unparse(node)}")
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_module_budget():
+    """I9: no module of ndd_trace is over 500 lines: a larger one is split by responsibility
+    (f7fb7da: per_sample.py 1,094 lines, api.py 661, trace.py 627, tuning.py 613, stepcheck.py
+    557, guards.py 550, runtime.py 508)."""
+    over = {}
+    for module, path in _modules().items():
+        if module == "api":  # another change splits api.py, and removes this exception
+            continue
+        with open(path) as file:
+            lines = sum(1 for _ in file)
+        if lines > MAX_MODULE_LINES:
+            over[module] = lines
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"

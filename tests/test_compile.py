@@ -527,20 +527,22 @@ def test_explain_says_what_to_try_for_each_break(batch):
 
 
 def test_every_break_the_tracer_raises_has_a_fix():
-    """The fix table covers each reason the tracer gives (its `_break(...)` texts)."""
+    """The fix table covers each reason the tracer and its traced values give (their
+    `graph_break(...)` texts)."""
     import ast
 
-    from ndd_trace.tracing import trace
+    from ndd_trace.tracing import trace, values
 
-    tree = ast.parse(pathlib.Path(trace.__file__).read_text())
     reasons = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("_break", "GraphBreakSignal"):
-            first = node.args[0]
-            text = first.value if isinstance(first, ast.Constant) else "".join(
-                part.value if isinstance(part, ast.Constant) else "X"
-                for part in getattr(first, "values", []))
-            reasons.append(text)
+    for module in (trace, values):
+        for node in ast.walk(ast.parse(pathlib.Path(module.__file__).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+                    "graph_break", "GraphBreakSignal"):
+                first = node.args[0]
+                text = first.value if isinstance(first, ast.Constant) else "".join(
+                    part.value if isinstance(part, ast.Constant) else "X"
+                    for part in getattr(first, "values", []))
+                reasons.append(text)
     assert len(reasons) > 15
     own_fix = ("pass", "write the loop", "make the function", "outside the compiled", "use the")
     missing = [r for r in reasons if r and trace.GraphBreakRecord(r, None).fix is None

@@ -397,19 +397,20 @@ def test_a_symlinked_tuning_file_is_refused(cache_dir, tmp_path):
     file of the user's own: another user's link turns the cache off, and nothing is written
     through it."""
     from ndd_trace.execution import tuning
+    from ndd_trace.execution.tuning_store import current_store
 
     cache_dir.chmod(0o1777)
     ndd_trace.set_cache_dir(str(cache_dir))
     tuning.forget()
     theirs = tmp_path / "theirs.json"
     theirs.write_text('{"format": 1, "entries": {"k": {"num_threads": 64}}}')
-    link = tuning._store().path
+    link = current_store().path
     os.symlink(theirs, link)
     try:
         with pytest.warns(ndd_trace.NddTraceWarning, match="is a symbolic link"):
-            assert tuning._store().get("k") is None
-        tuning._store().put("k", {"num_threads": 1, "prefetch_queue_depth": 2})
-        assert tuning._store().get("k")["num_threads"] == 1  # kept in this process only
+            assert current_store().get("k") is None
+        current_store().put("k", {"num_threads": 1, "prefetch_queue_depth": 2})
+        assert current_store().get("k")["num_threads"] == 1  # kept in this process only
     finally:
         tuning.forget()
     assert os.listdir(cache_dir) == [os.path.basename(link)] and os.path.islink(link)
@@ -418,9 +419,9 @@ def test_a_symlinked_tuning_file_is_refused(cache_dir, tmp_path):
 
 def _tune_many(directory, rank, count, start):
     """One process's tuning decisions (a torchrun rank's), kept one by one, all ranks at once."""
-    from ndd_trace.execution import tuning
+    from ndd_trace.execution import tuning_store
 
-    store = tuning._Store(directory)
+    store = tuning_store.Store(directory)
     start.wait()
     for index in range(count):
         store.put(f"rank{rank}-{index}", {"num_threads": 1, "prefetch_queue_depth": 2,
@@ -433,11 +434,11 @@ def test_ranks_keeping_tuning_at_once_lose_nothing_when_its_lock_file_cannot_be_
     import json
     import multiprocessing
 
-    from ndd_trace.execution import tuning
+    from ndd_trace.execution import tuning_store
 
     directory = tmp_path / "cache"
     directory.mkdir(mode=0o700)
-    kept = tuning._Store(str(directory)).path
+    kept = tuning_store.Store(str(directory)).path
     os.mkdir(kept + ".lock")
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(4)

@@ -18,7 +18,7 @@ from conftest import HAS_GPU
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace.execution import runtime, tuning
+from ndd_trace.execution import runtime, tuning, tuning_store
 
 SEED = 11
 
@@ -97,7 +97,7 @@ def test_the_decision_is_kept_per_machine_and_used_from_the_first_build(jpeg_dir
     kept = list((tmp_path / "cache").glob("tuning-*.json"))
     assert len(kept) == 1
     data = json.loads(kept[0].read_text())
-    assert data["format"] == tuning.FORMAT and data["machine"] == tuning.machine()
+    assert data["format"] == tuning_store.FORMAT and data["machine"] == tuning_store.machine()
     (record,) = data["entries"].values()
     assert record["num_threads"] == decided.current.num_threads
     assert record["measured"]
@@ -274,7 +274,7 @@ def test_a_short_run_is_not_searched(jpeg_dir, monkeypatch):
     tuner = _tuner(compiled)
     assert tuner.state == "waiting" and tuner.measured == [], tuner.describe()
     assert compiled._step._entry_cache.last_entry().executable.builds == 1
-    assert tuning._store().get(tuner._key()) is None
+    assert tuning_store.current_store().get(tuner._key()) is None
     assert "searched once the loop has run 3600 s (waiting" in str(ndd_trace.explain(compiled))
 
 
@@ -323,7 +323,7 @@ def test_gpu_decoder_load_is_tuned(jpeg_dir):
 
 
 def test_machine_names_this_kind_of_machine():
-    text = tuning.machine()
+    text = tuning_store.machine()
     assert "CPUs" in text and str(len(os.sched_getaffinity(0))) in text
 
 
@@ -436,7 +436,7 @@ def test_tuned_steps_are_eager_s_where_no_rewrite_changes_values(jpeg_dir):
 
 def _put_many(directory: str, rank: int, count: int) -> None:
     """One process's decisions (a torchrun rank's), put one by one."""
-    store = tuning._Store(directory)
+    store = tuning_store.Store(directory)
     for index in range(count):
         store.put(f"rank{rank}-{index}", {"num_threads": 1, "prefetch_queue_depth": 2,
                                           "hw_decoder_load": None})

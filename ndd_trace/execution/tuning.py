@@ -29,21 +29,17 @@ for a GPU-decoder pipeline on the H200), so the loop's Python waits that long al
 runs already queued go on meanwhile, and nothing is drained or freed on the loop's thread.
 
 With a cache directory (`NDD_TRACE_CACHE_DIR`, `ndd_trace.set_cache_dir`), the decision is kept
-in `tuning-<machine>.json` there, under a key of the generated code (as traced, before tuning),
-the batch size and the DALI version: the next run on this kind of machine (the same GPU and
-CPU models and CPU count) builds with it from its first step. `NDD_TRACE_TUNE=0` switches
-tuning off; it applies only under `optimize`.
+in `tuning-<machine>.json` there (tuning_store.py), under a key of the generated code (as
+traced, before tuning), the batch size and the DALI version: the next run on this kind of
+machine (the same GPU and CPU models and CPU count) builds with it from its first step.
+`NDD_TRACE_TUNE=0` switches tuning off; it applies only under `optimize`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import fcntl
-import glob
 import hashlib
-import json
 import os
 import statistics
 import threading
@@ -54,11 +50,12 @@ from typing import Any
 
 from .. import _dali
 from ..codegen import optimize as rewrites
-from ..core import files, logs
+from ..core import logs
 from ..core.ir import NodeKind
+from .tuning_store import FORMAT, current_store, usable_cpus
+from .tuning_store import forget  # noqa: F401 (api.py calls it as tuning.forget)
 
 ENV_VAR = "NDD_TRACE_TUNE"
-FORMAT = 1  # of the kept decisions: bump when what is kept changes
 WINDOW = 12  # steps timed per setting, at least
 WINDOW_S = 1.0  # seconds timed per setting, at least (a rate over more than a few steps)
 SETTLE = 3  # steps left out after a rebuild (the runs ahead refill)
@@ -72,7 +69,6 @@ MARGIN = 0.03  # a setting replaces the start only this much faster, in both mea
 LOADS = (0.4, 0.65, 0.9, 1.0)  # hw_decoder_load: the start's neighbours tried, on while it pays
 DEEPER = 1  # prefetch_queue_depth tried this much above the start's, where it runs further ahead
 MAX_DEPTH = 8  # a kept prefetch_queue_depth above this (or below 1) is not used
-MERGES = 5  # a decision replaced by a writer that took no lock this often: not kept
 
 _UNTIL_BUILT = 1 << 30  # steps left out while a setting is being built
 STALE_S = 30.0  # a search whose pipeline was not used this long gives way to another one
@@ -165,7 +161,7 @@ class Tuner:
         if self.state != "waiting":
             return
         self._batch_size = batch_size
-        kept = _store().get(self._key())
+        kept = current_store().get(self._key())
         if kept is None:
             return
         setting = _valid(kept, self.start)
@@ -173,7 +169,8 @@ class Tuner:
             logs.tuning.info("%s: the kept settings %r are not usable here: searched again",
                              self._name(), kept)
             return
-        self.state, self.reason = "loaded", f"kept in {_store().path} ({kept.get('date', '?')})"
+        self.state, self.reason = "loaded", \
+            f"kept in {current_store().path} ({kept.get('date', '?')})"
         self._set(setting, build=False)
         logs.tuning.info("%s: settings kept for this machine: %s", self._name(), setting.text())
 
@@ -186,7 +183,7 @@ class Tuner:
             logs.tuning.info("%s: the kept settings %s did not build (%s): the starting "
                              "settings, and the kept ones dropped", self._name(),
                              self.current.text(), error)
-            _store().drop(self._key())
+            current_store().drop(self._key())
             self._set(self.start, build=False)
             self.state, self.reason = "failed", f"the kept settings did not build: {error}"
             return True
@@ -296,7 +293,7 @@ class Tuner:
                 if moved:
                     break
         if not self._threads_given:
-            cpus = _cpus()
+            cpus = usable_cpus()
             threads = best.num_threads
             moved = False
             while threads // 2 >= 1:
@@ -351,7 +348,7 @@ class Tuner:
                   "hw_decoder_load": decision.hw_decoder_load, "gain": round(gain, 4),
                   "date": datetime.date.today().isoformat(),
                   "measured": [[s.text(), round(r, 2)] for s, r in self.measured]}
-        _store().put(self._key(), record)
+        current_store().put(self._key(), record)
 
     def _finish(self, state: str, reason: str) -> None:
         self.state, self.reason = state, reason
@@ -395,7 +392,7 @@ class Tuner:
         logs.tuning.info("%s: %s did not build (%s): the starting settings", self._name(),
                          setting.text(), error)
         if self.state == "tuned":  # the decision itself: not kept either
-            _store().drop(self._key())
+            current_store().drop(self._key())
         self._set(self.start, build=False)
         self._finish("failed", f"{setting.text()} did not build: {error}")
 
@@ -473,7 +470,7 @@ def _valid(kept: dict, start: Setting) -> Setting | None:
     except (KeyError, TypeError, ValueError):
         return None
     if (load is None) != (start.hw_decoder_load is None) or not 1 <= depth <= MAX_DEPTH or \
-            not 1 <= threads <= max(_cpus(), start.num_threads) or \
+            not 1 <= threads <= max(usable_cpus(), start.num_threads) or \
             (load is not None and not 0.0 <= load <= 1.0):  # (a NaN fails too)
         return None
     return Setting(threads, depth, load)
@@ -485,153 +482,3 @@ def _moves(start: Setting, now: Setting) -> str:
         ("prefetch_queue_depth", start.prefetch_queue_depth, now.prefetch_queue_depth),
         ("hw_decoder_load", start.hw_decoder_load, now.hw_decoder_load)) if before != after]
     return ", ".join(moves)
-
-
-# ---------------------------------------------------------------------------------------------
-# The decisions kept per machine
-
-def machine() -> str:
-    """This kind of machine, as tuning sees it: the GPU and CPU models and the CPU count."""
-    gpus = []
-    for path in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as file:
-                gpus += [line.split(":", 1)[1].strip() for line in file
-                         if line.startswith("Model:")]
-        except OSError:
-            continue
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as file:
-            cpu = next((line.split(":", 1)[1].strip() for line in file
-                        if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{' + '.join(gpus) or 'no GPU'}; {cpu or 'CPU'}; {_cpus()} CPUs"
-
-
-def _cpus() -> int:
-    """The CPUs this process may use."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-class _Store:
-    """Decisions in `tuning-<machine digest>.json` in the cache directory (in memory without
-    one): read once, written whole and atomically (merged with what other processes wrote)."""
-
-    def __init__(self, directory: str | None):
-        self.directory = directory
-        self.machine = machine()
-        name = hashlib.sha256(self.machine.encode()).hexdigest()[:16]
-        self.path = os.path.join(directory, f"tuning-{name}.json") if directory else \
-            "this process (no cache directory)"
-        self._entries: dict | None = None
-
-    def _read(self) -> dict:
-        if self.directory is None:
-            return {}
-        try:
-            with files.open_owned(self.path) as file:
-                data = json.loads(file.read().decode("utf-8"))
-        except files.UntrustedFileError as error:  # the directory is used no more (warned)
-            _dali.refuse_cache_dir(self.directory, error.path, error.reason)
-            self.directory = None
-            return {}
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            return {}
-        entries = data.get("entries")
-        return entries if isinstance(entries, dict) else {}
-
-    def get(self, key: str) -> dict | None:
-        if self._entries is None:
-            self._entries = self._read()
-        entry = self._entries.get(key)
-        return entry if isinstance(entry, dict) else None
-
-    def put(self, key: str, record: dict | None) -> None:
-        """Keep `record` under `key` (None: drop it). What other processes wrote since this one
-        read the file wins for their keys; the read and the write are one step under the file's
-        locks (`_locked`), so processes writing at once (torchrun's ranks) lose none. The file
-        is read again after the write: where a writer took no lock (none could be taken, or an
-        older ndd_trace) and replaced it with what it read before, the merge is made again."""
-        with self._locked():
-            for _ in range(MERGES):
-                entries = {**(self._entries or {}), **self._read()}
-                if record is None:
-                    entries.pop(key, None)
-                else:
-                    entries[key] = record
-                self._entries = entries
-                if self.directory is None:
-                    return
-                try:
-                    self._write(entries)
-                except OSError as error:
-                    logs.tuning.info("could not keep the tuning in %s: %s", self.path, error)
-                    return
-                if self._read().get(key) == record:
-                    return
-            logs.tuning.info("the tuning of %s was replaced %d times by other processes' as it "
-                             "was written: not kept", key, MERGES)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Generator[None, None, None]:
-        """Locks across processes, held while inside: flock on the cache directory itself and
-        on `<file>.lock`, in that order, each where it can be taken. The directory's cannot be
-        taken on NFS, where the lock file's can; the lock file cannot be opened where a
-        directory or another user's file has its name, where the directory's holds still. A
-        process that can take neither writes all the same (atomically; `put` checks the file
-        after)."""
-        with contextlib.ExitStack() as stack:
-            if self.directory is not None:
-                with contextlib.suppress(OSError):  # (a failure is the lock's, below)
-                    os.makedirs(self.directory, mode=0o700, exist_ok=True)
-                for path, flags in ((self.directory, os.O_RDONLY | os.O_DIRECTORY),
-                                    # (never a link another user put in its place)
-                                    (self.path + ".lock", os.O_WRONLY | os.O_CREAT |
-                                     os.O_NOFOLLOW)):
-                    try:
-                        descriptor = os.open(path, flags | os.O_CLOEXEC, 0o600)
-                    except OSError as error:
-                        logs.tuning.info("could not open %s to lock it: %s", path, error)
-                        continue
-                    stack.callback(os.close, descriptor)  # (the lock is released with it)
-                    try:
-                        fcntl.flock(descriptor, fcntl.LOCK_EX)
-                    except OSError as error:
-                        logs.tuning.info("could not lock %s: %s", path, error)
-            yield
-
-    def _write(self, entries: dict) -> None:
-        """The file, written whole and atomically (its temporary file removed if that fails)."""
-        files.write_atomic(self.path, json.dumps(
-            {"format": FORMAT, "machine": self.machine, "entries": entries}, indent=1),
-            mode=0o600)
-
-    def drop(self, key: str) -> None:
-        self.put(key, None)
-
-
-_stores: dict[str | None, _Store] = {}
-
-
-def _store() -> _Store:
-    try:
-        directory = _dali.trusted_cache_dir()  # (None where refused: another user's)
-    except OSError as error:
-        logs.tuning.info("the cache directory %s cannot be used (%s): the tuning is kept in "
-                         "this process only", _dali.analysis_cache_dir(), error)
-        directory = None
-    store = _stores.get(directory)
-    if store is None:
-        store = _stores[directory] = _Store(directory)
-    return store
-
-
-def forget() -> None:
-    """Drop what this process read or decided (a new cache directory reads its own)."""
-    _stores.clear()

@@ -15,29 +15,22 @@ caller (api.py) runs such a generator in checked mode instead (each step's Pytho
 calls run ahead and are used only when they match), which is exact by construction.
 
 Values a body reads from parameters and globals are guarded once per epoch (guards.py); they
-are taken as unchanged within an epoch (documented in docs/loops.md).
-
-    finding = find_effect(step)                 # None: no call known to be impure
-
-A compiled function's Python runs at its trace only. `find_effect` looks in it (and the helpers
-it calls) for a call known to have an effect or to give another value at each call (`print`,
-`next`, `random`, `time`, `logging`, a global deque's `append`, ...), which eager runs at every
-call: the caller (stage.py) then runs the function in transparent mode, its Python at every
-call. Unlike the loop check it is not conservative: what it does not know to be impure is left
-to the guards (docs/limitations.md).
+are taken as unchanged within an epoch (documented in docs/loops.md). The other check of a
+compiled function's Python, `find_effect`, is in effects.py.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 import dataclasses
 import inspect
-import textwrap
 import types
 from typing import Any
 
 from ..core.source import SourceLoc
+from .effects import (IMPURE_MODULES, MAX_DEPTH, PURE_MODULES, Finding, Resolver, Unprovable,
+                      snippet, source_loc, source_tree)
+from .effects import find_effect  # noqa: F401 (stage.py calls it as stepcheck.find_effect)
 
 # builtins that compute a value from their arguments and touch nothing else
 _PURE_BUILTINS = frozenset({
@@ -46,64 +39,10 @@ _PURE_BUILTINS = frozenset({
     "round", "set", "slice", "sorted", "str", "sum", "tuple", "type", "zip", "getattr",
     "hasattr", "callable", "repr", "hash", "id",
 })
-# modules whose functions are pure computations (their random/time submodules are not)
-_PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools")
-_IMPURE_MODULES = ("numpy.random", "random", "time", "os", "sys", "logging")
-# builtins whose call is an effect, or gives another value at each call
-_EFFECT_BUILTINS = frozenset({"print", "next", "input", "open", "exec", "eval", "setattr",
-                              "delattr", "breakpoint"})
-_EFFECT_MODULES = (*_IMPURE_MODULES, "queue", "threading")
-# methods that change the Python object they are called on, for Python's own containers and
-# streams (a deque or a stream is guarded by its identity only: its change would go unseen)
-_CONTAINER_MODULES = ("builtins", "collections", "_collections", "io", "_io", "array")
-_MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "insert", "pop",
-                       "popleft", "popitem", "remove", "discard", "add", "update", "clear",
-                       "setdefault", "sort", "reverse", "rotate", "write", "writelines",
-                       "flush"})
 _STEP_SOURCES = ("next_epoch", "captured")
 # methods of ndd Batch/Tensor values that return new values and change nothing
 _DATA_METHODS = frozenset({"gpu", "cpu", "select", "evaluate", "torch", "tolist", "item",
                            "to_device"})
-_MAX_DEPTH = 3
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    """Why a loop body cannot be traced once: the construct, and where it is. `captures`: the
-    loop iterates `source.captured(...)`, which DALI's capture mode drives (as eagerly)."""
-
-    reason: str
-    loc: SourceLoc
-    captures: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.loc}: {self.reason}"
-
-
-class _Unprovable(Exception):
-    def __init__(self, reason: str, node: ast.AST | None):
-        super().__init__(reason)
-        self.reason = reason
-        self.node = node
-
-
-def _source_tree(function: Any) -> tuple[ast.FunctionDef, str, int] | None:
-    """The function's AST, file and first line; None where the source is not available."""
-    try:
-        lines, first = inspect.getsourcelines(function)
-        filename = inspect.getsourcefile(function) or function.__code__.co_filename
-    except (OSError, TypeError):
-        return None
-    tree = ast.parse(textwrap.dedent("".join(lines)))
-    node = tree.body[0] if tree.body else None
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
-    return node, filename, first
-
-
-def _text(node: ast.AST) -> str:
-    text = ast.unparse(node).strip().splitlines()[0]
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _names_read(node: ast.AST) -> set[str]:
@@ -121,17 +60,12 @@ def _is_step_source(node: ast.AST) -> bool:
                and n.func.attr in _STEP_SOURCES for n in ast.walk(node))
 
 
-class _Checker:
+class _Checker(Resolver):
     """Proves one function's Python free of per-step state and side effects."""
 
     def __init__(self, function: Any, depth: int = 0):
-        self.function = function
-        self.depth = depth
+        super().__init__(function, depth)
         code = function.__code__
-        self.globals = function.__globals__
-        self.closure = dict(zip(code.co_freevars,
-                                (c.cell_contents for c in function.__closure__ or ()
-                                 if _cell_filled(c))))
         self.params = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount
                                            + bool(code.co_flags & inspect.CO_VARARGS)
                                            + bool(code.co_flags & inspect.CO_VARKEYWORDS)])
@@ -139,57 +73,24 @@ class _Checker:
 
     # -- names and calls -----------------------------------------------------------------------
 
-    def _resolve(self, name: str) -> tuple[bool, Any]:
-        """(known, value) of a free name: a closure cell, a global or a builtin."""
-        if name in self.closure:
-            return True, self.closure[name]
-        if name in self.globals:
-            return True, self.globals[name]
-        if hasattr(builtins, name):
-            return True, getattr(builtins, name)
-        return False, None
-
-    def _chain(self, node: ast.AST) -> tuple[str, list[str]] | None:
-        attrs = []
-        while isinstance(node, ast.Attribute):
-            attrs.append(node.attr)
-            node = node.value
-        if isinstance(node, ast.Name):
-            return node.id, attrs[::-1]
-        return None
-
     def check_call(self, call: ast.Call) -> None:
         chain = self._chain(call.func)
-        what = _text(call.func)
+        what = snippet(call.func)
         if chain is None:
-            raise _Unprovable(f"calls `{what}`, whose Python ndd_trace cannot see", call)
+            raise Unprovable(f"calls `{what}`, whose Python ndd_trace cannot see", call)
         root, attrs = chain
         if root in self.locals:
             if len(attrs) == 1 and attrs[0] in _DATA_METHODS:
                 return  # a method of an ndd Batch/Tensor made in the body
-            raise _Unprovable(f"calls `{what}` on a Python value of its own (it may keep "
-                              "state from step to step)", call)
+            raise Unprovable(f"calls `{what}` on a Python value of its own (it may keep "
+                             "state from step to step)", call)
         if root in self.params:
-            raise _Unprovable(f"calls `{what}` on an argument: ndd_trace cannot tell whether "
-                              "its Python keeps state from step to step", call)
+            raise Unprovable(f"calls `{what}` on an argument: ndd_trace cannot tell whether "
+                             "its Python keeps state from step to step", call)
         known, value = self._callee(root, attrs)
         if not known:
-            raise _Unprovable(f"calls `{what}`, which ndd_trace cannot resolve", call)
+            raise Unprovable(f"calls `{what}`, which ndd_trace cannot resolve", call)
         self.check_callee(value, what, call)
-
-    def _callee(self, root: str, attrs: list[str]) -> tuple[bool, Any]:
-        """(known, value) of a free name's attribute chain (`log.info`), read without running
-        any code (methods unwrapped to their functions)."""
-        known, value = self._resolve(root)
-        if not known:
-            return False, None
-        for attr in attrs:
-            try:
-                value = inspect.getattr_static(value, attr)
-            except AttributeError:
-                return False, None
-            value = getattr(value, "__func__", value)
-        return True, value
 
     def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
         inlined = getattr(value, "_ndd_trace_inlined", None)
@@ -199,25 +100,25 @@ class _Checker:
         if isinstance(value, types.BuiltinFunctionType) and module == "builtins":
             if value.__name__ in _PURE_BUILTINS:
                 return
-            raise _Unprovable(f"calls `{what}` (a side effect, or a value that can change "
-                              "from step to step)", node)
+            raise Unprovable(f"calls `{what}` (a side effect, or a value that can change "
+                             "from step to step)", node)
         if value in (dict, list, tuple, set, frozenset, int, float, bool, str, range,
                      enumerate, zip, slice, reversed, type):
             return
-        if module.startswith(_IMPURE_MODULES):
-            raise _Unprovable(f"calls `{what}`, which gives other values or effects at each "
-                              "step", node)
-        if isinstance(value, types.FunctionType) and not module.startswith(_PURE_MODULES):
-            if self.depth >= _MAX_DEPTH:
-                raise _Unprovable(f"calls `{what}`, nested too deeply to check", node)
+        if module.startswith(IMPURE_MODULES):
+            raise Unprovable(f"calls `{what}`, which gives other values or effects at each "
+                             "step", node)
+        if isinstance(value, types.FunctionType) and not module.startswith(PURE_MODULES):
+            if self.depth >= MAX_DEPTH:
+                raise Unprovable(f"calls `{what}`, nested too deeply to check", node)
             finding = _check_helper(value, self.depth + 1)
             if finding is not None:
-                raise _Unprovable(f"calls `{what}`, which {finding.reason} "
-                                  f"(at {finding.loc})", node)
+                raise Unprovable(f"calls `{what}`, which {finding.reason} "
+                                 f"(at {finding.loc})", node)
             return
-        if module.startswith(_PURE_MODULES):
+        if module.startswith(PURE_MODULES):
             return
-        raise _Unprovable(f"calls `{what}`, whose Python ndd_trace cannot check", node)
+        raise Unprovable(f"calls `{what}`, whose Python ndd_trace cannot check", node)
 
     # -- statements ----------------------------------------------------------------------------
 
@@ -225,34 +126,34 @@ class _Checker:
         """Check every call in an expression, and that no per-step name is read."""
         for sub in ast.walk(node):
             if isinstance(sub, (ast.Yield, ast.YieldFrom, ast.Await)) and sub is not node:
-                raise _Unprovable("uses the value of a `yield` expression", sub)
+                raise Unprovable("uses the value of a `yield` expression", sub)
             if isinstance(sub, ast.Call):
                 self.check_call(sub)
             if isinstance(sub, ast.NamedExpr):
-                raise _Unprovable("assigns with `:=` inside an expression", sub)
+                raise Unprovable("assigns with `:=` inside an expression", sub)
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and \
                     sub.id in varying:
-                raise _Unprovable(f"reads `{sub.id}`, which changes from step to step", sub)
+                raise Unprovable(f"reads `{sub.id}`, which changes from step to step", sub)
 
     def statement(self, node: ast.stmt, varying: set[str], data: set[str], in_loop: bool
                   ) -> None:
         where = "in its loop body" if in_loop else "in its body"
         if isinstance(node, (ast.Global, ast.Nonlocal)):
-            raise _Unprovable(f"declares `{', '.join(node.names)}` "
-                              f"{type(node).__name__.lower()} (state that outlives a step)", node)
+            raise Unprovable(f"declares `{', '.join(node.names)}` "
+                             f"{type(node).__name__.lower()} (state that outlives a step)", node)
         if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 for sub in ast.walk(target):
                     if isinstance(sub, (ast.Attribute, ast.Subscript)) and \
                             isinstance(sub.ctx, ast.Store):
-                        raise _Unprovable(f"writes to `{_text(sub)}` (a side effect)", node)
+                        raise Unprovable(f"writes to `{snippet(sub)}` (a side effect)", node)
             if isinstance(node, ast.AugAssign):
                 name = node.target.id if isinstance(node.target, ast.Name) else "?"
                 varying.add(name)
                 if in_loop:
-                    raise _Unprovable(f"updates `{_text(node)}` at every step (Python state "
-                                      "carried from step to step)", node)
+                    raise Unprovable(f"updates `{snippet(node)}` at every step (Python state "
+                                     "carried from step to step)", node)
             if node.value is not None:
                 self.expressions(node.value, varying)
             for target in targets:
@@ -264,28 +165,28 @@ class _Checker:
                 return  # a docstring
             if isinstance(value, ast.Yield):
                 if not in_loop:
-                    raise _Unprovable("yields outside its reader loop", node)
+                    raise Unprovable("yields outside its reader loop", node)
                 if value.value is not None:
                     self.expressions(value.value, varying)
                 return
             if isinstance(value, ast.Call):
                 self.expressions(value, varying)
                 return
-            raise _Unprovable(f"evaluates `{_text(node)}` for its effect", node)
+            raise Unprovable(f"evaluates `{snippet(node)}` for its effect", node)
         if isinstance(node, ast.If):
             names = _names_read(node.test)
             if names & data:
-                raise _Unprovable(f"`if {_text(node.test)}` branches on data {where}", node)
+                raise Unprovable(f"`if {snippet(node.test)}` branches on data {where}", node)
             self.expressions(node.test, varying)
             for child in (*node.body, *node.orelse):
                 self.statement(child, varying, data, in_loop)
             return
         if isinstance(node, ast.For):
             if node.orelse:
-                raise _Unprovable("has a `for ... else`", node)
+                raise Unprovable("has a `for ... else`", node)
             self.expressions(node.iter, varying)
             if _names_read(node.iter) & data:
-                raise _Unprovable(f"loops over data ({_text(node.iter)}) {where}", node)
+                raise Unprovable(f"loops over data ({snippet(node.iter)}) {where}", node)
             self.locals |= _names_bound(node.target)
             for child in node.body:
                 self.statement(child, varying, data, in_loop)
@@ -300,26 +201,14 @@ class _Checker:
                 ast.Raise: "`raise`", ast.Try: "`try`", ast.While: "`while`",
                 ast.With: "`with`", ast.Assert: "`assert`", ast.Delete: "`del`"}.get(
                     type(node), f"`{type(node).__name__}`")
-        raise _Unprovable(f"has {kind} {where} (control flow or effects that may differ from "
-                          "step to step)", node)
+        raise Unprovable(f"has {kind} {where} (control flow or effects that may differ from "
+                         "step to step)", node)
 
-
-def _cell_filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
-
-
-def _loc(filename: str, first: int, node: ast.AST | None, function: Any) -> SourceLoc:
-    line = first + (getattr(node, "lineno", 1) - 1)
-    return SourceLoc(filename, line, function.__name__)
 
 
 def _check_helper(function: Any, depth: int) -> Finding | None:
     """A helper called from a loop body: free of side effects and of hidden state."""
-    tree = _source_tree(function)
+    tree = source_tree(function)
     if tree is None:
         return Finding("has no source to check", SourceLoc(function.__code__.co_filename,
                                                            function.__code__.co_firstlineno,
@@ -330,82 +219,8 @@ def _check_helper(function: Any, depth: int) -> Finding | None:
     try:
         for statement in node.body:
             checker.statement(statement, set(), set(), in_loop=False)
-    except _Unprovable as problem:
-        return Finding(problem.reason, _loc(filename, first, problem.node, function))
-    return None
-
-
-def _module_of(value: Any) -> str:
-    """The module a callee comes from, bound builtins (`random.random`: a method of a hidden
-    Random) and C methods (numpy's `Generator.random`) included."""
-    module = getattr(value, "__module__", None)
-    if module:
-        return module
-    owner = getattr(value, "__objclass__", None) or getattr(value, "__self__", None)
-    if owner is None or inspect.ismodule(owner):
-        return getattr(owner, "__name__", "") or ""
-    return getattr(owner if isinstance(owner, type) else type(owner), "__module__", "") or ""
-
-
-class _EffectFinder(_Checker):
-    """Finds a call known to be impure in a compiled function's Python (find_effect)."""
-
-    def find(self, body: list[ast.stmt]) -> None:
-        code = self.function.__code__
-        local = {*code.co_varnames, *code.co_cellvars}
-        for statement in body:
-            for node in ast.walk(statement):
-                if isinstance(node, ast.Call):
-                    self.check_effect(node, local)
-
-    def check_effect(self, call: ast.Call, local: set[str]) -> None:
-        chain = self._chain(call.func)
-        if chain is None or chain[0] in local:
-            return  # a value of its own, or an argument's: left to the guards
-        known, value = self._callee(*chain)
-        if known:
-            self.check_callee(value, _text(call.func), call)
-
-    def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
-        value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
-        module = _module_of(value)
-        name = getattr(value, "__name__", "")
-        if module == "builtins" and name in _EFFECT_BUILTINS:
-            raise _Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
-        if module in _CONTAINER_MODULES and name in _MUTATORS:
-            raise _Unprovable(f"calls `{what}`, which changes a Python object at every call",
-                              node)
-        if module.startswith(_EFFECT_MODULES):
-            raise _Unprovable(f"calls `{what}`, which gives other values or effects at each "
-                              "call", node)
-        if isinstance(value, types.FunctionType) and not module.startswith(_PURE_MODULES) \
-                and self.depth < _MAX_DEPTH:
-            finding = _find_effect_in(value, self.depth + 1)
-            if finding is not None:
-                raise _Unprovable(f"calls `{what}`, which {finding.reason} (at {finding.loc})",
-                                  node)
-
-
-def find_effect(function: Any) -> Finding | None:
-    """The first call in `function` (or a helper it calls, 3 deep) known to have an effect or
-    to give another value at each call; None where there is none, or no source to read."""
-    return _find_effect_in(function, 0)
-
-
-def _find_effect_in(function: Any, depth: int) -> Finding | None:
-    if not isinstance(function, types.FunctionType):
-        return None
-    try:
-        tree = _source_tree(function)
-    except SyntaxError:
-        return None
-    if tree is None:
-        return None
-    node, filename, first = tree
-    try:
-        _EffectFinder(function, depth).find(node.body)
-    except _Unprovable as problem:
-        return Finding(problem.reason, _loc(filename, first, problem.node, function))
+    except Unprovable as problem:
+        return Finding(problem.reason, source_loc(filename, first, problem.node, function))
     return None
 
 
@@ -461,7 +276,7 @@ def find_loop(function: Any) -> LoopSite | Finding:
     """The generator's reader loop, if each of its steps runs the Python the traced step ran;
     otherwise the first construct that may not (with its file:line). The Python around the
     loop (before, after, try/finally, with) is not checked: a compiled loop runs it as written."""
-    tree = _source_tree(function)
+    tree = source_tree(function)
     code = function.__code__
     if tree is None:
         return Finding("its source is not available, so its loop body cannot be checked",
@@ -472,25 +287,25 @@ def find_loop(function: Any) -> LoopSite | Finding:
         what = ("has no loop over reader.next_epoch(batch_size=...) or source.captured(...)"
                 if not loops else "has several loops over readers or sources")
         return Finding(f"{what}; only the body of one such loop can be compiled",
-                       _loc(filename, first, loops[1][0] if loops else node, function))
+                       source_loc(filename, first, loops[1][0] if loops else node, function))
     loop = loops[0][0]
     if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
            and n.func.attr == "captured" for n in ast.walk(loop.iter)):
         return Finding("iterates an ndd.ExternalSource with source.captured(...), whose loop "
                        "DALI's capture mode drives (eagerly too): it runs as written",
-                       _loc(filename, first, loop, function), captures=True)
+                       source_loc(filename, first, loop, function), captures=True)
     checker = _Checker(function)
     varying: set[str] = set()
     try:
         if loop.orelse:
-            raise _Unprovable("has a `for ... else` on its reader loop", loop)
+            raise Unprovable("has a `for ... else` on its reader loop", loop)
         if any(isinstance(sub, ast.NamedExpr) for sub in ast.walk(loop.iter)):
-            raise _Unprovable("assigns with `:=` in its reader loop's iterable", loop)
+            raise Unprovable("assigns with `:=` in its reader loop's iterable", loop)
         yields = _yields(loop.body)
         if len(yields) != 1 or not (isinstance(loop.body[-1], ast.Expr)
                                     and loop.body[-1].value is yields[0]
                                     and isinstance(yields[0], ast.Yield)):
-            raise _Unprovable("does not end its loop body with its one `yield`", loop)
+            raise Unprovable("does not end its loop body with its one `yield`", loop)
         data = _names_bound(loop.target)
         varying |= _enumerate_counters(loop)
         checker.locals |= data
@@ -502,10 +317,10 @@ def find_loop(function: Any) -> LoopSite | Finding:
             inside |= _names_bound(statement)
         leaked = sorted(inside & _loads_outside(node, loop.body))
         if leaked:
-            raise _Unprovable(f"reads `{leaked[0]}`, set in its loop body, outside that body",
-                              loop)
-    except _Unprovable as problem:
-        return Finding(problem.reason, _loc(filename, first, problem.node, function))
+            raise Unprovable(f"reads `{leaked[0]}`, set in its loop body, outside that body",
+                             loop)
+    except Unprovable as problem:
+        return Finding(problem.reason, source_loc(filename, first, problem.node, function))
     ast.increment_lineno(node, first - 1)
     return LoopSite(node, filename, loop, loop.body[-1])
 

@@ -7,10 +7,9 @@
     tracer.set_outputs(result)
     print(tracer.graph)
 
-Proxies subclass ndd.Batch / ndd.Tensor, so ndd's own Python code (arithmetic, `.slice[...]`,
-`.gpu()`) runs on them unchanged and ends in operator calls, which the interceptor in `_dali`
-routes here. Anything that needs concrete data (`.shape`, `np.asarray`, `.torch()`, iteration,
-`bool()`) raises `GraphBreakSignal`, which the compiler turns into an eager run with a warning.
+The traced values (values.py) subclass ndd.Batch / ndd.Tensor: ndd's own Python code on them
+ends in operator calls, which the interceptor in `_dali` routes here; what needs concrete data
+raises `GraphBreakSignal` (a graph break, `GraphBreakRecord` here says what to try instead).
 """
 
 from __future__ import annotations
@@ -31,6 +30,9 @@ from ..core.errors import GraphBreakSignal
 from ..core.ir import Graph, Node, Ref, TensorMeta
 from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc, raise_at, user_location
+from .values import BATCH_ABSENT  # noqa: F401 (modes/proxies.py imports it from here)
+from .values import (SymbolicBatchSize, TracedBatch, TracedTensor, graph_break,
+                     is_concrete_data, is_traced)
 
 
 @dataclasses.dataclass
@@ -93,56 +95,6 @@ _FIXES = (
 )
 
 
-def _break(reason: str) -> GraphBreakSignal:
-    return GraphBreakSignal(reason, user_location())
-
-
-def _specializing(name: str):
-    def method(self, *args):
-        self._tracer.specialize_batch_size(f"uses the batch size in Python (`{name}`)")
-        args = [int(a._value) if isinstance(a, SymbolicBatchSize) else a for a in args]
-        return getattr(self._value, name)(*args)
-
-    method.__name__ = name
-    return method
-
-
-class SymbolicBatchSize:
-    """The batch size of a traced batch: a number that notices when Python code depends on it.
-
-    Passed on as an operator's `batch_size=`, it stays symbolic (the pipeline takes any batch size
-    up to its maximum). Any other use (arithmetic, comparisons, `range()`, formatting, an op's
-    shape argument) specializes the trace to this exact batch size (a guard), as torch.compile
-    does with dynamic shapes. It is deliberately not an `int` subclass: CPython reads the value of
-    an int subclass directly in `range()`, slicing or numpy, without asking.
-    """
-
-    __slots__ = ("_value", "_tracer")
-
-    def __init__(self, value: int, tracer: Tracer):
-        self._value = int(value)
-        self._tracer = tracer
-
-    def specialized(self, reason: str) -> int:
-        self._tracer.specialize_batch_size(reason)
-        return self._value
-
-    for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__",
-                  "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__",
-                  "__rfloordiv__", "__truediv__", "__rtruediv__", "__mod__", "__rmod__",
-                  "__divmod__", "__rdivmod__", "__pow__", "__rpow__", "__index__", "__int__",
-                  "__float__", "__bool__", "__str__", "__repr__", "__format__", "__neg__",
-                  "__pos__", "__abs__", "__invert__", "__round__", "__floor__", "__ceil__",
-                  "__trunc__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__",
-                  "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__hash__",
-                  "__complex__"):
-        locals()[_name] = _specializing(_name)
-    del _name
-
-    def __getattr__(self, name: str):
-        return getattr(self.specialized(f"uses the batch size in Python (`.{name}`)"), name)
-
-
 def _resolve_symbols(value: Any, reason: str) -> Any:
     """Replace batch-size symbols inside a static value by their (specialized) values."""
     if isinstance(value, SymbolicBatchSize):
@@ -152,171 +104,6 @@ def _resolve_symbols(value: Any, reason: str) -> Any:
     if isinstance(value, dict):
         return {k: _resolve_symbols(v, reason) for k, v in value.items()}
     return value
-
-
-class _TracedMixin:
-    """Behaviour shared by TracedBatch and TracedTensor."""
-
-    _tracer: Tracer
-    _ref: Ref
-    _meta: TensorMeta
-
-    def _init_traced(self, tracer: Tracer, ref: Ref, meta: TensorMeta, dtype: Any = None,
-                     handle: Any = None) -> None:
-        """`handle(device)`: a lazy value's result handle (transparent mode's), else none."""
-        self._tracer = tracer
-        self._ref = ref
-        self._meta = meta
-        device = _dali.device(meta.device, tracer.device_id if meta.device == "gpu" else None)
-        _dali.init_proxy(self, device, dtype, handle(device) if handle is not None else None)
-
-    def _known(self, what: str, value: Any) -> Any:
-        if value is None:
-            raise _break(f"reads `.{what}` of a traced value whose {what} DALI cannot infer "
-                         "without running")
-        return value
-
-    @property
-    def device(self):
-        return _dali.proxy_device(self)
-
-    @property
-    def dtype(self):
-        name = self._known("dtype", self._meta.dtype)
-        return _dali.DType.from_type_id(getattr(_dali.types.DALIDataType, name))
-
-    @property
-    def ndim(self) -> int:
-        return self._known("ndim", self._meta.ndim)
-
-    @property
-    def layout(self) -> str | None:
-        if self._meta.ndim is None and self._meta.layout is None:
-            raise _break("reads `.layout` of a traced value whose layout DALI cannot infer")
-        return self._meta.layout or None
-
-    @property
-    def shape(self):
-        raise _break("reads `.shape` of a traced value (shapes are known only when it runs)")
-
-    def evaluate(self):
-        raise _break("evaluates a traced value (`.evaluate()`)")
-
-    def torch(self, *args: Any, **kwargs: Any):
-        raise _break("converts a traced value to PyTorch (`.torch()`) inside the function")
-
-    def __array__(self, *args: Any, **kwargs: Any):
-        raise _break("converts a traced value to numpy inside the function")
-
-    def __dlpack__(self, *args: Any, **kwargs: Any):
-        raise _break("exports a traced value through DLPack inside the function")
-
-    def __dlpack_device__(self):
-        raise _break("exports a traced value through DLPack inside the function")
-
-    @property
-    def __cuda_array_interface__(self):
-        raise _break("exports a traced value through __cuda_array_interface__")
-
-    def __bool__(self) -> bool:
-        raise _break("uses a traced value as a Python bool (`if`, `and`, `or`, `not`)")
-
-    def __len__(self) -> int:
-        raise _break("takes `len()` of a traced value")
-
-    def __iter__(self) -> Iterator:
-        raise _break("iterates over a traced value")
-
-    def __repr__(self) -> str:
-        kind = "Batch" if isinstance(self, _dali.Batch) else "Tensor"
-        return f"<Traced{kind} {self._ref} {self._meta}>"
-
-    def item(self):
-        raise _break("reads a traced value with `.item()`")
-
-    def tolist(self):
-        raise _break("reads a traced value with `.tolist()`")
-
-    def cpu(self):
-        return self.to_device(_dali.Device.CPU)
-
-    def gpu(self, index: int | None = None):
-        return self.to_device(_dali.Device("gpu", index))
-
-
-def _absent(name: str) -> property:
-    """An attribute ndd.Batch does not have, absent from a batch proxy too (`hasattr` says
-    False): numpy, seeing no array protocol, leaves `np.float32(k) * batch` to Batch.__rmul__."""
-
-    def getter(self: Any) -> Any:
-        raise AttributeError(f"'Batch' object has no attribute '{name}'")
-
-    return property(getter)
-
-
-# what the proxies' shared mixins define for tensors and ndd.Batch lacks
-BATCH_ABSENT = tuple(name for name in ("__array__", "__dlpack__", "__dlpack_device__",
-                                       "__cuda_array_interface__", "item", "tolist")
-                     if not hasattr(_dali.Batch, name))
-
-
-class TracedBatch(_TracedMixin, _dali.Batch):
-    """A symbolic ndd.Batch recorded by the tracer."""
-
-    locals().update({name: _absent(name) for name in BATCH_ABSENT})
-
-    def __init__(self, tracer: Tracer, ref: Ref, meta: TensorMeta):
-        self._init_traced(tracer, ref, meta)
-
-    @property
-    def batch_size(self) -> int:
-        return SymbolicBatchSize(self._tracer.batch_size, self._tracer)
-
-    def select(self, sample_range: Any):
-        raise _break("selects samples with `.select()` (the batch size varies between calls)")
-
-    @property
-    def tensors(self):
-        raise _break("accesses `.tensors` of a traced batch")
-
-
-class TracedTensor(_TracedMixin, _dali.Tensor):
-    """A symbolic ndd.Tensor (one sample) recorded by the tracer."""
-
-    def __init__(self, tracer: Tracer, ref: Ref, meta: TensorMeta):
-        self._init_traced(tracer, ref, meta)
-
-    def __getitem__(self, ranges: Any):
-        if not isinstance(ranges, tuple):
-            ranges = (ranges,)
-        args: dict[str, Any] = {}
-        dim = 0
-        for i, item in enumerate(ranges):
-            if item is Ellipsis:
-                dim = self.ndim - len(ranges) + i + 1
-            elif isinstance(item, slice):
-                for key, value in (("lo", item.start), ("hi", item.stop), ("step", item.step)):
-                    if value is not None:
-                        args[f"{key}_{dim}"] = value
-                dim += 1
-            else:
-                args[f"at_{dim}"] = item
-                dim += 1
-        if not args:
-            return self
-        return _dali.tensor_subscript(self, **args)
-
-    @property
-    def size(self):
-        raise _break("reads `.size` of a traced tensor")
-
-
-def _is_traced(value: Any) -> bool:
-    return isinstance(value, _TracedMixin)
-
-
-def is_concrete_data(value: Any) -> bool:
-    return isinstance(value, (_dali.Batch, _dali.Tensor)) and not _is_traced(value)
 
 
 def _is_array_like(value: Any) -> bool:
@@ -414,7 +201,7 @@ class Tracer:
         return Ref(node, 0)
 
     def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
-        if _is_traced(value):
+        if is_traced(value):
             if value._tracer is not self:
                 raise_at(ValueError(
                     "a traced value from another compiled call is used here; traced values "
@@ -489,7 +276,7 @@ class Tracer:
             self.sample_random_ops.append(loc)
 
         known_devices = (tuple(value._meta.device for value in inputs)
-                         if all(_is_traced(value) for value in inputs) else None)
+                         if all(is_traced(value) for value in inputs) else None)
         try:
             device_type, backend = _dali.resolve_backend(op_class, device, inputs, known_devices)
         except Exception as error:  # an invalid device: report at the user's line
@@ -520,7 +307,7 @@ class Tracer:
                 continue
             # a shape or count made of the batch size: the trace depends on its value
             value = _resolve_symbols(value, f"passes the batch size as `{key}=`")
-            if _is_traced(value) or is_concrete_data(value) or (
+            if is_traced(value) or is_concrete_data(value) or (
                     _is_array_like(value) and _dali.is_tensor_argument(op_class, key)):
                 ref = self._ref_of(value, is_batch, loc)
                 arg_inputs[key] = ref
@@ -598,9 +385,9 @@ class Tracer:
         outputs: list[Ref] = []
 
         def leaf(value: Any) -> tuple | None:
-            if _is_traced(value):
+            if is_traced(value):
                 if value._tracer is not self:
-                    raise _break("returns a traced value of another compiled call")
+                    raise graph_break("returns a traced value of another compiled call")
                 outputs.append(value._ref)
                 return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
             if isinstance(value, SymbolicBatchSize):
@@ -608,15 +395,15 @@ class Tracer:
             if isinstance(value, collections.abc.Iterator):
                 # a generator's items are made as it is iterated, after the call: a cached
                 # entry would hand back one and the same (exhausted) object every call
-                raise _break("returns a generator or iterator (its items are made when it is "
-                             "iterated, after the call); make the function a generator itself "
-                             "(`yield from ...`) to compile its loop")
+                raise graph_break("returns a generator or iterator (its items are made when it is "
+                                  "iterated, after the call); make the function a generator itself "
+                                  "(`yield from ...`) to compile its loop")
             if isinstance(value, np.ndarray) and value.dtype == object and \
-                    any(_is_traced(item) for item in value.flat):
+                    any(is_traced(item) for item in value.flat):
                 # numpy wraps a Batch it cannot convert (`np.asarray(batch)`), as eagerly: the
                 # wrapped values are the call's results, which a pipeline cannot hand back so
-                raise _break("converts a traced value to numpy inside the function (an object "
-                             "array holding it is returned)")
+                raise graph_break("converts a traced value to numpy inside the function (an object "
+                                  "array holding it is returned)")
             return None  # concrete data and Python values come back as they are
 
         self.output_tree = trees.flatten(result, leaf)

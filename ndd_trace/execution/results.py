@@ -1,0 +1,124 @@
+"""What a scheduled pipeline run hands back: the run (`PendingRun`), fetched at the first use of
+its outputs, and each output as ndd's lazy-result protocol (`LazyOutput`), so that an ndd.Batch
+or ndd.Tensor built on it evaluates it only when read.
+
+    run = executable.run(bound_values, batch_size=64)         # a PendingRun (runtime.py)
+    batch = _dali.lazy_batch(LazyOutput(run, 0, True, device))  # fetched when first read
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .. import _dali
+from ..core.ir import Node
+from . import waits
+from .failures import surfacing
+
+
+class PendingRun:
+    """One scheduled pipeline iteration whose outputs are fetched on first use."""
+
+    def __init__(self, executable: Any, batch_size: int):  # a runtime.Executable
+        self._executable = executable
+        self.batch_size = batch_size
+        self.outputs: tuple | None = None
+        self.error: BaseException | None = None
+        self.replay: Any = None  # () -> the exception eager ndd raises on this run's data
+        self.data: list | None = None  # what it was fed (to run it again, see `lost`)
+        # an earlier run of the same pipeline failed while this one was scheduled: the pipeline
+        # is gone, and this run is run again from its data when its outputs are asked for (an
+        # eager call fails alone; the next ones give their own results)
+        self.lost = False
+        self.failed: Node | None = None  # the op whose failure `error` is, where DALI names it
+        self.deferred = _dali.eval_mode_is_deferred()  # the EvalMode eager's error text names
+        self.as_is = False  # `error` raised as it is (a reader's: eager raises it at once)
+        # the recorded op calls the run stands for, in the graph's op order (a transparent-mode
+        # region's calls this time): its errors name their lines; None: the graph's own
+        self.calls: list[Node] | None = None
+        self.fetched: tuple | None = None  # (seconds waited, when, thread) once fetched
+        self.used = False  # its outputs were asked for (the tuner counts consumer steps)
+
+    def result(self) -> tuple:
+        """The run's outputs; its error (the operator's own, as eager raises it at the call)
+        raised as eager raises it at the first use of a result."""
+        if self.outputs is None and self.error is None:
+            started = time.perf_counter()
+            self._executable.fetch(self)
+            waits.note_fetched(self, started)  # the consumer's wait, for the loader verdict
+        if not self.used:
+            self.used = True
+            tuner = self._executable.tuner
+            if tuner is not None:
+                tuner.consumed()
+        if self.error is not None:
+            raise self.error if self.as_is else surfacing(self.error, self.deferred)
+        return self.outputs  # type: ignore[return-value]
+
+
+class LazyResult:
+    """ndd's InvocationResult protocol for a value computed later: a Batch/Tensor built on it
+    (`ndd.Batch(invocation_result=...)`) evaluates it on first use. `_data()` returns the
+    TensorList; subclasses say where it comes from."""
+
+    def __init__(self, is_batch: bool, device: Any):
+        self.is_batch = is_batch
+        self.device = device
+
+    def _data(self) -> Any:
+        raise NotImplementedError
+
+    def _batch_size(self) -> int:
+        raise NotImplementedError
+
+    def value(self, ctx: Any = None) -> Any:
+        data = self._data()
+        return data if self.is_batch else data[0]
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._batch_size() if self.is_batch else None
+
+    @property
+    def shape(self) -> Any:
+        value = self.value()
+        return value.shape() if self.is_batch else tuple(value.shape())
+
+    @property
+    def ndim(self) -> int:
+        value = self.value()
+        return value.ndim() if self.is_batch else len(value.shape())
+
+    @property
+    def dtype(self) -> Any:
+        return _dali.DType.from_type_id(self.value().dtype)
+
+    @property
+    def layout(self) -> str | None:
+        return self.value().layout() or None
+
+
+class LazyOutput(LazyResult):
+    """One output of a scheduled pipeline run."""
+
+    def __init__(self, run: PendingRun, index: int, is_batch: bool, device: Any):
+        self.is_batch = is_batch  # (LazyResult's fields, set here: one per call's output)
+        self.device = device
+        self._run = run
+        self._index = index
+
+    def _data(self) -> Any:
+        return self._run.result()[self._index]
+
+    def _batch_size(self) -> int:
+        return self._run.batch_size
+
+    @property
+    def invocation(self) -> Any:
+        return self._run
+
+    @property
+    def index(self) -> int:
+        return self._index
+

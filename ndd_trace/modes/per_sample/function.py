@@ -1,0 +1,371 @@
+"""The compiled per-sample function: one pipeline per guard key (a variant), run until its random
+values agree with the paths the samples take, or the eager per-sample loop where it cannot.
+
+    augment = PerSampleFunction(augment_one)   # what @ndd.compile(per_sample=True) makes
+    out = augment(batch)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ... import _dali
+from ...core import keys, ledger, logs, trees
+from ...core.ledger import Runs, Verdict
+from ...core.source import SourceLoc, user_location
+from ...tracing import guards
+from .conditions import Item, noted_error, scope
+from .definition import SAMPLE_INDEX, Definition, EagerLoop, handler, logical_guess
+from .random_stream import RandomStream
+from .rewrite import convert
+
+# A call whose paths are not settled after this many runs (see `RandomStream`) runs as the
+# eager per-sample loop, and so does the function from then on: more runs would cost more than
+# the loop.
+_MAX_RUNS = 3
+
+
+class _RunFailed(Exception):
+    """Internal: a pipeline run raised `error`."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _EagerCall(Exception):
+    """Internal: this call runs as the eager per-sample loop (the variant says why)."""
+
+
+def _flatten(value: Any, outputs: list) -> Any:
+    """The output tree of a per-sample function's result; its DataNodes go into `outputs`."""
+    def leaf(item: Any) -> tuple | None:
+        if isinstance(item, Item):
+            item = item.node
+        if _dali.is_data_node(item):
+            outputs.append(item)
+            return ("out", len(outputs) - 1)
+        return None
+
+    return trees.flatten(value, leaf)
+
+
+def _eager_loop(reason: str, loc: SourceLoc | None) -> Verdict:
+    return Verdict(reason, loc, Runs.PER_SAMPLE_LOOP)
+
+
+@dataclasses.dataclass
+class _Variant:
+    """One guard set's pipeline (or the decision to run the eager loop)."""
+
+    key: tuple = ()
+    pipeline: Any = None
+    definition: Definition | None = None
+    max_batch_size: int = 0
+    verdict: Verdict | None = None  # why it runs as the eager per-sample loop (None: it does not)
+
+    @property
+    def eager_reason(self) -> str | None:
+        return self.verdict.reason if self.verdict is not None else None
+
+    @property
+    def eager_loc(self) -> SourceLoc | None:
+        return self.verdict.loc if self.verdict is not None else None
+
+
+class PerSampleFunction:
+    """A function written for one sample, run on every sample of a batch in one pipeline."""
+
+    def __init__(self, function: Callable, *, num_threads: int | None = None,
+                 device_id: Any = "current", warning: type = UserWarning,
+                 cache_limit: int = 8):
+        functools.update_wrapper(self, function)
+        self._function = function
+        self.cache_limit = cache_limit
+        self._num_threads = num_threads
+        self._device_id = device_id
+        self._converted = convert(function)
+        self.converted_source = self._converted.source
+        # The variants are keyed as compiled functions' entries are (guards.build_key): the
+        # Batches' descriptions, the other arguments' values (baked into the pipeline), and
+        # the globals and closure variables the function and its helpers read
+        self._plan = guards.plan_for(function)
+        self._variants: dict[tuple, _Variant] = {}
+        self._fast: guards.FastGuard | None = None  # the last variant's guard, checked first
+        self._last_key: tuple | None = None
+        self.last_miss_reason: str | None = None
+        self._lock = threading.RLock()
+        self.builds = 0
+        self.runs = 0  # pipeline runs so far (more than calls where paths were guessed wrong)
+        self.last_runs = 0
+        self._once = ledger.WarnOnce()
+        self._warning = warning
+        parameters = inspect.signature(function).parameters
+        self._parameters = list(parameters)
+        self._names = tuple(name for name, parameter in parameters.items()  # guards' labels
+                            if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+    def __repr__(self) -> str:
+        return f"<ndd_trace per-sample function {self.__qualname__}>"
+
+    def _options(self, batch_size: int) -> dict[str, Any]:
+        num_threads = self._num_threads or _dali.current_num_threads()
+        device_id = _dali.current_device_id() if self._device_id == "current" \
+            else self._device_id
+        return _dali.pipeline_options(batch_size, num_threads, device_id, 1)
+
+    @property
+    def variants_held(self) -> int:
+        """Pipelines (or eager-loop decisions) its cache holds, one per guard key."""
+        return len(self._variants)
+
+    def guard_key(self, args: tuple) -> tuple:
+        return guards.build_key(args, {}, self._plan, names=self._names, baked=True)
+
+    def _batch_size(self, args: tuple) -> int:
+        """The batch size of the Batch arguments (they must agree)."""
+        sizes = {value.batch_size for value in args if isinstance(value, _dali.Batch)}
+        if not sizes:
+            raise TypeError(f"per-sample function `{self.__qualname__}` takes ndd Batches "
+                            "(it runs once per sample of them)")
+        if len(sizes) > 1:
+            raise ValueError(f"per-sample function `{self.__qualname__}` got batches of "
+                             f"different sizes ({sorted(sizes)})")
+        return sizes.pop()
+
+    def _define(self, args: tuple, batch_size: int, num_threads: int | None = None,
+                observe: bool = True) -> tuple[Any, Definition]:
+        code = self._function.__code__
+        definition = Definition(code.co_filename, code.co_name, observe,
+                                converted_filename=self._converted.filename,
+                                user_lines=self._converted.user_lines)
+        converted = self._converted.function
+        parameters = self._parameters
+
+        def make_inputs() -> list:
+            values = []
+            for index, value in enumerate(args):
+                if isinstance(value, _dali.Batch):
+                    meta = _dali.meta_of(value)
+                    name = parameters[index] if index < len(parameters) else f"arg{index}"
+                    node = _dali.fn.external_source(
+                        name=name, device=meta.device,
+                        dtype=getattr(_dali.types.DALIDataType, meta.dtype),
+                        ndim=meta.ndim, layout=meta.layout or None)
+                    definition.input_keys[_dali.node_key(node)] = index
+                    values.append(node)
+                else:
+                    values.append(value)
+            return values
+
+        def outputs(result: Any) -> tuple:
+            flat: list = []
+            definition.output_tree = _flatten(result, flat)
+            definition.num_outputs = len(flat)
+            if not flat:
+                raise noted_error("the per-sample function returns no ndd value")
+            return (*flat, *definition.reach_nodes)
+
+        _dali.do_not_convert(make_inputs)
+        _dali.do_not_convert(outputs)
+
+        def pipeline_definition():
+            return outputs(converted(*make_inputs()))
+
+        previous = scope.definition
+        scope.definition = definition
+        try:
+            with _dali.intercept(functools.partial(handler, definition)), \
+                    _dali.logical_hooks(functools.partial(logical_guess, definition)):
+                options = self._options(batch_size)
+                if num_threads:
+                    options["num_threads"] = num_threads
+                pipe = _dali.conditional_pipeline(pipeline_definition, **options)
+        finally:
+            scope.definition = previous
+        return pipe, definition
+
+    def define_for_export(self, args: tuple, batch_size: int | None,
+                          num_threads: int | None) -> tuple[Any, list[str], int, list[str]]:
+        """The pipeline for these example arguments, unbuilt: (pipeline, data input names,
+        number of outputs, random-value input names)."""
+        size = self._batch_size(args)
+        try:
+            pipe, definition = self._define(args, batch_size or size, num_threads,
+                                            observe=False)
+        except Exception as error:
+            raised, scope.raised = scope.raised, None
+            if raised is not None and raised is not error:
+                raise raised from None
+            raise
+        names = [self._parameters[i] if i < len(self._parameters) else f"arg{i}"
+                 for i, value in enumerate(args) if isinstance(value, _dali.Batch)]
+        return pipe, names, definition.num_outputs, [s.source for s in definition.random_sites]
+
+    def _variant(self, args: tuple, batch_size: int) -> _Variant:
+        """This call's variant: the last one if its fast guard matches, else its key's (built
+        on a miss, or for a larger batch than it was built for)."""
+        fast = self._fast
+        if fast is not None and fast.matches(args):
+            variant = fast.entry
+            if variant.eager_reason is not None or batch_size <= variant.max_batch_size:
+                self._last_key = variant.key
+                return variant
+        key = self.guard_key(args)
+        variant = self._variants.get(key)
+        if variant is None:
+            self.last_miss_reason = keys.explain_miss(key, self._last_key)
+            (logs.recompiles if self._variants else logs.trace).info(
+                "`%s`: cache miss (%d of cache_limit %d variants held): %s", self.__qualname__,
+                len(self._variants), self.cache_limit, self.last_miss_reason)
+            self._plan = guards.plan_for(self._function)  # its helpers may have changed
+            key = self.guard_key(args)
+            variant = self._variants.get(key)
+            if variant is None and len(self._variants) >= self.cache_limit:
+                self._last_key = key
+                return _Variant(key, verdict=_eager_loop(
+                    f"was built {self.cache_limit} times (cache_limit), last change: "
+                    f"{self.last_miss_reason}; new variants are not built. Make the changing "
+                    "value an ndd Batch argument, or raise cache_limit", user_location()))
+        if variant is None or not (variant.eager_reason is not None or
+                                   batch_size <= variant.max_batch_size):
+            if variant is not None:
+                self.last_miss_reason = (f"batch size {batch_size} is larger than the "
+                                         f"{variant.max_batch_size} its pipeline was built for")
+            variant = self._build(key, args, batch_size)
+        self._last_key = key
+        self._fast = guards.FastGuard.of(args, self._plan, variant, baked=True)
+        return variant
+
+    def _build(self, key: tuple, args: tuple, batch_size: int) -> _Variant:
+        variant = _Variant(key)
+        scope.raised = None
+        try:
+            try:
+                pipe, definition = self._define(args, max(batch_size, 1))
+                pipe.build()
+            except Exception as error:
+                raised, scope.raised = scope.raised, None
+                if raised is not None and raised is not error:
+                    raise raised from None  # ours, wrapped by DALI's AutoGraph
+                raise
+        except EagerLoop as reason:
+            variant.verdict = _eager_loop(reason.reason, reason.loc)
+        else:
+            variant.pipeline, variant.definition = pipe, definition
+            variant.max_batch_size = batch_size
+            self.builds += 1
+        self._variants[key] = variant
+        return variant
+
+    def __call__(self, *args: Any) -> Any:
+        batch_size = self._batch_size(args)
+        with self._lock:
+            variant = self._variant(args, batch_size)
+            if variant.eager_reason is not None:
+                self._warn_eager(variant)
+                return self.eager(*args)
+            definition = variant.definition
+            try:
+                outputs = self._run(variant, args, batch_size)
+            except _RunFailed as failure:
+                return self._after_failed_run(variant.key, args, failure)
+            except _EagerCall:  # the generators are untouched: the loop draws as it would
+                self._warn_eager(variant)
+                return self.eager(*args)
+        batches = [_dali.wrap_batch(output) for output in outputs]
+        return trees.unflatten(definition.output_tree, lambda node: batches[node[1]])
+
+    def _run(self, variant: _Variant, args: tuple, batch_size: int) -> tuple:
+        """Run the pipeline until the random values fed agree with the paths the samples take
+        (see `RandomStream`), then advance the generators as the eager loop does."""
+        pipe, definition = variant.pipeline, variant.definition
+        stream = RandomStream(definition, args, batch_size)
+        observed = None
+        for runs in itertools.count(1):
+            values, guessed = stream.assign(observed)
+            for index, value in enumerate(args):
+                if isinstance(value, _dali.Batch):
+                    name = self._parameters[index] if index < len(self._parameters) \
+                        else f"arg{index}"
+                    _dali.feed(pipe, name, _dali.storage_of(value))
+            for site, batch in zip(definition.random_sites, values):
+                _dali.feed(pipe, site.source, batch)
+            if definition.index_node is not None:
+                _dali.feed(pipe, SAMPLE_INDEX, _dali.sample_indices(batch_size))
+            try:
+                outputs = pipe.run()
+            except Exception as error:  # noqa: BLE001 (handed to the eager loop, see the caller)
+                raise _RunFailed(error) from error
+            observed = stream.observe(outputs[definition.num_outputs:])
+            if observed == guessed:
+                break
+            stream.settle(guessed, observed)
+            if runs == _MAX_RUNS:  # more runs would cost more than the eager loop
+                self.runs += runs
+                site = definition.random_sites[stream.last_settled]
+                variant.pipeline = variant.definition = None
+                variant.verdict = _eager_loop(
+                    f"did not find in {runs} pipeline runs which samples call random op "
+                    f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
+                    "through pipeline ops, which cannot be evaluated before the run; each run "
+                    "settles at least one more sample)", site.loc)
+                raise _EagerCall()
+        stream.commit()
+        self.last_runs = runs
+        self.runs += runs
+        return outputs[:definition.num_outputs]
+
+    def _after_failed_run(self, key: tuple, args: tuple, failure: _RunFailed) -> Any:
+        """A run failed (its pipeline is unusable after that): the call runs as the eager loop,
+        which raises the error where it is the function's own. Where the loop succeeds, the
+        run failed on values fed for a wrong guess of the paths (stand-ins for random ops the
+        guess skipped, or whose per-sample arguments were not known yet): the function runs
+        as the eager loop from now on, and says so."""
+        del self._variants[key]
+        self._fast = None
+        result = self.eager(*args)
+        variant = _Variant(key, verdict=_eager_loop(
+            "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
+            "random ops not known before the run), and the run failed where the eager loop "
+            f"does not ({_dali.pipeline_failure(failure.error).summary()})", user_location()))
+        self._variants[key] = variant
+        self._warn_eager(variant)
+        return result
+
+    def eager(self, *args: Any) -> Any:
+        """The eager per-sample loop: the function on each sample, results gathered into
+        Batches (what the compiled call gives, value for value)."""
+        batch_size = self._batch_size(args)
+        results = []
+        for index in range(batch_size):
+            sample_args = [value.select(index) if isinstance(value, _dali.Batch) else value
+                           for value in args]
+            results.append(self._function(*sample_args))
+        return _gather(results)
+
+    def _warn_eager(self, variant: _Variant) -> None:
+        loc = variant.eager_loc
+        message = (f"ndd_trace: per-sample function `{self.__qualname__}` runs as the eager "
+                   f"per-sample loop: it {variant.eager_reason}.")
+        self._once.warn(message, loc, self._warning, stacklevel=3,
+                        key=(loc.filename, loc.lineno) if loc else ("no line",))
+
+
+def _gather(results: list) -> Any:
+    first = results[0]
+    if isinstance(first, _dali.Tensor):
+        return _dali.ndd.batch(results)
+    if isinstance(first, (tuple, list)):
+        gathered = [_gather([r[i] for r in results]) for i in range(len(first))]
+        return type(first)(gathered) if isinstance(first, tuple) else gathered
+    if isinstance(first, dict):
+        return {k: _gather([r[k] for r in results]) for k in first}
+    return first

@@ -1,0 +1,216 @@
+"""What a compiled function's Python does at each call: `find_effect` finds a call known to have
+an effect or to give another value at each call, and the loop check (stepcheck.py) builds on
+its reading of a function's source (`source_tree`, `Resolver`, `Finding`).
+
+    finding = find_effect(step)                 # None: no call known to be impure
+
+A compiled function's Python runs at its trace only. `find_effect` looks in it (and the helpers
+it calls) for a call known to have an effect or to give another value at each call (`print`,
+`next`, `random`, `time`, `logging`, a global deque's `append`, ...), which eager runs at every
+call: the caller (stage.py) then runs the function in transparent mode, its Python at every
+call. Unlike the loop check it is not conservative: what it does not know to be impure is left
+to the guards (docs/limitations.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import inspect
+import textwrap
+import types
+from typing import Any
+
+from ..core.source import SourceLoc
+
+# modules whose functions are pure computations (their random/time submodules are not)
+PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools")
+IMPURE_MODULES = ("numpy.random", "random", "time", "os", "sys", "logging")
+# builtins whose call is an effect, or gives another value at each call
+_EFFECT_BUILTINS = frozenset({"print", "next", "input", "open", "exec", "eval", "setattr",
+                              "delattr", "breakpoint"})
+_EFFECT_MODULES = (*IMPURE_MODULES, "queue", "threading")
+# methods that change the Python object they are called on, for Python's own containers and
+# streams (a deque or a stream is guarded by its identity only: its change would go unseen)
+_CONTAINER_MODULES = ("builtins", "collections", "_collections", "io", "_io", "array")
+_MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "insert", "pop",
+                       "popleft", "popitem", "remove", "discard", "add", "update", "clear",
+                       "setdefault", "sort", "reverse", "rotate", "write", "writelines",
+                       "flush"})
+MAX_DEPTH = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """Why a loop body cannot be traced once: the construct, and where it is. `captures`: the
+    loop iterates `source.captured(...)`, which DALI's capture mode drives (as eagerly)."""
+
+    reason: str
+    loc: SourceLoc
+    captures: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.loc}: {self.reason}"
+
+
+class Unprovable(Exception):
+    """What a check could not prove (the reason), at an AST node."""
+
+    def __init__(self, reason: str, node: ast.AST | None):
+        super().__init__(reason)
+        self.reason = reason
+        self.node = node
+
+
+def source_tree(function: Any) -> tuple[ast.FunctionDef, str, int] | None:
+    """The function's AST, file and first line; None where the source is not available."""
+    try:
+        lines, first = inspect.getsourcelines(function)
+        filename = inspect.getsourcefile(function) or function.__code__.co_filename
+    except (OSError, TypeError):
+        return None
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    return node, filename, first
+
+
+def snippet(node: ast.AST) -> str:
+    """The node as source, its first line, cut to 60 characters."""
+    text = ast.unparse(node).strip().splitlines()[0]
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def source_loc(filename: str, first: int, node: ast.AST | None, function: Any) -> SourceLoc:
+    line = first + (getattr(node, "lineno", 1) - 1)
+    return SourceLoc(filename, line, function.__name__)
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+class Resolver:
+    """Reads the free names of one function's Python, without running any of it."""
+
+    def __init__(self, function: Any, depth: int = 0):
+        self.function = function
+        self.depth = depth
+        code = function.__code__
+        self.globals = function.__globals__
+        self.closure = dict(zip(code.co_freevars,
+                                (c.cell_contents for c in function.__closure__ or ()
+                                 if _cell_filled(c))))
+
+    def _resolve(self, name: str) -> tuple[bool, Any]:
+        """(known, value) of a free name: a closure cell, a global or a builtin."""
+        if name in self.closure:
+            return True, self.closure[name]
+        if name in self.globals:
+            return True, self.globals[name]
+        if hasattr(builtins, name):
+            return True, getattr(builtins, name)
+        return False, None
+
+    def _chain(self, node: ast.AST) -> tuple[str, list[str]] | None:
+        attrs = []
+        while isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name):
+            return node.id, attrs[::-1]
+        return None
+
+    def _callee(self, root: str, attrs: list[str]) -> tuple[bool, Any]:
+        """(known, value) of a free name's attribute chain (`log.info`), read without running
+        any code (methods unwrapped to their functions)."""
+        known, value = self._resolve(root)
+        if not known:
+            return False, None
+        for attr in attrs:
+            try:
+                value = inspect.getattr_static(value, attr)
+            except AttributeError:
+                return False, None
+            value = getattr(value, "__func__", value)
+        return True, value
+
+
+def _module_of(value: Any) -> str:
+    """The module a callee comes from, bound builtins (`random.random`: a method of a hidden
+    Random) and C methods (numpy's `Generator.random`) included."""
+    module = getattr(value, "__module__", None)
+    if module:
+        return module
+    owner = getattr(value, "__objclass__", None) or getattr(value, "__self__", None)
+    if owner is None or inspect.ismodule(owner):
+        return getattr(owner, "__name__", "") or ""
+    return getattr(owner if isinstance(owner, type) else type(owner), "__module__", "") or ""
+
+
+class _EffectFinder(Resolver):
+    """Finds a call known to be impure in a compiled function's Python (find_effect)."""
+
+    def find(self, body: list[ast.stmt]) -> None:
+        code = self.function.__code__
+        local = {*code.co_varnames, *code.co_cellvars}
+        for statement in body:
+            for node in ast.walk(statement):
+                if isinstance(node, ast.Call):
+                    self.check_effect(node, local)
+
+    def check_effect(self, call: ast.Call, local: set[str]) -> None:
+        chain = self._chain(call.func)
+        if chain is None or chain[0] in local:
+            return  # a value of its own, or an argument's: left to the guards
+        known, value = self._callee(*chain)
+        if known:
+            self.check_callee(value, snippet(call.func), call)
+
+    def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
+        value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
+        module = _module_of(value)
+        name = getattr(value, "__name__", "")
+        if module == "builtins" and name in _EFFECT_BUILTINS:
+            raise Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
+        if module in _CONTAINER_MODULES and name in _MUTATORS:
+            raise Unprovable(f"calls `{what}`, which changes a Python object at every call",
+                             node)
+        if module.startswith(_EFFECT_MODULES):
+            raise Unprovable(f"calls `{what}`, which gives other values or effects at each "
+                             "call", node)
+        if isinstance(value, types.FunctionType) and not module.startswith(PURE_MODULES) \
+                and self.depth < MAX_DEPTH:
+            finding = _find_effect_in(value, self.depth + 1)
+            if finding is not None:
+                raise Unprovable(f"calls `{what}`, which {finding.reason} (at {finding.loc})",
+                                 node)
+
+
+def find_effect(function: Any) -> Finding | None:
+    """The first call in `function` (or a helper it calls, 3 deep) known to have an effect or
+    to give another value at each call; None where there is none, or no source to read."""
+    return _find_effect_in(function, 0)
+
+
+def _find_effect_in(function: Any, depth: int) -> Finding | None:
+    if not isinstance(function, types.FunctionType):
+        return None
+    try:
+        tree = source_tree(function)
+    except SyntaxError:
+        return None
+    if tree is None:
+        return None
+    node, filename, first = tree
+    try:
+        _EffectFinder(function, depth).find(node.body)
+    except Unprovable as problem:
+        return Finding(problem.reason, source_loc(filename, first, problem.node, function))
+    return None
