@@ -31,7 +31,7 @@ from .core import logs, trees
 from .core.errors import NddTraceWarning
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
-from .execution import tuning, waits
+from .execution import tuning_store, waits
 from .execution.runtime import Options
 from .modes import lazy
 from .modes.cache import CacheInfo, Entry, EntryCache, Found, bind_data
@@ -508,7 +508,7 @@ def set_cache_dir(path: Any) -> None:
     NddTraceWarning (docs/warm-start.md, "What the cache trusts"). `optimize=True`'s per-machine tuning keeps its
     settings there too (docs/optimize.md)."""
     _dali.set_analysis_cache_dir(path)
-    tuning.forget()  # the tuning read from another directory
+    tuning_store.forget()  # the tuning read from another directory
 
 
 def cache_dir() -> str | None:

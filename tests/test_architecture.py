@@ -38,6 +38,7 @@ LAYERS = [
     {"execution.runtime"},
     {"execution.build"},
     {"ahead.runahead"},
+    {"ahead.file_states", "ahead.loop_epochs"},
     {"ahead.streams"},
     {"ahead.speculator"},
     {"ahead.calls"},

@@ -396,12 +396,12 @@ def test_a_symlinked_tuning_file_is_refused(cache_dir, tmp_path):
     """optimize=True's per-machine settings, kept in the same directory, are read only from a
     file of the user's own: another user's link turns the cache off, and nothing is written
     through it."""
-    from ndd_trace.execution import tuning
+    from ndd_trace.execution import tuning_store
     from ndd_trace.execution.tuning_store import current_store
 
     cache_dir.chmod(0o1777)
     ndd_trace.set_cache_dir(str(cache_dir))
-    tuning.forget()
+    tuning_store.forget()
     theirs = tmp_path / "theirs.json"
     theirs.write_text('{"format": 1, "entries": {"k": {"num_threads": 64}}}')
     link = current_store().path
@@ -412,7 +412,7 @@ def test_a_symlinked_tuning_file_is_refused(cache_dir, tmp_path):
         current_store().put("k", {"num_threads": 1, "prefetch_queue_depth": 2})
         assert current_store().get("k")["num_threads"] == 1  # kept in this process only
     finally:
-        tuning.forget()
+        tuning_store.forget()
     assert os.listdir(cache_dir) == [os.path.basename(link)] and os.path.islink(link)
     assert "64" in theirs.read_text()
 

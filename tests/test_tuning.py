@@ -36,11 +36,11 @@ def quick_tuning(monkeypatch, tmp_path):
     monkeypatch.delenv("NDD_TRACE_HW_DECODER_LOAD", raising=False)
     previous = ndd_trace.cache_dir()
     ndd_trace.set_cache_dir(str(tmp_path / "cache"))
-    tuning.forget()
+    tuning_store.forget()
     tuning._searching.clear()  # a search an earlier test left under way holds up no test here
     yield
     ndd_trace.set_cache_dir(previous)
-    tuning.forget()
+    tuning_store.forget()
 
 
 def decoded_epoch(reader, device="cpu"):
@@ -101,7 +101,7 @@ def test_the_decision_is_kept_per_machine_and_used_from_the_first_build(jpeg_dir
     (record,) = data["entries"].values()
     assert record["num_threads"] == decided.current.num_threads
     assert record["measured"]
-    tuning.forget()  # as a new process: read from the file
+    tuning_store.forget()  # as a new process: read from the file
     second = ndd.compile(decoded_epoch, optimize=True)
     again, _ = _epochs(second, jpeg_dir, epochs=2)
     tuner = _tuner(second)
@@ -374,7 +374,7 @@ def test_kept_settings_that_make_no_sense_are_searched_again(jpeg_dir, tmp_path,
     for record in data["entries"].values():
         record.update(bad)
     path.write_text(json.dumps(data))
-    tuning.forget()
+    tuning_store.forget()
     second = ndd.compile(decoded_epoch, optimize=True)
     again, _ = _epochs(second, jpeg_dir)
     assert _tuner(second).state in ("tuned", "kept") and _tuner(second).measured
@@ -388,7 +388,7 @@ def test_kept_settings_that_do_not_build_fall_back_to_the_start(jpeg_dir, tmp_pa
     for record in data["entries"].values():
         record["num_threads"] = 1  # not the start's (2 threads), and refused below
     path.write_text(json.dumps(data))
-    tuning.forget()
+    tuning_store.forget()
     options = runtime._dali.pipeline_options
 
     def refusing(batch_size, num_threads, *args, **kwargs):

@@ -14,11 +14,12 @@ from typing import Any
 
 from .. import _dali
 from ..core.ir import NodeKind
-from ..execution.runtime import Executable, Options, PendingRun
+from ..execution.results import PendingRun
+from ..execution.runtime import Executable, Options
 from .runahead import READ_AHEAD
+from .loop_epochs import in_compiled_loop, loop_stand_in
 from .speculator import Speculator
-from .streams import (can_stream, in_compiled_loop, loop_stand_in, on_new_stream, reader_epoch,
-                      stream_of)
+from .streams import can_stream, on_new_stream, reader_epoch, stream_of
 
 # ---------------------------------------------------------------------------------------------
 # Compiled steps called from an eager reader loop

@@ -34,7 +34,8 @@ from __future__ import annotations
 from .calls import epoch_of, has_epoch_wrapper, run_call, watch_reader_epochs, wrap_epochs
 from .runahead import READ_AHEAD, RUN_AHEAD, runs_ahead
 from .speculator import Observation, Speculator
-from .streams import ReaderStream, can_stream, opening_loop_epochs, reader_epoch, stream_of
+from .loop_epochs import opening_loop_epochs
+from .streams import ReaderStream, can_stream, reader_epoch, stream_of
 
 __all__ = ["READ_AHEAD", "RUN_AHEAD", "Observation", "ReaderStream",
            "Speculator", "can_stream", "epoch_of", "has_epoch_wrapper", "opening_loop_epochs",

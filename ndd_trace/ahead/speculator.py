@@ -17,7 +17,8 @@ from typing import Any
 
 from .. import _dali
 from ..core.ir import Node, NodeKind
-from ..execution.runtime import Executable, PendingRun
+from ..execution.results import PendingRun
+from ..execution.runtime import Executable
 from .runahead import KEEP_BATCHES, StateForecast, fed_as_eager, gave_up, runs_ahead
 from .streams import ReaderStream
 

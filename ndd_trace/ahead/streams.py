@@ -10,21 +10,22 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-import stat
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from .. import _dali
 from ..core.errors import LoopError
 from ..core.ir import Graph, Ref
 from ..execution.build import compile_graph
-from ..execution.runtime import Executable, Options, PendingRun
+from ..execution.results import PendingRun
+from ..execution.runtime import Executable, Options
 from ..tracing.trace import add_reader_node
+from .file_states import (ReadTimes, changed_before, changed_in_place, eager_reads, file_state,
+                          read_before_changed)
 from .runahead import READ_AHEAD
 
 # a worker thread reads ahead (NDD_TRACE_READER_THREAD=0: the script's thread does, when it takes)
@@ -277,7 +278,7 @@ class ReaderStream:
             ready = list(enumerate(self._ready, self.count))
         for number, outputs in ready:
             self._states_at_end[number] = [
-                _file_state(_dali.file_path(self._files, source))
+                file_state(_dali.file_path(self._files, source))
                 for source in self._sources_of(number, outputs)]
 
     def _lengths_of(self, number: int, outputs: tuple) -> list[int]:
@@ -297,7 +298,7 @@ class ReaderStream:
     def _as_eager_reads(self, step: int, batches: tuple) -> tuple:
         """The Batches of `step` as eager ndd's reader gives them at this step. The stream read
         some batches before the open epoch's first step (the script's code ran after); for the
-        samples eager's reader reads at this step (`_eager_reads`), a file changed since is read
+        samples eager's reader reads at this step (file_states.eager_reads), a file changed since is read
         again now, as eager reads it, and the error eager's reader raises for a file it cannot
         read is raised here (and at every later step)."""
         files = self._files
@@ -319,7 +320,8 @@ class ReaderStream:
             at_end = self._states_at_end.get(number)
             for index, source in enumerate(self._sources_of(number, outputs)):
                 sample = number * self.batch_size + index
-                when = self._eager_reads(sample, step)
+                when = eager_reads(files, self.batch_size, self._epochs, self._epoch_first,
+                                   sample, step)
                 if when is None or sample in self._read_again:
                     continue
                 if empties_fail and when == "now" and lengths[index] == 0:  # type: ignore[index]
@@ -327,13 +329,14 @@ class ReaderStream:
                     continue
                 if not early:
                     continue
-                state = _file_state(_dali.file_path(files, source))
+                state = file_state(_dali.file_path(files, source))
                 ended = at_end[index] if at_end is not None else state  # as the last epoch ended
                 if state is not None and ended == state and \
-                        _changed_before(state, read_from) and \
+                        changed_before(state, read_from) and \
                         (lengths is None or lengths[index] == state[2]):
                     continue  # as it was when the stream read it
-                if when == "before" and not self._read_before_changed(state, at_end, ended):
+                if when == "before" and not read_before_changed(
+                        files, self._closed_ns, state, at_end, ended):
                     continue
                 due.append((sample, source, state))
         if due:
@@ -352,7 +355,7 @@ class ReaderStream:
             return batches
         if files.mapped:  # eager maps a file as it loads it, and copies it out at this step
             changed = [index for index, (source, state, _) in replaced.items()
-                       if _changed_in_place(state, _file_state(_dali.file_path(files, source)))]
+                       if changed_in_place(state, file_state(_dali.file_path(files, source)))]
             if changed:
                 again = _dali.read_files_again(self._reader(), files,
                                                [replaced[index][0] for index in changed])
@@ -363,40 +366,6 @@ class ReaderStream:
         with self._cond:
             self._ready[0] = batches
         return batches
-
-    def _read_before_changed(self, state: tuple | None, at_end: list | None,
-                             ended: tuple | None) -> bool:
-        """Whether eager's reader, which loaded a sample before the open epoch began (as the
-        last one ended; a shuffling one, into its buffer, maybe long before), gives its file as
-        it is now (`state`): it loaded it after its last change, or maps it and it was changed
-        in place since; not a file deleted or replaced since (eager keeps what it loaded, as
-        the stream does)."""
-        files = self._files
-        in_place = files.mapped and state is not None and (
-            at_end is None or _changed_in_place(ended, state) or ended == state)
-        if files.shuffled:
-            return in_place
-        if state is None:  # gone: eager's reader failed on it only if it was gone already
-            return at_end is not None and ended is None
-        since = ended != state if at_end is not None else \
-            not _changed_before(state, self._closed_ns)
-        return not since or in_place  # changed before the last epoch ended: read as it is
-
-    def _eager_reads(self, sample: int, step: int) -> str | None:
-        """Whether eager ndd's reader reads `sample` (numbered from the stream's first) at
-        `step`: "now"; "before" at the open epoch's first step for those it had read before the
-        epoch began (it reads them as the last one ended); None at another step. A shuffling
-        reader loads in its buffer's order, which ndd_trace does not know: a sample read before
-        the epoch began counts as loaded before it by eager's reader too, at the step that hands
-        it out."""
-        files, size, depth = self._files, self.batch_size, self._files.prefetch_depth
-        if files.shuffled:  # (loaded before this epoch began, as far as can be told)
-            return "before" if sample // size == step else None
-        loaded_by = (sample - 1) // size  # the batch whose loading reads it (one sample ahead)
-        if self._epochs > 1 and loaded_by < self._epoch_first + depth:  # before this epoch
-            return "before" if step == self._epoch_first else None
-        # (a new operator's first run loads its first batches)
-        return "now" if max(loaded_by - depth + 1, 0) == step else None
 
     def _peek_read(self, number: int) -> tuple | None:
         """The batch `number`, read (waiting for it); None where it is not to be had now."""
@@ -416,62 +385,6 @@ class ReaderStream:
         first = self.count * self.batch_size
         for sample in [sample for sample in self._read_again if sample < first]:
             del self._read_again[sample]
-
-
-class ReadTimes:
-    """When each run of a stream's reader was scheduled (batch number -> wall-clock ns), shared
-    with its worker thread, which holds the stream itself only weakly."""
-
-    def __init__(self) -> None:
-        self.started_ns = time.time_ns()
-        self.scheduled = 0  # runs scheduled so far (the next one's batch number)
-        self._at: dict[int, int] = {}
-
-    def restart(self) -> None:
-        self.started_ns = time.time_ns()
-
-    def note(self, when_ns: int) -> None:
-        self._at[self.scheduled] = when_ns
-        self.scheduled += 1
-
-    def reading_from(self, number: int) -> int:
-        """When run `number` was scheduled (before the first run: when the stream started)."""
-        return self._at.get(number, self.started_ns) if number >= 0 else self.started_ns
-
-    def forget_before(self, number: int) -> None:
-        for key in [key for key in list(self._at) if key < number]:
-            del self._at[key]
-
-
-# file times tick coarsely (whole seconds on some filesystems), as git's "racily clean" knows
-_TICK_SLACK_NS = 50_000_000
-_SECOND_SLACK_NS = 2_000_000_000
-
-
-def _file_state(path: str) -> tuple[int, int, int, int, int] | None:
-    """(device, inode, size, mtime, ctime) of the file at `path`, through a symlink (ctime: the
-    later of the link's and the file's); None if there is none."""
-    try:
-        link = os.lstat(path)
-        state = os.stat(path) if stat.S_ISLNK(link.st_mode) else link
-    except OSError:
-        return None
-    return (state.st_dev, state.st_ino, state.st_size, state.st_mtime_ns,
-            max(state.st_ctime_ns, link.st_ctime_ns))
-
-
-def _changed_in_place(before: tuple | None, now: tuple | None) -> bool:
-    """Whether a file changed from `before` to `now`, the same file (a mapping of it shows the
-    change; one deleted or replaced keeps showing what it was)."""
-    return before is not None and now is not None and before != now and before[:2] == now[:2]
-
-
-def _changed_before(state: tuple, read_from_ns: int) -> bool:
-    """Whether a file in `state` last changed, for certain, before `read_from_ns` (its ctime,
-    which no user call can set back)."""
-    changed = state[4]
-    slack = _SECOND_SLACK_NS if changed % 1_000_000_000 == 0 else _TICK_SLACK_NS
-    return changed < read_from_ns - slack
 
 
 def _schedule(executable: Executable, in_flight: list[PendingRun], ready: int,
@@ -579,35 +492,3 @@ def can_stream(reader: Any) -> str | None:
     except Exception as error:
         return f"cannot describe the reader to a pipeline ({type(error).__name__})"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Epochs opened by a compiled generator's loop (loop.py)
-#
-# While a compiled loop pulls its next item (`opening_loop_epochs`), the reader epochs it opens
-# read through streams from the first one (unless the reader must stay eager: checkpointing,
-# tensor arguments). A loop over `source.captured(...)` is DALI's capture mode's (loop.py does
-# not compile it).
-
-_opening = threading.local()  # .active: a compiled loop is pulling its next item; .stand_in
-
-
-@contextmanager
-def opening_loop_epochs(stand_in: Callable[[Any, int], Any] | None = None) -> Iterator[None]:
-    """While active, the epochs this thread opens are a compiled loop's (see above); with
-    `stand_in`, each is one step of `stand_in(reader, batch_size)` instead, and nothing is
-    read (export describes a loop so)."""
-    previous = getattr(_opening, "active", False), getattr(_opening, "stand_in", None)
-    _opening.active, _opening.stand_in = True, stand_in or previous[1]
-    try:
-        yield
-    finally:
-        _opening.active, _opening.stand_in = previous
-
-
-def in_compiled_loop() -> bool:
-    return getattr(_opening, "active", False)
-
-
-def loop_stand_in() -> Callable | None:
-    return getattr(_opening, "stand_in", None) if in_compiled_loop() else None

@@ -26,7 +26,6 @@ from .failures import Failures
 from .feed import Feed
 from .results import PendingRun
 # api.py and modes/proxies.py import these from here
-from .results import LazyOutput, LazyResult  # noqa: F401
 
 # failed pipelines an Executable may leave set aside before its calls run eagerly instead
 MAX_FAILED_PIPELINES = 3

@@ -53,7 +53,6 @@ from ..codegen import optimize as rewrites
 from ..core import logs
 from ..core.ir import NodeKind
 from .tuning_store import FORMAT, current_store, usable_cpus
-from .tuning_store import forget  # noqa: F401 (api.py calls it as tuning.forget)
 
 ENV_VAR = "NDD_TRACE_TUNE"
 WINDOW = 12  # steps timed per setting, at least

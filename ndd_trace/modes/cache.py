@@ -22,7 +22,8 @@ from ..codegen.lower import Lowered
 from ..core import keys, logs, trees
 from ..core.ledger import Ledger, Runs, Verdict
 from ..core.ir import Graph, NodeKind, Ref
-from ..execution.runtime import Executable, LazyOutput
+from ..execution.results import LazyOutput
+from ..execution.runtime import Executable
 from ..tracing import guards
 from ..tracing.trace import GraphBreakRecord
 

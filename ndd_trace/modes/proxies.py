@@ -9,8 +9,8 @@ from typing import Any
 
 from .. import _dali
 from ..core.ir import Ref, TensorMeta
-from ..execution.runtime import LazyResult
-from ..tracing.trace import BATCH_ABSENT, TracedBatch, TracedTensor
+from ..execution.results import LazyResult
+from ..tracing.values import BATCH_ABSENT, TracedBatch, TracedTensor
 
 
 class LazyMixin:

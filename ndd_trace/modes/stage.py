@@ -26,7 +26,7 @@ from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..ahead.readahead import runs_ahead
 from ..execution.build import compile_graph
 from ..execution.runtime import Options
-from ..tracing import stepcheck
+from ..tracing.effects import find_effect
 from ..tracing.trace import GraphBreakRecord, Tracer
 from .cache import Entry, EntryCache, batch_sizes, walk_data
 
@@ -180,7 +180,7 @@ class TraceStage:
         cache.replan()  # the helpers the function calls may have changed since the last trace
         key = cache.key(args, kwargs)
         if self.runs is not Runs.COMPILED_LOOP:  # (a loop body was checked as a loop)
-            found = stepcheck.find_effect(self._function)
+            found = find_effect(self._function)
             if found is not None:  # before the trace: its Python runs once on this call too
                 record = GraphBreakRecord(f"{found.reason}: a compiled function's Python runs "
                                           "at its trace only", found.loc)

@@ -30,7 +30,6 @@ from typing import Any
 from ..core.source import SourceLoc
 from .effects import (IMPURE_MODULES, MAX_DEPTH, PURE_MODULES, Finding, Resolver, Unprovable,
                       snippet, source_loc, source_tree)
-from .effects import find_effect  # noqa: F401 (stage.py calls it as stepcheck.find_effect)
 
 # builtins that compute a value from their arguments and touch nothing else
 _PURE_BUILTINS = frozenset({

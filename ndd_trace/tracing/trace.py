@@ -30,7 +30,6 @@ from ..core.errors import GraphBreakSignal
 from ..core.ir import Graph, Node, Ref, TensorMeta
 from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc, raise_at, user_location
-from .values import BATCH_ABSENT  # noqa: F401 (modes/proxies.py imports it from here)
 from .values import (SymbolicBatchSize, TracedBatch, TracedTensor, graph_break,
                      is_concrete_data, is_traced)
 
