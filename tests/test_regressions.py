@@ -407,8 +407,23 @@ def test_pure_python_in_a_compiled_function_stays_compiled(uniform_batch):
 
 @pytest.mark.gpu
 def test_float64_numpy_constants_on_the_gpu(uniform_batch):
+    """float64 numpy constants given to GPU ops as eager takes them: as a CPU argument input
+    (normalize's mean and std) and as a GPU tensor; a numpy array mixed into GPU arithmetic
+    raises eager's ValueError in both (it ran on the H200 before landing; its first version
+    mixed them and failed there, eagerly too)."""
     def on_gpu(x):
         x = x.gpu()
-        return _normalize_f64(x), ndd.cast(x, dtype=ndd.float64) * np.array([0.5, 2.0, 4.0])
+        normalized = ndd.crop_mirror_normalize(x, mean=_MEAN_F64, std=_STD_F64)
+        scale = ndd.as_tensor(np.array([0.5, 2.0, 4.0]), device="gpu")
+        return normalized, ndd.cast(x, dtype=ndd.float64) * scale
 
     run_both(on_gpu, uniform_batch, calls=2)
+
+    def mixed(x):
+        return ndd.cast(x.gpu(), dtype=ndd.float64) * np.array([0.5, 2.0, 4.0])
+
+    with pytest.raises(ValueError, match="Cannot mix GPU and CPU inputs") as eager:
+        mixed(uniform_batch).evaluate()
+    with pytest.raises(ValueError) as compiled:
+        ndd.compile(mixed)(uniform_batch).evaluate()
+    assert str(compiled.value) == str(eager.value)
