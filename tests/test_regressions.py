@@ -411,13 +411,13 @@ def test_float64_numpy_constants_on_the_gpu(uniform_batch):
     (normalize's mean and std) and as a GPU tensor; a numpy array mixed into GPU arithmetic
     raises eager's ValueError in both (it ran on the H200 before landing; its first version
     mixed them and failed there, eagerly too)."""
-    def on_gpu(x):
+    def on_gpu(x, scale):
         x = x.gpu()
         normalized = ndd.crop_mirror_normalize(x, mean=_MEAN_F64, std=_STD_F64)
-        scale = ndd.as_tensor(np.array([0.5, 2.0, 4.0]), device="gpu")
         return normalized, ndd.cast(x, dtype=ndd.float64) * scale
 
-    run_both(on_gpu, uniform_batch, calls=2)
+    run_both(on_gpu, uniform_batch, ndd.as_tensor(np.array([0.5, 2.0, 4.0]), device="gpu"),
+             calls=2)
 
     def mixed(x):
         return ndd.cast(x.gpu(), dtype=ndd.float64) * np.array([0.5, 2.0, 4.0])
