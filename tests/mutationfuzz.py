@@ -1,0 +1,202 @@
+"""Differential fuzzing of what changes between calls: a function reads something outside its
+arguments, the caller changes that thing between calls the ways Python allows, and every call's
+result must match eager's bit for bit.
+
+    case = Case.draw(data)                # inside a hypothesis test using st.data()
+    check_case(case, batch)               # AssertionError on the first difference
+
+The things read (the families the guard holes of issue 35 came from): a global number, a global
+numpy scalar, a global list, a global `functools.partial`, a global bound method of an object,
+a helper's default argument, the compiled function's own defaults and keyword defaults, an
+object's attribute, a class attribute. The changes: rebind, change in place, swap a Python
+number for a numpy scalar of the same value, or nothing. Used by tests/test_fuzz.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from conftest import assert_same
+from hypothesis import strategies as st
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+
+
+def _scale(x, k):
+    return x * k
+
+
+class _Holder:
+    factor = 2.0
+
+    def __init__(self) -> None:
+        self.k = 2.0
+
+    def run(self, x):
+        return x * self.k
+
+
+@dataclasses.dataclass
+class Case:
+    """One family and the values its thing takes from call to call."""
+
+    family: str
+    values: list  # what the thing read is made to give before each call
+    in_place: list[bool]  # per call: change it in place (where the family can) or rebind it
+
+    @staticmethod
+    def draw(data: Any) -> Case:
+        family = data.draw(st.sampled_from(FAMILIES))
+        calls = data.draw(st.integers(2, 5))
+        numbers = st.sampled_from([2.0, 3.0, 0.5, -0.0, 0.0, 2, 3])
+        values = []
+        for _ in range(calls):
+            value = data.draw(numbers)
+            if data.draw(st.booleans()):  # the same value as a numpy scalar
+                value = data.draw(st.sampled_from([np.float64, np.float32, np.int64]))(value)
+            values.append(value)
+        return Case(family, values, [data.draw(st.booleans()) for _ in range(calls)])
+
+
+def _made(case: Case) -> tuple[Callable, Callable[[Any, bool], None]]:
+    """The user's function for `case`, and `set(value, in_place)`, which changes what it reads
+    as user code would."""
+    space: dict[str, Any] = {"ndd": ndd, "np": np}
+    holder = _Holder()
+    family = case.family
+    if family == "global number":
+        code = "def f(x):\n    return x * K\n"
+
+        def change(value, in_place):
+            space["K"] = value
+    elif family == "global list":
+        code = "def f(x):\n    return x * K[0]\n"
+        space["K"] = [1.0]
+
+        def change(value, in_place):
+            if in_place:
+                space["K"][0] = value
+            else:
+                space["K"] = [value]
+    elif family == "global partial":
+        code = "def f(x):\n    return H(x)\n"
+
+        def change(value, in_place):
+            space["H"] = functools.partial(_scale, k=value)
+    elif family == "global bound method":
+        code = "def f(x):\n    return M(x)\n"
+        space["M"] = holder.run
+
+        def change(value, in_place):
+            if in_place:
+                holder.k = value
+            else:
+                fresh = _Holder()
+                fresh.k = value
+                space["M"] = fresh.run
+    elif family == "class attribute":
+        code = "def f(x):\n    return x * C.factor\n"
+        space["C"] = _Holder
+
+        def change(value, in_place):
+            _Holder.factor = value
+    elif family == "helper default":
+        code = "def helper(x, k=1.0):\n    return x * k\n\ndef f(x):\n    return helper(x)\n"
+
+        def change(value, in_place):
+            space["helper"].__defaults__ = (value,)
+    elif family == "own default":
+        code = "def f(x, k=1.0):\n    return x * k\n"
+
+        def change(value, in_place):
+            space["f"].__defaults__ = (value,)
+    else:  # "own keyword default"
+        code = "def f(x, *, k=1.0):\n    return x * k\n"
+
+        def change(value, in_place):
+            if in_place:
+                space["f"].__kwdefaults__["k"] = value
+            else:
+                space["f"].__kwdefaults__ = {"k": value}
+    exec(compile(code, f"<mutationfuzz {family}>", "exec"), space)
+    return space["f"], change
+
+
+FAMILIES = ["global number", "global list", "global partial", "global bound method",
+            "class attribute", "helper default", "own default", "own keyword default"]
+
+
+def check_case(case: Case, batch: Any) -> None:
+    """Each call, after its change, eagerly and compiled: the same result (values, dtype)."""
+    saved = _Holder.factor
+    function, change = _made(case)
+    compiled = ndd_trace.compile(function)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for value, in_place in zip(case.values, case.in_place):
+                change(value, in_place)
+                assert_same(function(batch), compiled(batch))
+    finally:
+        _Holder.factor = saved
+
+
+# -- how values are consumed --------------------------------------------------------------------
+
+def _observe(value: Any, way: str) -> Any:
+    """What user code sees when it consumes `value` one `way` (an exception: its type and text)."""
+    try:
+        if way == "len":
+            return len(value)
+        if way == "list":
+            return [np.asarray(t).tolist() for t in list(value)]
+        if way == "iter":
+            return [np.asarray(t).tolist() for t in value]
+        if way == "star":
+            return [np.asarray(t).tolist() for t in [*value]]
+        if way == "bool":
+            return bool(value)
+        if way == "numpy":
+            return [np.asarray(value.select(i)).tolist() for i in range(value.batch_size)]
+        if way == "shape":
+            return value.shape
+        if way == "dtype":
+            return str(value.dtype)
+        if way == "torch":
+            return value.torch(pad=True).tolist()
+        if way == "in dict":
+            return sorted({"k": value}.keys())
+        if way == "repr":
+            return repr(value).split("(")[0]
+        return type(value).__name__  # "type"
+    except Exception as error:  # noqa: BLE001 (what a user's `except` sees)
+        return (type(error).__name__, str(error))
+
+
+WAYS = ["len", "list", "iter", "star", "bool", "numpy", "shape", "dtype", "torch", "in dict",
+        "repr", "type"]
+# transparent mode's values are ndd.Batch subclasses (a known difference, docs/limitations.md)
+TRANSPARENT_WAYS = [way for way in WAYS if way not in ("repr", "type")]
+
+
+def check_consumption(ways: list[str], batch: Any) -> None:
+    """A result consumed in `ways`, in order: the same observations eagerly, from a compiled
+    function and in transparent mode."""
+    def step(x):
+        return ndd.flip(x, horizontal=1) * 2
+
+    eager = [_observe(step(batch), way) for way in ways]
+    compiled_step = ndd_trace.compile(step)
+    compiled = [_observe(compiled_step(batch), way) for way in ways]
+    assert compiled == eager, (ways, eager, compiled)
+    kept = [way for way in ways if way in TRANSPARENT_WAYS]
+    with ndd_trace.enabled():
+        transparent = [_observe(step(batch), way) for way in kept]
+    assert transparent == [e for e, way in zip(eager, ways) if way in TRANSPARENT_WAYS], (
+        ways, eager, transparent)
