@@ -52,7 +52,7 @@ from .. import _dali
 from ..codegen import optimize as rewrites
 from ..core import logs
 from ..core.ir import NodeKind
-from .tuning_store import FORMAT, current_store, usable_cpus
+from .tuning_store import FORMAT, Store, current_store, usable_cpus
 
 ENV_VAR = "NDD_TRACE_TUNE"
 WINDOW = 12  # steps timed per setting, at least
@@ -68,6 +68,8 @@ MARGIN = 0.03  # a setting replaces the start only this much faster, in both mea
 LOADS = (0.4, 0.65, 0.9, 1.0)  # hw_decoder_load: the start's neighbours tried, on while it pays
 DEEPER = 1  # prefetch_queue_depth tried this much above the start's, where it runs further ahead
 MAX_DEPTH = 8  # a kept prefetch_queue_depth above this (or below 1) is not used
+
+_Store = Store  # the name ../shared/repros/reliability/03 and earlier scripts use
 
 _UNTIL_BUILT = 1 << 30  # steps left out while a setting is being built
 STALE_S = 30.0  # a search whose pipeline was not used this long gives way to another one
