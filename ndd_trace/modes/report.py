@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter, OrderedDict
-from typing import Any
 
 from ..core.ir import NodeKind
 from ..core.keys import show_arguments
