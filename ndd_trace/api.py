@@ -27,18 +27,18 @@ from typing import Any
 
 from . import _dali
 from .ahead import readahead
-from .core import logs, trees
+from .core import logs
 from .core.errors import NddTraceWarning
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
-from .execution import tuning_store, waits
+from .execution import tuning_store
 from .execution.runtime import Options
+from .generator_epochs import GeneratorEpochs
 from .modes import lazy
 from .modes.cache import CacheInfo, Entry, EntryCache, Found, bind_data
-from .modes.loop import Split, StepCall, split_generator
+from .modes.loop import Split
 from .modes.per_sample import PerSampleFunction
 from .modes.stage import Notices, TraceStage
-from .tracing.stepcheck import Finding
 from .tracing.trace import GraphBreakRecord
 
 __all__ = ["CacheInfo", "CompiledFunction", "Entry", "cache_dir", "compile", "set_cache_dir"]
@@ -62,7 +62,7 @@ def _noted(note: str | None) -> Iterator[None]:
         raise
 
 
-class CompiledFunction:
+class CompiledFunction(GeneratorEpochs):
     """A function whose ndd calls run as one cached DALI pipeline per guard set: this object
     dispatches each call (a cache hit runs, a miss traces, a call that cannot be compiled
     runs in transparent mode); `_entry_cache` holds the entries, `_stage` traces them."""
@@ -322,29 +322,6 @@ class CompiledFunction:
         with lazy.enabled(optimize=self.optimize):
             return self._function(*args, **kwargs)
 
-    def _fallback_epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
-        """The generator version: transparent mode around each step only, so the consumer's own
-        code between steps runs as it would without ndd_trace."""
-        generator = self._function(*args, **kwargs)
-        if self.fallback != "lazy" or lazy.is_enabled():
-            yield from generator
-            return
-        steps = lazy.Steps(self._step_tracer())
-        try:  # each resumption in transparent mode; send() and throw() reach its own `yield`
-            return (yield from trees.relay(generator, steps.step))
-        finally:
-            steps.close()
-            generator.close()
-
-    def _step_tracer(self) -> lazy.LazyTracer:
-        """This thread's tracer for the function's checked epochs: kept from epoch to epoch,
-        so that its run-ahead patterns carry over (a new one if the device or threads moved)."""
-        setting = (_dali.current_device_id(), _dali.current_num_threads())
-        held = getattr(self._step_tracers, "held", None)
-        if held is None or held[0] != setting:
-            held = self._step_tracers.held = (setting, lazy.new_tracer(self.optimize))
-        return held[1]
-
     def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         note, error = self._stage.take_failure()
         self._ledger.count(Verdict(f"tracing raised {type(error).__name__}: {error}",
@@ -375,56 +352,6 @@ class CompiledFunction:
             if name not in passed:  # as eager: the keyword default as it is now
                 bound.arguments[name] = value
         return bound.args, bound.kwargs
-
-    def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
-        """A compiled generator call: the generator's own Python, its loop body compiled
-        (loop.py); or, where the body cannot be compiled, each step in checked mode."""
-        split = self._loop()
-        if split is None:
-            self._ledger.count(Verdict(f"graph break: {self._loop_break}",
-                                       self._loop_break.loc if self._loop_break else None,
-                                       Runs.CAPTURE_MODE if self._loop_break is not None and
-                                       self._loop_break.captures else Runs.CHECKED_LOOP))
-            if self._loop_break is not None and self._loop_break.captures:
-                epoch = self._function(*args, **kwargs)  # DALI's capture mode runs its loop
-            else:
-                epoch = self._fallback_epoch(args, kwargs)
-        else:
-            epoch = split.generator(*args, **kwargs)
-        # the report's loader verdict: the consumer's wait for each item vs its own step
-        return waits.timed(epoch, self.__qualname__, str(self._stage.definition_loc()))
-
-    def _loop(self) -> Split | None:
-        """The generator taken apart (None: its loop body runs in checked mode), at its first
-        call; a graph break under fullgraph=True raises GraphBreakError there."""
-        if self._split is False:
-            started = time.perf_counter()
-            found = split_generator(self._function)
-            apart = (time.perf_counter() - started) * 1000
-            logs.trace.info("`%s`: generator taken apart in %.1f ms", self.__qualname__, apart,
-                            extra={"ndd_trace_ms": {"apart": apart}})
-            if isinstance(found, Finding) and found.captures:
-                self._split = None
-                self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
-                self._entry_cache.store(("capture mode",), self._stage.break_entry(
-                    Entry(key=("capture mode",)), self._loop_break, Runs.CAPTURE_MODE))
-            elif isinstance(found, Finding):
-                self._split = None
-                self._loop_break = GraphBreakRecord(
-                    f"its loop body's Python may not do the same at every step ({found.reason});"
-                    " each step runs its Python in checked mode", found.loc)
-                self._entry_cache.store(("checked loop",), self._stage.break_entry(
-                    Entry(key=("checked loop",)), self._loop_break, Runs.CHECKED_LOOP))
-            else:
-                self._step = CompiledFunction(
-                    found.step, fullgraph=self.fullgraph, num_threads=self._num_threads,
-                    device_id=self._device_id, prefetch_queue_depth=self.prefetch_queue_depth,
-                    cache_limit=self.cache_limit, fallback=self.fallback,
-                    optimize=self.optimize)
-                self._step._stage.runs = Runs.COMPILED_LOOP
-                found.step_cell.cell_contents = StepCall(self._step)
-                self._split = found
-        return self._split
 
     # -- running -------------------------------------------------------------------------------
 

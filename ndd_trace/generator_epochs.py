@@ -1,0 +1,114 @@
+"""A compiled generator's epochs: its own Python as written, its loop body compiled.
+
+    @ndd.compile
+    def batches(reader):
+        for jpegs, labels in reader.next_epoch(batch_size=64):
+            yield augment(jpegs), labels       # the loop body: one compiled call per step
+
+    for images, labels in batches(reader):     # CompiledFunction._epoch (this mixin)
+        ...
+
+The generator is taken apart at its first call (modes/loop.py); where its loop body cannot be
+compiled it runs as written, each step in transparent mode (checked mode), or in DALI's capture
+mode where that mode drives its loop. A mixin of api.CompiledFunction: it reads the compiled
+function's function, cache, stage and ledger.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from . import _dali
+from .core import logs, trees
+from .core.ledger import Runs, Verdict
+from .execution import waits
+from .modes import lazy
+from .modes.cache import Entry
+from .modes.loop import Split, StepCall, split_generator
+from .tracing.stepcheck import Finding
+from .tracing.trace import GraphBreakRecord
+
+
+class GeneratorEpochs:
+    """The epochs of a compiled generator (see the module's docstring)."""
+
+    _function: Any
+    _step_tracers: threading.local
+    _split: Split | None | bool
+    _loop_break: GraphBreakRecord | None
+
+    def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
+        """A compiled generator call: the generator's own Python, its loop body compiled
+        (loop.py); or, where the body cannot be compiled, each step in checked mode."""
+        split = self._loop()
+        if split is None:
+            self._ledger.count(Verdict(f"graph break: {self._loop_break}",
+                                       self._loop_break.loc if self._loop_break else None,
+                                       Runs.CAPTURE_MODE if self._loop_break is not None and
+                                       self._loop_break.captures else Runs.CHECKED_LOOP))
+            if self._loop_break is not None and self._loop_break.captures:
+                epoch = self._function(*args, **kwargs)  # DALI's capture mode runs its loop
+            else:
+                epoch = self._fallback_epoch(args, kwargs)
+        else:
+            epoch = split.generator(*args, **kwargs)
+        # the report's loader verdict: the consumer's wait for each item vs its own step
+        return waits.timed(epoch, self.__qualname__, str(self._stage.definition_loc()))
+
+    def _loop(self) -> Split | None:
+        """The generator taken apart (None: its loop body runs in checked mode), at its first
+        call; a graph break under fullgraph=True raises GraphBreakError there."""
+        if self._split is False:
+            started = time.perf_counter()
+            found = split_generator(self._function)
+            apart = (time.perf_counter() - started) * 1000
+            logs.trace.info("`%s`: generator taken apart in %.1f ms", self.__qualname__, apart,
+                            extra={"ndd_trace_ms": {"apart": apart}})
+            if isinstance(found, Finding) and found.captures:
+                self._split = None
+                self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
+                self._entry_cache.store(("capture mode",), self._stage.break_entry(
+                    Entry(key=("capture mode",)), self._loop_break, Runs.CAPTURE_MODE))
+            elif isinstance(found, Finding):
+                self._split = None
+                self._loop_break = GraphBreakRecord(
+                    f"its loop body's Python may not do the same at every step ({found.reason});"
+                    " each step runs its Python in checked mode", found.loc)
+                self._entry_cache.store(("checked loop",), self._stage.break_entry(
+                    Entry(key=("checked loop",)), self._loop_break, Runs.CHECKED_LOOP))
+            else:
+                self._step = type(self)(
+                    found.step, fullgraph=self.fullgraph, num_threads=self._num_threads,
+                    device_id=self._device_id, prefetch_queue_depth=self.prefetch_queue_depth,
+                    cache_limit=self.cache_limit, fallback=self.fallback,
+                    optimize=self.optimize)
+                self._step._stage.runs = Runs.COMPILED_LOOP
+                found.step_cell.cell_contents = StepCall(self._step)
+                self._split = found
+        return self._split
+
+    def _fallback_epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
+        """The generator version: transparent mode around each step only, so the consumer's own
+        code between steps runs as it would without ndd_trace."""
+        generator = self._function(*args, **kwargs)
+        if self.fallback != "lazy" or lazy.is_enabled():
+            yield from generator
+            return
+        steps = lazy.Steps(self._step_tracer())
+        try:  # each resumption in transparent mode; send() and throw() reach its own `yield`
+            return (yield from trees.relay(generator, steps.step))
+        finally:
+            steps.close()
+            generator.close()
+
+    def _step_tracer(self) -> lazy.LazyTracer:
+        """This thread's tracer for the function's checked epochs: kept from epoch to epoch,
+        so that its run-ahead patterns carry over (a new one if the device or threads moved)."""
+        setting = (_dali.current_device_id(), _dali.current_num_threads())
+        held = getattr(self._step_tracers, "held", None)
+        if held is None or held[0] != setting:
+            held = self._step_tracers.held = (setting, lazy.new_tracer(self.optimize))
+        return held[1]
