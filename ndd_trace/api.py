@@ -432,8 +432,8 @@ def set_cache_dir(path: Any) -> None:
     module's exact text and the DALI, libcst and Python versions; exact (what is asked of the
     parse is still answered against the live call). It holds pickles: a directory another
     user could write to, or a file there that is not yours, turns the cache off with one
-    NddTraceWarning (docs/warm-start.md, "What the cache trusts"). `optimize=True`'s per-machine tuning keeps its
-    settings there too (docs/optimize.md)."""
+    NddTraceWarning (docs/warm-start.md, "What the cache trusts"). `optimize=True`'s
+    per-machine tuning keeps its settings there too (docs/optimize.md)."""
     _dali.set_analysis_cache_dir(path)
     tuning_store.forget()  # the tuning read from another directory
 

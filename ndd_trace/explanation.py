@@ -155,7 +155,8 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         breaks=list(entry.breaks), eager_reason=entry.eager_reason,
         cache=compiled.cache_info(), num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
-        path=_LOOP_PATH if not entry.eager else f"{Runs.CHECKED_LOOP.value} ({entry.runs.value})", loop=loop,
+        path=_LOOP_PATH if not entry.eager else
+        f"{Runs.CHECKED_LOOP.value} ({entry.runs.value})", loop=loop,
         optimize=compiled.optimize,
         optimizations=[str(applied) for applied in entry.optimizations], tuning=_tuning(entry),
         recorded=list(compiled.ledger.verdicts))

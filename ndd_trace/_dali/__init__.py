@@ -74,16 +74,19 @@ from .conditionals import (array_of, autograph_origin, condition_chain, conditio
                            sample_index_source, sample_indices, zero_state)
 
 __all__ = [  # the adapter's names, as the rest of the package uses them
-    "advance_shard", "analysis_cache_dir", "as_eager_read_error", "analysis_cache_stats", "argument_dtype",
+    "advance_shard", "analysis_cache_dir", "as_eager_read_error", "analysis_cache_stats",
+    "argument_dtype",
     "argument_names", "argument_token", "array_of", "autograph_origin", "Batch",
     "broadcast_state", "call_site_frame", "capture_running",
-    "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline", "crashes_on_empty_samples",
+    "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
+    "crashes_on_empty_samples",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
     "do_not_convert", "draw_state", "DType", "dtype_name", "dtype_of", "dtype_public_name",
     "eager_epoch_steps", "eager_inside_trace", "eager_instance_key", "eager_instance_key_for_batch",
     "eager_reads_as_is", "eager_split", "enable_reader_checkpointing", "eval_mode_is_deferred",
-    "eval_mode_is_sync", "existing_default_rng", "ExternalSource", "feed", "file_path", "float64_constant", "fn",
+    "eval_mode_is_sync", "existing_default_rng", "ExternalSource", "feed", "file_path",
+    "float64_constant", "fn",
     "fn_function", "forget_default_rng", "frees_after_failure", "has_empty_sample",
     "has_gpu_backend", "hold_interception", "host_array", "host_ints", "host_samples",
     "in_this_branch", "infer_metadata", "init_proxy", "input_device", "intercept", "is_data_node",

@@ -92,12 +92,12 @@ def read_before_changed(files: Any, closed_ns: int, state: tuple | None, at_end:
 
 def eager_reads(files: Any, size: int, epochs: int, epoch_first: int, sample: int,
                 step: int) -> str | None:
-    """Whether eager ndd's reader reads `sample` (numbered from the stream's first; `files`: _dali.reader_files') at
-    `step`: "now"; "before" at the open epoch's first step for those it had read before the
-    epoch began (it reads them as the last one ended); None at another step. A shuffling
-    reader loads in its buffer's order, which ndd_trace does not know: a sample read before
-    the epoch began counts as loaded before it by eager's reader too, at the step that hands
-    it out."""
+    """Whether eager ndd's reader (`files`: `_dali.reader_files`'s) reads `sample` (numbered from
+    the stream's first) at `step`: "now"; "before" at the open epoch's first step for those it
+    had read before the epoch began (it reads them as the last one ended); None at another step.
+    A shuffling reader loads in its buffer's order, which ndd_trace does not know: a sample read
+    before the epoch began counts as loaded before it by eager's reader too, at the step that
+    hands it out."""
     depth = files.prefetch_depth
     if files.shuffled:  # (loaded before this epoch began, as far as can be told)
         return "before" if sample // size == step else None

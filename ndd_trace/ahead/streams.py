@@ -298,9 +298,9 @@ class ReaderStream:
     def _as_eager_reads(self, step: int, batches: tuple) -> tuple:
         """The Batches of `step` as eager ndd's reader gives them at this step. The stream read
         some batches before the open epoch's first step (the script's code ran after); for the
-        samples eager's reader reads at this step (file_states.eager_reads), a file changed since is read
-        again now, as eager reads it, and the error eager's reader raises for a file it cannot
-        read is raised here (and at every later step)."""
+        samples eager's reader reads at this step (file_states.eager_reads), a file changed
+        since is read again now, as eager reads it, and the error eager's reader raises for a
+        file it cannot read is raised here (and at every later step)."""
         files = self._files
         last = step if files.shuffled else step + files.prefetch_depth
         # an empty file reads into memory, but eager's reader fails to map it

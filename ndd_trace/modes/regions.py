@@ -182,7 +182,8 @@ class RegionRunner:
                           verdict=Verdict("batches of different sizes, or a one-value random "
                                           "op among batches, in one region", loc))
         if not site_has_room:
-            return Region(key, loc, len(region_ops), None, "", verdict=Verdict(limits.site_full(), loc))
+            return Region(key, loc, len(region_ops), None, "",
+                          verdict=Verdict(limits.site_full(), loc))
         graph = region_view(region_ops, target, clone=True).graph
         program = compile_graph(graph, self.options, optimize=self.optimize,
                                 cache_constants=False, runs_ahead=runs_ahead)

@@ -253,8 +253,8 @@ def report() -> Report:
     reader loop waited for its data (the loader verdict; compiled generators too), all threads."""
     with bookkeeping.lock:
         return Report(list(bookkeeping.regions.values()), Counter(bookkeeping.eager_ops),
-                      bookkeeping.ops_recorded, Counter(bookkeeping.readers), bookkeeping.ops_replayed,
-                      bookkeeping.releases, waits.loops())
+                      bookkeeping.ops_recorded, Counter(bookkeeping.readers),
+                      bookkeeping.ops_replayed, bookkeeping.releases, waits.loops())
 
 
 def step_breakdown() -> dict[str, float]:

@@ -172,14 +172,14 @@ class Tracer:
         loc = user_location()
         kind = kwargs.pop("_ndd_trace_kind", None)
         if kind == "operator":
-            raise GraphBreakSignal(f"calls operator object `{type(reader).__name__}` (class API or a "
-                              "reader called directly); use the ndd.<op> function, or call it "
-                              "outside", loc)
+            raise GraphBreakSignal(f"calls operator object `{type(reader).__name__}` (class API "
+                                   "or a reader called directly); use the ndd.<op> function, or "
+                                   "call it outside", loc)
         if kind in ("external_source", "external_source.captured"):
-            raise GraphBreakSignal("pulls data from an ndd.ExternalSource (its next batch would be "
-                              "frozen into the graph); pass the batch as an argument, or "
-                              "iterate source.captured(batch_size=...) in a compiled generator",
-                              loc)
+            raise GraphBreakSignal("pulls data from an ndd.ExternalSource (its next batch would "
+                                   "be frozen into the graph); pass the batch as an argument, or "
+                                   "iterate source.captured(batch_size=...) in a compiled "
+                                   "generator", loc)
         raise GraphBreakSignal(
             f"reads from reader `{type(reader).__name__}` in a plain function (a reader keeps "
             "its position); write the loop in a generator function decorated with "
@@ -242,12 +242,12 @@ class Tracer:
         raw_kwargs = dict(kwargs)
         if _dali.is_stateful(op_class):
             raise GraphBreakSignal(f"calls stateful operator `{name}` (readers and other stateful "
-                              "ops keep their own state; create them outside)", loc)
+                                   "ops keep their own state; create them outside)", loc)
         if _dali.eval_mode_is_sync():
             # the user asked for each call to run, and fail, on the spot
             raise GraphBreakSignal(f"calls `ndd.{name}` under a synchronous EvalMode (sync_cpu / "
-                              "sync_full), which runs each call and raises its errors at the "
-                              "call", loc)
+                                   "sync_full), which runs each call and raises its errors at the "
+                                   "call", loc)
         batch_size = kwargs.pop("batch_size", None)
         device = kwargs.pop("device", None)
         kwargs.pop("_backend", None)
@@ -266,8 +266,8 @@ class Tracer:
                 batch_size = sizes[0]
                 if len({size for size in sizes if type(size) is int}) > 1:
                     raise GraphBreakSignal(f"`ndd.{name}` is given batches of different sizes "
-                                      f"({', '.join(map(str, sizes))}), which ndd rejects at "
-                                      "the call", loc)
+                                           f"({', '.join(map(str, sizes))}), which ndd rejects at "
+                                           "the call", loc)
         is_batch = batch_size is not None
         if is_batch and not isinstance(batch_size, SymbolicBatchSize):
             self._note_static_batch_size(int(batch_size), loc)
