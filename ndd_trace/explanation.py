@@ -94,8 +94,9 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
         guard_lines = keys.describe(function.guard_key(args))
         return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
-                           [], None, CacheInfo(0, 0, 0, 0, function.variants_held), 0,
-                           function.last_miss_reason)
+                           [], None, CacheInfo(0, 0, 0, function.ledger.counters.fallbacks,
+                                               function.variants_held), 0,
+                           function.last_miss_reason, recorded=list(function.ledger.verdicts))
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     if compiled.is_generator:
         return _explain_generator(compiled)

@@ -632,6 +632,10 @@ def test_past_cache_limit_runs_the_eager_loop_and_says_so(images, monkeypatch):
         else:
             assert not record
     assert compiled.builds == 2
+    # the one call run as the eager loop is recorded as compiled functions' are (issue 32)
+    assert compiled.ledger.counters.fallbacks == 1
+    assert "cache_limit" in compiled.ledger.verdicts[-1].reason
+    assert compiled.ledger.verdicts[-1].loc.filename == __file__
 
 
 def test_namedtuple_outputs_come_back_as_namedtuples(images):

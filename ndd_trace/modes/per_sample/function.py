@@ -104,8 +104,8 @@ class PerSampleFunction:
         self.builds = 0
         self.runs = 0  # pipeline runs so far (more than calls where paths were guessed wrong)
         self.last_runs = 0
-        self._once = ledger.WarnOnce()
-        self._warning = warning
+        # every call run as the eager per-sample loop, counted, kept and warned (once a site)
+        self.ledger = ledger.Ledger(self.__qualname__, warning)
         parameters = inspect.signature(function).parameters
         self._parameters = list(parameters)
         self._names = tuple(name for name, parameter in parameters.items()  # guards' labels
@@ -355,8 +355,8 @@ class PerSampleFunction:
         loc = variant.eager_loc
         message = (f"ndd_trace: per-sample function `{self.__qualname__}` runs as the eager "
                    f"per-sample loop: it {variant.eager_reason}.")
-        self._once.warn(message, loc, self._warning, stacklevel=3,
-                        key=(loc.filename, loc.lineno) if loc else ("no line",))
+        self.ledger.record(variant.verdict, warning=message, stacklevel=3,
+                           key=(loc.filename, loc.lineno) if loc else ("no line",))
 
 
 def _gather(results: list) -> Any:
