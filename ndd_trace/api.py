@@ -35,7 +35,8 @@ from .execution import tuning_store
 from .execution.runtime import Options
 from .generator_epochs import GeneratorEpochs
 from .modes import lazy
-from .modes.cache import CacheInfo, Entry, EntryCache, Found, bind_data
+from .units.cache import LIVE_PIPELINES, CacheInfo, Found, UnitCache
+from .units.unit import Entry, bind_data
 from .modes.loop import Split
 from .modes.per_sample import PerSampleFunction
 from .modes.stage import Notices, TraceStage
@@ -107,8 +108,8 @@ class CompiledFunction(GeneratorEpochs):
             for kind in kinds) else -1
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
         self._ledger = self._notices.ledger
-        self._entry_cache = EntryCache(function, self.__qualname__, cache_limit, positional_names,
-                                       self._ledger)
+        self._entry_cache = UnitCache(self.__qualname__, cache_limit, self._ledger,
+                                      function=function, positional_names=positional_names)
         self._stage = TraceStage(function, self.__qualname__, self._signature, self._notices,
                                  self._options, fullgraph=fullgraph, optimize=bool(optimize),
                                  threads_given=num_threads is not None)
@@ -194,7 +195,7 @@ class CompiledFunction(GeneratorEpochs):
     def entries(self) -> list[Entry]:
         if self._step is not None:
             return self._step.entries
-        return list(self._entry_cache.entries.values())
+        return list(self._entry_cache.units.values())
 
     def trace(self, args: tuple, kwargs: dict, raise_errors: bool = False) -> Entry | None:
         """Trace one call into a cache entry, not stored (None: tracing raised, see
@@ -216,11 +217,11 @@ class CompiledFunction(GeneratorEpochs):
 
     def held_entry(self, key: tuple) -> Entry | None:
         """The entry the cache holds for `key` (None: none)."""
-        return self._entry_cache.entries.get(key)
+        return self._entry_cache.get(key)
 
     def last_entry(self) -> Entry | None:
         """The entry of the last call that found or made one."""
-        return self._entry_cache.last_entry()
+        return self._entry_cache.last()
 
     def options(self) -> Options:
         """The pipeline options its calls run with now (threads, device, queue depth)."""
@@ -374,6 +375,7 @@ class CompiledFunction(GeneratorEpochs):
             return self._eager_for_this_call(executable.feed.empty_sample_reason, args, kwargs)
         at_call = executable.failures.ops_run_at_call(bound)  # ops eager runs at once (user data)
         snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []
+        LIVE_PIPELINES.note_run(entry)
         try:
             run = readahead.run_call(executable, entry.key, bound, batch_size)
         except Exception as error:

@@ -17,7 +17,8 @@ from .api import CompiledFunction, compile
 from .core import keys
 from .core.ledger import Runs, Verdict
 from .execution import tuning
-from .modes.cache import CacheInfo, Entry
+from .units.cache import CacheInfo
+from .units.unit import Entry
 from .modes.per_sample import PerSampleFunction
 from .tracing.trace import GraphBreakRecord
 
@@ -94,8 +95,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
         guard_lines = keys.describe(function.guard_key(args))
         return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
-                           [], None, CacheInfo(0, 0, 0, function.ledger.counters.fallbacks,
-                                               function.variants_held), 0,
+                           [], None, function.cache_info(), 0,
                            function.last_miss_reason, recorded=list(function.ledger.verdicts))
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     if compiled.is_generator:

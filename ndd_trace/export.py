@@ -46,7 +46,7 @@ from .core.errors import ExportError
 from .core.files import path_argument, write_atomic
 from .core.ir import Graph, NodeKind, Ref
 from .core.source import SourceLoc, docstring, one_line, unparse
-from .modes.cache import batch_sizes
+from .units.unit import batch_sizes
 from .modes.loop import first_step
 from .modes.per_sample import PerSampleFunction
 from .tracing.trace import add_reader_node

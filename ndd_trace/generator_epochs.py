@@ -26,7 +26,7 @@ from .core import logs, trees
 from .core.ledger import Runs, Verdict
 from .execution import waits
 from .modes import lazy
-from .modes.cache import Entry
+from .units.unit import Entry
 from .modes.loop import Split, StepCall, split_generator
 from .tracing.stepcheck import Finding
 from .tracing.trace import GraphBreakRecord

@@ -8,7 +8,7 @@ import os
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ndd_trace")
 
 # The folders, lowest first: a module imports only from its own folder or folders below it.
-FOLDERS = ["core", "_dali", "tracing", "codegen", "execution", "ahead", "modes", ""]
+FOLDERS = ["core", "_dali", "tracing", "codegen", "execution", "units", "ahead", "modes", ""]
 
 # Modules (dotted, within the package), lowest first: each imports only modules of a lower layer
 # (or of its own layer, where several are listed together).
@@ -36,7 +36,9 @@ LAYERS = [
     {"execution.failures"},
     {"execution.results"},
     {"execution.runtime"},
-    {"execution.build"},
+    {"units.build"},
+    {"units.unit"},
+    {"units.cache"},
     {"ahead.runahead"},
     {"ahead.file_states", "ahead.loop_epochs"},
     {"ahead.streams"},
@@ -55,7 +57,6 @@ LAYERS = [
     {"modes.per_sample.random_stream"},
     {"modes.per_sample.function"},
     {"modes.per_sample"},
-    {"modes.cache"},
     {"modes.stage"},
     {"generator_epochs"},
     {"api"},
@@ -64,7 +65,7 @@ LAYERS = [
     {"__init__", "__main__", "launch"},
     {"nodes"},  # torchdata.nodes (an optional dependency): imported by no module
 ]
-PACKAGES = {"core", "_dali", "tracing", "codegen", "execution", "ahead", "modes"}
+PACKAGES = {"core", "_dali", "tracing", "codegen", "execution", "units", "ahead", "modes"}
 
 
 def _modules() -> dict[str, str]:
@@ -211,9 +212,37 @@ def _calls_of(name: str) -> list[str]:
 
 
 def test_one_way_from_a_graph_to_a_pipeline():
-    """I1: an Executable is made in execution/build.py only (f7fb7da: modes/stage.py,
+    """I1: an Executable is made in units/build.py only (f7fb7da: modes/stage.py,
     modes/regions.py and ahead/streams.py each made their own)."""
-    assert _calls_of("Executable") == ["execution.build"]
+    assert _calls_of("Executable") == ["units.build"]
+
+
+def _references(name: str) -> list[str]:
+    """The modules that name `name` (as a name or an attribute), the defining one included."""
+    found = set()
+    for module, path in _modules().items():
+        for node in ast.walk(_parse(path)):
+            if (isinstance(node, ast.Name) and node.id == name) or \
+                    (isinstance(node, ast.Attribute) and node.attr == name) or \
+                    (isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name):
+                found.add(module)
+    return sorted(found)
+
+
+def test_one_cache_of_units():
+    """I2: guard keys are built, fast guards kept and misses explained in units/cache.py only;
+    entries, regions and per-sample variants are all held in a UnitCache (f7fb7da: modes/cache.py,
+    per_sample.py and api.py built keys; report.py held the regions, per_sample.py its variants)."""
+    for name in ("build_key", "FastGuard", "plan_for"):
+        assert _references(name) == ["tracing.guards", "units.cache"], name
+    assert _references("explain_miss") == ["core.keys", "units.cache"]
+    assert _references("LivePipelines") == ["units.cache"]
+    holders = set()
+    for module, path in _modules().items():
+        with open(path) as file:
+            if "UnitCache(" in file.read():
+                holders.add(module)
+    assert holders == {"api", "modes.per_sample.function", "units.cache"}, sorted(holders)
 
 
 def test_one_warning_sink():

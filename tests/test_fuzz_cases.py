@@ -18,7 +18,7 @@ from conftest import ROOT, assert_same, run_both, subprocess_env
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
 from ndd_trace.modes import lazy
-from ndd_trace.modes import report as reporting
+from ndd_trace.units.cache import LIVE_PIPELINES, REGIONS
 
 
 def _transparent(function, *args):
@@ -203,7 +203,7 @@ def _threads() -> int:
 
 
 def test_region_pipelines_are_bounded_and_freed_least_recently_run_first(monkeypatch):
-    monkeypatch.setattr(reporting, "MAX_LIVE_REGIONS", 3)
+    monkeypatch.setattr(LIVE_PIPELINES, "limit", 3)
     lazy.reset_report()
     images = ndd.as_batch([np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)] * 2,
                           layout="HWC")
@@ -225,7 +225,7 @@ def test_region_pipelines_are_bounded_and_freed_least_recently_run_first(monkeyp
 
 
 def test_a_site_that_keeps_changing_runs_eagerly_past_its_limit(monkeypatch):
-    monkeypatch.setattr(reporting, "MAX_SITE_REGIONS", 4)
+    monkeypatch.setattr(REGIONS, "site_limit", 4)
     lazy.reset_report()
     # a copy: user data as it is would run its op at the call, as a region of its own
     images = ndd.batch([np.zeros((16, 16, 3), np.uint8)] * 2, layout="HWC")

@@ -584,7 +584,7 @@ def test_a_changed_global_of_a_helper_rebuilds(images, monkeypatch):
 
 def test_unchanged_globals_reuse_the_variant(images, monkeypatch):
     compiled = same_as_eager_after_each(by_threshold, images, [lambda: None] * 3)
-    assert compiled.builds == 1 and len(compiled._variants) == 1
+    assert compiled.builds == 1 and compiled.variants_held == 1
     monkeypatch.setitem(globals(), "THRESHOLD", 40)
     compiled(images)
     monkeypatch.setitem(globals(), "THRESHOLD", 45)  # back: the first variant again
@@ -593,7 +593,7 @@ def test_unchanged_globals_reuse_the_variant(images, monkeypatch):
         expected = eager_loop(by_threshold, images)
         ndd.random.set_seed(seed)
         assert_same(expected, compiled(images))
-    assert compiled.builds == 2 and len(compiled._variants) == 2
+    assert compiled.builds == 2 and compiled.variants_held == 2
     explanation = ndd_trace.explain(compiled, images)
     assert "global `THRESHOLD` == 45" in explanation.guards
 

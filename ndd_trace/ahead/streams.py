@@ -20,7 +20,7 @@ from typing import Any
 from .. import _dali
 from ..core.errors import LoopError
 from ..core.ir import Graph, Ref
-from ..execution.build import compile_graph
+from ..units.build import compile_graph
 from ..execution.results import PendingRun
 from ..execution.runtime import Executable, Options
 from ..tracing.trace import add_reader_node

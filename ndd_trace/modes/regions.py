@@ -18,15 +18,15 @@ from ..core import logs
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
 from ..execution.interpret import interpret
-from ..execution.build import compile_graph
+from ..units.build import compile_graph
 from ..execution.runtime import Options
-from . import report as limits  # MAX_LIVE_REGIONS, MAX_SITE_REGIONS: read there, at each use
-from .report import Region, bookkeeping
+from ..units.cache import LIVE_PIPELINES, REGIONS
+from .report import Region, bookkeeping, site_full
 
 
 class RegionRunner:
-    """Runs the regions of one tracer's recorded calls (regions are shared by all threads,
-    in report._state)."""
+    """Runs the regions of one tracer's recorded calls (regions are shared by all threads, in
+    units/cache.py's REGIONS)."""
 
     def __init__(self, options: Options, speculator: Speculator):
         self.options = options
@@ -60,22 +60,25 @@ class RegionRunner:
         if self.optimize:  # (regions are shared by threads, which may differ in this)
             lookup = (lookup, "optimize")
         record_s = time.perf_counter() - started
-        with bookkeeping.lock:
-            region = bookkeeping.regions.get(lookup)
+        with REGIONS.lock:
+            region = REGIONS.get(lookup)
             if region is None:
+                REGIONS.ledger.counters.misses += 1
                 mixed = len(batch_sizes) > 1 or own_region
                 region = self._new_region(key, region_ops, target, mixed,
                                           mixed or self._site_has_room(region_ops))
                 if region.eager_reason is None or mixed:
-                    bookkeeping.regions[lookup] = region
+                    REGIONS.ledger.counters.traces += 1
+                    REGIONS.store(lookup, region)
                     logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
                                           region.op_chain, region.eager_reason or "pipeline")
             else:
+                REGIONS.ledger.counters.hits += 1
                 region.hits += 1
             region.runs += 1
             region.record_s += record_s
             if region.executable is not None:
-                self._note_live(region)
+                LIVE_PIPELINES.note_run(region)
         times = bookkeeping.times
         checked = time.perf_counter()
         times["key"] += checked - started
@@ -146,49 +149,33 @@ class RegionRunner:
 
     @staticmethod
     def _site_has_room(region_ops: list[Node]) -> bool:
-        """Whether a new pipelined region may be made at its line (MAX_SITE_REGIONS); if not,
+        """Whether a new pipelined region may be made at its line (REGIONS.site_limit); if not,
         this call runs eagerly (interpreted), counted with the reason."""
         loc = region_ops[0].loc
         site = str(loc) if loc else "?"
-        if bookkeeping.site_regions[site] < limits.MAX_SITE_REGIONS:
-            bookkeeping.site_regions[site] += 1
+        if REGIONS.site_has_room(site):
             return True
         chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
-        bookkeeping.eager_ops[(chain, limits.site_full(), site)] += 1
-        logs.fallbacks.debug("region at %s: %s", site, limits.site_full())
+        bookkeeping.eager_ops[(chain, site_full(), site)] += 1
+        logs.fallbacks.debug("region at %s: %s", site, site_full())
         return False
-
-    @staticmethod
-    def _note_live(region: Region) -> None:
-        """`region` runs now: the most recently run; past MAX_LIVE_REGIONS pipelines, the least
-        recently run one's is freed (its threads go; it is built again if it runs again)."""
-        live = bookkeeping.live
-        live[region.token] = region
-        live.move_to_end(region.token)
-        if len(live) > limits.MAX_LIVE_REGIONS:
-            _, oldest = live.popitem(last=False)
-            if oldest.executable is not None and oldest.executable.release():
-                oldest.releases += 1
-                bookkeeping.releases += 1
-                logs.transparent.info("region at %s: pipeline freed (the least recently run of "
-                                      "%d)", oldest.loc or "?", limits.MAX_LIVE_REGIONS)
 
     def _new_region(self, key: tuple, region_ops: list[Node], target: Node,
                     mixed_batch_sizes: bool, site_has_room: bool = True) -> Region:
         loc = region_ops[0].loc if region_ops else None
         started = time.perf_counter()
         if mixed_batch_sizes:
-            return Region(key, loc, len(region_ops), None, "",
+            return Region(key=key, loc=loc, num_ops=len(region_ops),
                           verdict=Verdict("batches of different sizes, or a one-value random "
                                           "op among batches, in one region", loc))
         if not site_has_room:
-            return Region(key, loc, len(region_ops), None, "",
-                          verdict=Verdict(limits.site_full(), loc))
+            return Region(key=key, loc=loc, num_ops=len(region_ops),
+                          verdict=Verdict(site_full(), loc))
         graph = region_view(region_ops, target, clone=True).graph
         program = compile_graph(graph, self.options, optimize=self.optimize,
                                 cache_constants=False, runs_ahead=runs_ahead)
-        region = Region(key, loc, len(region_ops), program.executable, program.lowered.source,
-                        optimizations=program.optimizations)
+        region = Region(key=key, loc=loc, num_ops=len(region_ops), executable=program.executable,
+                        code=program.lowered.source, optimizations=program.optimizations)
         region.build_s = time.perf_counter() - started  # lowering; the build is added on run
         return region
 

@@ -11,52 +11,34 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 
 from ..core.ir import NodeKind
 from ..core.keys import show_arguments
-from ..core.ledger import Verdict
 from ..core.source import SourceLoc
 from ..execution import tuning, waits
-from ..execution.runtime import Executable
-
-# Region pipelines held at once (each has a few OS threads): past it, the least recently run
-# one's pipeline is freed (built again if it runs again).
-MAX_LIVE_REGIONS = 64
-# Regions made at one line before new ones there run eagerly: a value that changes every call
-# (a float argument) would otherwise build a pipeline per value.
-MAX_SITE_REGIONS = 32
-
+from ..units.cache import LIVE_PIPELINES, REGIONS
+from ..units.unit import Unit
 
 def site_full() -> str:
-    """Why a call at a line past MAX_SITE_REGIONS regions runs eagerly."""
+    """Why a call at a line past the regions' site limit runs eagerly."""
     return (f"a new region each time at this line (its arguments keep changing): past "
-            f"{MAX_SITE_REGIONS} regions there, new ones run eagerly")
+            f"{REGIONS.site_limit} regions there, new ones run eagerly")
 
 
-@dataclasses.dataclass
-class Region:
-    """One cached pipeline of transparent mode, and what it did."""
+@dataclasses.dataclass(eq=False)
+class Region(Unit):
+    """One unit of transparent mode: its ops' cached pipeline, and what it did."""
 
-    key: tuple
-    loc: SourceLoc | None
-    num_ops: int
-    executable: Executable | None
-    code: str
+    loc: SourceLoc | None = None
+    code: str = ""
     runs: int = 0
     hits: int = 0
     build_s: float = 0.0
     record_s: float = 0.0
-    verdict: Verdict | None = None  # why it runs eagerly (interpreted); None: as a pipeline
     ahead: int = 0  # runs served by a run launched ahead on batches read ahead
-    releases: int = 0  # times its pipeline was freed as the least recently run (rebuilt on use)
     # the region's identity for the speculator's tables (hashing `key` again costs more)
     token: object = dataclasses.field(default_factory=object, compare=False, repr=False)
-    optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied, in order
-
-    @property
-    def eager_reason(self) -> str | None:
-        return self.verdict.reason if self.verdict is not None else None
 
     @property
     def parts(self) -> list[str]:
@@ -85,7 +67,7 @@ class Report:
     ops_recorded: int
     readers: Counter  # (reader, file:line) -> epochs read through a reader pipeline
     ops_replayed: int = 0  # of ops_recorded: made from their call site's last call
-    releases: int = 0  # region pipelines freed as the least recently run (MAX_LIVE_REGIONS)
+    releases: int = 0  # pipelines freed as the least recently run (LIVE_PIPELINES)
     # reader loops timed from their consumer's side: its wait for data vs its own step
     loops: list[waits.LoopTimes] = dataclasses.field(default_factory=list)
 
@@ -130,7 +112,7 @@ class Report:
                  f"run eagerly: {sum(self.eager_ops.values())}",
                  f"  compiled regions: {len(self.regions)}"
                  + (f" (pipelines freed as the least recently run: {self.releases}; at most "
-                    f"{MAX_LIVE_REGIONS} held, rebuilt when run again)" if self.releases else "")]
+                    f"{LIVE_PIPELINES.limit} held, rebuilt when run again)" if self.releases else "")]
         splits = _splits(self.regions)
         for r in sorted(self.regions, key=lambda r: -r.runs):
             where = r.loc.short if r.loc else "?"
@@ -229,11 +211,6 @@ class _State:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.regions: dict[tuple, Region] = {}
-        # regions holding a built pipeline (or about to), least recently run first
-        self.live: OrderedDict[object, Region] = OrderedDict()
-        self.site_regions: Counter = Counter()  # file:line -> regions made there
-        self.releases = 0
         self.eager_ops: Counter = Counter()
         self.readers: Counter = Counter()
         self.ops_recorded = 0
@@ -252,9 +229,9 @@ def report() -> Report:
     """What transparent mode compiled and ran eagerly so far, and how long the consumer of each
     reader loop waited for its data (the loader verdict; compiled generators too), all threads."""
     with bookkeeping.lock:
-        return Report(list(bookkeeping.regions.values()), Counter(bookkeeping.eager_ops),
+        return Report(list(REGIONS.units.values()), Counter(bookkeeping.eager_ops),
                       bookkeeping.ops_recorded, Counter(bookkeeping.readers),
-                      bookkeeping.ops_replayed, bookkeeping.releases, waits.loops())
+                      bookkeeping.ops_replayed, LIVE_PIPELINES.releases, waits.loops())
 
 
 def step_breakdown() -> dict[str, float]:
@@ -271,10 +248,8 @@ def reset_report() -> None:
     """Forget the regions, eager calls, readers and loop times counted so far (all threads)."""
     with bookkeeping.lock:
         bookkeeping.times = dict.fromkeys(bookkeeping.times, 0.0)
-        bookkeeping.regions.clear()
-        bookkeeping.live.clear()
-        bookkeeping.site_regions.clear()
-        bookkeeping.releases = 0
+        REGIONS.clear(close=False)  # (a run launched ahead may still use its pipeline)
+        LIVE_PIPELINES.clear()
         bookkeeping.eager_ops.clear()
         bookkeeping.readers.clear()
         bookkeeping.ops_recorded = 0

@@ -24,11 +24,12 @@ from ..core.errors import GraphBreakError, GraphBreakSignal
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..ahead.readahead import runs_ahead
-from ..execution.build import compile_graph
+from ..units.build import compile_graph
 from ..execution.runtime import Options
 from ..tracing.effects import find_effect
 from ..tracing.trace import GraphBreakRecord, Tracer
-from .cache import Entry, EntryCache, batch_sizes, walk_data
+from ..units.cache import UnitCache
+from ..units.unit import Entry, batch_sizes, walk_data
 
 CHECKED_LOOP_TEXT = ("runs each step's Python as written, in transparent mode: the reader is read "
                      "ahead, and a step's ndd calls run ahead on its batches and are used when "
@@ -139,7 +140,7 @@ class TraceStage:
 
     # -- tracing -------------------------------------------------------------------------------
 
-    def _rng_objects(self, cache: EntryCache) -> list[Any]:
+    def _rng_objects(self, cache: UnitCache) -> list[Any]:
         found = []
         for _, name, namespace in cache.plan.globals_read:
             value = namespace.get(name)
@@ -173,7 +174,7 @@ class TraceStage:
             _dali.forget_default_rng()
             random.setstate(python_random)
 
-    def trace(self, cache: EntryCache, args: tuple, kwargs: dict,
+    def trace(self, cache: UnitCache, args: tuple, kwargs: dict,
               raise_errors: bool = False) -> Entry | None:
         """Trace one call into an entry (not stored; None: tracing raised, see take_failure).
         Draws nothing from any RNG."""

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _dali
-from ...core import keys, ledger, logs, trees
+from ...core import ledger, trees
 from ...core.ledger import Runs, Verdict
 from ...core.source import SourceLoc, user_location
-from ...tracing import guards
+from ...units.cache import CacheInfo, UnitCache
+from ...units.unit import Unit
 from .conditions import Item, noted_error, scope
 from .definition import SAMPLE_INDEX, Definition, EagerLoop, handler, logical_guess
 from .random_stream import RandomStream
@@ -60,19 +61,14 @@ def _eager_loop(reason: str, loc: SourceLoc | None) -> Verdict:
     return Verdict(reason, loc, Runs.PER_SAMPLE_LOOP)
 
 
-@dataclasses.dataclass
-class _Variant:
-    """One guard set's pipeline (or the decision to run the eager loop)."""
+@dataclasses.dataclass(eq=False)
+class _Variant(Unit):
+    """A per-sample function's unit: one guard key's pipeline (or, with its verdict, the decision
+    to run the eager per-sample loop)."""
 
-    key: tuple = ()
     pipeline: Any = None
     definition: Definition | None = None
     max_batch_size: int = 0
-    verdict: Verdict | None = None  # why it runs as the eager per-sample loop (None: it does not)
-
-    @property
-    def eager_reason(self) -> str | None:
-        return self.verdict.reason if self.verdict is not None else None
 
     @property
     def eager_loc(self) -> SourceLoc | None:
@@ -87,19 +83,10 @@ class PerSampleFunction:
                  cache_limit: int = 8):
         functools.update_wrapper(self, function)
         self._function = function
-        self.cache_limit = cache_limit
         self._num_threads = num_threads
         self._device_id = device_id
         self._converted = convert(function)
         self.converted_source = self._converted.source
-        # The variants are keyed as compiled functions' entries are (guards.build_key): the
-        # Batches' descriptions, the other arguments' values (baked into the pipeline), and
-        # the globals and closure variables the function and its helpers read
-        self._plan = guards.plan_for(function)
-        self._variants: dict[tuple, _Variant] = {}
-        self._fast: guards.FastGuard | None = None  # the last variant's guard, checked first
-        self._last_key: tuple | None = None
-        self.last_miss_reason: str | None = None
         self._lock = threading.RLock()
         self.builds = 0
         self.runs = 0  # pipeline runs so far (more than calls where paths were guessed wrong)
@@ -108,9 +95,15 @@ class PerSampleFunction:
         self.ledger = ledger.Ledger(self.__qualname__, warning)
         parameters = inspect.signature(function).parameters
         self._parameters = list(parameters)
-        self._names = tuple(name for name, parameter in parameters.items()  # guards' labels
-                            if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
-                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD))
+        # The variants are keyed as compiled functions' entries are (guard keys): the Batches'
+        # descriptions, the other arguments' values (baked into the pipeline), and the globals
+        # and closure variables the function and its helpers read
+        self._cache = UnitCache(
+            self.__qualname__, cache_limit, self.ledger, function=function, baked=True,
+            kind="variants",
+            positional_names=tuple(name for name, parameter in parameters.items()
+                                   if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                         inspect.Parameter.POSITIONAL_OR_KEYWORD)))
 
     def __repr__(self) -> str:
         return f"<ndd_trace per-sample function {self.__qualname__}>"
@@ -122,12 +115,30 @@ class PerSampleFunction:
         return _dali.pipeline_options(batch_size, num_threads, device_id, 1)
 
     @property
+    def cache_limit(self) -> float:
+        return self._cache.limit
+
+    @cache_limit.setter
+    def cache_limit(self, value: float) -> None:
+        self._cache.limit = value
+
+    @property
+    def last_miss_reason(self) -> str | None:
+        """Why the last call's guard key was not in the cache (None before any miss)."""
+        return self._cache.last_miss_reason
+
+    def cache_info(self) -> CacheInfo:
+        """Its cache's counters: hits, misses, pipelines built (traces), calls run as the eager
+        per-sample loop (fallbacks) and the variants held."""
+        return self._cache.info()
+
+    @property
     def variants_held(self) -> int:
         """Pipelines (or eager-loop decisions) its cache holds, one per guard key."""
-        return len(self._variants)
+        return len(self._cache.units)
 
     def guard_key(self, args: tuple) -> tuple:
-        return guards.build_key(args, {}, self._plan, names=self._names, baked=True)
+        return self._cache.key(args, {})
 
     def _batch_size(self, args: tuple) -> int:
         """The batch size of the Batch arguments (they must agree)."""
@@ -212,40 +223,39 @@ class PerSampleFunction:
     def _variant(self, args: tuple, batch_size: int) -> _Variant:
         """This call's variant: the last one if its fast guard matches, else its key's (built
         on a miss, or for a larger batch than it was built for)."""
-        fast = self._fast
-        if fast is not None and fast.matches(args):
-            variant = fast.entry
-            if variant.eager_reason is not None or batch_size <= variant.max_batch_size:
-                self._last_key = variant.key
-                return variant
-        key = self.guard_key(args)
-        variant = self._variants.get(key)
+        cache = self._cache
+        variant = cache.fast_hit(args, {}, count=False)
+        counters = cache.ledger.counters
+        if variant is not None and (variant.eager or batch_size <= variant.max_batch_size):
+            counters.hits += 1
+            return variant
+        key = cache.key(args, {})
+        variant = cache.get(key)
         if variant is None:
-            self.last_miss_reason = keys.explain_miss(key, self._last_key)
-            (logs.recompiles if self._variants else logs.trace).info(
-                "`%s`: cache miss (%d of cache_limit %d variants held): %s", self.__qualname__,
-                len(self._variants), self.cache_limit, self.last_miss_reason)
-            self._plan = guards.plan_for(self._function)  # its helpers may have changed
-            key = self.guard_key(args)
-            variant = self._variants.get(key)
-            if variant is None and len(self._variants) >= self.cache_limit:
-                self._last_key = key
-                return _Variant(key, verdict=_eager_loop(
-                    f"was built {self.cache_limit} times (cache_limit), last change: "
-                    f"{self.last_miss_reason}; new variants are not built. Make the changing "
+            cache.note_miss(key)
+            cache.replan()  # its helpers may have changed
+            key = cache.key(args, {})
+            variant = cache.get(key)
+            if variant is None and len(cache.units) >= cache.limit:
+                cache.last_key = key
+                return _Variant(key=key, verdict=_eager_loop(
+                    f"was built {cache.limit} times (cache_limit), last change: "
+                    f"{cache.last_miss_reason}; new variants are not built. Make the changing "
                     "value an ndd Batch argument, or raise cache_limit", user_location()))
-        if variant is None or not (variant.eager_reason is not None or
-                                   batch_size <= variant.max_batch_size):
+        if variant is None or not (variant.eager or batch_size <= variant.max_batch_size):
             if variant is not None:
-                self.last_miss_reason = (f"batch size {batch_size} is larger than the "
-                                         f"{variant.max_batch_size} its pipeline was built for")
+                cache.last_miss_reason = (f"batch size {batch_size} is larger than the "
+                                          f"{variant.max_batch_size} its pipeline was built for")
+            counters.traces += 1
             variant = self._build(key, args, batch_size)
-        self._last_key = key
-        self._fast = guards.FastGuard.of(args, self._plan, variant, baked=True)
+        else:
+            counters.hits += 1
+        cache.last_key = key
+        cache.remember_fast(args, {}, variant)
         return variant
 
     def _build(self, key: tuple, args: tuple, batch_size: int) -> _Variant:
-        variant = _Variant(key)
+        variant = _Variant(key=key)
         scope.raised = None
         try:
             try:
@@ -262,7 +272,7 @@ class PerSampleFunction:
             variant.pipeline, variant.definition = pipe, definition
             variant.max_batch_size = batch_size
             self.builds += 1
-        self._variants[key] = variant
+        self._cache.store(key, variant)
         return variant
 
     def __call__(self, *args: Any) -> Any:
@@ -329,14 +339,13 @@ class PerSampleFunction:
         run failed on values fed for a wrong guess of the paths (stand-ins for random ops the
         guess skipped, or whose per-sample arguments were not known yet): the function runs
         as the eager loop from now on, and says so."""
-        del self._variants[key]
-        self._fast = None
+        self._cache.drop(key)
         result = self.eager(*args)
-        variant = _Variant(key, verdict=_eager_loop(
+        variant = _Variant(key=key, verdict=_eager_loop(
             "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
             "random ops not known before the run), and the run failed where the eager loop "
             f"does not ({_dali.pipeline_failure(failure.error).summary()})", user_location()))
-        self._variants[key] = variant
+        self._cache.store(key, variant)
         self._warn_eager(variant)
         return result
 

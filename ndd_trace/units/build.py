@@ -18,8 +18,8 @@ from typing import Any
 from ..codegen.lower import Lowered, lower
 from ..codegen.optimize import optimize as optimize_graph
 from ..core.ir import Graph
-from . import tuning
-from .runtime import Executable, Options
+from ..execution import tuning
+from ..execution.runtime import Executable, Options
 
 
 @dataclasses.dataclass

@@ -1,0 +1,232 @@
+"""The one cache of compiled units: a compiled function's entries, transparent mode's regions
+and a per-sample function's variants are each held in a UnitCache (one key, one limit, one
+miss explanation, one set of counters: its ledger's), and every unit holding a built pipeline
+is in the process's one LRU of live pipelines.
+
+    cache = UnitCache("preprocess", limit=8, ledger=ledger, function=preprocess,
+                      positional_names=("jpegs", "size"))
+    unit = cache.fast_hit(args, kwargs)                       # the last call's unit, no key
+    unit, found = cache.lookup(cache.key(args, kwargs), make)   # Found.HIT, Found.NEW, ...
+    LIVE_PIPELINES.note_run(unit)      # past its limit, the least recently run unit is released
+
+It owns no tracing and runs nothing: a miss calls the `make` it is given.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import weakref
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..core import keys, logs
+from ..core.ledger import Ledger
+from ..core.source import SourceLoc
+from ..tracing import guards
+from .unit import Unit, batch_sizes
+
+
+class Found(enum.Enum):
+    """How a lookup found its key's unit."""
+
+    HIT = "hit"
+    NEW = "new"  # made now
+    PAST_LIMIT = "past cache_limit"  # not made: the cache holds its limit
+    TRACE_FAILED = "trace failed"  # making it raised (the eager call raises the same way, or not)
+
+
+class CacheInfo(NamedTuple):
+    """Counters of a compiled function's cache (`fn.cache_info()`): hits, misses, traces,
+    fallbacks (calls not compiled whole) and the entries held."""
+
+    hits: int
+    misses: int
+    traces: int
+    fallbacks: int
+    entries: int
+
+
+class LivePipelines:
+    """The units holding a built pipeline, least recently run first: past `limit`, the least
+    recently run one's pipeline is freed (its threads go; it is built again if it runs again)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.releases = 0
+        # id -> a weak reference: a unit whose owner is gone (a collected function) drops out
+        self._units: OrderedDict[int, weakref.ref] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def note_run(self, unit: Unit) -> None:
+        """`unit` runs now: it is the most recently run."""
+        with self._lock:
+            units = self._units
+            held = units.get(id(unit))
+            if held is None or held() is not unit:
+                units[id(unit)] = weakref.ref(unit)
+            units.move_to_end(id(unit))
+            oldest = None
+            while len(units) > self.limit and oldest is None:
+                oldest = units.popitem(last=False)[1]()
+        if oldest is not None and oldest.release():
+            self.releases += 1
+            logs.runtime.info("%s: pipeline freed (the least recently run of %d live)",
+                              getattr(oldest, "loc", None) or oldest.key[:1], self.limit)
+
+    def forget(self, unit: Unit) -> None:
+        with self._lock:
+            self._units.pop(id(unit), None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._units.clear()
+            self.releases = 0
+
+
+# The process's units holding a built pipeline, each with a few OS threads: past 64, the least
+# recently run one's pipeline is freed (built again if it runs again).
+LIVE_PIPELINES = LivePipelines(64)
+
+
+class UnitCache:
+    """Units by key, at most `limit` of them (and `site_limit` made at one source line), with
+    the counters of `ledger` and why the last miss missed. Given `function`, its keys are
+    guard keys (tracing/guards.py) built from a call's arguments, and the last call's unit is
+    checked first through its fast guard."""
+
+    def __init__(self, name: str, limit: float, ledger: Ledger, *,
+                 function: Callable | None = None, positional_names: tuple[str, ...] = (),
+                 baked: bool = False, site_limit: int | None = None, kind: str = "entries"):
+        self.name = name
+        self.limit = limit
+        self.ledger = ledger  # its counters are the cache's
+        self.kind = kind  # what its units are called in logs ("entries", "variants")
+        self.units: OrderedDict[tuple, Unit] = OrderedDict()
+        self.lock = threading.RLock()
+        self.last_key: tuple | None = None
+        self.last_miss_reason: str | None = None
+        self.site_limit = site_limit
+        self.site_units: Counter = Counter()  # file:line -> units made there
+        self._function = function
+        self._positional_names = positional_names
+        self._baked = baked  # argument values are baked into the pipeline (per-sample)
+        self.plan = guards.plan_for(function) if function is not None else None
+        self.specialized_on_batch_size = False  # keys hold the batch size (a trace read it)
+        self._fast: guards.FastGuard | None = None  # the last unit's guard, checked first
+
+    # -- guard keys ----------------------------------------------------------------------------
+
+    def replan(self) -> None:
+        """Plan the guards again: the helpers the function calls may have changed."""
+        self.plan = guards.plan_for(self._function)
+
+    def key(self, args: tuple, kwargs: dict) -> tuple:
+        sizes = None
+        if self.specialized_on_batch_size:
+            found = batch_sizes(args, kwargs)
+            sizes = max(found) if found else None
+        return guards.build_key(args, kwargs, self.plan, (sizes,) if sizes else None,
+                                self._positional_names, baked=self._baked)
+
+    def specialize_on_batch_size(self) -> None:
+        """From now on keys hold the batch size (a trace read it as a Python value)."""
+        self.specialized_on_batch_size = True
+        self._fast = None
+
+    def fast_hit(self, args: tuple, kwargs: dict, count: bool = True) -> Unit | None:
+        """The last call's unit where this call matches its fast guard (`count`: as a hit)."""
+        fast = self._fast
+        if fast is None or kwargs or fast.plan is not self.plan or not fast.matches(args):
+            return None
+        unit = fast.entry
+        with self.lock:
+            if count:
+                self.ledger.counters.hits += 1
+            self.last_key = unit.key
+        return unit
+
+    def remember_fast(self, args: tuple, kwargs: dict, unit: Unit) -> None:
+        """Check this unit first at the next call (calls without keyword arguments)."""
+        if not kwargs and not self.specialized_on_batch_size:
+            self._fast = guards.FastGuard.of(args, self.plan, unit, baked=self._baked)
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def note_miss(self, key: tuple) -> None:
+        """Count a miss of `key`, say why it missed (against the last key) and log it."""
+        self.ledger.counters.misses += 1
+        self.last_miss_reason = keys.explain_miss(key, self.last_key)
+        (logs.recompiles if self.units else logs.trace).info(
+            "`%s`: cache miss (%d of cache_limit %d %s held): %s", self.name, len(self.units),
+            self.limit, self.kind, self.last_miss_reason)
+
+    def lookup(self, key: tuple, make: Callable[[], Unit | None]) -> tuple[Unit | None, Found]:
+        """The unit for this key, made by `make` on a miss, and how it was found."""
+        with self.lock:
+            unit = self.units.get(key)
+            if unit is not None:
+                self.ledger.counters.hits += 1
+                self.last_key = key
+                return unit, Found.HIT
+            self.note_miss(key)
+            if len(self.units) >= self.limit:
+                return None, Found.PAST_LIMIT  # (the caller records the verdict)
+            self.ledger.counters.traces += 1
+            unit = make()
+            if unit is None:
+                return None, Found.TRACE_FAILED  # (the caller records the verdict)
+            self.units[unit.key] = unit
+            self.last_key = key
+            return unit, Found.NEW
+
+    def get(self, key: tuple) -> Unit | None:
+        return self.units.get(key)
+
+    def store(self, key: tuple, unit: Unit) -> None:
+        self.units[key] = unit
+
+    def drop(self, key: tuple) -> None:
+        """Forget `key`'s unit (a failed one, replaced)."""
+        unit = self.units.pop(key, None)
+        if unit is not None:
+            LIVE_PIPELINES.forget(unit)
+        self._fast = None
+
+    def last(self) -> Unit | None:
+        return self.units.get(self.last_key) if self.last_key is not None else None
+
+    def site_has_room(self, site: str) -> bool:
+        """Whether one more unit may be made at `site` (a file:line); if so, it is counted."""
+        if self.site_limit is None:
+            return True
+        if self.site_units[site] < self.site_limit:
+            self.site_units[site] += 1
+            return True
+        return False
+
+    # -- the public face -----------------------------------------------------------------------
+
+    def info(self) -> CacheInfo:
+        c = self.ledger.counters
+        return CacheInfo(c.hits, c.misses, c.traces, c.fallbacks, len(self.units))
+
+    def clear(self, close: bool = True) -> None:
+        """Forget every unit (`close`: and close its executable now, not when collected)."""
+        with self.lock:
+            for unit in self.units.values():
+                LIVE_PIPELINES.forget(unit)
+                if close:
+                    unit.close()
+            self.units.clear()
+            self.site_units.clear()
+            self._fast = None
+            self.ledger.clear()
+
+
+# Transparent mode's regions, shared by all threads. Past 32 regions made at one line, new ones
+# there run eagerly: a value that changes every call (a float argument) would otherwise build
+# a pipeline per value.
+REGIONS = UnitCache("transparent mode", float("inf"), Ledger("transparent mode"), site_limit=32,
+                    kind="regions")

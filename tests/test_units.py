@@ -1,0 +1,59 @@
+"""The one unit cache (ndd_trace/units/cache.py): a compiled function's entries, transparent
+mode's regions and a per-sample function's variants are held alike, and every built pipeline is
+in the process's one LRU of live pipelines."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from conftest import assert_same
+
+import nvidia.dali.experimental.dynamic as ndd
+import ndd_trace
+from ndd_trace.units.cache import LIVE_PIPELINES
+
+
+def _images(value: int) -> ndd.Batch:
+    return ndd.as_batch([np.full((8, 8, 3), value, np.uint8)] * 2, layout="HWC")
+
+
+def test_compiled_functions_past_the_live_limit_free_their_pipelines_and_rebuild(monkeypatch):
+    """Past the LRU's limit, the least recently run entry's pipeline is freed; calling it again
+    builds it again, with eager's values."""
+    monkeypatch.setattr(LIVE_PIPELINES, "limit", 2)
+    LIVE_PIPELINES.clear()
+
+    def make(angle):
+        def rotated(images):
+            return ndd.rotate(ndd.flip(images, horizontal=1), angle=angle, fill_value=0)
+        return rotated
+
+    eager = [make(angle) for angle in (10.0, 20.0, 30.0)]
+    compiled = [ndd_trace.compile(function) for function in eager]
+    for _ in range(2):
+        for plain, fast in zip(eager, compiled):
+            assert_same(plain(_images(3)), fast(_images(3)))
+    assert LIVE_PIPELINES.releases >= 3  # each run past the third freed the oldest
+    builds = [fast.entries[0].executable.builds for fast in compiled]
+    assert all(count == 2 for count in builds), builds
+    LIVE_PIPELINES.clear()
+
+
+def test_every_mode_holds_its_units_in_a_unit_cache():
+    """A compiled function's entries and a per-sample function's variants: one miss explanation
+    (`last_miss_reason`), the same counters (`cache_info()`); test_architecture.py checks that
+    both are held in a UnitCache."""
+    def brighten(images, factor):
+        return ndd.brightness(images, brightness=factor)
+
+    compiled = ndd_trace.compile(brighten)
+    per_sample = ndd_trace.compile(brighten, per_sample=True)
+    for function in (compiled, per_sample):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for factor in (1.0, 1.0, 2.0):
+                assert_same(brighten(_images(5), factor), function(_images(5), factor))
+        info = function.cache_info()
+        assert (info.hits, info.misses, info.traces) == (1, 2, 2), (function, info)
+        assert "factor" in function.last_miss_reason and "->" in function.last_miss_reason
