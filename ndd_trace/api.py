@@ -20,7 +20,6 @@ import importlib
 import inspect
 import pickle
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any

@@ -24,6 +24,7 @@ import re
 import threading
 from collections.abc import Collection
 
+from .core import process_state
 from .core import logs
 from .core.files import write_atomic
 from .modes import lazy
@@ -31,7 +32,6 @@ from .modes import lazy
 REPORT_ENV_VAR = "NDD_TRACE_REPORT"
 # the report files (absolute paths, a JSON list) that the processes this one descends from write
 CLAIMED_ENV_VAR = "NDD_TRACE_REPORTS_CLAIMED"
-_registered: set[str] = set()
 
 
 def rank() -> str | None:
@@ -84,8 +84,8 @@ def write_report_at_exit(path: str | None = None) -> None:
     """Write the JSON report to `path` (default: $NDD_TRACE_REPORT) when the process exits, to
     a file of its own where a process it descends from writes the same one (see module doc)."""
     path = path or os.environ.get(REPORT_ENV_VAR, "").strip()
-    if path and path not in _registered:
-        _registered.add(path)
+    if path and path not in process_state.reports_registered:
+        process_state.reports_registered.add(path)
         taken = _claimed()
         atexit.register(_write_report_at_exit, path, taken, os.getpid())
         # (the file as named at start; a child that inherits this writes beside it)

@@ -30,10 +30,10 @@ torchdata is an optional dependency (`pip install ndd_trace[torchdata]`), import
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .core import process_state
 from . import _dali
 from .ahead import readahead
 from .modes import lazy
@@ -51,7 +51,6 @@ _VERSION = 1
 _NOT_COUNTED = "not counted"  # a sample epoch (or one of a context): no batch count
 
 
-_seated: weakref.WeakSet = weakref.WeakSet()  # readers a Loop counts the epochs of
 
 
 class _Seat:
@@ -67,11 +66,11 @@ class _Seat:
     def install(self) -> None:
         """Count this reader's epochs, whoever opens them (readahead.wrap_epochs: the reader
         object is left as it is)."""
-        if self.reader in _seated:
+        if self.reader in process_state.nodes_seated:
             raise ValueError(f"reader {type(self.reader).__name__} "
                              f"({_dali.reader_name(self.reader)}) already belongs to another "
                              "ndd_trace.nodes.Loop")
-        _seated.add(self.reader)
+        process_state.nodes_seated.add(self.reader)
         readahead.wrap_epochs(self.reader, self._epoch)
 
     def _epoch(self, epoch: Iterator[Any], args: tuple, kwargs: dict) -> Iterator[Any]:

@@ -13,6 +13,7 @@ FOLDERS = ["core", "_dali", "tracing", "codegen", "execution", "units", "ahead",
 # Modules (dotted, within the package), lowest first: each imports only modules of a lower layer
 # (or of its own layer, where several are listed together).
 LAYERS = [
+    {"core.process_state"},
     {"core.source", "core.errors", "core.logs", "core.trees", "core.keys",
      "core.ledger", "core.files"},
     {"core.ir"},
@@ -343,6 +344,42 @@ def test_the_public_entry_points_use_public_surfaces():
 
 
 MAX_MODULE_LINES = 500
+
+
+# Constructors of containers and synchronization state: a module-level value made by one of these
+# (or by a dict/list/set display or comprehension) is state the process keeps between calls.
+_MUTABLE = {"dict", "list", "set", "OrderedDict", "Counter", "defaultdict", "deque", "WeakSet",
+            "WeakKeyDictionary", "WeakValueDictionary", "local", "Lock", "RLock", "Condition",
+            "Event", "Semaphore"}
+# Its homes: the process's state, the unit cache (units and live pipelines), the adapter.
+_STATE_HOMES = {"core.process_state", "units.cache"}
+
+
+def test_mutable_state_has_three_homes():
+    """I8: module-level mutable values (containers, locks, thread-locals) and `global`
+    statements appear only in core/process_state.py, units/cache.py and the adapter (_dali/);
+    constant tables are frozensets or read-only mappings (f7fb7da: about 20 in 10 modules)."""
+    found = []
+    for module, path in _modules().items():
+        if module in _STATE_HOMES or module.split(".")[0] == "_dali":
+            continue
+        tree = _parse(path)
+        found += [f"{module}:{node.lineno} global" for node in ast.walk(tree)
+                  if isinstance(node, ast.Global)]
+        for node in tree.body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if [ast.unparse(target) for target in targets] == ["__all__"]:
+                continue
+            value = node.value
+            call = value.func if isinstance(value, ast.Call) else None
+            name = call.id if isinstance(call, ast.Name) else \
+                call.attr if isinstance(call, ast.Attribute) else None
+            if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp,
+                                  ast.SetComp)) or name in _MUTABLE:
+                found.append(f"{module}:{node.lineno} {ast.unparse(targets[0])}")
+    assert not found, found
 
 
 def test_module_budget():

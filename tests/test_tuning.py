@@ -18,6 +18,7 @@ from conftest import HAS_GPU
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
+from ndd_trace.core import process_state
 from ndd_trace.execution import runtime, tuning, tuning_store
 
 SEED = 11
@@ -37,7 +38,8 @@ def quick_tuning(monkeypatch, tmp_path):
     previous = ndd_trace.cache_dir()
     ndd_trace.set_cache_dir(str(tmp_path / "cache"))
     tuning_store.forget()
-    tuning._searching.clear()  # a search an earlier test left under way holds up no test here
+    # a search an earlier test left under way holds up no test here
+    process_state.tuning_search.clear()
     yield
     ndd_trace.set_cache_dir(previous)
     tuning_store.forget()
@@ -60,7 +62,7 @@ def _epochs(function, jpeg_dir, epochs=10, **kwargs):
 
 
 def _tuner(compiled):
-    entry = compiled._step._entry_cache.last_entry()
+    entry = compiled.step.last_entry()
     return entry.executable.tuner
 
 
@@ -107,7 +109,7 @@ def test_the_decision_is_kept_per_machine_and_used_from_the_first_build(jpeg_dir
     tuner = _tuner(second)
     assert tuner.state == "loaded" and tuner.current == decided.current
     assert tuner.measured == []
-    executable = second._step._entry_cache.last_entry().executable
+    executable = second.step.last_entry().executable
     assert executable.builds == 1 and executable.options.num_threads == \
         decided.current.num_threads
     assert "kept in" in tuner.describe()
@@ -157,7 +159,7 @@ def test_a_setting_that_does_not_build_ends_at_the_start(jpeg_dir, monkeypatch):
     tuner = _tuner(compiled)
     assert tuner.state == "failed" and tuner.current == tuner.start
     assert "did not build" in tuner.describe()
-    executable = compiled._step._entry_cache.last_entry().executable
+    executable = compiled.step.last_entry().executable
     assert executable.options.num_threads == tuner.start.num_threads
     monkeypatch.setattr(runtime, "_new_pipeline", new_pipeline)
     monkeypatch.setenv(tuning.ENV_VAR, "0")
@@ -273,7 +275,7 @@ def test_a_short_run_is_not_searched(jpeg_dir, monkeypatch):
     _epochs(compiled, jpeg_dir, epochs=4)
     tuner = _tuner(compiled)
     assert tuner.state == "waiting" and tuner.measured == [], tuner.describe()
-    assert compiled._step._entry_cache.last_entry().executable.builds == 1
+    assert compiled.step.last_entry().executable.builds == 1
     assert tuning_store.current_store().get(tuner._key()) is None
     assert "searched once the loop has run 3600 s (waiting" in str(ndd_trace.explain(compiled))
 
@@ -318,7 +320,7 @@ def test_gpu_decoder_load_is_tuned(jpeg_dir):
     loads = {setting.hw_decoder_load for setting, _ in tuner.measured}
     # along the loads' order from the start's: one up first, then on up or one down
     assert 0.9 in loads and len(loads) >= 3, loads
-    code = compiled._step._entry_cache.last_entry().executable.lowered.source
+    code = compiled.step.last_entry().executable.lowered.source
     assert f"hw_decoder_load={tuner.current.hw_decoder_load}" in code
 
 
@@ -403,7 +405,7 @@ def test_kept_settings_that_do_not_build_fall_back_to_the_start(jpeg_dir, tmp_pa
         again, _ = _epochs(second, jpeg_dir)
     tuner = _tuner(second)
     assert tuner.state == "failed" and tuner.current == tuner.start
-    assert second._step._entry_cache.last_entry().eager_reason is None
+    assert second.step.last_entry().eager_reason is None
     assert json.loads(path.read_text())["entries"] == {}  # dropped: the next run searches
     _same(again, values)
 
@@ -429,7 +431,7 @@ def test_tuned_steps_are_eager_s_where_no_rewrite_changes_values(jpeg_dir):
     compiled = ndd.compile(flipped_epoch, optimize=True)
     tuned, state = run(compiled)
     assert _tuner(compiled).measured  # settings were tried while these steps ran
-    assert not compiled._step._entry_cache.last_entry().optimizations  # nothing rewritten
+    assert not compiled.step.last_entry().optimizations  # nothing rewritten
     assert state == eager_state
     _same(tuned, eager)
 

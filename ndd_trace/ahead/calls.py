@@ -7,11 +7,11 @@ watched at class level (from the adapter: no user object is patched), and epoch 
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..core import process_state
 from .. import _dali
 from ..core.ir import NodeKind
 from ..execution.results import PendingRun
@@ -19,7 +19,7 @@ from ..execution.runtime import Executable, Options
 from .runahead import READ_AHEAD
 from .loop_epochs import in_compiled_loop, loop_stand_in
 from .speculator import Speculator
-from .streams import can_stream, on_new_stream, reader_epoch, stream_of
+from .streams import can_stream, reader_epoch, stream_of
 
 # ---------------------------------------------------------------------------------------------
 # Compiled steps called from an eager reader loop
@@ -39,17 +39,12 @@ from .streams import can_stream, on_new_stream, reader_epoch, stream_of
 # launched run is used only if the call is fed exactly what was predicted (the same reader
 # batch object, bit-equal random states, the same constants); otherwise the call runs as usual.
 
-_calls = threading.local()  # .speculator: this thread's Speculator for compiled calls
-_compiled: weakref.WeakSet = weakref.WeakSet()  # live compiled functions (the watch's owners)
-_tagged: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(batch) -> (batch, reader) refs
-_feeding: weakref.WeakSet = weakref.WeakSet()  # readers whose eager batches fed a compiled call
-_watching = False
 
 
 def _call_speculator() -> Speculator:
-    speculator = getattr(_calls, "speculator", None)
+    speculator = getattr(process_state.compiled_calls, "speculator", None)
     if speculator is None:
-        speculator = _calls.speculator = Speculator()
+        speculator = process_state.compiled_calls.speculator = Speculator()
     return speculator
 
 
@@ -60,20 +55,18 @@ def _note_for_calls(stream: Any, count: int, batches: tuple) -> None:
 def _watch() -> None:
     """Readers: their epochs and metadata go through `_on_epoch` and `_on_metadata` from now on
     (class-level wrappers, installed once)."""
-    global _watching
-    if not _watching:
-        _watching = True
+    if not process_state.readers_watched:
+        process_state.readers_watched.append(True)
         _dali.watch_reader_methods(_on_epoch, _on_metadata)
 
 
 def watch_reader_epochs(owner: Any) -> None:
     """Called for each compiled function made: eager batch epochs are watched while one lives."""
-    _compiled.add(owner)
+    process_state.compiled_functions.add(owner)
     _watch()
 
 
 # reader -> what each of its epochs is handed out through (ndd_trace.nodes counts them so)
-_epoch_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def wrap_epochs(reader: Any, wrap: Callable[[Iterator[Any], tuple, dict], Iterator[Any]]
@@ -81,17 +74,17 @@ def wrap_epochs(reader: Any, wrap: Callable[[Iterator[Any], tuple, dict], Iterat
     """From now on, each epoch of `reader`, whoever opens it (eager code, a compiled loop,
     transparent mode), is handed out as `wrap(epoch, args, kwargs)`, `args`/`kwargs` being
     those of its `next_epoch` call. The reader object itself is left as it is."""
-    _epoch_wrappers[reader] = wrap
+    process_state.epoch_wrappers[reader] = wrap
     _watch()
 
 
 def has_epoch_wrapper(reader: Any) -> bool:
-    return bool(_epoch_wrappers) and reader in _epoch_wrappers
+    return bool(process_state.epoch_wrappers) and reader in process_state.epoch_wrappers
 
 
 def epoch_of(reader: Any, epoch: Any, args: tuple, kwargs: dict) -> Any:
     """`epoch`, through the reader's wrapper where it has one (`wrap_epochs`)."""
-    wrap = _epoch_wrappers.get(reader) if _epoch_wrappers else None
+    wrap = process_state.epoch_wrappers.get(reader) if process_state.epoch_wrappers else None
     return epoch if wrap is None else wrap(epoch, args, kwargs)
 
 
@@ -117,14 +110,14 @@ def _open_epoch(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
         if batch_size is None:  # eager ndd's own answer: its errors for a reader in batches
             return original(reader, *args, **kwargs)
         return stream.epoch(batch_size, _note_for_calls)
-    streams = in_compiled_loop() or reader in _feeding
+    streams = in_compiled_loop() or reader in process_state.feeding_readers
     if streams and can_stream(reader) is None:
         batch_size = _dali.reader_epoch_request(reader, args, kwargs)
         if batch_size is not None:
             options = Options(_dali.current_num_threads(), _dali.current_device_id(), READ_AHEAD)
             return reader_epoch(reader, batch_size, options, _note_for_calls)
     epoch = original(reader, *args, **kwargs)
-    if not _compiled or kwargs.get("capture") or len(args) > 2 and args[2]:
+    if not process_state.compiled_functions or kwargs.get("capture") or len(args) > 2 and args[2]:
         return epoch
     return _tag_epoch(reader, epoch)
 
@@ -151,18 +144,19 @@ def _tag_epoch(reader: Any, epoch: Iterator[Any]) -> Iterator[Any]:
 def _tag(batch: Any, reader: weakref.ref) -> None:
     if isinstance(batch, _dali.Batch):
         key = id(batch)
-        _tagged[key] = (weakref.ref(batch, lambda _: _tagged.pop(key, None)), reader)
+        tagged = process_state.tagged_batches
+        tagged[key] = (weakref.ref(batch, lambda _: tagged.pop(key, None)), reader)
 
 
 def _note_inputs(bound: dict) -> None:
     """A compiled call was fed these arguments: readers whose eager batches are among them
     stream from their next epoch on."""
     for value in bound.values():
-        entry = _tagged.get(id(value))
+        entry = process_state.tagged_batches.get(id(value))
         if entry is not None and entry[0]() is value:
             reader = entry[1]()
             if reader is not None:
-                _feeding.add(reader)
+                process_state.feeding_readers.add(reader)
 
 
 def run_call(executable: Executable, key: tuple, bound: dict,
@@ -170,9 +164,9 @@ def run_call(executable: Executable, key: tuple, bound: dict,
     """One call of a compiled function: a run launched ahead if the call is fed exactly what
     it was launched with (handed over without waiting for it), else a run of its own (and the
     next ones launched ahead once the calls follow a reader steadily)."""
-    if _tagged:
+    if process_state.tagged_batches:
         _note_inputs(bound)
-    speculator = getattr(_calls, "speculator", None)
+    speculator = getattr(process_state.compiled_calls, "speculator", None)
     if speculator is None or not speculator.active or executable.pipeline is None or \
             batch_size > executable.max_batch_size or not executable.graph.outputs:
         return executable.run(bound, batch_size)
@@ -210,4 +204,5 @@ def run_call(executable: Executable, key: tuple, bound: dict,
     return run
 
 
-on_new_stream.append(_watch)  # a reader's first stream: its epochs are watched from then on
+# a reader's first stream: its epochs are watched from then on
+process_state.on_new_stream.append(_watch)

@@ -11,12 +11,12 @@ the first one (unless the reader must stay eager: checkpointing, tensor argument
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_opening = threading.local()  # .active: a compiled loop is pulling its next item; .stand_in
+from ..core import process_state
+
 
 
 @contextmanager
@@ -24,17 +24,18 @@ def opening_loop_epochs(stand_in: Callable[[Any, int], Any] | None = None) -> It
     """While active, the epochs this thread opens are a compiled loop's (see above); with
     `stand_in`, each is one step of `stand_in(reader, batch_size)` instead, and nothing is
     read (export describes a loop so)."""
-    previous = getattr(_opening, "active", False), getattr(_opening, "stand_in", None)
-    _opening.active, _opening.stand_in = True, stand_in or previous[1]
+    opening = process_state.loop_opening
+    previous = getattr(opening, "active", False), getattr(opening, "stand_in", None)
+    opening.active, opening.stand_in = True, stand_in or previous[1]
     try:
         yield
     finally:
-        _opening.active, _opening.stand_in = previous
+        process_state.loop_opening.active, process_state.loop_opening.stand_in = previous
 
 
 def in_compiled_loop() -> bool:
-    return getattr(_opening, "active", False)
+    return getattr(process_state.loop_opening, "active", False)
 
 
 def loop_stand_in() -> Callable | None:
-    return getattr(_opening, "stand_in", None) if in_compiled_loop() else None
+    return getattr(process_state.loop_opening, "stand_in", None) if in_compiled_loop() else None

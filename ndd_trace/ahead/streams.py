@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..core import process_state
 from .. import _dali
 from ..core.errors import LoopError
 from ..core.ir import Graph, Ref
@@ -118,7 +119,7 @@ class ReaderStream:
         self._worker = threading.Thread(target=_read_ahead,
                                         args=(weakref.ref(self), self._cond, self._times),
                                         daemon=True, name=f"ndd_trace reader {self.name}")
-        _workers.add(self)
+        process_state.stream_workers.add(self)
         self._worker.start()
 
     def stop(self) -> None:
@@ -443,24 +444,21 @@ def _read_ahead(ref: weakref.ref, cond: threading.Condition, times: ReadTimes) -
                 cond.notify_all()
 
 
-_workers: weakref.WeakSet = weakref.WeakSet()  # streams with a worker, stopped at exit
 
 
 @atexit.register
 def _stop_workers() -> None:
-    for stream in list(_workers):
+    for stream in list(process_state.stream_workers):
         stream.stop()
 
 
 # reader -> its stream, for as long as the reader lives (the stream holds it weakly)
-_streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # called when a reader's first stream is made (calls.py: the readers' methods are then watched,
 # so that eager code reads through the stream too)
-on_new_stream: list[Callable[[], None]] = []
 
 
 def stream_of(reader: Any) -> ReaderStream | None:
-    return _streams.get(reader)
+    return process_state.streams.get(reader)
 
 
 def reader_epoch(reader: Any, batch_size: int, options: Options,
@@ -471,8 +469,8 @@ def reader_epoch(reader: Any, batch_size: int, options: Options,
     if stream is None:
         stream = ReaderStream(reader, batch_size, options)
         stream.start()
-        _streams[reader] = stream
-        for hook in on_new_stream:
+        process_state.streams[reader] = stream
+        for hook in process_state.on_new_stream:
             hook()
     yield from stream.epoch(batch_size, on_batch)
 

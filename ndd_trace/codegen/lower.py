@@ -32,6 +32,7 @@ import linecache
 import math
 import re
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -46,18 +47,19 @@ _counter = itertools.count()
 
 # DataNode operators and the expression names they give DALI's arithmetic operator
 # (nvidia/dali/data_node.py): writing the operator reproduces the same expression descriptor.
-_BINARY = {"add": ast.Add, "sub": ast.Sub, "mul": ast.Mult, "fdiv": ast.Div,
-           "div": ast.FloorDiv, "mod": ast.Mod, "pow": ast.Pow, "bitand": ast.BitAnd,
-           "bitor": ast.BitOr, "bitxor": ast.BitXor, "lshift": ast.LShift,
-           "rshift": ast.RShift}
-_COMPARE = {"eq": ast.Eq, "neq": ast.NotEq, "lt": ast.Lt, "leq": ast.LtE, "gt": ast.Gt,
-            "geq": ast.GtE}
-_UNARY = {"minus": ast.USub, "bitnot": ast.Invert}
+_BINARY = MappingProxyType({
+    "add": ast.Add, "sub": ast.Sub, "mul": ast.Mult, "fdiv": ast.Div, "div": ast.FloorDiv,
+    "mod": ast.Mod, "pow": ast.Pow, "bitand": ast.BitAnd, "bitor": ast.BitOr,
+    "bitxor": ast.BitXor, "lshift": ast.LShift, "rshift": ast.RShift})
+_COMPARE = MappingProxyType({"eq": ast.Eq, "neq": ast.NotEq, "lt": ast.Lt, "leq": ast.LtE,
+                             "gt": ast.Gt, "geq": ast.GtE})
+_UNARY = MappingProxyType({"minus": ast.USub, "bitnot": ast.Invert})
 # `nvidia.dali.math` functions: each passes its arguments, in order, to an expression of its name
-_MATH = {"sqrt", "rsqrt", "cbrt", "exp", "log", "log2", "log10", "abs", "fabs", "floor", "ceil",
-         "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
-         "atanh", "min", "max", "pow", "fpow", "atan2", "clamp"}
-_ARITHMETIC_STATIC = {"expression_desc", "integer_constants", "real_constants"}
+_MATH = frozenset({
+    "sqrt", "rsqrt", "cbrt", "exp", "log", "log2", "log10", "abs", "fabs", "floor", "ceil", "sin",
+    "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "min",
+    "max", "pow", "fpow", "atan2", "clamp"})
+_ARITHMETIC_STATIC = frozenset({"expression_desc", "integer_constants", "real_constants"})
 _DESC = re.compile(r"^(\w+)\((.*)\)$")
 # names the generated module defines or reads besides the variables (`float` spells a NaN)
 _RESERVED = frozenset({"fn", "types", "dali", "pipeline_def", "consts", "float"})

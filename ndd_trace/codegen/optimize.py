@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from types import MappingProxyType
 from typing import Any
 
 from .. import _dali
@@ -317,12 +318,12 @@ def _fuse_crop_mirror_normalize(graph: Graph, decoder: Node, consumer: Node
                    "decoders.image_crop + crop_mirror_normalize", _WINDOW_VALUES)
 
 
-_FUSIONS = {
+_FUSIONS = MappingProxyType({
     "RandomResizedCrop": _fuse_random_resized_crop,
     "Crop": _fuse_crop,
     "Slice": _fuse_slice,
     "CropMirrorNormalize": _fuse_crop_mirror_normalize,
-}
+})
 
 
 # ---------------------------------------------------------------------------------------------

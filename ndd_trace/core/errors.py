@@ -14,6 +14,7 @@ import copyreg
 import threading
 from typing import Any
 
+from . import process_state
 from .source import SourceLoc
 
 
@@ -103,7 +104,6 @@ class LoopError(NddTraceError, RuntimeError):
     ndd raises for misused readers are."""
 
 
-_AS_BUILTIN: dict[type, type] = {}
 # the built-in types DALI's errors come as: their PipelineErrors exist from import on, so that
 # pickle finds them by name in any process (torch's DataLoader workers send the exception's
 # type to the main process, which raises it again)
@@ -119,12 +119,12 @@ def pipeline_error_type(builtin: type[BaseException]) -> type[PipelineError]:
     `except ndd_trace.PipelineError` and `type(error).__name__` all keep working."""
     if not issubclass(builtin, Exception) or issubclass(builtin, NddTraceError):
         builtin = RuntimeError
-    found = _AS_BUILTIN.get(builtin)
+    found = process_state.pipeline_errors.get(builtin)
     if found is None:  # (reachable as `ndd_trace.PipelineError.RuntimeError`, ...)
         found = _NamedAsBuiltin(builtin.__name__, (PipelineError, builtin), {
             "__module__": builtin.__module__, "__doc__": PipelineError.__doc__,
             "__qualname__": builtin.__qualname__})
-        _AS_BUILTIN[builtin] = found
+        process_state.pipeline_errors[builtin] = found
         if builtin.__name__ not in vars(PipelineError):  # the first of a name keeps it
             setattr(PipelineError, builtin.__name__, found)
     return found

@@ -24,12 +24,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from types import MappingProxyType
+
+from . import process_state
 
 
 CHANNELS = ("trace", "recompiles", "breaks", "fallbacks", "builds", "runtime", "transparent",
             "cache", "tuning")
-_ALIASES = {"recompile": "recompiles", "break": "breaks", "graph_breaks": "breaks",
-            "fallback": "fallbacks", "build": "builds", "traces": "trace"}
+_ALIASES = MappingProxyType({"recompile": "recompiles", "break": "breaks",
+                             "graph_breaks": "breaks", "fallback": "fallbacks", "build": "builds",
+                             "traces": "trace"})
 ENV_VAR = "NDD_TRACE_LOGS"
 
 root = logging.getLogger("ndd_trace")
@@ -49,7 +53,6 @@ transparent = logging.getLogger("ndd_trace.transparent")
 cache = logging.getLogger("ndd_trace.cache")
 tuning = logging.getLogger("ndd_trace.tuning")
 
-_handler: logging.Handler | None = None
 
 
 def parse(text: str) -> dict[str, int]:
@@ -77,13 +80,13 @@ def parse(text: str) -> dict[str, int]:
 
 def configure(levels: dict[str, int], stream: object | None = None) -> None:
     """Set the channels' levels and print them on `stream` (stderr), one line per event."""
-    global _handler
     for name, level in levels.items():
         logging.getLogger(f"ndd_trace.{name}").setLevel(level)
-    if _handler is None:
-        _handler = logging.StreamHandler(stream or sys.stderr)
-        _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-        root.addHandler(_handler)
+    if not process_state.log_handler:
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        process_state.log_handler.append(handler)
+        root.addHandler(handler)
         root.propagate = False  # printed once, even when the application also logs to stderr
 
 

@@ -25,6 +25,8 @@ import warnings
 
 import astunparse
 
+from . import process_state
+
 # the package (ndd_trace/), not this module's folder (ndd_trace/core/)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,23 +59,19 @@ class SourceLoc:
         return linecache.getline(self.filename, self.lineno).strip()
 
 
-_internal_cache: tuple[str, ...] | None = None
-# filename -> internal or not, once DALI, makefun and optree are imported (every recorded call walks
-# the stack through the same few files)
-_internal_files: dict[str, bool] = {}
-
-
 def is_internal_file(filename: str) -> bool:
-    """True for files of ndd_trace, DALI, makefun and optree, and for generated code."""
-    global _internal_cache
-    known = _internal_files.get(filename)
+    """True for files of ndd_trace, DALI, makefun and optree, and for generated code (memoized
+    in process_state.internal_files once DALI, makefun and optree are imported: every recorded call
+    walks the stack through the same few files)."""
+    known = process_state.internal_files.get(filename)
     if known is not None:
         return known
-    if _internal_cache is None or len(_internal_cache) < 4:
-        _internal_cache = _internal_dirs()
-    internal = filename.startswith(("<makefun", "<ndd_trace", *_internal_cache))
-    if len(_internal_cache) >= 4 and len(_internal_files) < 4096:
-        _internal_files[filename] = internal
+    dirs = process_state.internal_dirs
+    if not dirs or len(dirs[0]) < 4:
+        dirs[:] = [_internal_dirs()]
+    internal = filename.startswith(("<makefun", "<ndd_trace", *dirs[0]))
+    if len(dirs[0]) >= 4 and len(process_state.internal_files) < 4096:
+        process_state.internal_files[filename] = internal
     return internal
 
 

@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 
 import optree
 
+from . import process_state
+
 NAMESPACE = "ndd_trace"
 
 
@@ -97,9 +99,9 @@ def _register(kind: type) -> bool:
 def _is_container(kind: type) -> bool:
     """Whether optree takes values of `kind` apart (registering it here where it is a
     dataclass or a container subclass)."""
-    if kind in _CONTAINERS:
+    if kind in process_state.container_types:
         return True
-    if kind in _NOT_CONTAINERS:
+    if kind in process_state.leaf_types:
         return False
     known = optree.register_pytree_node.get(kind, namespace=NAMESPACE) is not None or \
         optree.is_namedtuple_class(kind) or optree.is_structseq_class(kind)
@@ -108,13 +110,10 @@ def _is_container(kind: type) -> bool:
             known = _register(kind)
         except ValueError:  # registered meanwhile (another thread)
             known = True
-    (_CONTAINERS if known else _NOT_CONTAINERS).add(kind)
+    (process_state.container_types if known else process_state.leaf_types).add(kind)
     return known
 
 
-# what `_is_container` found for each type (types are few; a look-up costs far less)
-_CONTAINERS: set[type] = {tuple, list, dict}
-_NOT_CONTAINERS: set[type] = {type(None), int, float, str, bool}
 
 
 def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:

@@ -48,6 +48,7 @@ import weakref
 from collections.abc import Callable, Generator
 from typing import Any
 
+from ..core import process_state
 from .. import _dali
 from ..codegen import optimize as rewrites
 from ..core import logs
@@ -73,10 +74,8 @@ _Store = Store  # the name ../shared/repros/reliability/03 and earlier scripts u
 
 _UNTIL_BUILT = 1 << 30  # steps left out while a setting is being built
 STALE_S = 30.0  # a search whose pipeline was not used this long gives way to another one
-_lock = threading.RLock()
 # the one search under way (pipelines are tuned one at a time), weakly: a pipeline dropped
 # mid-search (its function freed) does not hold up the others
-_searching: list[weakref.ref] = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,20 +237,20 @@ class Tuner:
     # -- the search ---------------------------------------------------------------------------
 
     def _begin(self, rate: float) -> None:
-        with _lock:
-            other = _searching[0]() if _searching else None
+        with process_state.tuning_lock:
+            other = process_state.tuning_search[0]() if process_state.tuning_search else None
             if other is not None and other._executable_ref() is not None and \
                     time.perf_counter() - other._last < STALE_S:
                 self._skip = SETTLE  # another pipeline is being tuned: measured again later
                 return
             if other is not None:  # its loop stopped: it searches again when it runs again
                 other._abandoned = True
-            _searching.clear()
+            process_state.tuning_search.clear()
             if 1.0 / rate < MIN_STEP_S:
                 self._finish("kept", f"steps of {1000 / rate:.2f} ms are too short for a "
                              "rebuild to pay")
                 return
-            _searching.append(weakref.ref(self))
+            process_state.tuning_search.append(weakref.ref(self))
         self._batch_size = self._batch_size or self._executable.max_batch_size
         self.state = "searching"
         self._plan = self._search()
@@ -354,18 +353,18 @@ class Tuner:
     def _finish(self, state: str, reason: str) -> None:
         self.state, self.reason = state, reason
         self._plan = None
-        with _lock:
-            if _searching and _searching[0]() is self:
-                _searching.clear()
+        with process_state.tuning_lock:
+            if process_state.tuning_search and process_state.tuning_search[0]() is self:
+                process_state.tuning_search.clear()
         logs.tuning.info("%s: %s: %s (%s)", self._name(), state, self.current.text(), reason)
 
     def _restart(self) -> None:
         """Its search was given up (its loop stood still while another one ran, or its batch
         grew): back to the starting settings (built when next run), to search again."""
         self._abandoned = False
-        with _lock:
-            if _searching and _searching[0]() is self:
-                _searching.clear()
+        with process_state.tuning_lock:
+            if process_state.tuning_search and process_state.tuning_search[0]() is self:
+                process_state.tuning_search.clear()
         if self.state != "searching":
             return
         if self.current != self.start:

@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Generator
 
+from ..core import process_state
 from .. import _dali
 from ..core import files, logs
 
@@ -149,7 +150,6 @@ class Store:
         self.put(key, None)
 
 
-_stores: dict[str | None, Store] = {}
 
 
 def current_store() -> Store:
@@ -160,12 +160,12 @@ def current_store() -> Store:
         logs.tuning.info("the cache directory %s cannot be used (%s): the tuning is kept in "
                          "this process only", _dali.analysis_cache_dir(), error)
         directory = None
-    store = _stores.get(directory)
+    store = process_state.tuning_stores.get(directory)
     if store is None:
-        store = _stores[directory] = Store(directory)
+        store = process_state.tuning_stores[directory] = Store(directory)
     return store
 
 
 def forget() -> None:
     """Drop what this process read or decided (a new cache directory reads its own)."""
-    _stores.clear()
+    process_state.tuning_stores.clear()

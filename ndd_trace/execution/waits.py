@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..core import process_state
 from .. import _dali
 from ..core import trees
 from ..core.files import write_atomic
@@ -35,9 +36,6 @@ __all__ = ["BOTTLENECK_SHARE", "LoopTimes", "chart", "loops", "note_fetched", "r
 BOTTLENECK_SHARE = 0.10  # the consumer waits for data this share of its time or more
 KEEP_STEPS = 100_000  # per-step times kept for the chart (totals count every step)
 
-_local = threading.local()  # .pulling: timed next() calls in progress; .blocked: seconds
-_lock = threading.Lock()
-_loops: dict[tuple[str, str], LoopTimes] = {}
 
 
 class LoopTimes:
@@ -56,7 +54,7 @@ class LoopTimes:
         self.steps = array("d")
 
     def _add(self, wait: float, step: float, samples: int | None) -> None:
-        with _lock:
+        with process_state.waits_lock:
             if self.first_wait is None:
                 self.first_wait = wait
                 return
@@ -125,20 +123,21 @@ def note_fetched(run: Any, started: float) -> None:
     first use): counted for this thread, and on the run (ndd may fetch an output for the
     consumer in a thread of its own: its eager ops run asynchronously)."""
     now = time.perf_counter()
-    _local.blocked = getattr(_local, "blocked", 0.0) + now - started
+    local = process_state.waits_local
+    local.blocked = getattr(local, "blocked", 0.0) + now - started
     run.fetched = (now - started, now, threading.get_ident())
 
 
 def timed(iterator: Iterator[Any], name: str, where: str) -> Iterator[Any]:
     """`iterator` (a reader loop's epoch) with its consumer's waits and steps counted under
     (name, where); as it is where it is opened inside a timed loop's `next()`."""
-    if getattr(_local, "pulling", 0):
+    if getattr(process_state.waits_local, "pulling", 0):
         return iterator
     key = (name, where)
-    with _lock:
-        times = _loops.get(key)
+    with process_state.waits_lock:
+        times = process_state.loop_times.get(key)
         if times is None:
-            times = _loops[key] = LoopTimes(name, where)
+            times = process_state.loop_times[key] = LoopTimes(name, where)
         times.epochs += 1
     return _timed(iterator, times)
 
@@ -166,7 +165,7 @@ class _Pull:
 
     @contextmanager
     def around(self) -> Iterator[None]:
-        local = _local
+        local = process_state.waits_local
         now = time.perf_counter()
         if self.pending:
             self.pending = False
@@ -186,7 +185,7 @@ class _Pull:
 
     def handed_out(self, item: Any) -> None:
         self.handed = time.perf_counter()
-        self.blocked = getattr(_local, "blocked", 0.0)
+        self.blocked = getattr(process_state.waits_local, "blocked", 0.0)
         self.thread = threading.get_ident()
         self.item = item
         self.pending = True
@@ -226,13 +225,13 @@ def _samples(item: Any) -> int | None:
 
 def loops() -> list[LoopTimes]:
     """The loops timed so far (all threads), in the order they were first seen."""
-    with _lock:
-        return list(_loops.values())
+    with process_state.waits_lock:
+        return list(process_state.loop_times.values())
 
 
 def reset() -> None:
-    with _lock:
-        _loops.clear()
+    with process_state.waits_lock:
+        process_state.loop_times.clear()
 
 
 def chart(path: str, timed_loops: list[LoopTimes] | None = None) -> str:

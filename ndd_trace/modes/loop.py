@@ -35,11 +35,11 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
-import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..core import process_state
 from ..ahead.readahead import opening_loop_epochs
 from ..core.errors import LoopError
 from ..core.source import SourceLoc, unparse
@@ -76,7 +76,7 @@ class StepCall:
         self.compiled = compiled
 
     def __call__(self, *args: Any) -> Any:
-        if getattr(_describing, "active", False):
+        if getattr(process_state.loop_describing, "active", False):
             raise _FirstStep(args)
         return self.compiled(*args)
 
@@ -89,7 +89,6 @@ class _FirstStep(BaseException):
         self.args_given = args
 
 
-_describing = threading.local()
 
 
 def first_step(split: Split, args: tuple, kwargs: dict,
@@ -99,7 +98,7 @@ def first_step(split: Split, args: tuple, kwargs: dict,
     around it as the loop ends), each epoch the loop opens giving one step of
     `stand_in(reader or source, batch_size)`, nothing read. None if it yields no step."""
     generator = split.generator(*args, **kwargs)
-    _describing.active = True
+    process_state.loop_describing.active = True
     try:
         with opening_loop_epochs(stand_in):
             for _ in generator:
@@ -107,7 +106,7 @@ def first_step(split: Split, args: tuple, kwargs: dict,
     except _FirstStep as step:
         return step.args_given
     finally:
-        _describing.active = False
+        process_state.loop_describing.active = False
         generator.close()
     return None
 

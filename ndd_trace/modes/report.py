@@ -10,9 +10,9 @@ and lines), the readers it read ahead, and the time each stage took; process-wid
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections import Counter
 
+from ..core import process_state
 from ..core.ir import NodeKind
 from ..core.keys import show_arguments
 from ..core.source import SourceLoc
@@ -112,7 +112,8 @@ class Report:
                  f"run eagerly: {sum(self.eager_ops.values())}",
                  f"  compiled regions: {len(self.regions)}"
                  + (f" (pipelines freed as the least recently run: {self.releases}; at most "
-                    f"{LIVE_PIPELINES.limit} held, rebuilt when run again)" if self.releases else "")]
+                    f"{LIVE_PIPELINES.limit} held, rebuilt when run again)"
+                    if self.releases else "")]
         splits = _splits(self.regions)
         for r in sorted(self.regions, key=lambda r: -r.runs):
             where = r.loc.short if r.loc else "?"
@@ -206,23 +207,8 @@ def _describe_key(key: tuple) -> list[str]:
     return lines
 
 
-class _State:
-    """Process-wide bookkeeping of transparent mode (the regions are shared by threads)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.eager_ops: Counter = Counter()
-        self.readers: Counter = Counter()
-        self.ops_recorded = 0
-        self.ops_replayed = 0
-        self.local = threading.local()
-        # seconds spent per stage, all threads: record (ndd calls), key (a region's cone and
-        # structure), check (run-ahead: observe, use, launch), feed (building, feeding), run
-        # (DALI's Run), fetch (waiting for the outputs); see step_breakdown()
-        self.times = dict.fromkeys(("record", "key", "check", "feed", "run", "fetch"), 0.0)
-
-
-bookkeeping = _State()
+# what the recorder (lazy.py) and the region runner (regions.py) count, all threads
+bookkeeping = process_state.transparent
 
 
 def report() -> Report:

@@ -177,7 +177,7 @@ class GuardPlan:
 
 
 _MISSING = object()
-_LOAD_GLOBAL = {"LOAD_GLOBAL", "LOAD_NAME"}
+_LOAD_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 
 
 def _global_loads(code: types.CodeType) -> set[str]:
@@ -198,7 +198,7 @@ def _is_user_function(value: Any) -> bool:
         not is_internal_file(filename)
 
 
-_ATTRIBUTE_LOADS = {"LOAD_ATTR", "LOAD_METHOD"}
+_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 
 
 def _module_attribute_loads(code: types.CodeType) -> set[tuple[str, tuple[str, ...]]]:

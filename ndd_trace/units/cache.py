@@ -19,11 +19,10 @@ import threading
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..core import keys, logs
 from ..core.ledger import Ledger
-from ..core.source import SourceLoc
 from ..tracing import guards
 from .unit import Unit, batch_sizes
 

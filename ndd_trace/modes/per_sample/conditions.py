@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from ... import _dali
@@ -192,8 +193,9 @@ def _ndd_attribute(value: Any, name: str, lineno: int) -> Any:
                       "does not provide (`.shape` and `.item()` are supported)", _loc(lineno))
 
 
-RUNTIME_HELPERS = {"_ndd_condition": _ndd_condition, "_ndd_loop_condition": _ndd_loop_condition,
-                   "_ndd_attribute": _ndd_attribute}  # what the rewritten function calls
+RUNTIME_HELPERS = MappingProxyType({  # what the rewritten function calls
+    "_ndd_condition": _ndd_condition, "_ndd_loop_condition": _ndd_loop_condition,
+    "_ndd_attribute": _ndd_attribute})
 for _helper in RUNTIME_HELPERS.values():
     _dali.do_not_convert(_helper)
 del _helper

@@ -20,8 +20,8 @@ from .conditions import RUNTIME_HELPERS, noted_error
 
 _counter = itertools.count()
 
-_ATTRIBUTES = {"shape", "item", "dtype", "ndim", "layout", "tolist", "torch", "evaluate",
-               "cpu", "gpu", "select", "batch_size", "size"}
+_ATTRIBUTES = frozenset({"shape", "item", "dtype", "ndim", "layout", "tolist", "torch", "evaluate",
+                         "cpu", "gpu", "select", "batch_size", "size"})
 
 
 class _Rewriter(ast.NodeTransformer):
