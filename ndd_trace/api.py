@@ -19,7 +19,6 @@ import functools
 import importlib
 import inspect
 import pickle
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +29,7 @@ from .core import logs
 from .core.errors import NddTraceWarning
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
+from .core.spelling import CallSpelling
 from .execution import tuning_store
 from .execution.runtime import Options
 from .generator_epochs import GeneratorEpochs
@@ -79,52 +79,30 @@ class CompiledFunction(GeneratorEpochs):
                  fallback: str = "lazy", optimize: bool = False):
         if not callable(function):
             raise TypeError(f"ndd.compile expects a function, got {type(function).__name__}")
-        # a functools.partial: its function is compiled, its bound arguments passed each call
-        self._bound_args: tuple = ()
-        self._bound_kwargs: dict = {}
-        while isinstance(function, functools.partial):
-            self._bound_args = function.args + self._bound_args
-            self._bound_kwargs = {**function.keywords, **self._bound_kwargs}
-            function = function.func
+        self._spelling = CallSpelling(function)  # (a partial: its function is compiled)
+        function = self._spelling.function
         functools.update_wrapper(self, function)
         self._function = function
         self._num_threads = num_threads
         self._device_id = device_id
         self.prefetch_queue_depth = prefetch_queue_depth
         _check_fallback(fallback)
-        self._signature = inspect.signature(function)
-        self._signature_defaults = function.__defaults__  # (what the signature was made from)
         self.is_generator = inspect.isgeneratorfunction(function)
-        positional_names = tuple(
-            name for name, parameter in self._signature.parameters.items()
-            if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
-                                  inspect.Parameter.POSITIONAL_OR_KEYWORD))
-        # the number of parameters when all are positional ones (else -1): a call passing
-        # exactly that many positional arguments needs no normalizing
-        kinds = [p.kind for p in self._signature.parameters.values()]
-        self._simple_arity = len(kinds) if all(
-            kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            for kind in kinds) else -1
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
         self._ledger = self._notices.ledger
         self._entry_cache = UnitCache(self.__qualname__, cache_limit, self._ledger,
-                                      function=function, positional_names=positional_names)
-        self._stage = TraceStage(function, self.__qualname__, self._signature, self._notices,
+                                      function=function,
+                                      positional_names=self._spelling.positional_names)
+        self._stage = TraceStage(function, self.__qualname__, self._spelling, self._notices,
                                  self._options, fullgraph=fullgraph, optimize=bool(optimize),
                                  threads_given=num_threads is not None)
-        self._step_tracers = threading.local()  # .held: (device and threads, checked-mode tracer)
-        # a generator, taken apart at its first call (loop.py): False until then, None where
-        # its loop body cannot be compiled (it runs in checked mode)
-        self._split: Split | None | bool = False
-        self._step: CompiledFunction | None = None  # its loop body, compiled
-        self._loop_break: GraphBreakRecord | None = None
+        self._init_epochs()  # (a compiled generator's loop body, once taken apart)
         if not self.is_generator:
             readahead.watch_reader_epochs(self)  # see readahead.run_call
 
     # -- public --------------------------------------------------------------------------------
 
-    # The options, settable after compiling (`fast.cache_limit = 16`), each kept by the room
-    # that reads it.
+    # The options, settable after compiling (`fast.cache_limit = 16`), each kept where it is read
 
     @property
     def fullgraph(self) -> bool:
@@ -208,7 +186,7 @@ class CompiledFunction(GeneratorEpochs):
     def normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """A call's arguments in one spelling (defaults applied, by position where they can
         be): the spelling keys and traces see."""
-        return self._normalize(args, kwargs)
+        return self._spelling.normalize(args, kwargs)
 
     def guard_key(self, args: tuple, kwargs: dict) -> tuple:
         """The guard key of a call with these (normalized) arguments."""
@@ -272,11 +250,11 @@ class CompiledFunction(GeneratorEpochs):
         if _dali.tracing_active():
             # Called from inside another trace: inline, so its ops join the outer graph.
             return self._function(*args, **kwargs)
-        if self._bound_args or self._bound_kwargs:  # (compiled from a functools.partial)
-            args, kwargs = self._bound_args + args, {**self._bound_kwargs, **kwargs}
+        if self._spelling.partial:  # (compiled from a functools.partial)
+            args, kwargs = self._spelling.with_bound(args, kwargs)
         if _dali.capture_running():  # DALI's capture mode records the calls: they are its own
             return self._in_capture_mode(args, kwargs)
-        args, kwargs = self._normalize(args, kwargs)
+        args, kwargs = self._spelling.normalize(args, kwargs)
         if self.is_generator:
             return self._epoch(args, kwargs)
         cache = self._entry_cache
@@ -332,46 +310,14 @@ class CompiledFunction(GeneratorEpochs):
         self._entry_cache.store(key, self._stage.failed_entry(key, error))
         return result
 
-    def _normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """One spelling per call: defaults applied, parameters passed by position where they can
-        be, so `f(b)`, `f(b, 16)` and `f(b, size=16)` share a cache entry."""
-        if not kwargs and len(args) == self._simple_arity:
-            return args, kwargs  # every parameter passed by position: already one spelling
-        function = self._function
-        if function.__defaults__ is not self._signature_defaults:  # `f.__defaults__ = (...)`
-            self._signature = inspect.signature(function)
-            self._signature_defaults = function.__defaults__
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError:
-            return args, kwargs  # the call itself raises the usual TypeError
-        passed = bound.arguments.keys() & function.__kwdefaults__.keys() \
-            if function.__kwdefaults__ else ()
-        bound.apply_defaults()
-        for name, value in (function.__kwdefaults__ or {}).items():
-            if name not in passed:  # as eager: the keyword default as it is now
-                bound.arguments[name] = value
-        return bound.args, bound.kwargs
-
     # -- running -------------------------------------------------------------------------------
 
     def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         bound, sizes = bind_data(args, kwargs)
-        batch_size = max(sizes) if sizes else None
-        consistent = len(sizes) <= 1
-        if batch_size is None:
-            batch_size = entry.static_batch_size or 1
-        elif entry.static_batch_size is not None and entry.static_batch_size != batch_size:
-            consistent = False
-        if not consistent or batch_size == 0:  # a pipeline cannot run an empty batch
-            reason = ("an empty batch" if batch_size == 0 and consistent else
-                      f"batches of different sizes ({sorted(sizes)}, "
-                      f"traced with {entry.static_batch_size})")
-            return self._eager_for_this_call(
-                reason, args, kwargs, why=" (a pipeline runs one batch size per iteration)")
+        batch_size, reason, why = entry.call_batch_size(bound, sizes)
+        if reason is not None:
+            return self._eager_for_this_call(reason, args, kwargs, why)
         executable = entry.executable
-        if executable.feed.empty_sample_unsafe and executable.feed.feeds_empty_sample(bound):
-            return self._eager_for_this_call(executable.feed.empty_sample_reason, args, kwargs)
         at_call = executable.failures.ops_run_at_call(bound)  # ops eager runs at once (user data)
         snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []
         LIVE_PIPELINES.note_run(entry)

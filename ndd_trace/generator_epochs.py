@@ -36,9 +36,14 @@ class GeneratorEpochs:
     """The epochs of a compiled generator (see the module's docstring)."""
 
     _function: Any
-    _step_tracers: threading.local
-    _split: Split | None | bool
-    _loop_break: GraphBreakRecord | None
+
+    def _init_epochs(self) -> None:
+        self._step_tracers = threading.local()  # .held: (device and threads, checked-mode tracer)
+        # a generator, taken apart at its first call (loop.py): False until then, None where
+        # its loop body cannot be compiled (it runs in checked mode)
+        self._split: Split | None | bool = False
+        self._step: Any = None  # its loop body, a CompiledFunction
+        self._loop_break: GraphBreakRecord | None = None
 
     def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
         """A compiled generator call: the generator's own Python, its loop body compiled

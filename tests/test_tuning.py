@@ -19,7 +19,7 @@ from conftest import HAS_GPU
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
 from ndd_trace.core import process_state
-from ndd_trace.execution import runtime, tuning, tuning_store
+from ndd_trace.execution import building, runtime, tuning, tuning_store
 
 SEED = 11
 
@@ -136,10 +136,10 @@ def test_no_tuning_without_optimize_or_when_switched_off(jpeg_dir, monkeypatch):
 def _starting_threads_only(monkeypatch, built: Callable[[], None] | None = None):
     """Builds of other thread counts than the first pipeline's are refused (or, with `built`,
     let through once `built()` returns)."""
-    new_pipeline = runtime._new_pipeline
+    new_pipeline = building.new_pipeline
     first: list = []
 
-    def building(lowered, options, batch_size, before_build=None):
+    def starting_threads_only(lowered, options, batch_size, before_build=None):
         if before_build is None:  # (not a reader's pipeline)
             first[:] = first or [options.num_threads]
             if options.num_threads != first[0]:
@@ -148,7 +148,7 @@ def _starting_threads_only(monkeypatch, built: Callable[[], None] | None = None)
                 built()
         return new_pipeline(lowered, options, batch_size, before_build)
 
-    monkeypatch.setattr(runtime, "_new_pipeline", building)
+    monkeypatch.setattr(building, "new_pipeline", starting_threads_only)
     return new_pipeline
 
 
@@ -161,7 +161,7 @@ def test_a_setting_that_does_not_build_ends_at_the_start(jpeg_dir, monkeypatch):
     assert "did not build" in tuner.describe()
     executable = compiled.step.last_entry().executable
     assert executable.options.num_threads == tuner.start.num_threads
-    monkeypatch.setattr(runtime, "_new_pipeline", new_pipeline)
+    monkeypatch.setattr(building, "new_pipeline", new_pipeline)
     monkeypatch.setenv(tuning.ENV_VAR, "0")
     plain, _ = _epochs(ndd.compile(decoded_epoch, optimize=True), jpeg_dir)
     _same(values, plain)
@@ -238,10 +238,8 @@ def test_a_setting_is_timed_with_its_stalls(jpeg_dir, monkeypatch):
 def _searched(start, rates, threads_given=True):
     """The settings a search tries from `start`, each answered with `rates(setting)`; and its
     decision."""
-    tuner = object.__new__(tuning.Tuner)
-    tuner.start, tuner._threads_given = start, threads_given
-    tuner._runs_ahead = lambda depth: 1  # a deeper queue runs no further ahead: not tried
-    plan = tuner._search()
+    # (a deeper queue runs no further ahead: not tried)
+    plan = tuning.coordinate_descent(start, threads_given, lambda depth: False)
     tried = [next(plan)]
     try:
         while True:

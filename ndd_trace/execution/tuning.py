@@ -253,7 +253,7 @@ class Tuner:
             process_state.tuning_search.append(weakref.ref(self))
         self._batch_size = self._batch_size or self._executable.max_batch_size
         self.state = "searching"
-        self._plan = self._search()
+        self._plan = coordinate_descent(self.start, self._threads_given, self._deeper_runs_ahead)
         next(self._plan)  # the start, measured already
         self._next(rate)
 
@@ -266,61 +266,6 @@ class Tuner:
             self._conclude(done.value)
             return
         self._apply(setting)
-
-    def _search(self) -> Generator[Setting, float, Setting]:
-        """Coordinate descent; sends back each setting's steps/s; returns the decision."""
-        start = self.start
-        start_rate = yield start
-        best, best_rate = start, start_rate
-
-        def better(rate: float) -> bool:
-            return rate > best_rate * (1 + MARGIN / 3)
-
-        if start.hw_decoder_load is not None:
-            # along the loads in order: up from the start while that pays, else down
-            loads = sorted(set(LOADS) | {start.hw_decoder_load})
-            at = loads.index(start.hw_decoder_load)
-            for step in (1, -1):
-                moved = False
-                index = at + step
-                while 0 <= index < len(loads):
-                    candidate = dataclasses.replace(best, hw_decoder_load=loads[index])
-                    rate = yield candidate
-                    if not better(rate):
-                        break
-                    best, best_rate, moved = candidate, rate, True
-                    index += step
-                if moved:
-                    break
-        if not self._threads_given:
-            cpus = usable_cpus()
-            threads = best.num_threads
-            moved = False
-            while threads // 2 >= 1:
-                candidate = dataclasses.replace(best, num_threads=threads // 2)
-                rate = yield candidate
-                if not better(rate):
-                    break
-                best, best_rate, threads, moved = candidate, rate, threads // 2, True
-            if not moved and threads * 2 <= cpus:
-                candidate = dataclasses.replace(best, num_threads=threads * 2)
-                rate = yield candidate
-                if better(rate):
-                    best, best_rate = candidate, rate
-        if self._deeper_runs_ahead(best.prefetch_queue_depth):
-            candidate = dataclasses.replace(best, prefetch_queue_depth=best.prefetch_queue_depth
-                                            + DEEPER)
-            rate = yield candidate
-            if better(rate):
-                best, best_rate = candidate, rate
-        if best == start:
-            return start
-        # measured once more, alternating: a setting that won by drift does not stay
-        again_start = yield start
-        again_best = yield best
-        if best_rate > start_rate * (1 + MARGIN) and again_best > again_start * (1 + MARGIN):
-            return best
-        return start
 
     def _deeper_runs_ahead(self, depth: int) -> bool:
         """A deeper queue lets more runs be launched ahead (ahead/runahead.py's `runs_ahead`):
@@ -453,6 +398,64 @@ class Tuner:
             digest.update(part.encode())
             digest.update(b"\0")
         return digest.hexdigest()
+
+
+def coordinate_descent(start: Setting, threads_given: bool, deeper_pays: Callable[[int], bool]
+                       ) -> Generator[Setting, float, Setting]:
+    """The search: coordinate descent from `start` (the decoder's load, then the threads unless
+    given, then a deeper queue where `deeper_pays(depth)`); each setting yielded is sent back
+    its steps/s; returns the decision."""
+    start_rate = yield start
+    best, best_rate = start, start_rate
+
+    def better(rate: float) -> bool:
+        return rate > best_rate * (1 + MARGIN / 3)
+
+    if start.hw_decoder_load is not None:
+        # along the loads in order: up from the start while that pays, else down
+        loads = sorted(set(LOADS) | {start.hw_decoder_load})
+        at = loads.index(start.hw_decoder_load)
+        for step in (1, -1):
+            moved = False
+            index = at + step
+            while 0 <= index < len(loads):
+                candidate = dataclasses.replace(best, hw_decoder_load=loads[index])
+                rate = yield candidate
+                if not better(rate):
+                    break
+                best, best_rate, moved = candidate, rate, True
+                index += step
+            if moved:
+                break
+    if not threads_given:
+        cpus = usable_cpus()
+        threads = best.num_threads
+        moved = False
+        while threads // 2 >= 1:
+            candidate = dataclasses.replace(best, num_threads=threads // 2)
+            rate = yield candidate
+            if not better(rate):
+                break
+            best, best_rate, threads, moved = candidate, rate, threads // 2, True
+        if not moved and threads * 2 <= cpus:
+            candidate = dataclasses.replace(best, num_threads=threads * 2)
+            rate = yield candidate
+            if better(rate):
+                best, best_rate = candidate, rate
+    if deeper_pays(best.prefetch_queue_depth):
+        candidate = dataclasses.replace(best, prefetch_queue_depth=best.prefetch_queue_depth
+                                        + DEEPER)
+        rate = yield candidate
+        if better(rate):
+            best, best_rate = candidate, rate
+    if best == start:
+        return start
+    # measured once more, alternating: a setting that won by drift does not stay
+    again_start = yield start
+    again_best = yield best
+    if best_rate > start_rate * (1 + MARGIN) and again_best > again_start * (1 + MARGIN):
+        return best
+    return start
 
 
 def described(executable: Any) -> list[str]:

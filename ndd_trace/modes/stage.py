@@ -1,6 +1,6 @@
 """The trace stage of a compiled function: one call traced into a cache entry.
 
-    stage = TraceStage(function, "preprocess", signature, notices, options, optimize=False)
+    stage = TraceStage(function, "preprocess", spelling, notices, options, optimize=False)
     entry = stage.trace(cache, args, kwargs)       # cache.py's Entry, or None: tracing raised
 
 Tracing draws from no RNG (every state it moves is put back), records a graph break as an
@@ -23,6 +23,7 @@ from ..core.ledger import Ledger, Runs, Verdict
 from ..core.errors import GraphBreakError, GraphBreakSignal
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
+from ..core.spelling import CallSpelling
 from ..ahead.readahead import runs_ahead
 from ..units.build import compile_graph
 from ..execution.runtime import Options
@@ -83,12 +84,12 @@ class Notices:
 class TraceStage:
     """Traces calls of one function into cache entries (see the module's docstring)."""
 
-    def __init__(self, function: Callable, name: str, signature: inspect.Signature,
+    def __init__(self, function: Callable, name: str, spelling: CallSpelling,
                  notices: Notices, options: Callable[[], Options], *, fullgraph: bool,
                  optimize: bool, runs: Runs = Runs.ONE_PIPELINE, threads_given: bool = False):
         self._function = function
         self._name = name
-        self._signature = signature
+        self._spelling = spelling  # (its signature names a traced argument's input)
         self._notices = notices
         self._options = options
         self.fullgraph = fullgraph
@@ -157,11 +158,11 @@ class TraceStage:
     def _argument_name(self, path: tuple) -> str:
         if path[0] == "kwargs":
             return "_".join(str(p) for p in path[1:])
-        params = list(self._signature.parameters)
+        parameters = self._spelling.signature.parameters
+        params = list(parameters)
         index = path[1]
         base = params[index] if index < len(params) and \
-            self._signature.parameters[params[index]].kind != inspect.Parameter.VAR_POSITIONAL \
-            else f"arg{index}"
+            parameters[params[index]].kind != inspect.Parameter.VAR_POSITIONAL else f"arg{index}"
         return "_".join([base, *(str(p) for p in path[2:])])
 
     @staticmethod

@@ -70,6 +70,26 @@ class Entry(Unit):
     breaks: list[GraphBreakRecord] = dataclasses.field(default_factory=list)
     runs: Runs = Runs.ONE_PIPELINE  # how its calls run
 
+    def call_batch_size(self, bound: dict, sizes: set[int]) -> tuple[int, str | None, str]:
+        """This call's batch size, and why its pipeline cannot run it (None: it can), with what
+        to add to that: batches of different sizes, an empty batch, or an empty sample fed to
+        an op that crashes a pipeline on one; the call then runs eagerly."""
+        batch_size = max(sizes) if sizes else None
+        consistent = len(sizes) <= 1
+        if batch_size is None:
+            batch_size = self.static_batch_size or 1
+        elif self.static_batch_size is not None and self.static_batch_size != batch_size:
+            consistent = False
+        if not consistent or batch_size == 0:  # a pipeline cannot run an empty batch
+            return batch_size, ("an empty batch" if batch_size == 0 and consistent else
+                                f"batches of different sizes ({sorted(sizes)}, traced with "
+                                f"{self.static_batch_size})"), \
+                " (a pipeline runs one batch size per iteration)"
+        feed = self.executable.feed
+        if feed.empty_sample_unsafe and feed.feeds_empty_sample(bound):
+            return batch_size, feed.empty_sample_reason, ""
+        return batch_size, None, ""
+
     def results(self, run: Any, bound: dict, batch_size: int) -> Any:
         """What the call returns, as the function returned it: its outputs fetched from `run`
         when first used, its arguments returned as they are, the batch size as this call's."""

@@ -1,0 +1,66 @@
+"""One spelling per call: a function's arguments as its cache keys them, defaults applied and
+parameters passed by position where they can be, so `f(b)`, `f(b, 16)` and `f(b, size=16)` are
+one call.
+
+    spelling = CallSpelling(preprocess)              # or a functools.partial of it
+    args, kwargs = spelling.normalize(*spelling.with_bound(args, kwargs))
+    spelling.positional_names          # ("jpegs", "size"): the guards' labels
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+class CallSpelling:
+    """The one spelling of `function`'s calls, following its defaults as they are now (of a
+    functools.partial: its function's, the bound arguments added to each call)."""
+
+    def __init__(self, function: Callable):
+        self.bound_args: tuple = ()
+        self.bound_kwargs: dict = {}
+        while isinstance(function, functools.partial):
+            self.bound_args = function.args + self.bound_args
+            self.bound_kwargs = {**function.keywords, **self.bound_kwargs}
+            function = function.func
+        self.partial = bool(self.bound_args or self.bound_kwargs)
+        self.function = function
+        self.signature = inspect.signature(function)
+        self._defaults = function.__defaults__  # (what the signature was made from)
+        parameters = self.signature.parameters
+        self.positional_names = tuple(name for name, parameter in parameters.items()
+                                      if parameter.kind in _POSITIONAL)
+        # the number of parameters when all are positional ones (else -1): a call passing
+        # exactly that many positional arguments is already spelled so
+        self._simple_arity = len(parameters) if len(self.positional_names) == len(parameters) \
+            else -1
+
+    def with_bound(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A call of the partial as a call of its function."""
+        return self.bound_args + args, {**self.bound_kwargs, **kwargs}
+
+    def normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The call's arguments in the one spelling (as given where binding fails: the call
+        itself then raises eager's TypeError)."""
+        if not kwargs and len(args) == self._simple_arity:
+            return args, kwargs
+        function = self.function
+        if function.__defaults__ is not self._defaults:  # `f.__defaults__ = (...)`
+            self.signature = inspect.signature(function)
+            self._defaults = function.__defaults__
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return args, kwargs
+        kwdefaults: dict[str, Any] = function.__kwdefaults__ or {}
+        passed = bound.arguments.keys() & kwdefaults.keys()
+        bound.apply_defaults()
+        for name, value in kwdefaults.items():
+            if name not in passed:  # as eager: the keyword default as it is now
+                bound.arguments[name] = value
+        return bound.args, bound.kwargs
