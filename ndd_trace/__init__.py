@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 # The one documented addition to DALI's namespace: `ndd.compile` is `ndd_trace.compile`.
-_dali.ndd.compile = compile
+_dali.install_compile(compile)
 _logs_error = logs.configure_from_environment()
 if _logs_error:  # an unknown channel: nothing applied, and said
     ledger.warn(_logs_error, None, UserWarning)

@@ -320,7 +320,7 @@ def _load_example(spec: str, parameters: list[str]) -> list[Any]:
                       key=lambda key: int(key.rsplit("__", 1)[1]))
         if not keys:
             break
-        values.append(_dali.ndd.batch([data[key] for key in keys]))
+        values.append(_dali.batch_of([data[key] for key in keys]))
     return values
 
 

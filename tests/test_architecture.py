@@ -174,6 +174,26 @@ def test_only_the_adapter_imports_dali():
             assert not any(n.startswith("nvidia") for n in names), f"{module} imports {names}"
 
 
+def test_dali_is_reached_through_the_adapters_functions_only():
+    """Outside the adapter, `_dali.<name>` names one of the adapter's own functions, types or
+    constants (its `__all__`), never a DALI module handed through (f7fb7da: per_sample.py built
+    its pipeline with `_dali.fn.external_source` and `_dali.types.DALIDataType`)."""
+    import types
+
+    from ndd_trace import _dali
+
+    assert not [name for name in _dali.__all__
+                if isinstance(getattr(_dali, name), types.ModuleType)]
+    exported = set(_dali.__all__)
+    for module, path in _modules().items():
+        if _folder(module) == "_dali":
+            continue
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id == "_dali":
+                assert node.attr in exported, f"{module}:{node.lineno} uses _dali.{node.attr}"
+
+
 def test_the_layout_is_what_the_readme_shows():
     with open(os.path.join(os.path.dirname(PACKAGE), "README.md")) as file:
         readme = file.read()

@@ -13,6 +13,7 @@ import pytest
 from conftest import HAS_GPU, assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
+import nvidia.dali.types as types
 import ndd_trace
 from ndd_trace import _dali
 from ndd_trace.modes import lazy
@@ -404,7 +405,7 @@ def test_cpu_ops_read_only_on_the_gpu_move_there():
     decoded = _op(graph, ndd.decoders.image, "cpu", [Ref(jpegs)], ["cpu"], "cpu", 3)
     flipped = _op(graph, ndd.flip, "cpu", [Ref(decoded)], ["cpu"], "cpu", 4)
     widened = _op(graph, ndd.cast, "cpu", [Ref(flipped)], ["cpu"], "cpu", 5,
-                  static={"dtype": _dali.types.FLOAT}, dtype="FLOAT")
+                  static={"dtype": types.FLOAT}, dtype="FLOAT")
     moved = _op(graph, ndd.copy, "gpu", [Ref(widened)], ["cpu"], "gpu", 6, dtype="FLOAT")
     resized = _op(graph, ndd.resize, "gpu", [Ref(moved)], ["gpu"], "gpu", 7,
                   static={"size": [8, 8]}, dtype="FLOAT")

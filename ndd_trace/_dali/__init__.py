@@ -28,16 +28,13 @@ raises them), `conditionals` (per-sample pipelines). The rest of ndd_trace uses 
 
 from __future__ import annotations
 
-import nvidia.dali.experimental.dynamic as ndd
-import nvidia.dali.types as types
-from nvidia.dali import fn
-
 from .analysis import directory as analysis_cache_dir
 from .analysis import refuse as refuse_cache_dir
 from .analysis import trusted_directory as trusted_cache_dir
 from .analysis import set_directory as set_analysis_cache_dir
 from .analysis import stats as analysis_cache_stats
-from .base import Batch, DALI_VERSION, DType, Device, RNG, STATE_WORDS, Tensor, device
+from .base import (Batch, batch_of, DALI_VERSION, DType, Device, RNG, STATE_WORDS, Tensor, device,
+                   install_compile)
 from .operators import (NOT_PLAIN, argument_dtype, argument_names, argument_token, call_site_frame,
                         data_signature, decay_plain, decay_static, dtype_name, dtype_of,
                         dtype_public_name, eager_instance_key, eager_instance_key_for_batch,
@@ -68,15 +65,17 @@ from .pipelines import (ExternalSource, crashes_on_empty_samples, current_device
                         current_num_threads, deferred_error_text, eval_mode_is_deferred, feed,
                         frees_after_failure, has_empty_sample, park_failed_pipeline,
                         pipeline_failure, pipeline_options, pipeline_outputs, schedule_one)
-from .conditionals import (array_of, autograph_origin, condition_chain, conditional_pipeline,
-                           do_not_convert, float64_constant, fn_function, host_ints, host_samples,
-                           in_this_branch, is_data_node, logical_hooks, node_key,
-                           sample_index_source, sample_indices, zero_state)
+from .conditionals import (array_of, autograph_origin, cast_node, condition_chain,
+                           conditional_pipeline, do_not_convert, float64_constant, fn_function,
+                           host_ints, host_samples, in_this_branch, input_node, is_data_node,
+                           logical_hooks, node_key, sample_index_source, sample_indices,
+                           scalar_node, shape_node, zero_state)
 
 __all__ = [  # the adapter's names, as the rest of the package uses them
     "advance_shard", "analysis_cache_dir", "as_eager_read_error", "analysis_cache_stats",
     "argument_dtype",
-    "argument_names", "argument_token", "array_of", "autograph_origin", "Batch",
+    "argument_names", "argument_token", "array_of", "autograph_origin", "Batch", "batch_of",
+    "cast_node",
     "broadcast_state", "call_site_frame", "capture_running",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
     "crashes_on_empty_samples",
@@ -86,12 +85,14 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "eager_epoch_steps", "eager_inside_trace", "eager_instance_key", "eager_instance_key_for_batch",
     "eager_reads_as_is", "eager_split", "enable_reader_checkpointing", "eval_mode_is_deferred",
     "eval_mode_is_sync", "existing_default_rng", "ExternalSource", "feed", "file_path",
-    "float64_constant", "fn",
+    "float64_constant",
     "fn_function", "forget_default_rng", "frees_after_failure", "has_empty_sample",
     "has_gpu_backend", "hold_interception", "host_array", "host_ints", "host_samples",
-    "in_this_branch", "infer_metadata", "init_proxy", "input_device", "intercept", "is_data_node",
+    "in_this_branch", "infer_metadata", "init_proxy", "input_device", "input_node",
+    "install_compile", "intercept",
+    "is_data_node",
     "is_random", "is_stateful", "is_tensor_argument", "keep_eager_instance", "lazy_batch",
-    "logical_hooks", "meta_of", "ndd", "node_key", "NOT_PLAIN", "op_class_at", "op_function_of",
+    "logical_hooks", "meta_of", "node_key", "NOT_PLAIN", "op_class_at", "op_function_of",
     "op_functions", "op_path", "park_failed_pipeline", "pending_run_of", "pipeline_failure",
     "pipeline_options", "pipeline_outputs", "plumbing", "process_params_replaced", "proxy_device",
     "proxy_storage", "read_files_again", "Reader", "reader_checkpointing",
@@ -101,14 +102,15 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "reader_transferred", "reader_uses_batch_size", "refuse_cache_dir", "ReplayRNG",
     "resolve_backend", "resolve_rng",
     "RNG", "rng_advance", "rng_clone", "rng_position", "rng_restore", "rng_snapshot", "same_data",
-    "sample_index_source", "sample_indices", "sample_lengths", "sample_sources", "schedule_one",
+    "sample_index_source", "sample_indices", "sample_lengths", "sample_sources", "scalar_node",
+    "schedule_one", "shape_node",
     "schema_name",
     "set_analysis_cache_dir",
     "set_proxy_storage",
     "set_reader_shard_id", "shard_steps", "snapshot", "stand_in_batch", "STATE_WORDS", "storage_of",
     "synchronous", "synchronous_cpu", "Tensor", "tensor_argument", "tensor_argument_meta",
     "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader",
-    "trusted_cache_dir", "types",
+    "trusted_cache_dir",
     "unwatched", "watch_reader_methods", "with_samples", "wrap_batch", "wrap_tensor",
     "wraps_user_data", "zero_state", "interceptor",
 ]

@@ -25,3 +25,13 @@ STATE_WORDS = ndd_random._STATE_WORDS
 def device(kind: str, device_id: int | None) -> Device:
     """An ndd Device (shared: ndd never changes one)."""
     return Device(kind, device_id)
+
+
+def batch_of(samples: list) -> Batch:
+    """`ndd.batch(samples)`: samples (arrays, Tensors) gathered into a Batch, as eager does."""
+    return ndd.batch(samples)
+
+
+def install_compile(compile_function: object) -> None:
+    """`ndd.compile`: ndd_trace's compile, reachable as `@ndd.compile` once ndd_trace is imported."""
+    ndd.compile = compile_function

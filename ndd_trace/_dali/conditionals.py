@@ -84,6 +84,32 @@ def in_this_branch(node: DataNode) -> DataNode:
     return _conditionals.apply_conditional_split(node)
 
 
+def cast_node(node: DataNode, dtype_name: str) -> DataNode:
+    """`fn.cast` to a DALIDataType by name ("FLOAT64", "BOOL")."""
+    return fn.cast(node, dtype=getattr(types.DALIDataType, dtype_name))
+
+
+def scalar_node(node: DataNode) -> DataNode:
+    """A per-sample value as a 0-d one (`fn.reshape(shape=[])`)."""
+    return fn.reshape(node, shape=[])
+
+
+def shape_node(node: DataNode) -> DataNode:
+    """Each sample's shape, as INT64 numbers."""
+    return node.shape(dtype=types.DALIDataType.INT64)
+
+
+def input_node(name: str, device: str, dtype_name: str | None = None, ndim: int | None = None,
+               layout: str | None = None) -> DataNode:
+    """An external source the pipeline is fed by `name` (typed where `dtype_name` is given;
+    else by what it is fed)."""
+    if dtype_name is None:
+        return fn.external_source(name=name, device=device)
+    return fn.external_source(name=name, device=device,
+                              dtype=getattr(types.DALIDataType, dtype_name), ndim=ndim,
+                              layout=layout or None)
+
+
 def sample_index_source(name: str) -> DataNode:
     return fn.external_source(name=name, device="cpu", dtype=types.DALIDataType.INT32, ndim=0)
 

@@ -101,7 +101,7 @@ class _TracedMixin:
     @property
     def dtype(self):
         name = self._known("dtype", self._meta.dtype)
-        return _dali.DType.from_type_id(getattr(_dali.types.DALIDataType, name))
+        return _dali.dtype_of(name)
 
     @property
     def ndim(self) -> int:

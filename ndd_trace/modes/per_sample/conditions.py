@@ -55,7 +55,7 @@ class Item:
         self.python = python
 
     def _wide(self) -> Any:
-        return _dali.fn.cast(self.node, dtype=_dali.types.DALIDataType.FLOAT64)
+        return _dali.cast_node(self.node, "FLOAT64")
 
     def _compare(self, other: Any, name: str) -> Item:
         if isinstance(other, Item):
@@ -121,7 +121,7 @@ class _Shape:
     """`x.shape` of a per-sample value: its items are per-sample numbers."""
 
     def __init__(self, node: Any, lineno: int):
-        self._node = node.shape(dtype=_dali.types.DALIDataType.INT64)
+        self._node = _dali.shape_node(node)
         self._lineno = lineno
         definition = scope.definition
         self._argument = definition.input_keys.get(_dali.node_key(node)) \
@@ -151,7 +151,7 @@ def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> A
                 "both branches are run once to build the pipeline, so the change would happen "
                 "for every sample; keep per-sample branches to ndd ops on local variables",
                 _loc(lineno))
-        predicate = _dali.fn.cast(value.node, dtype=_dali.types.DALIDataType.BOOL)
+        predicate = _dali.cast_node(value.node, "BOOL")
         definition = scope.definition
         if definition is not None and value.python is not None:
             python = value.python
@@ -186,7 +186,7 @@ def _ndd_attribute(value: Any, name: str, lineno: int) -> Any:
         definition = scope.definition
         site = definition.site_keys.get(_dali.node_key(value)) if definition else None
         python = (lambda sample: sample.item(site)) if site is not None else None
-        return lambda: Item(_dali.fn.reshape(value, shape=[]), lineno, python)
+        return lambda: Item(_dali.scalar_node(value), lineno, python)
     if name in ("gpu", "cpu") and hasattr(value, name):
         return getattr(value, name)  # a transfer inside the pipeline
     raise noted_error(f"reads `.{name}` of a per-sample value, which a per-sample pipeline "

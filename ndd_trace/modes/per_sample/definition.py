@@ -108,7 +108,7 @@ def _to_node(value: Any, cast: str | None = None) -> Any:
     if isinstance(value, Item):
         value = value.node
     if cast is not None and _dali.is_data_node(value):
-        value = _dali.fn.cast(value, dtype=getattr(_dali.types.DALIDataType, cast))
+        value = _dali.cast_node(value, cast)
     return value
 
 
@@ -181,6 +181,6 @@ def _random_site(definition: Definition, op_class: type, inputs: tuple, kwargs: 
     source = f"_random_{index}"
     definition.random_sites.append(_RandomSite(source, op_class, static, rng, device, loc,
                                                tuple(chain), reach, tuple(arguments)))
-    node = _dali.fn.external_source(name=source, device=device)  # typed by what it is fed
+    node = _dali.input_node(source, device)  # typed by what it is fed
     definition.site_keys[_dali.node_key(node)] = index
     return node

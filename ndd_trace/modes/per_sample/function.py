@@ -166,10 +166,8 @@ class PerSampleFunction:
                 if isinstance(value, _dali.Batch):
                     meta = _dali.meta_of(value)
                     name = parameters[index] if index < len(parameters) else f"arg{index}"
-                    node = _dali.fn.external_source(
-                        name=name, device=meta.device,
-                        dtype=getattr(_dali.types.DALIDataType, meta.dtype),
-                        ndim=meta.ndim, layout=meta.layout or None)
+                    node = _dali.input_node(name, meta.device, meta.dtype, meta.ndim,
+                                            meta.layout)
                     definition.input_keys[_dali.node_key(node)] = index
                     values.append(node)
                 else:
@@ -371,7 +369,7 @@ class PerSampleFunction:
 def _gather(results: list) -> Any:
     first = results[0]
     if isinstance(first, _dali.Tensor):
-        return _dali.ndd.batch(results)
+        return _dali.batch_of(results)
     if isinstance(first, (tuple, list)):
         gathered = [_gather([r[i] for r in results]) for i in range(len(first))]
         return type(first)(gathered) if isinstance(first, tuple) else gathered

@@ -134,7 +134,7 @@ class RandomStream:
                     per_site[site].append(value)
                 guessed.append(path)
         self._used = used
-        return [_dali.storage_of(_dali.ndd.batch(values)) for values in per_site], guessed
+        return [_dali.storage_of(_dali.batch_of(values)) for values in per_site], guessed
 
     def settle(self, guessed: list, observed: list) -> None:
         """Mark the paths as known up to the first (sample, random op) where the run differs
