@@ -19,6 +19,7 @@ frames above the caller, as `warnings.warn` would.
 from __future__ import annotations
 
 import collections
+import threading
 import dataclasses
 import enum
 import warnings
@@ -103,12 +104,22 @@ class Ledger:
         self.category = category
         self.counters = Counters()
         self.verdicts: collections.deque[Verdict] = collections.deque(maxlen=self.KEPT)
+        # (what ran eagerly, reason, file:line) -> calls: every one, for transparent mode's report
+        self.tallies: collections.Counter = collections.Counter()
         self._once = WarnOnce()
+        self._lock = threading.Lock()
 
     def count(self, verdict: Verdict) -> None:
         """A call that does not run as compiled, for a reason already said (its unit's)."""
         self.counters.fallbacks += 1
         self.verdicts.append(verdict)
+
+    def tally(self, what: str, verdict: Verdict) -> None:
+        """A call of `what` (an op, a chain of them) not run as compiled: counted and kept as
+        `count` does, and tallied by what, reason and line (all threads)."""
+        with self._lock:
+            self.count(verdict)
+            self.tallies[(what, verdict.reason, str(verdict.loc) if verdict.loc else "?")] += 1
 
     def record(self, verdict: Verdict, *, warning: str | None = None, once: bool = True,
                log: str | None = None, stacklevel: int = 1, key: tuple | None = None) -> None:
@@ -132,3 +143,4 @@ class Ledger:
     def clear(self) -> None:
         self.counters = Counters()
         self.verdicts.clear()
+        self.tallies.clear()

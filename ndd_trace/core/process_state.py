@@ -62,7 +62,6 @@ class TransparentCounts:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.eager_ops: collections.Counter = collections.Counter()
         self.readers: collections.Counter = collections.Counter()
         self.ops_recorded = 0
         self.ops_replayed = 0

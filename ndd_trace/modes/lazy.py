@@ -37,11 +37,13 @@ from ..ahead.readahead import (
 from ..codegen.optimize import requested as optimize_requested
 from ..core import logs
 from ..core.errors import PipelineError, GraphBreakSignal
+from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
 from ..core.source import SourceLoc, user_frame, user_location
 from ..execution import waits
 from ..execution.runtime import Options
 from ..tracing.trace import Tracer, inference_metas
+from ..units.cache import REGIONS
 from .proxies import LazyBatch, LazyTensor, is_lazy, LazyMixin
 from .regions import RegionRunner
 from .report import Region, Report, bookkeeping, report, reset_report, step_breakdown
@@ -204,10 +206,8 @@ class LazyTracer(Tracer):
         elif kind == "operator" and not isinstance(obj, _dali.Reader):
             reason = "operator object called directly"
         if reason is not None:
-            loc = user_location()
             name = f"{type(obj).__name__}.next_epoch" if kind is None else type(obj).__name__
-            with bookkeeping.lock:
-                bookkeeping.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
+            REGIONS.ledger.tally(name, Verdict(reason, user_location()))
         if kind is None and has_epoch_wrapper(obj):  # an eager epoch, through its wrapper
             epoch = _dali.unwatched(_dali.Reader, "next_epoch")(obj, *args, **kwargs)
             return epoch_of(obj, epoch, args, kwargs)
@@ -283,8 +283,7 @@ class LazyTracer(Tracer):
     @_dali.plumbing
     def _eager(self, original: Any, inputs: tuple, kwargs: dict, name: str, reason: str) -> Any:
         loc = user_location()
-        with bookkeeping.lock:
-            bookkeeping.eager_ops[(name, reason, str(loc) if loc else "?")] += 1
+        REGIONS.ledger.tally(name, Verdict(reason, loc))
         logs.transparent.debug("ndd.%s at %s runs eagerly: %s", name, loc or "?", reason)
         for value in (*inputs, *kwargs.values()):
             if is_lazy(value):

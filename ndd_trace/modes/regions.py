@@ -140,10 +140,9 @@ class RegionRunner:
         executable = region.executable
         if not executable.feed.feeds_empty_sample(leaves=leaves):
             return False
-        site = str(region.loc) if region.loc else "?"
-        with bookkeeping.lock:
-            bookkeeping.eager_ops[(region.op_chain, executable.feed.empty_sample_reason, site)] += 1
-        logs.fallbacks.debug("region at %s runs eagerly: %s", site,
+        REGIONS.ledger.tally(region.op_chain, Verdict(executable.feed.empty_sample_reason,
+                                                       region.loc))
+        logs.fallbacks.debug("region at %s runs eagerly: %s", region.loc or "?",
                              executable.feed.empty_sample_reason)
         return True
 
@@ -156,7 +155,7 @@ class RegionRunner:
         if REGIONS.site_has_room(site):
             return True
         chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
-        bookkeeping.eager_ops[(chain, site_full(), site)] += 1
+        REGIONS.ledger.tally(chain, Verdict(site_full(), loc))
         logs.fallbacks.debug("region at %s: %s", site, site_full())
         return False
 

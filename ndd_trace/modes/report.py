@@ -215,7 +215,7 @@ def report() -> Report:
     """What transparent mode compiled and ran eagerly so far, and how long the consumer of each
     reader loop waited for its data (the loader verdict; compiled generators too), all threads."""
     with bookkeeping.lock:
-        return Report(list(REGIONS.units.values()), Counter(bookkeeping.eager_ops),
+        return Report(list(REGIONS.units.values()), Counter(REGIONS.ledger.tallies),
                       bookkeeping.ops_recorded, Counter(bookkeeping.readers),
                       bookkeeping.ops_replayed, LIVE_PIPELINES.releases, waits.loops())
 
@@ -236,7 +236,6 @@ def reset_report() -> None:
         bookkeeping.times = dict.fromkeys(bookkeeping.times, 0.0)
         REGIONS.clear(close=False)  # (a run launched ahead may still use its pipeline)
         LIVE_PIPELINES.clear()
-        bookkeeping.eager_ops.clear()
         bookkeeping.readers.clear()
         bookkeeping.ops_recorded = 0
         bookkeeping.ops_replayed = 0
