@@ -17,6 +17,7 @@ from ..ahead.readahead import Speculator, runs_ahead
 from ..core import logs
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
+from ..execution.failures import interpreted_error
 from ..execution.interpret import interpret
 from ..execution.build import compile_graph
 from ..execution.runtime import Options
@@ -91,9 +92,7 @@ class RegionRunner:
                 region.ahead += 1
         elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
                                            self._empty_sample_call(region, view.leaves)):
-            view = region_view(region_ops, target, clone=True)
-            values = interpret(view.graph, {id(leaf): _leaf_value(leaf) for leaf in view.leaves})
-            outputs = [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
+            outputs = self._interpreted(region_view(region_ops, target, clone=True))
         else:
             try:
                 builds = region.executable.builds
@@ -116,6 +115,8 @@ class RegionRunner:
                 region.verdict = Verdict(retired or "pipeline build failed", region.loc)
                 logs.fallbacks.info("region at %s: %s, interpreted eagerly", region.loc or "?",
                                     region.eager_reason)
+                outputs = None
+            if outputs is None:  # (outside the handler: the failed run is no context)
                 return self.run(target)
         logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
                                "run ahead" if ahead is not None else f"run {region.runs}")
@@ -129,6 +130,19 @@ class RegionRunner:
             original.state.results[index] = output
             if all(r is not None for r in original.state.results):
                 _settle_proxies(original)
+
+    @staticmethod
+    def _interpreted(view: _RegionView) -> list:
+        """The region's outputs, its calls run eagerly; a failure raised as a pipeline run's
+        (`interpreted_error`: the failed op's own error at its line, as a result's first use
+        reads it)."""
+        leaves = {id(leaf): _leaf_value(leaf) for leaf in view.leaves}
+        try:
+            values = interpret(view.graph, leaves)
+            return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
+        except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
+            failure = error
+        raise interpreted_error(view.graph, leaves, failure)
 
     @staticmethod
     def _empty_sample_call(region: Region, leaves: list[Node]) -> bool:
