@@ -40,6 +40,7 @@ from ..core.errors import PipelineError, GraphBreakSignal
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
 from ..core.source import SourceLoc, user_frame, user_location
 from ..execution import waits
+from ..execution.failures import unknown_inputs, validated_at_call
 from ..execution.runtime import Options
 from ..tracing.trace import Tracer, inference_metas
 from .proxies import LazyBatch, LazyTensor, is_lazy, LazyMixin
@@ -252,6 +253,10 @@ class LazyTracer(Tracer):
             reason = f"could not be recorded ({type(error).__name__})"
         if reason is not None:  # run outside the handler: eager's error has no internal context
             return self._eager(original, inputs, kwargs, name, reason)
+        if validated_at_call(first_output(result)._ref.node) and \
+                not self._accepts(first_output(result)._ref.node):
+            return self._eager(original, inputs, kwargs, name, "DALI rejects the call, given "
+                               "the real metadata of its inputs")
         state = first_output(result)._ref.node.arg_inputs.get("_random_state")
         if state is not None:  # draw now, in call order, exactly as the eager call would
             _, rng = state.node.payload
@@ -280,6 +285,16 @@ class LazyTracer(Tracer):
                 own.op_name == f"ndd.{node.name}" else error
         raise at_call  # (outside the handler: no internal context)
 
+    def _accepts(self, node: Node) -> bool:
+        """Whether DALI accepts `node`'s call given the real metadata of the inputs it cannot
+        infer (`validated_at_call`), which run now, as eager ndd checks every call; if not
+        (or if such an input fails), the call runs eagerly, raising eager's error."""
+        try:
+            self.refine_meta(Ref(node, 0), only_unknown=True)
+        except Exception:  # noqa: BLE001 (raised again by the eager call, outside the handler)
+            return False
+        return True
+
     @_dali.plumbing
     def _eager(self, original: Any, inputs: tuple, kwargs: dict, name: str, reason: str) -> Any:
         loc = user_location()
@@ -294,7 +309,7 @@ class LazyTracer(Tracer):
 
     # -- running -------------------------------------------------------------------------------
 
-    def refine_meta(self, ref: Ref) -> bool:
+    def refine_meta(self, ref: Ref, only_unknown: bool = False) -> bool:
         """Infer a pending op's output metadata again from its inputs' real metadata, as eager
         ndd does to answer `.dtype`, `.ndim` or `.layout` before it runs an op (its inputs have
         run by then: ndd runs an op fed by user data at the call). The inputs' regions run, the
@@ -305,10 +320,13 @@ class LazyTracer(Tracer):
             return False
 
         def real(value: Ref) -> TensorMeta:
-            if value.node.kind is not NodeKind.OP:
-                return value.node.meta[value.index]
+            meta = value.node.meta[value.index]
+            if value.node.kind is not NodeKind.OP or (  # `only_unknown`: run those eager runs
+                    only_unknown and all(value.node is not read for read in unknown)):
+                return meta
             return _dali.meta_of(_dali.wrap_batch(self.materialize(value)))
 
+        unknown = unknown_inputs(node)
         input_metas, arg_metas = inference_metas(
             [real(value) for value in node.inputs], node.input_devices,
             {key: real(value) for key, value in node.arg_inputs.items()}, node.arg_casts)
