@@ -589,3 +589,28 @@ def test_a_failed_call_names_its_own_line_in_every_eval_mode():
     eager, compiled, transparent = _three_ways(_bool_image_resized)
     assert all("RESIZE" in line for *_, line in eager[0]) and len(eager[0]) == 6
     assert compiled == eager and transparent == eager
+
+
+def _resize_the_max_of_each(wrap):
+    def f(x):
+        return ndd.resize(ndd.reductions.max(x + 1, axes=[0]), size=[2, 2])
+
+    f = wrap(f)
+    seen = []
+    for shape in [(2, 4, 4, 3)] * 3 + [(4, 4, 3)] * 2 + [(2, 4, 4, 3)]:  # 3-D, then 2-D maxima
+        try:
+            out = f(ndd.as_batch([np.ones(shape, np.float32)] * 2))
+        except Exception as error:  # noqa: BLE001
+            seen.append(("at call", _chain(error)))
+            continue
+        seen.append(("values", np.asarray(out.select(0)).tolist()))
+    return seen
+
+
+def test_a_call_accepted_before_is_checked_again_for_other_data():
+    """The check eager makes at the call is made once for data of one kind (no wait at later
+    calls), and again for other data: the 2-D maxima are rejected at the call, and the 3-D ones
+    after them accepted, as eagerly."""
+    eager, compiled, transparent = _three_ways(_resize_the_max_of_each)
+    assert [moment for moment, _ in eager[0]] == ["values"] * 3 + ["at call"] * 2 + ["values"]
+    assert compiled == eager and transparent == eager

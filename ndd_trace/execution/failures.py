@@ -135,6 +135,8 @@ class Failures:
         self._feed = feed
         self._fed_as_they_are: list[tuple[Node, tuple]] | None = None  # see ops_run_at_call
         self._validated: list[Node] = []  # the ops `validated_at_call`, with it
+        self._data_dependent: list[Node] = []  # those of them checked at every call
+        self._accepted = False  # a run waited for at the call went through
         self._op_positions: dict[int, int] | None = None  # id(op node) -> its position
 
     def node_for_error(self, error: BaseException) -> Node | None:
@@ -215,10 +217,17 @@ class Failures:
             fed = self._fed_as_they_are = self._ops_fed_as_they_are()
             self._validated = [node for node in self.graph.nodes_of(NodeKind.OP)
                                if validated_at_call(node)]
+            self._data_dependent = [node for node in self._validated if any(
+                key != "_random_state" for read in unknown_inputs(node)
+                for op in (read, *_cone(read)) for key in op.arg_inputs)]
+        # once a run went through, they accepted what they read, as they do again: the same
+        # graph, fed data of the same metadata (the guard key), unless a tensor argument's
+        # values decide what an op they read gives
+        validated = self._data_dependent if self._accepted else self._validated
         if not fed:
-            return list(self._validated)
+            return list(validated)
         run = {id(node): node for node, path in fed if _dali.wraps_user_data(bound.get(path))}
-        run.update((id(node), node) for node in self._validated)
+        run.update((id(node), node) for node in validated)
         return list(run.values())
 
     def _raises_at(self, node: Node, failed: Node, error: BaseException, bound: dict) -> bool:
@@ -264,6 +273,7 @@ class Failures:
         ops called after it."""
         try:
             run.result()
+            self._accepted = True
             return
         except Exception:  # noqa: BLE001 (kept in the run, for the first use of a result)
             pass

@@ -44,7 +44,7 @@ from ..execution.failures import unknown_inputs, validated_at_call
 from ..execution.runtime import Options
 from ..tracing.trace import Tracer, inference_metas
 from .proxies import LazyBatch, LazyTensor, is_lazy, LazyMixin
-from .regions import RegionRunner
+from .regions import RegionRunner, checked_call_key
 from .report import Region, Report, bookkeeping, report, reset_report, step_breakdown
 from .sites import MAX_SITES, CallSites, first_output
 
@@ -108,6 +108,7 @@ class LazyTracer(Tracer):
         self.regions = RegionRunner(self.options, self.speculator)  # runs what is consumed
         self._converted: dict[tuple, Any] = {}  # lists converted to tensor arguments, kept
         self._owned: set[int] = set()  # ids of the values in _converted
+        self._accepted: set[tuple] = set()  # checked_call_key of calls DALI accepted
 
     @property
     def optimize(self) -> bool:
@@ -289,10 +290,17 @@ class LazyTracer(Tracer):
         """Whether DALI accepts `node`'s call given the real metadata of the inputs it cannot
         infer (`validated_at_call`), which run now, as eager ndd checks every call; if not
         (or if such an input fails), the call runs eagerly, raising eager's error."""
+        key = checked_call_key(node)  # accepted once: accepted (no input runs again)
+        if key is not None and key in self._accepted:
+            return True
         try:
             self.refine_meta(Ref(node, 0), only_unknown=True)
         except Exception:  # noqa: BLE001 (raised again by the eager call, outside the handler)
             return False
+        if key is not None:
+            if len(self._accepted) >= MAX_SITES:
+                self._accepted.clear()
+            self._accepted.add(key)
         return True
 
     @_dali.plumbing

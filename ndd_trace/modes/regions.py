@@ -283,6 +283,16 @@ def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVie
     return _RegionView(tuple(items), leaves, computed, outputs, graph if clone else None)
 
 
+def checked_call_key(node: Node) -> tuple | None:
+    """What eager ndd's check of `node`'s call (lazy's `_accepts`) depends on: the structure
+    and the fed data's metadata of the pending calls it reads, itself included; None where an
+    op it reads takes a tensor argument, whose values may decide what that op gives."""
+    ops = RegionRunner.pending_cone(node)
+    if any(key != "_random_state" for op in ops if op is not node for key in op.arg_inputs):
+        return None
+    return region_view(ops, node, clone=False).key
+
+
 def _make_leaf(graph: Graph, node: Node, index: int) -> Node:
     """The fed leaf standing for output `index` of `node`, outside the region."""
     if node.kind is NodeKind.OP:  # materialized earlier: its data is fed
