@@ -231,6 +231,9 @@ class LazyTracer(Tracer):
         name = _dali.op_path(op_class)
         if _dali.eval_mode_is_sync():
             return self._eager(original, inputs, kwargs, name, "a synchronous EvalMode is active")
+        if _dali.eager_mode_entered():  # (started at once, on ndd's own threads)
+            return self._eager(original, inputs, kwargs, name, "`with ndd.EvalMode.eager:` is "
+                               "entered: its calls start at once")
         if _dali.process_params_replaced():
             return self._eager(original, inputs, kwargs, name,
                                "DALI's Operator._process_params is replaced")
