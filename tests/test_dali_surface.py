@@ -29,6 +29,7 @@ OWNERS = {
     "_call_site": "nvidia.dali.experimental.dynamic._call_site",
     "_capture": "nvidia.dali.experimental.dynamic._capture",
     "_eval_context": "nvidia.dali.experimental.dynamic._eval_context",
+    "_eval_mode": "nvidia.dali.experimental.dynamic._eval_mode",
     "_source_analysis": "nvidia.dali.experimental.dynamic._source_analysis",
     "_exceptions": "nvidia.dali.experimental.dynamic._exceptions",
     "random": "nvidia.dali.experimental.dynamic.random",
@@ -60,6 +61,7 @@ SURFACE = {
     ("ndd", "_call_site"): "eager's call-site resolution: the user's frame an op call came from",
     ("ndd", "_capture"): "DALI's capture mode: stepping aside while it records or replays",
     ("ndd", "_eval_context"): "the current EvalContext: its instance cache",
+    ("ndd", "_eval_mode"): "the EvalModes entered on this thread",
     ("ndd", "_op_builder"): "ndd's backend resolution and argument decay",
     ("ndd", "_ops"): "Operator, Reader, the op classes and ndd's data conversions",
     ("ndd", "_source_analysis"): "eager's constant-argument analysis of a call site",
@@ -159,6 +161,8 @@ SURFACE = {
     ("fn", "_to_snake_case"): "a reader's pipeline-mode path",
     # capture mode and conditionals
     ("CaptureContext", "_tls"): "whether DALI's capture mode runs a loop body on this thread",
+    ("_eval_mode", "_tls"): "whether `with ndd.EvalMode.eager:` is entered (not just the "
+                            "default): transparent mode starts its calls at once",
     ("_conditionals", "_OVERLOADS"): "DALI's AutoGraph `not`/`and`/`or`, watched while a "
                                      "per-sample pipeline is defined",
     ("_conditionals", "_Branch"): "which branch of a per-sample `if` a definition is in",

@@ -501,3 +501,116 @@ def test_a_numpy_array_for_a_fixed_argument_raises_eagers_type_error(batch):
     with pytest.raises(TypeError) as compiled:
         ndd.compile(mean)(batch)
     assert str(compiled.value) == str(eager.value) == "unhashable type: 'numpy.ndarray'"
+
+
+def _sum_over_a_missing_axis(wrap):
+    def total(x):
+        return ndd.reductions.sum(x, axes=[3])  # the images have 3 dims: no axis 3
+
+    total = wrap(total)
+    images = ndd.as_batch([np.zeros((4, 5, 3), np.uint8)], layout="HWC")
+    seen = []
+    for data in [images] * 4 + [images + 0] * 2:  # user data (runs at the call), then not
+        try:
+            out = total(data)
+        except Exception as error:  # noqa: BLE001 (compared with the other modes')
+            seen.append(("at call", _chain(error)))
+            continue
+        try:
+            out.evaluate()
+        except Exception as error:  # noqa: BLE001
+            seen.append(("at use", _chain(error)))
+    return seen
+
+
+def test_the_same_failure_reads_as_eagers_after_its_pipeline_is_given_up():
+    """A call that fails every time: after three failures its pipeline is given up and the
+    call runs eagerly, and its error still reads as eager's (issue 35: its text became "An
+    error happened during asynchronous execution" at the call), at the call for user data, at
+    the first use of the result otherwise."""
+    eager, compiled, transparent = _three_ways(_sum_over_a_missing_axis)
+    assert eager[0][0] == ("at call", [("IndexError",
+                                        "Axis index out of range: 3 not in range [-3,2]")])
+    assert eager[0][-1][0] == "at use" and len(eager[0][-1][1]) == 2
+    assert compiled == eager and transparent == eager
+
+
+def _resize_a_total(wrap, derived):
+    def f(x):
+        total = ndd.reductions.sum(x + 1 if derived else x)  # a 0-d result
+        return ndd.resize(total, size=[3, 4])  # REJECTED: resize takes no 0-d input
+
+    images = ndd.as_batch([np.arange(24, dtype=np.uint8).reshape(2, 4, 3)] * 2, layout="HWC")
+    try:
+        out = wrap(f)(images)
+    except Exception as error:  # noqa: BLE001 (compared with the other modes')
+        lines = [frame.line for frame in traceback.extract_tb(error.__traceback__)
+                 if frame.filename == __file__]
+        return "at call", _chain(error), lines[-1]
+    try:
+        np.asarray(out.select(0))
+    except Exception as error:  # noqa: BLE001
+        return "at use", _chain(error)
+    return ("no error",)
+
+
+@pytest.mark.parametrize("derived", [False, True])
+def test_a_layout_error_on_an_input_of_unknown_ndim_raises_at_the_call(derived):
+    """An op given the 0-d result of a reduction (whose ndim DALI cannot infer before it runs):
+    eager checks the call with its input run, and raises ValueError at the call; so do the
+    compiled function (issue 35: it raised at the first use of the result, as "An error
+    happened during asynchronous execution") and transparent mode."""
+    eager, compiled, transparent = _three_ways(_resize_a_total, derived)
+    assert eager[0][0] == "at call" and eager[0][1][0][0] == "ValueError", eager
+    assert "REJECTED" in eager[0][2]
+    assert compiled == eager and transparent == eager
+
+
+def _bool_image_resized(wrap):
+    """DALI's own test of the cause's text and line (test_exceptions.py), on the CPU: the same
+    failing call in several places and EvalModes, so that its pipeline is given up midway."""
+    def resize(image):
+        return ndd.resize(image, size=(50, 50))  # RESIZE: no bool images
+
+    resize = wrap(resize)
+    seen = []
+    for mode in [ndd.EvalMode.deferred, ndd.EvalMode.eager] * 3:
+        with mode:
+            try:
+                resize(ndd.zeros(shape=(100, 100, 3), dtype=ndd.bool)).evaluate()
+            except Exception as error:  # noqa: BLE001
+                cause = error.__cause__ if error.__cause__ is not None else error
+                last = traceback.extract_tb(cause.__traceback__)[-1].line
+                seen.append((mode.name, _chain(error), last))
+    return seen
+
+
+def test_a_failed_call_names_its_own_line_in_every_eval_mode():
+    eager, compiled, transparent = _three_ways(_bool_image_resized)
+    assert all("RESIZE" in line for *_, line in eager[0]) and len(eager[0]) == 6
+    assert compiled == eager and transparent == eager
+
+
+def _resize_the_max_of_each(wrap):
+    def f(x):
+        return ndd.resize(ndd.reductions.max(x + 1, axes=[0]), size=[2, 2])
+
+    f = wrap(f)
+    seen = []
+    for shape in [(2, 4, 4, 3)] * 3 + [(4, 4, 3)] * 2 + [(2, 4, 4, 3)]:  # 3-D, then 2-D maxima
+        try:
+            out = f(ndd.as_batch([np.ones(shape, np.float32)] * 2))
+        except Exception as error:  # noqa: BLE001
+            seen.append(("at call", _chain(error)))
+            continue
+        seen.append(("values", np.asarray(out.select(0)).tolist()))
+    return seen
+
+
+def test_a_call_accepted_before_is_checked_again_for_other_data():
+    """The check eager makes at the call is made once for data of one kind (no wait at later
+    calls), and again for other data: the 2-D maxima are rejected at the call, and the 3-D ones
+    after them accepted, as eagerly."""
+    eager, compiled, transparent = _three_ways(_resize_the_max_of_each)
+    assert [moment for moment, _ in eager[0]] == ["values"] * 3 + ["at call"] * 2 + ["values"]
+    assert compiled == eager and transparent == eager

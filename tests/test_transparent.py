@@ -96,6 +96,25 @@ def test_sync_eval_mode_runs_eagerly_and_is_reported(batch):
     assert any("synchronous" in reason for (_, reason, _), _count in eager.items())
 
 
+def test_calls_in_an_entered_eager_eval_mode_start_at_once(batch):
+    """`with ndd.EvalMode.eager:` asks for evaluation that "starts immediately" (DALI's
+    test_async.test_eager_parallelism): those calls go to ndd at once and are reported, while
+    the default mode's, and a `deferred` block's inside it, are recorded."""
+    ndd_trace.reset_report()
+    with ndd_trace.enabled():
+        with ndd.EvalMode.eager:
+            started = ndd.flip(batch)
+            with ndd.EvalMode.deferred:
+                recorded = ndd.flip(started) * 2
+        default = ndd.flip(batch) * 3
+        eager = ndd_trace.report().eager_ops
+    assert [(op, count) for (op, reason, _), count in eager.items()
+            if "EvalMode.eager" in reason] == [("flip", 1)]
+    assert_same(ndd.flip(batch), started)
+    assert_same(ndd.flip(ndd.flip(batch)) * 2, recorded)
+    assert_same(ndd.flip(batch) * 3, default)
+
+
 def test_rejected_call_raises_eager_error(batch):
     with ndd_trace.enabled(), pytest.raises(Exception) as info:
         np.asarray(ndd.as_tensor(ndd.resize(batch, size=[8, 8], interp_type="bogus")))

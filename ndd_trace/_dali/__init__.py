@@ -41,10 +41,10 @@ from .operators import (NOT_PLAIN, argument_dtype, argument_names, argument_toke
                         eager_split, has_gpu_backend, infer_metadata, input_device,
                         is_tensor_argument, keep_eager_instance, meta_of, op_class_at,
                         resolve_backend, tensor_argument, tensor_argument_meta)
-from .interception import (interceptor, capture_running, eager_inside_trace, eval_mode_is_sync,
-                           hold_interception, intercept, is_random, is_stateful, op_functions,
-                           op_path, plumbing, process_params_replaced, schema_name, synchronous,
-                           synchronous_cpu, tracing_active, unwatched)
+from .interception import (interceptor, capture_running, eager_inside_trace, eager_mode_entered,
+                           eval_mode_is_sync, hold_interception, intercept, is_random, is_stateful,
+                           op_functions, op_path, plumbing, process_params_replaced, schema_name,
+                           synchronous, synchronous_cpu, tracing_active, unwatched)
 from .data import (broadcast_state, eager_reads_as_is, host_array, init_proxy, lazy_batch,
                    op_function_of, pending_run_of, proxy_device, proxy_storage, same_data,
                    set_proxy_storage, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
@@ -83,9 +83,9 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
     "do_not_convert", "draw_state", "DType", "dtype_name", "dtype_of", "dtype_public_name",
     "eager_epoch_steps", "eager_inside_trace", "eager_instance_key", "eager_instance_key_for_batch",
-    "eager_reads_as_is", "eager_split", "enable_reader_checkpointing", "eval_mode_is_deferred",
-    "eval_mode_is_sync", "existing_default_rng", "ExternalSource", "feed", "file_path",
-    "float64_constant",
+    "eager_mode_entered", "eager_reads_as_is", "eager_split", "enable_reader_checkpointing",
+    "eval_mode_is_deferred", "eval_mode_is_sync", "existing_default_rng", "ExternalSource", "feed",
+    "file_path", "float64_constant",
     "fn_function", "forget_default_rng", "frees_after_failure", "has_empty_sample",
     "has_gpu_backend", "hold_interception", "host_array", "host_ints", "host_samples",
     "in_this_branch", "infer_metadata", "init_proxy", "input_device", "input_node",

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import nvidia.dali.experimental.dynamic as ndd
-from nvidia.dali.experimental.dynamic import (_call_site, _capture, _ops)
+from nvidia.dali.experimental.dynamic import (_call_site, _capture, _eval_mode, _ops)
 
 from ..core.source import hide_own_frames
 from .base import EvalMode
@@ -344,6 +344,13 @@ def synchronous_cpu() -> Any:
 
 def eval_mode_is_sync() -> bool:
     return EvalMode.current().value >= EvalMode.sync_cpu.value
+
+
+def eager_mode_entered() -> bool:
+    """Whether `with ndd.EvalMode.eager:` (or `.default`) is entered on this thread, not merely
+    the default mode: its calls are to start at once ("The evaluation starts immediately")."""
+    stack = _eval_mode._tls.eval_mode_stack
+    return len(stack) > 1 and stack[-1] is EvalMode.eager
 
 
 _OPERATOR_ATTRIBUTES = _ops.Operator.__dict__

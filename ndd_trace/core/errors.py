@@ -95,6 +95,7 @@ class PipelineError(NddTraceError):
     def __init__(self, message: str, loc: SourceLoc | None = None, op_name: str | None = None):
         self.loc = loc
         self.op_name = op_name
+        self.at_call = False  # DALI rejects the call itself: eager raises it at the call
         super().__init__(message)
 
 

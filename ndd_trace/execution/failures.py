@@ -5,6 +5,7 @@ and the errors eager raises at the call itself, not at the first use of a result
 
     failures = Failures(graph, lowered, feed)
     error = failures.pipeline_error(dali_error, "running", eager=failures.eager_error_of(...))
+    raise interpreted_error(graph, leaves, error)   # an interpreted run's failure, the same way
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..core.source import SourceLoc, hide_own_frames, raise_at
 from .feed import Feed
 from .interpret import interpret
 
+_REJECTED = "_ndd_trace_rejected_call"  # set on an eager re-run's error: DALI rejected the call
 _GENERATED_LINE = re.compile(r'File "(<ndd_trace:[^>]*>)", line (\d+)')
 
 
@@ -35,6 +37,81 @@ def surfacing(error: BaseException, deferred: bool = False) -> BaseException:
     for note in getattr(error, "__notes__", ()):
         wrapper.add_note(note)
     return wrapper
+
+
+def op_error(eager: BaseException, node: Node | None, name: str | None, note: str
+             ) -> PipelineError:
+    """`eager` (the error eager ndd raises for the call of `node`, which failed) as the
+    PipelineError of its type and text, its traceback at the user's line that made the call;
+    `note`: what ndd_trace adds (the op, the line, where it ran). `at_call`: DALI rejects the
+    call itself (eager raises it at the call: `rejects_call`)."""
+    loc: SourceLoc | None = node.loc if node is not None else None
+    wrapped = pipeline_error_type(type(eager))(str(eager), loc, name)
+    wrapped.at_call = bool(getattr(eager, _REJECTED, False))
+    what = f"`{name}`" if name else "an operator"
+    where = f" (created at {loc})" if loc else ""
+    wrapped.add_note(f"ndd_trace: raised by {what}{where} {note}")
+    if loc is None:
+        return wrapped
+    try:
+        raise_at(wrapped, loc)
+    except PipelineError as raised:  # (it is `wrapped`, with its traceback at `loc`)
+        wrapped = raised
+    wrapped.__context__ = None  # the failed run is not a context of eager's error
+    hide_own_frames(wrapped)
+    return wrapped
+
+
+def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
+                 ) -> tuple[BaseException, Node | None] | None:
+    """What eager ndd raises for a run of `graph` on `leaves`, and the op whose call raised it:
+    the graph run op by op, each call synchronous (a pipeline reports every failure as a
+    RuntimeError; eager ndd raises the operator's own type, a ValueError for a layout it
+    rejects). An error of a call DALI rejects itself is marked so (`op_error`'s `at_call`)."""
+    failed: list[tuple[Node, bool]] = []
+    try:
+        with _dali.synchronous():
+            for value in interpret(graph, leaves, batch_size, failed).values():
+                value.evaluate()
+    except Exception as error:  # noqa: BLE001 (returned as the run's error)
+        if failed and failed[0][1]:
+            setattr(error, _REJECTED, True)
+        return error, (failed[0][0] if failed else None)
+    return None
+
+
+def interpreted_error(graph: Graph, leaves: dict, error: BaseException) -> BaseException:
+    """The error an interpreted run of `graph` (`interpret(graph, leaves)`, which raised `error`)
+    is raised as: as a pipeline run's (`surfacing` of the failed op's own error, at the user's
+    line of its call), so that the call that runs it at once raises the op's own error as
+    eagerly (see lazy's `_run_at_call`); `error` itself where a synchronous replay names no
+    op."""
+    replayed = eager_replay(graph, leaves)
+    if replayed is None or replayed[1] is None:
+        return error
+    eager, node = replayed
+    own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)")
+    return surfacing(own, _dali.eval_mode_is_deferred())
+
+
+def validated_at_call(node: Node) -> bool:
+    """Whether eager ndd checks `node`'s call against the real metadata of what it reads, at
+    the call (its operator's `_init_spec`, in every EvalMode): where the traced metadata of an
+    input (or tensor argument) lacks its ndim or type, eager runs that input at the call to
+    learn it, and a call DALI rejects (a layout for the input's ndim) raises there."""
+    return bool(unknown_inputs(node))
+
+
+def unknown_inputs(node: Node) -> list[Node]:
+    """The ops `node` reads whose traced metadata lacks an ndim or a type (see
+    `validated_at_call`)."""
+    unknown = []
+    for key, ref in (*enumerate(node.inputs), *node.arg_inputs.items()):
+        meta = ref.node.meta[ref.index]
+        if ref.node.kind is NodeKind.OP and (meta.ndim is None or (
+                meta.dtype is None and key not in node.arg_casts)):
+            unknown.append(ref.node)
+    return unknown
 
 
 def _cone(node: Node) -> set[Node]:
@@ -57,6 +134,9 @@ class Failures:
         self.lowered = lowered
         self._feed = feed
         self._fed_as_they_are: list[tuple[Node, tuple]] | None = None  # see ops_run_at_call
+        self._validated: list[Node] = []  # the ops `validated_at_call`, with it
+        self._data_dependent: list[Node] = []  # those of them checked at every call
+        self._accepted = False  # a run waited for at the call went through
         self._op_positions: dict[int, int] | None = None  # id(op node) -> its position
 
     def node_for_error(self, error: BaseException) -> Node | None:
@@ -70,16 +150,9 @@ class Failures:
 
     def eager_error(self, leaves: dict, batch_size: int) -> BaseException | None:
         """What eager ndd raises for a failed run: its graph run op by op on the same data (the
-        run's batch size), each call synchronous (a pipeline reports every failure as a
-        RuntimeError; eager ndd raises the operator's own type, a ValueError for a layout it
-        rejects)."""
-        try:
-            with _dali.synchronous():
-                for value in interpret(self.graph, leaves, batch_size).values():
-                    value.evaluate()
-        except Exception as error:  # noqa: BLE001 (returned as the run's error)
-            return error
-        return None
+        run's batch size), each call synchronous (`eager_replay`)."""
+        replayed = eager_replay(self.graph, leaves, batch_size)
+        return replayed[0] if replayed is not None else None
 
     def leaves_of(self, bound: dict, states: dict) -> dict:
         leaves: dict = {}
@@ -112,25 +185,11 @@ class Failures:
         for other calls than the graph's own); what ndd_trace adds (the op, the line, the
         pipeline) is a note. DALI's own report stays on it as `dali_error`."""
         node = self.call_of(self.node_for_error(error), calls)
-        loc: SourceLoc | None = node.loc if node is not None else None
         failure = _dali.pipeline_failure(error)
         name = f"ndd.{node.name}" if node is not None else failure.ndd_name
-        kind = type(eager) if eager is not None else RuntimeError
-        wrapped = pipeline_error_type(kind)(str(eager) if eager is not None else failure.message,
-                                            loc, name)
-        wrapped.dali_error = error
-        what = f"`{name}`" if name else "an operator"
-        where = f" (created at {loc})" if loc else ""
-        wrapped.add_note(f"ndd_trace: raised by {what}{where} while {stage} pipeline "
-                         f"{self.lowered.filename}")
-        if loc is None:
-            return wrapped
-        try:
-            raise_at(wrapped, loc)
-        except PipelineError as raised:  # (it is `wrapped`, with its traceback at `loc`)
-            wrapped = raised
-        wrapped.__context__ = None  # the pipeline's report is `dali_error`, not a context
-        hide_own_frames(wrapped)
+        wrapped = op_error(eager if eager is not None else RuntimeError(failure.message), node,
+                           name, f"while {stage} pipeline {self.lowered.filename}")
+        wrapped.dali_error = error  # (the pipeline's report: not a context)
         return wrapped
 
     def eager_error_of(self, bound: dict, states: dict, batch_size: int) -> BaseException | None:
@@ -143,18 +202,42 @@ class Failures:
     # Eager ndd runs an op call at once where an input or tensor argument wraps user data as it
     # is (`ndd.as_batch(arrays)`, `ndd.as_tensor(torch_tensor)`: DALI's `has_external_inputs`),
     # with the pending calls it reads; their run-time errors raise at that call, and the calls
-    # after it never happen (nor draw random states). A compiled call given such data waits for
-    # its run, so that such an error raises at the call too, with the generators where eager's
-    # stand; any other failure stays for the first use of a result, as eagerly.
+    # after it never happen (nor draw random states). It also checks every call against the
+    # real metadata of its inputs, running those whose metadata it cannot infer
+    # (`validated_at_call`): a call DALI rejects then raises at the call. A compiled call given
+    # such data, or making such a call, waits for its run, so that such an error raises at the
+    # call too, with the generators where eager's stand; any other failure stays for the first
+    # use of a result, as eagerly.
 
     def ops_run_at_call(self, bound: dict) -> list[Node]:
-        """The ops eager ndd would run at the call, given these arguments (usually none)."""
+        """The ops eager ndd would run (or check with what they read run) at the call, given
+        these arguments (usually none)."""
         fed = self._fed_as_they_are
         if fed is None:
             fed = self._fed_as_they_are = self._ops_fed_as_they_are()
+            self._validated = [node for node in self.graph.nodes_of(NodeKind.OP)
+                               if validated_at_call(node)]
+            self._data_dependent = [node for node in self._validated if any(
+                key != "_random_state" for read in unknown_inputs(node)
+                for op in (read, *_cone(read)) for key in op.arg_inputs)]
+        # once a run went through, they accepted what they read, as they do again: the same
+        # graph, fed data of the same metadata (the guard key), unless a tensor argument's
+        # values decide what an op they read gives
+        validated = self._data_dependent if self._accepted else self._validated
         if not fed:
-            return []
-        return [node for node, path in fed if _dali.wraps_user_data(bound.get(path))]
+            return list(validated)
+        run = {id(node): node for node, path in fed if _dali.wraps_user_data(bound.get(path))}
+        run.update((id(node), node) for node in validated)
+        return list(run.values())
+
+    def _raises_at(self, node: Node, failed: Node, error: BaseException, bound: dict) -> bool:
+        """Whether eager raises the failure of op `failed` at the call of `node`."""
+        if any(op is node and _dali.wraps_user_data(bound.get(path))
+               for op, path in self._fed_as_they_are or ()):
+            return node is failed or failed in _cone(node)  # run at once, with what it reads
+        if node is failed:  # checked at once: raises there if DALI rejects the call itself
+            return bool(getattr(error, "at_call", False))
+        return any(failed is read or failed in _cone(read) for read in unknown_inputs(node))
 
     def _ops_fed_as_they_are(self) -> list[tuple[Node, tuple]]:
         """(op, argument path) where the op reads a call argument without converting it (same
@@ -184,11 +267,13 @@ class Failures:
 
     def raise_at_call(self, run: Any, at_call: list[Node], bound: dict,
                       snapshots: list[tuple[Any, Any]]) -> None:
-        """Wait for `run`; if an op of `at_call` failed (or an op it reads), raise as eager
-        does at the call: the op's own error (an op it reads: eager's error for a result used),
-        after putting back the draws of the random ops called after it."""
+        """Wait for `run`; if an op of `at_call` failed (or an op it reads) as eager would see
+        at the call (`_raises_at`), raise as eager does there: the op's own error (an op it
+        reads: eager's error for a result used), after putting back the draws of the random
+        ops called after it."""
         try:
             run.result()
+            self._accepted = True
             return
         except Exception:  # noqa: BLE001 (kept in the run, for the first use of a result)
             pass
@@ -196,7 +281,7 @@ class Failures:
         if failed is None or run.error is None:
             return
         first = next((node for node in sorted(at_call, key=lambda n: n.index)
-                      if node is failed or failed in _cone(node)), None)
+                      if self._raises_at(node, failed, run.error, bound)), None)
         if first is None:
             return
         for rng, snapshot in snapshots:

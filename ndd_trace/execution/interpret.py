@@ -12,15 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _dali
-from ..core.ir import Graph, NodeKind, Ref
+from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
+from ..tracing.trace import inference_metas
 
 
-def interpret(graph: Graph, leaves: dict[Any, Any],
-              batch_size: int | None = None) -> dict[Ref, Any]:
+def interpret(graph: Graph, leaves: dict[Any, Any], batch_size: int | None = None,
+              failed: list[tuple[Node, bool]] | None = None) -> dict[Ref, Any]:
     """Evaluate every op node of `graph` eagerly; `leaves` maps id(node) (or (id(node), output
     index)) -> value for the other nodes (inputs, constants, random-state words, readers).
     `batch_size`: the batch size of the run being replayed (a pipeline runs every batch op at
-    it; the graph holds the batch size it was recorded or traced with)."""
+    it; the graph holds the batch size it was recorded or traced with). `failed`: where an op
+    call raises, (that op, whether DALI rejects the call itself: `rejects_call`) is appended to
+    it (in a synchronous EvalMode, the op whose own error it is)."""
     values: dict[Ref, Any] = {}
 
     def value_of(ref: Ref) -> Any:
@@ -45,7 +48,12 @@ def interpret(graph: Graph, leaves: dict[Any, Any],
             device = "gpu" if node.backend in ("gpu", "mixed") else "cpu"
             if node.is_batch and not inputs:
                 kwargs["batch_size"] = int(node.batch_size if batch_size is None else batch_size)
-            result = function(*inputs, device=device, **kwargs)
+            try:
+                result = function(*inputs, device=device, **kwargs)
+            except Exception:
+                if failed is not None:
+                    failed.append((node, rejects_call(node, value_of)))
+                raise
             if node.num_outputs == 1:
                 values[Ref(node, 0)] = result
             else:
@@ -53,3 +61,27 @@ def interpret(graph: Graph, leaves: dict[Any, Any],
                 for index, item in enumerate(items):
                     values[Ref(node, index)] = item
     return values
+
+
+def rejects_call(node: Node, value_of: Any) -> bool:
+    """Whether DALI rejects `node`'s call given the real metadata of what it reads (`value_of`:
+    Ref -> the value an op computed): the check eager ndd makes at every call (its operator's
+    `_init_spec`, which runs the inputs whose metadata it cannot infer), as opposed to a
+    failure of the op's run."""
+
+    def real(ref: Ref) -> TensorMeta:
+        if ref.node.kind is not NodeKind.OP:
+            return ref.node.meta[ref.index]
+        return _dali.meta_of(value_of(ref))
+
+    try:
+        input_metas, arg_metas = inference_metas(
+            [real(ref) for ref in node.inputs], node.input_devices,
+            {key: real(ref) for key, ref in node.arg_inputs.items()}, node.arg_casts)
+    except Exception:  # noqa: BLE001 (an input that failed itself: not this call's rejection)
+        return False
+    try:
+        _dali.infer_metadata(node.op_class, node.backend, node.static, input_metas, arg_metas)
+    except Exception:  # noqa: BLE001 (DALI's verdict on the call)
+        return True
+    return False

@@ -41,11 +41,12 @@ from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
 from ..core.source import SourceLoc, user_frame, user_location
 from ..execution import waits
+from ..execution.failures import unknown_inputs, validated_at_call
 from ..execution.runtime import Options
 from ..tracing.trace import Tracer, inference_metas
 from ..units.cache import REGIONS
 from .proxies import LazyBatch, LazyTensor, is_lazy, LazyMixin
-from .regions import RegionRunner
+from .regions import RegionRunner, checked_call_key
 from .report import Region, Report, bookkeeping, report, reset_report, step_breakdown
 from .sites import MAX_SITES, CallSites, first_output
 
@@ -109,6 +110,7 @@ class LazyTracer(Tracer):
         self.regions = RegionRunner(self.options, self.speculator)  # runs what is consumed
         self._converted: dict[tuple, Any] = {}  # lists converted to tensor arguments, kept
         self._owned: set[int] = set()  # ids of the values in _converted
+        self._accepted: set[tuple] = set()  # checked_call_key of calls DALI accepted
 
     @property
     def optimize(self) -> bool:
@@ -229,6 +231,9 @@ class LazyTracer(Tracer):
         name = _dali.op_path(op_class)
         if _dali.eval_mode_is_sync():
             return self._eager(original, inputs, kwargs, name, "a synchronous EvalMode is active")
+        if _dali.eager_mode_entered():  # (started at once, on ndd's own threads)
+            return self._eager(original, inputs, kwargs, name, "`with ndd.EvalMode.eager:` is "
+                               "entered: its calls start at once")
         if _dali.process_params_replaced():
             return self._eager(original, inputs, kwargs, name,
                                "DALI's Operator._process_params is replaced")
@@ -252,6 +257,10 @@ class LazyTracer(Tracer):
             reason = f"could not be recorded ({type(error).__name__})"
         if reason is not None:  # run outside the handler: eager's error has no internal context
             return self._eager(original, inputs, kwargs, name, reason)
+        if validated_at_call(first_output(result)._ref.node) and \
+                not self._accepts(first_output(result)._ref.node):
+            return self._eager(original, inputs, kwargs, name, "DALI rejects the call, given "
+                               "the real metadata of its inputs")
         state = first_output(result)._ref.node.arg_inputs.get("_random_state")
         if state is not None:  # draw now, in call order, exactly as the eager call would
             _, rng = state.node.payload
@@ -280,6 +289,23 @@ class LazyTracer(Tracer):
                 own.op_name == f"ndd.{node.name}" else error
         raise at_call  # (outside the handler: no internal context)
 
+    def _accepts(self, node: Node) -> bool:
+        """Whether DALI accepts `node`'s call given the real metadata of the inputs it cannot
+        infer (`validated_at_call`), which run now, as eager ndd checks every call; if not
+        (or if such an input fails), the call runs eagerly, raising eager's error."""
+        key = checked_call_key(node)  # accepted once: accepted (no input runs again)
+        if key is not None and key in self._accepted:
+            return True
+        try:
+            self.refine_meta(Ref(node, 0), only_unknown=True)
+        except Exception:  # noqa: BLE001 (raised again by the eager call, outside the handler)
+            return False
+        if key is not None:
+            if len(self._accepted) >= MAX_SITES:
+                self._accepted.clear()
+            self._accepted.add(key)
+        return True
+
     @_dali.plumbing
     def _eager(self, original: Any, inputs: tuple, kwargs: dict, name: str, reason: str) -> Any:
         loc = user_location()
@@ -293,7 +319,7 @@ class LazyTracer(Tracer):
 
     # -- running -------------------------------------------------------------------------------
 
-    def refine_meta(self, ref: Ref) -> bool:
+    def refine_meta(self, ref: Ref, only_unknown: bool = False) -> bool:
         """Infer a pending op's output metadata again from its inputs' real metadata, as eager
         ndd does to answer `.dtype`, `.ndim` or `.layout` before it runs an op (its inputs have
         run by then: ndd runs an op fed by user data at the call). The inputs' regions run, the
@@ -304,10 +330,13 @@ class LazyTracer(Tracer):
             return False
 
         def real(value: Ref) -> TensorMeta:
-            if value.node.kind is not NodeKind.OP:
-                return value.node.meta[value.index]
+            meta = value.node.meta[value.index]
+            if value.node.kind is not NodeKind.OP or (  # `only_unknown`: run those eager runs
+                    only_unknown and all(value.node is not read for read in unknown)):
+                return meta
             return _dali.meta_of(_dali.wrap_batch(self.materialize(value)))
 
+        unknown = unknown_inputs(node)
         input_metas, arg_metas = inference_metas(
             [real(value) for value in node.inputs], node.input_devices,
             {key: real(value) for key, value in node.arg_inputs.items()}, node.arg_casts)

@@ -17,6 +17,7 @@ from ..ahead.readahead import Speculator, runs_ahead
 from ..core import logs
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
+from ..execution.failures import interpreted_error
 from ..execution.interpret import interpret
 from ..units.build import compile_graph
 from ..execution.runtime import Options
@@ -94,9 +95,7 @@ class RegionRunner:
                 region.ahead += 1
         elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
                                            self._empty_sample_call(region, view.leaves)):
-            view = region_view(region_ops, target, clone=True)
-            values = interpret(view.graph, {id(leaf): _leaf_value(leaf) for leaf in view.leaves})
-            outputs = [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
+            outputs = self._interpreted(region_view(region_ops, target, clone=True))
         else:
             try:
                 builds = region.executable.builds
@@ -119,6 +118,8 @@ class RegionRunner:
                 region.verdict = Verdict(retired or "pipeline build failed", region.loc)
                 logs.fallbacks.info("region at %s: %s, interpreted eagerly", region.loc or "?",
                                     region.eager_reason)
+                outputs = None
+            if outputs is None:  # (outside the handler: the failed run is no context)
                 return self.run(target)
         logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
                                "run ahead" if ahead is not None else f"run {region.runs}")
@@ -132,6 +133,19 @@ class RegionRunner:
             original.state.results[index] = output
             if all(r is not None for r in original.state.results):
                 _settle_proxies(original)
+
+    @staticmethod
+    def _interpreted(view: _RegionView) -> list:
+        """The region's outputs, its calls run eagerly; a failure raised as a pipeline run's
+        (`interpreted_error`: the failed op's own error at its line, as a result's first use
+        reads it)."""
+        leaves = {id(leaf): _leaf_value(leaf) for leaf in view.leaves}
+        try:
+            values = interpret(view.graph, leaves)
+            return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
+        except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
+            failure = error
+        raise interpreted_error(view.graph, leaves, failure)
 
     @staticmethod
     def _empty_sample_call(region: Region, leaves: list[Node]) -> bool:
@@ -253,6 +267,16 @@ def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVie
     if clone:
         graph.outputs = [Ref(copies[id(node)], index) for node, index in outputs]
     return _RegionView(tuple(items), leaves, computed, outputs, graph if clone else None)
+
+
+def checked_call_key(node: Node) -> tuple | None:
+    """What eager ndd's check of `node`'s call (lazy's `_accepts`) depends on: the structure
+    and the fed data's metadata of the pending calls it reads, itself included; None where an
+    op it reads takes a tensor argument, whose values may decide what that op gives."""
+    ops = RegionRunner.pending_cone(node)
+    if any(key != "_random_state" for op in ops if op is not node for key in op.arg_inputs):
+        return None
+    return region_view(ops, node, clone=False).key
 
 
 def _make_leaf(graph: Graph, node: Node, index: int) -> Node:
