@@ -22,7 +22,8 @@ standard logging configuration of the "ndd_trace" logger) logs traces, breaks an
 from __future__ import annotations
 
 from . import _dali
-from .api import CacheInfo, CompiledFunction, cache_dir, compile, set_cache_dir
+from .api import CacheInfo, CompiledFunction, cache_dir, set_cache_dir
+from .decorator import compile
 from .core import ledger, logs
 from .core.errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
                           PerSampleError, PipelineError)

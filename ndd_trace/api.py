@@ -1,4 +1,4 @@
-"""The public API: `compile` and the compiled-function object (`explain`: explanation.py).
+"""The compiled-function object (`compile`: decorator.py; `explain`: explanation.py).
 
     @ndd.compile                                  # or @ndd.compile(fullgraph=True, ...)
     def preprocess(jpegs, size=224):
@@ -23,12 +23,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from . import _dali
 from .ahead import readahead
 from .core import logs
-from .core.errors import NddTraceWarning
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
 from .execution import tuning_store
@@ -37,13 +36,18 @@ from .generator_epochs import GeneratorEpochs
 from .modes import lazy
 from .modes.cache import CacheInfo, Entry, EntryCache, Found, bind_data
 from .modes.loop import Split
-from .modes.per_sample import PerSampleFunction
 from .modes.stage import Notices, TraceStage
 from .tracing.trace import GraphBreakRecord
 
-__all__ = ["CacheInfo", "CompiledFunction", "Entry", "cache_dir", "compile", "set_cache_dir"]
+__all__ = ["CacheInfo", "CompiledFunction", "Entry", "cache_dir", "set_cache_dir"]
 
 DEFAULT_CACHE_LIMIT = 8
+
+# A compiled function keeps its function's parameters and return type: CompiledFunction[P, R]
+P = ParamSpec("P")
+R = TypeVar("R")
+_P2 = ParamSpec("_P2")  # (a method's, once bound to its instance: `_T` the instance)
+_T = TypeVar("_T")
 
 
 def _check_fallback(fallback: str) -> None:
@@ -62,7 +66,7 @@ def _noted(note: str | None) -> Iterator[None]:
         raise
 
 
-class CompiledFunction(GeneratorEpochs):
+class CompiledFunction(GeneratorEpochs, Generic[P, R]):
     """A function whose ndd calls run as one cached DALI pipeline per guard set: this object
     dispatches each call (a cache hit runs, a miss traces, a call that cannot be compiled
     runs in transparent mode); `_entry_cache` holds the entries, `_stage` traces them."""
@@ -241,7 +245,15 @@ class CompiledFunction(GeneratorEpochs):
         """A compiled generator's loop body, compiled (None before its first call)."""
         return self._step
 
+    @overload
+    def __get__(self, instance: None, owner: Any) -> CompiledFunction[P, R]: ...
+
+    @overload
+    def __get__(self: CompiledFunction[Concatenate[_T, _P2], R], instance: _T,
+                owner: Any) -> Callable[_P2, R]: ...
+
     def __get__(self, instance: Any, owner: Any) -> Any:
+        """A method: bound to its instance as a function is (its cache is the class's)."""
         if instance is None:
             return self
         return functools.partial(self, instance)
@@ -268,7 +280,7 @@ class CompiledFunction(GeneratorEpochs):
 
     # -- calling -------------------------------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         if _dali.tracing_active():
             # Called from inside another trace: inline, so its ops join the outer graph.
             return self._function(*args, **kwargs)
@@ -441,43 +453,3 @@ def set_cache_dir(path: Any) -> None:
 def cache_dir() -> str | None:
     """The warm-start cache directory (`set_cache_dir`), or None."""
     return _dali.analysis_cache_dir()
-
-
-def compile(function: Callable | None = None, *, fullgraph: bool = False,
-            num_threads: int | None = None, device_id: Any = "current",
-            prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
-            fallback: str = "lazy", per_sample: bool = False, optimize: bool = False) -> Any:
-    """Compile a function that calls ndd operators into cached DALI pipelines.
-
-    Use as `@ndd.compile` or `@ndd.compile(fullgraph=True, num_threads=4, ...)`. Defaults come
-    from ndd's current settings (`ndd.set_num_threads`, the current device). A call that cannot
-    be compiled whole runs in transparent mode (`fallback="lazy"`) or eagerly
-    (`fallback="eager"`), with a warning either way. `per_sample=True`: the function is
-    written for one sample and runs on each sample of a batch (see ndd_trace.modes.per_sample).
-    `optimize=True`: the rewrites a DALI expert makes by hand (ROI decoding, placement, ...;
-    see docs/optimize.md), each listed by `explain`; values may then differ from eager's where
-    a rewrite says so (a fused random crop), and stay exact everywhere else.
-    """
-    if per_sample:
-        if optimize:
-            raise ValueError("ndd.compile: optimize=True is not available with per_sample=True "
-                             "(a per-sample function runs its own rewritten Python)")
-        return _per_sample_compile(function, num_threads, device_id, cache_limit)
-    options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
-                   prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit,
-                   fallback=fallback, optimize=optimize)
-    if function is None:
-        return lambda f: CompiledFunction(f, **options)
-    if isinstance(function, CompiledFunction):
-        function = function.__wrapped__  # compiling again applies the new options
-    return CompiledFunction(function, **options)
-
-
-def _per_sample_compile(function: Callable | None, num_threads: int | None,
-                        device_id: Any, cache_limit: int) -> Any:
-    def make(f: Callable) -> PerSampleFunction:
-        return PerSampleFunction(getattr(f, "__wrapped__", f), num_threads=num_threads,
-                                 device_id=device_id, warning=NddTraceWarning,
-                                 cache_limit=cache_limit)
-
-    return make if function is None else make(function)
