@@ -46,7 +46,19 @@ _PLACEHOLDER = bytes.fromhex(
 _API_INTRO = """# API reference
 
 Everything in `ndd_trace.__all__`, from the docstrings. `import ndd_trace` also makes
-`ndd.compile` available (the same object as `ndd_trace.compile`).
+`ndd.compile` available (the same object as `ndd_trace.compile`); `from ndd_trace import ndd`
+is DALI's module with `compile` known to type checkers ([typing.md](typing.md)).
+"""
+
+# What a compiled function offers its user (its class's other attributes serve ndd_trace's own
+# modules): listed by name, shown with or without a docstring; the compiled function's typed
+# call keeps its function's parameters (CompiledFunction[P, R], typing.md).
+_COMPILED_FUNCTION = """::: ndd_trace.CompiledFunction
+    options:
+      show_bases: false
+      show_if_no_docstring: true
+      members: [cache_info, cache_clear, entries, last_miss_reason, cache_limit, fullgraph,
+                optimize, fallback, ledger, step, loop_break]
 """
 
 _ALSO = """
@@ -55,8 +67,6 @@ _ALSO = """
 ::: ndd_trace.modes.lazy.Report
 
 ::: ndd_trace.modes.lazy.Region
-
-::: ndd_trace.core.errors.LoopError
 
 ::: ndd_trace.execution.waits.LoopTimes
 
@@ -87,5 +97,6 @@ def _api_page(root: str) -> str:
     lines = [_API_INTRO, "## Functions", ""]
     lines += [f"::: ndd_trace.{name}\n" for name in functions]
     lines += ["## Classes and exceptions", ""]
-    lines += [f"::: ndd_trace.{name}\n" for name in classes]
+    lines += [_COMPILED_FUNCTION if name == "CompiledFunction" else f"::: ndd_trace.{name}\n"
+              for name in classes]
     return "\n".join(lines) + _ALSO

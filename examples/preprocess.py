@@ -3,9 +3,10 @@
     python examples/preprocess.py                 # CPU (default)
     python examples/preprocess.py --device gpu    # decode and augment on the GPU
 
-Makes a small JPEG dataset from scikit-learn's sample photos, then runs the same preprocessing
-eagerly and compiled, checks that both give the same bits (random augmentations included),
-and hands the result to PyTorch. Timing: one warm-up epoch per mode first (it pays DALI's start-up,
+Reads a folder of JPEGs (yours with --image-dir, else a small set it makes: examples/_images.py;
+nothing beyond `pip install ndd_trace` is needed), runs the same preprocessing eagerly and
+compiled, checks that both give the same bits (random augmentations included), and hands the
+result to PyTorch (`.torch()`, where torch is installed; as numpy otherwise). Timing: one warm-up epoch per mode first (it pays DALI's start-up,
 and for the compiled function the trace and the pipeline build), then the median of --epochs
 steady-state epochs per mode, the modes taking turns so that both see the same machine load.
 """
@@ -15,18 +16,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import nvidia.dali.experimental.dynamic as ndd
+from _images import make_image_dir  # (beside this file)
 
-import nvidia.dali.experimental.dynamic as ndd  # noqa: E402
+import ndd_trace  # noqa: F401  (makes ndd.compile available)
 
-import ndd_trace  # noqa: E402,F401  (makes ndd.compile available)
-from benchmarks._data import make_jpeg_dir  # noqa: E402
+try:
+    import torch  # noqa: F401
+except ImportError:  # a plain `pip install ndd_trace`: the batches go to numpy
+    torch = None
 
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
@@ -49,8 +52,16 @@ def epoch(function, reader, device, batch_size):
     outputs = []
     for jpegs, labels in reader.next_epoch(batch_size=batch_size):
         images = function(jpegs, device=device)
-        outputs.append((images.torch().cpu().numpy(), labels.torch().numpy()))
+        outputs.append((to_numpy(images), to_numpy(labels)))
     return outputs
+
+
+def to_numpy(batch):
+    """A batch as one numpy array: through PyTorch (`.torch()`, as a training step takes it)
+    where torch is installed."""
+    if torch is not None:
+        return batch.torch().cpu().numpy()
+    return np.stack([np.asarray(sample) for sample in batch.cpu().tensors])
 
 
 def timed_epoch(function, reader, device, batch_size):
@@ -69,11 +80,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--images", type=int, default=30)
+    parser.add_argument("--images", type=int, default=30, help="images to make (no --image-dir)")
+    parser.add_argument("--image-dir", help="a folder of JPEGs, a subfolder per class")
     parser.add_argument("--epochs", type=int, default=5, help="steady-state epochs timed per mode")
     args = parser.parse_args()
 
-    root = make_jpeg_dir(os.path.join(tempfile.gettempdir(), "ndd_trace_photos"), n=args.images)
+    root = args.image_dir or make_image_dir(
+        os.path.join(tempfile.gettempdir(), "ndd_trace_example_images"), n=args.images)
     eager_reader = ndd.readers.File(file_root=str(root), random_shuffle=True, seed=1)
     compiled_reader = ndd.readers.File(file_root=str(root), random_shuffle=True, seed=1)
 
@@ -96,8 +109,8 @@ def main() -> None:
           f"{tuple(compiled[-1][0].shape[1:])}: compiled == eager, bit for bit "
           f"({1 + args.epochs} epochs each)")
     eager_s, compiled_s = statistics.median(eager_times), statistics.median(compiled_times)
-    print(f"epoch of {args.images} images (batch {args.batch_size}, {args.device}), "
-          f"reader + preprocessing + .torch(), median of {args.epochs} epochs after one "
+    print(f"epoch of {len(compiled)} batches (batch {args.batch_size}, {args.device}), "
+          f"reader + preprocessing + {'.torch()' if torch else 'numpy'}, median of {args.epochs} epochs after one "
           f"warm-up epoch each: eager {eager_s * 1000:.1f} ms, compiled {compiled_s * 1000:.1f} "
           f"ms ({eager_s / compiled_s:.2f}x)")
     print(f"warm-up epochs (DALI start-up; compiled: also trace + build): eager "

@@ -22,8 +22,9 @@ standard logging configuration of the "ndd_trace" logger) logs traces, breaks an
 from __future__ import annotations
 
 from . import _dali
-from .api import CacheInfo, CompiledFunction, cache_dir, compile, set_cache_dir
-from .core import ledger, logs
+from .api import CacheInfo, CompiledFunction, cache_dir, set_cache_dir
+from .decorator import compile
+from .core import ledger, logs, source
 from .core.errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
                           PerSampleError, PipelineError)
 from .explanation import Explanation, explain
@@ -59,5 +60,6 @@ __all__ = [
 # The one documented addition to DALI's namespace: `ndd.compile` is `ndd_trace.compile`.
 _dali.install_compile(compile)
 _logs_error = logs.configure_from_environment()
-if _logs_error:  # an unknown channel: nothing applied, and said
-    ledger.warn(_logs_error, None, UserWarning)
+if _logs_error:  # an unknown channel: the known ones applied, the rest warned at the user's
+    # setting's first effect: their `import ndd_trace` (or the NDD_TRACE=1 start-up hook's)
+    ledger.warn(_logs_error, source.importer_location(), UserWarning)

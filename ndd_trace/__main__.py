@@ -5,6 +5,8 @@
     python -m ndd_trace --report train.py                   # plus what was compiled, on stderr
     python -m ndd_trace --report-json report.json train.py  # the same report as JSON
     python -m ndd_trace --report --wait-chart waits.png train.py  # per-step waits (matplotlib)
+    python -m ndd_trace export mymodule:augment --out augment_pipeline.py  # see export.py
+    python -m ndd_trace --version
 
 The script (or module) runs as `__main__` with its own `sys.argv`; exit codes, exceptions and
 tracebacks are those of a plain run. ndd calls are recorded lazily and run as cached pipelines
@@ -20,25 +22,40 @@ import argparse
 import builtins
 import io
 import os
+import platform
 import runpy
 import sys
 import types
 from importlib.machinery import SourceFileLoader
 
-from . import launch
+from . import __version__, _dali, launch
 from .modes import lazy
 
 _THIS_FILE = os.path.abspath(__file__)
 
 
-def main(argv: list[str] | None = None) -> None:
-    if (sys.argv[1:] if argv is None else argv)[:1] == ["export"]:  # python -m ndd_trace export
-        from .export import main as export_main
-        return export_main((sys.argv[1:] if argv is None else argv)[1:])
+_COMMANDS = """\
+commands:
+  python -m ndd_trace [options] script.py [args ...]   run a script, its ndd calls compiled
+  python -m ndd_trace [options] -m module [args ...]   run a module, as `python -m module`
+  python -m ndd_trace export module:function --out PATH [--format python|serialized] ...
+                                                       export a compiled function's pipeline
+                                                       (`python -m ndd_trace export --help`)
+
+environment: NDD_TRACE_LOGS=recompiles,breaks (logs), NDD_TRACE_REPORT=path (JSON report),
+NDD_TRACE_CACHE_DIR=dir (warm starts); docs/launching.md
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ndd_trace",
+        prog="python -m ndd_trace", usage="%(prog)s [options] (script.py | -m module) [args ...]"
+                                          "\n       %(prog)s export module:function --out PATH ...",
         description="Run an ndd script or module with its ndd calls compiled into DALI "
-                    "pipelines.")
+                    "pipelines (or export a compiled function's pipeline).",
+        epilog=_COMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=(
+        f"ndd_trace {__version__} (DALI {_dali.DALI_VERSION}, Python {platform.python_version()})"))
     parser.add_argument("--report", action="store_true",
                         help="print what was compiled and what ran eagerly (stderr)")
     parser.add_argument("--report-json", metavar="PATH",
@@ -48,10 +65,23 @@ def main(argv: list[str] | None = None) -> None:
                              "(needs matplotlib)")
     parser.add_argument("-m", dest="module", action="store_true",
                         help="run a module as `python -m` does (the target is a module name)")
-    parser.add_argument("target", metavar="script.py | -m module",
-                        help="the Python script to run, or with -m the module")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="its own arguments")
-    options = parser.parse_args(argv)
+    # the target and its own arguments, taken as they are (its options are not ours)
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="script.py | module",
+                        help="the script to run (or with -m the module), then its arguments")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["export"]:  # python -m ndd_trace export ...
+        from .export import main as export_main
+        return export_main(given[1:])
+    parser = _parser()
+    options = parser.parse_args(given)
+    if not options.command:
+        parser.error("give the script to run (script.py [args ...]) or a module (-m module), "
+                     "or a command (export)")
+    options.target, options.args = options.command[0], options.command[1:]
 
     # `python -m ndd_trace` put the current directory first on sys.path, as `python -m mod`
     # does (kept for -m); `python script.py` puts the script's own directory there instead

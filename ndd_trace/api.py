@@ -1,4 +1,4 @@
-"""The public API: `compile` and the compiled-function object (`explain`: explanation.py).
+"""The compiled-function object (`compile`: decorator.py; `explain`: explanation.py).
 
     @ndd.compile                                  # or @ndd.compile(fullgraph=True, ...)
     def preprocess(jpegs, size=224):
@@ -21,12 +21,11 @@ import inspect
 import pickle
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from . import _dali
 from .ahead import readahead
 from .core import logs
-from .core.errors import NddTraceWarning
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
 from .core.spelling import CallSpelling
@@ -37,13 +36,18 @@ from .modes import lazy
 from .units.cache import LIVE_PIPELINES, CacheInfo, Found, UnitCache
 from .units.unit import Entry, bind_data
 from .modes.loop import Split
-from .modes.per_sample import PerSampleFunction
 from .modes.stage import Notices, TraceStage
 from .tracing.trace import GraphBreakRecord
 
-__all__ = ["CacheInfo", "CompiledFunction", "Entry", "cache_dir", "compile", "set_cache_dir"]
+__all__ = ["CacheInfo", "CompiledFunction", "Entry", "cache_dir", "set_cache_dir"]
 
 DEFAULT_CACHE_LIMIT = 8
+
+# A compiled function keeps its function's parameters and return type: CompiledFunction[P, R]
+P = ParamSpec("P")
+R = TypeVar("R")
+_P2 = ParamSpec("_P2")  # (a method's, once bound to its instance: `_T` the instance)
+_T = TypeVar("_T")
 
 
 def _check_fallback(fallback: str) -> None:
@@ -62,10 +66,11 @@ def _noted(note: str | None) -> Iterator[None]:
         raise
 
 
-class CompiledFunction(GeneratorEpochs):
+class CompiledFunction(GeneratorEpochs, Generic[P, R]):
     """A function whose ndd calls run as one cached DALI pipeline per guard set: this object
     dispatches each call (a cache hit runs, a miss traces, a call that cannot be compiled
-    runs in transparent mode); `_entry_cache` holds the entries, `_stage` traces them."""
+    runs in transparent mode). Its cache of entries is a UnitCache (units/cache.py); its trace
+    stage (modes/stage.py) traces a miss; `ledger` records every call not run as compiled."""
 
     @property
     def _ndd_trace_inlined(self) -> Callable:
@@ -152,6 +157,7 @@ class CompiledFunction(GeneratorEpochs):
         return self._ledger
 
     def cache_info(self) -> CacheInfo:
+        """Its cache's counters: hits, misses, traces, fallbacks and the entries held."""
         if self._step is not None:  # a compiled generator: its loop body's cache
             return self._step.cache_info()
         return self._entry_cache.info()
@@ -164,12 +170,14 @@ class CompiledFunction(GeneratorEpochs):
         return self._entry_cache.last_miss_reason
 
     def cache_clear(self) -> None:
+        """Forget every entry (their pipelines closed) and the counters."""
         if self._step is not None:
             self._step.cache_clear()
         self._entry_cache.clear()
 
     @property
     def entries(self) -> list[Entry]:
+        """The entries its cache holds: each a traced graph and its pipeline, or a verdict."""
         if self._step is not None:
             return self._step.entries
         return list(self._entry_cache.units.values())
@@ -219,7 +227,15 @@ class CompiledFunction(GeneratorEpochs):
         """A compiled generator's loop body, compiled (None before its first call)."""
         return self._step
 
+    @overload
+    def __get__(self, instance: None, owner: Any) -> CompiledFunction[P, R]: ...
+
+    @overload
+    def __get__(self: CompiledFunction[Concatenate[_T, _P2], R], instance: _T,
+                owner: Any) -> Callable[_P2, R]: ...
+
     def __get__(self, instance: Any, owner: Any) -> Any:
+        """A method: bound to its instance as a function is (its cache is the class's)."""
         if instance is None:
             return self
         return functools.partial(self, instance)
@@ -230,12 +246,7 @@ class CompiledFunction(GeneratorEpochs):
     def __reduce__(self) -> tuple:
         """Pickled by reference, as a function is (and as torch.compile's result is): its module
         and qualified name, found again where it is unpickled (spawn workers, multiprocessing)."""
-        if _by_reference(self.__module__, self.__qualname__) is not self:
-            raise pickle.PicklingError(
-                f"cannot pickle {self!r}: it is not the object at {self.__module__}."
-                f"{self.__qualname__} (compile it where it is defined, at module level, or pass "
-                "the plain function and compile it in the worker)")
-        return _by_reference, (self.__module__, self.__qualname__)
+        return _reference_to(self)
 
     def _options(self) -> Options:
         num_threads = self._num_threads or _dali.current_num_threads()
@@ -246,14 +257,15 @@ class CompiledFunction(GeneratorEpochs):
 
     # -- calling -------------------------------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         if _dali.tracing_active():
             # Called from inside another trace: inline, so its ops join the outer graph.
             return self._function(*args, **kwargs)
         if self._spelling.partial:  # (compiled from a functools.partial)
             args, kwargs = self._spelling.with_bound(args, kwargs)
         if _dali.capture_running():  # DALI's capture mode records the calls: they are its own
-            return self._in_capture_mode(args, kwargs)
+            self._notices.capture_mode_call()
+            return self._function(*args, **kwargs)
         args, kwargs = self._spelling.normalize(args, kwargs)
         if self.is_generator:
             return self._epoch(args, kwargs)
@@ -277,17 +289,6 @@ class CompiledFunction(GeneratorEpochs):
         except Exception as error:  # an op's error at the call: the traceback of eager's
             hide_own_frames(error)
             raise
-
-    def _in_capture_mode(self, args: tuple, kwargs: dict) -> Any:
-        """A call made in a loop DALI's capture mode records: its ndd calls run as written, for
-        capture mode to record and run as a pipeline (as without ndd_trace)."""
-        self._ledger.record(
-            Verdict("called in DALI's capture mode, whose pipeline runs its calls",
-                    user_location(), Runs.CAPTURE_MODE),
-            warning=f"ndd_trace: `{self.__qualname__}` is called in a loop DALI's capture mode "
-                    "records (source.captured(...) or next_epoch(capture=True)): its ndd calls "
-                    "run as written, and capture mode runs them as a pipeline", stacklevel=2)
-        return self._function(*args, **kwargs)
 
     def _fallback(self, args: tuple, kwargs: dict) -> Any:
         """Run a call that cannot be compiled whole: in transparent mode by default (its ndd
@@ -361,6 +362,17 @@ class CompiledFunction(GeneratorEpochs):
         return self._function(*args, **kwargs)
 
 
+def _reference_to(compiled: CompiledFunction) -> tuple:
+    """How `compiled` pickles: by its module and qualified name (PicklingError where that names
+    another object)."""
+    if _by_reference(compiled.__module__, compiled.__qualname__) is not compiled:
+        raise pickle.PicklingError(
+            f"cannot pickle {compiled!r}: it is not the object at {compiled.__module__}."
+            f"{compiled.__qualname__} (compile it where it is defined, at module level, or pass "
+            "the plain function and compile it in the worker)")
+    return _by_reference, (compiled.__module__, compiled.__qualname__)
+
+
 def _by_reference(module: str, qualname: str) -> Any:
     """The object at `module.qualname` (None where there is none)."""
     try:
@@ -388,43 +400,3 @@ def set_cache_dir(path: Any) -> None:
 def cache_dir() -> str | None:
     """The warm-start cache directory (`set_cache_dir`), or None."""
     return _dali.analysis_cache_dir()
-
-
-def compile(function: Callable | None = None, *, fullgraph: bool = False,
-            num_threads: int | None = None, device_id: Any = "current",
-            prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
-            fallback: str = "lazy", per_sample: bool = False, optimize: bool = False) -> Any:
-    """Compile a function that calls ndd operators into cached DALI pipelines.
-
-    Use as `@ndd.compile` or `@ndd.compile(fullgraph=True, num_threads=4, ...)`. Defaults come
-    from ndd's current settings (`ndd.set_num_threads`, the current device). A call that cannot
-    be compiled whole runs in transparent mode (`fallback="lazy"`) or eagerly
-    (`fallback="eager"`), with a warning either way. `per_sample=True`: the function is
-    written for one sample and runs on each sample of a batch (see ndd_trace.modes.per_sample).
-    `optimize=True`: the rewrites a DALI expert makes by hand (ROI decoding, placement, ...;
-    see docs/optimize.md), each listed by `explain`; values may then differ from eager's where
-    a rewrite says so (a fused random crop), and stay exact everywhere else.
-    """
-    if per_sample:
-        if optimize:
-            raise ValueError("ndd.compile: optimize=True is not available with per_sample=True "
-                             "(a per-sample function runs its own rewritten Python)")
-        return _per_sample_compile(function, num_threads, device_id, cache_limit)
-    options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
-                   prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit,
-                   fallback=fallback, optimize=optimize)
-    if function is None:
-        return lambda f: CompiledFunction(f, **options)
-    if isinstance(function, CompiledFunction):
-        function = function.__wrapped__  # compiling again applies the new options
-    return CompiledFunction(function, **options)
-
-
-def _per_sample_compile(function: Callable | None, num_threads: int | None,
-                        device_id: Any, cache_limit: int) -> Any:
-    def make(f: Callable) -> PerSampleFunction:
-        return PerSampleFunction(getattr(f, "__wrapped__", f), num_threads=num_threads,
-                                 device_id=device_id, warning=NddTraceWarning,
-                                 cache_limit=cache_limit)
-
-    return make if function is None else make(function)

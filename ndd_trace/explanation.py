@@ -13,7 +13,8 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from .api import CompiledFunction, compile
+from .api import CompiledFunction
+from .decorator import compile
 from .core import keys
 from .core.ledger import Runs, Verdict
 from .execution import tuning

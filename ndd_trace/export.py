@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from . import _dali
-from .api import CompiledFunction, compile
+from .api import CompiledFunction
+from .decorator import compile
 from .codegen.lower import lower
 from .core.errors import ExportError
 from .core.files import path_argument, write_atomic

@@ -63,10 +63,12 @@ LAYERS = [
     {"modes.stage"},
     {"generator_epochs"},
     {"api"},
+    {"decorator"},
     {"explanation"},
     {"export"},
     {"__init__", "__main__", "launch"},
     {"nodes"},  # torchdata.nodes (an optional dependency): imported by no module
+    {"ndd"},  # DALI's dynamic module with `compile`, typed (ndd.pyi): imported by no module
 ]
 PACKAGES = {"core", "_dali", "tracing", "codegen", "execution", "units", "ahead", "modes"}
 

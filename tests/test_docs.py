@@ -10,6 +10,7 @@ must raise that exception. Without a GPU, `device="gpu"` runs as `device="cpu"`.
 from __future__ import annotations
 
 import builtins
+import html
 import glob
 import logging
 import os
@@ -128,4 +129,12 @@ def test_docs_site_builds_strict(tmp_path):
     api = (tmp_path / "api" / "index.html").read_text()
     for name in ndd_trace.__all__:
         assert f'id="ndd_trace.{name}"' in api, name
+    # a compiled function's tools, each once; compile's typed forms; each error class once
+    for member in ("cache_info", "cache_clear", "entries", "cache_limit", "last_miss_reason"):
+        assert api.count(f'id="ndd_trace.CompiledFunction.{member}"') == 1, member
+    text = html.unescape(re.sub(r"<[^>]+>", "", api))
+    assert "-> CompiledFunction[P, R]" in text and "-> Decorator" in text
+    assert api.count('id="ndd_trace.LoopError"') + api.count('id="ndd_trace.core.errors.LoopError"') \
+        == 1
+    assert "__reduce__" not in api and "GeneratorEpochs" not in api
     assert (tmp_path / "img" / "ratios.png").exists()

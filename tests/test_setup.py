@@ -104,3 +104,156 @@ def test_ci_runs_the_readme_commands_in_the_same_order():
     example = position(example_step)
     tests = position(_words(test))
     assert torch_pin < package < example < tests
+
+
+# -- a plain install (no extras) runs the main example ----------------------------------------
+
+def test_the_main_example_runs_without_the_extras():
+    """`pip install ndd_trace` brings DALI, numpy, astunparse and optree only: the example runs
+    with torch, pillow and scikit-learn unimportable (what a plain install lacks), on its own
+    made-up images (examples/_images.py)."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    blocked = ["torch", "PIL", "sklearn", "benchmarks", "matplotlib", "torchdata"]
+    code = (f"import runpy, sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n"
+            "sys.argv = ['examples/preprocess.py', '--epochs', '1', '--images', '12']\n"
+            "sys.path.insert(0, 'examples')\n"
+            "runpy.run_path('examples/preprocess.py', run_name='__main__')\n")
+    completed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                               text=True, timeout=300, env=subprocess_env())
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "compiled == eager, bit for bit" in completed.stdout
+    assert "+ numpy," in completed.stdout  # (no torch: the batches went to numpy)
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_the_main_examples_imports_come_with_a_plain_install():
+    """Every module examples/preprocess.py and its helper import unconditionally is the
+    standard library's, ndd_trace's, the helper's, or a distribution a plain install brings:
+    a core dependency or one of DALI's own (nvImageCodec encodes the example's images)."""
+    import importlib.metadata
+    import sys
+
+    core = {_requirement_name(r) for r in
+            tomllib.loads(_read("pyproject.toml"))["project"]["dependencies"]}
+    brought = set(core)
+    for name in core:
+        for requirement in importlib.metadata.requires(name) or []:
+            if "extra ==" not in requirement:
+                brought.add(_requirement_name(requirement))
+    distributions = importlib.metadata.packages_distributions()
+    for file in ("preprocess.py", "_images.py"):
+        tree = ast.parse(_read("examples", file))
+        guarded = {id(node) for handler in ast.walk(tree) if isinstance(handler, ast.Try)
+                   for node in ast.walk(handler) if any(
+                       isinstance(h.type, ast.Name) and h.type.id == "ImportError"
+                       for h in handler.handlers)}
+        for node in ast.walk(tree):
+            if id(node) in guarded or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""])
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("ndd_trace", "_images", "__future__"):
+                    continue
+                if top == "nvidia":  # a namespace of several distributions: the module's own
+                    top = name
+                found = {d.lower().replace("_", "-") for d in distributions.get(top, []) or
+                         distributions.get(name.split(".")[0], [])}
+                if top.startswith("nvidia."):
+                    found = {_distribution_of(name)}
+                assert found & brought, f"examples/{file} imports {name} ({found}): not in a " \
+                                        f"plain install ({sorted(brought)})"
+
+
+def _distribution_of(module: str) -> str:
+    """The distribution that installed `module`'s files (for namespace packages)."""
+    import importlib.metadata
+    import importlib.util
+
+    origin = os.path.realpath(importlib.util.find_spec(module).origin)
+    for distribution in importlib.metadata.distributions():
+        for file in distribution.files or []:
+            if os.path.realpath(str(distribution.locate_file(file))) == origin:
+                return distribution.metadata["Name"].lower().replace("_", "-")
+    raise AssertionError(f"no distribution installed {module}")
+
+
+# -- the package's metadata --------------------------------------------------------------------
+
+def test_license_metadata_is_an_spdx_expression_with_its_text():
+    project = tomllib.loads(_read("pyproject.toml"))
+    assert project["project"]["license"] == "Apache-2.0"  # PEP 639, not the deprecated table
+    assert project["project"]["license-files"] == ["LICENSE"]
+    text = _read("LICENSE")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    # with an SPDX expression, a license classifier is an error (and would say it twice)
+    assert not [c for c in project["project"]["classifiers"] if c.startswith("License ::")]
+    assert "Typing :: Typed" in project["project"]["classifiers"]
+
+
+def test_the_version_is_written_once():
+    project = tomllib.loads(_read("pyproject.toml"))
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "ndd_trace.__version__"}
+    import ndd_trace
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", ndd_trace.__version__)
+    assert _read("pyproject.toml").count(ndd_trace.__version__) == 0
+
+
+def test_the_sdist_ships_no_tests_without_what_they_read():
+    """The tests read the checkout (docs, examples, benchmarks, .ci): the sdist ships none."""
+    assert "prune tests" in _commands(_read("MANIFEST.in"))
+
+
+def test_the_build_warns_of_nothing_deprecated(tmp_path):
+    """The sdist and the wheel build from a copy of the project's files without setuptools'
+    deprecation warnings (`project.license` as a table was one: an error from 2027-02-18), the
+    sdist without tests, the wheel with the license and the stub."""
+    import shutil
+    import subprocess
+    import sys
+    import tarfile
+    import zipfile
+
+    probe = "import setuptools, wheel; assert int(setuptools.__version__.split('.')[0]) >= 77"
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode:
+        import pytest
+
+        pytest.skip("needs setuptools>=77 and wheel here (the build system's; no isolation)")
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", "benchmarks",
+        "docs", "examples"))
+    code = ("import setuptools.build_meta as b, sys\n"
+            "out = sys.argv[1]  # (a build rewrites sys.argv)\n"
+            "print('SDIST', b.build_sdist(out))\n"
+            "print('WHEEL', b.build_wheel(out))\n")
+    completed = subprocess.run([sys.executable, "-W", "always", "-c", code, str(tmp_path)],
+                               cwd=source, capture_output=True, text=True, timeout=300)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-3000:]
+    assert "deprecat" not in output.lower(), output[-3000:]
+    sdist = re.search(r"SDIST (\S+)", output).group(1)
+    wheel = re.search(r"WHEEL (\S+)", output).group(1)
+    with tarfile.open(tmp_path / sdist) as archive:
+        names = archive.getnames()
+    assert not [name for name in names if "/tests/" in name]
+    assert any(name.endswith("/LICENSE") for name in names)
+    with zipfile.ZipFile(tmp_path / wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
+    assert "ndd_trace/ndd.pyi" in names and "ndd_trace/py.typed" in names
+    assert "ndd_trace.pth" in names
+    assert any(name.endswith("licenses/LICENSE") for name in names)
+    assert b"License-Expression: Apache-2.0" in metadata

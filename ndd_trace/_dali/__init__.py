@@ -34,7 +34,7 @@ from .analysis import trusted_directory as trusted_cache_dir
 from .analysis import set_directory as set_analysis_cache_dir
 from .analysis import stats as analysis_cache_stats
 from .base import (Batch, batch_of, DALI_VERSION, DType, Device, RNG, STATE_WORDS, Tensor, device,
-                   install_compile)
+                   dynamic_module, install_compile)
 from .operators import (NOT_PLAIN, argument_dtype, argument_names, argument_token, call_site_frame,
                         data_signature, decay_plain, decay_static, dtype_name, dtype_of,
                         dtype_public_name, eager_instance_key, eager_instance_key_for_batch,
@@ -81,7 +81,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "crashes_on_empty_samples",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
-    "do_not_convert", "draw_state", "DType", "dtype_name", "dtype_of", "dtype_public_name",
+    "do_not_convert", "draw_state", "dynamic_module", "DType", "dtype_name", "dtype_of",
+    "dtype_public_name",
     "eager_epoch_steps", "eager_inside_trace", "eager_instance_key", "eager_instance_key_for_batch",
     "eager_mode_entered", "eager_reads_as_is", "eager_split", "enable_reader_checkpointing",
     "eval_mode_is_deferred", "eval_mode_is_sync", "existing_default_rng", "ExternalSource", "feed",

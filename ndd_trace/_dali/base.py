@@ -35,3 +35,8 @@ def batch_of(samples: list) -> Batch:
 def install_compile(compile_function: object) -> None:
     """`ndd.compile`: ndd_trace's compile, reachable as `@ndd.compile` once ndd_trace is imported."""
     ndd.compile = compile_function
+
+
+def dynamic_module() -> object:
+    """DALI's dynamic-mode module itself (`from ndd_trace import ndd` is this module object)."""
+    return ndd

@@ -476,7 +476,8 @@ def lower(graph: Graph, *, inline_constants: bool = False, random_states: str = 
                 feed_names.append(names[id(node)])
         text = f"    {names[id(node)]} = {_expression(value)}"
         if node.loc is not None:
-            text += f"  # {one_line(str(node.loc))}"  # a file name may hold a line break
+            # no absolute path in code that may be deployed; a file name may hold a line break
+            text += f"  # {one_line(node.loc.portable)}"
         lines.append(text)
         line_map[len(lines)] = node
     outputs = ast.Tuple(elts=[emitter.ref(ref) for ref in graph.outputs], ctx=ast.Load())

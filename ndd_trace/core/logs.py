@@ -59,7 +59,16 @@ def parse(text: str) -> dict[str, int]:
     """Channel -> level from an NDD_TRACE_LOGS value, in the spirit of TORCH_LOGS:
     `name` logs at INFO, `+name` at DEBUG, `-name` only errors; `all` names every channel.
     Raises ValueError naming an unknown channel and listing the known ones."""
+    levels, unknown = parse_known(text)
+    if unknown:
+        raise ValueError(unknown_text(unknown))
+    return levels
+
+
+def parse_known(text: str) -> tuple[dict[str, int], list[str]]:
+    """`parse`, leniently: the levels of the known channels, and the unknown names as given."""
     levels: dict[str, int] = {}
+    unknown: list[str] = []
     for item in (part.strip() for part in text.replace(";", ",").split(",")):
         if not item:
             continue
@@ -73,9 +82,14 @@ def parse(text: str) -> dict[str, int]:
         elif name in CHANNELS:
             levels[name] = level
         else:
-            raise ValueError(f"{ENV_VAR}: unknown channel {item!r}; known: all, "
-                             f"{', '.join(CHANNELS)} (prefix + for DEBUG, - to silence)")
-    return levels
+            unknown.append(item)
+    return levels, unknown
+
+
+def unknown_text(unknown: list[str]) -> str:
+    names = ", ".join(repr(name) for name in unknown)
+    return (f"{ENV_VAR}: unknown channel{'s' if len(unknown) > 1 else ''} {names}; known: all, "
+            f"{', '.join(CHANNELS)} (prefix + for DEBUG, - to silence)")
 
 
 def configure(levels: dict[str, int], stream: object | None = None) -> None:
@@ -91,14 +105,20 @@ def configure(levels: dict[str, int], stream: object | None = None) -> None:
 
 
 def configure_from_environment() -> str | None:
-    """Apply NDD_TRACE_LOGS, if set; an unknown channel is not a crash: its error's text is
-    returned (the caller warns) and nothing is applied."""
+    """Apply NDD_TRACE_LOGS, if set. An unknown channel (a typo) is not a crash, nor does it
+    cost the valid ones: they are applied, and the returned text names the unknown ones and
+    what was applied (the caller warns at the user's `import ndd_trace`)."""
     text = os.environ.get(ENV_VAR, "")
     if not text.strip():
         return None
-    try:
-        levels = parse(text)
-    except ValueError as error:
-        return str(error)
+    levels, unknown = parse_known(text)
     configure(levels)
-    return None
+    if not unknown:
+        return None
+    applied = ", ".join(f"{name}{_LEVEL_MARK[level]}" for name, level in levels.items())
+    return (f"{unknown_text(unknown)}. Ignored the unknown; applied: {applied or 'none'} "
+            f"(from {ENV_VAR}={text!r}).")
+
+
+_LEVEL_MARK = MappingProxyType({logging.INFO: "", logging.DEBUG: " (DEBUG)",
+                               logging.ERROR: " (silenced)"})

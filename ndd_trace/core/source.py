@@ -1,7 +1,8 @@
 """Source locations: finding the user's frame, registering generated code, raising at user lines.
 
     loc = user_location()                 # first frame outside DALI and ndd_trace
-    str(loc)                              # "train.py:42"
+    str(loc)                              # "/home/me/project/train.py:42"
+    loc.portable                          # "train.py:42" (generated code's comments)
     register_source("<ndd_trace:f#1>", code_text)   # tracebacks show generated lines
     raise_at(error, loc)                  # the traceback ends at the user's line
     names = NameTable({"fn"}); names.claim("d_ｙ")   # "_k0_d_y": a valid ASCII identifier
@@ -58,6 +59,32 @@ class SourceLoc:
     def line_text(self) -> str:
         return linecache.getline(self.filename, self.lineno).strip()
 
+    @property
+    def portable(self) -> str:
+        """`file:line` as generated and exported code write it (`portable_path`)."""
+        return f"{portable_path(self.filename)}:{self.lineno}"
+
+
+def portable_path(filename: str) -> str:
+    """A source file as code ndd_trace writes names it, never by a machine's absolute path:
+    relative to the current directory where the file is under it (`src/train.py`), else to
+    the deepest `sys.path` entry that holds it (its module's path: `mypackage/augment.py`),
+    else by its base name. Names that are not paths (`<stdin>`) stay as they are. (Tracebacks
+    and warnings keep the real file: they read the code objects and `SourceLoc.filename`.)"""
+    if not os.path.isabs(filename):
+        return filename
+    try:
+        cwd = [os.getcwd()]
+    except OSError:  # (the current directory was removed)
+        cwd = []
+    roots = [*cwd, *sorted({os.path.abspath(entry) for entry in sys.path if entry},
+                           key=len, reverse=True)]
+    for root in roots:
+        root = root.rstrip(os.sep)
+        if root and filename.startswith(root + os.sep):  # (not "/": that names every file)
+            return filename[len(root) + 1:]
+    return os.path.basename(filename)
+
 
 def is_internal_file(filename: str) -> bool:
     """True for files of ndd_trace, DALI, makefun and optree, and for generated code (memoized
@@ -89,6 +116,15 @@ def user_location(start: types.FrameType | None = None) -> SourceLoc | None:
     if frame is None:
         return None
     return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def importer_location() -> SourceLoc | None:
+    """The user's line that is importing ndd_trace now (`import ndd_trace`): the first user
+    frame outside the import machinery."""
+    frame = user_frame(sys._getframe(1))
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = user_frame(frame.f_back)
+    return None if frame is None else user_location(frame)
 
 
 def unparse(node: ast.AST) -> str:

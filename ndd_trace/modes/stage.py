@@ -56,6 +56,16 @@ class Notices:
     def warn_once(self, message: str, loc: SourceLoc | None) -> None:
         self.ledger.warn_once(message, loc, stacklevel=3)
 
+    def capture_mode_call(self) -> None:
+        """A call made in a loop DALI's capture mode records: its ndd calls run as written, for
+        capture mode to record and run as a pipeline (as without ndd_trace); said once a site."""
+        self.ledger.record(
+            Verdict("called in DALI's capture mode, whose pipeline runs its calls",
+                    user_location(), Runs.CAPTURE_MODE),
+            warning=f"ndd_trace: `{self._name}` is called in a loop DALI's capture mode "
+                    "records (source.captured(...) or next_epoch(capture=True)): its ndd calls "
+                    "run as written, and capture mode runs them as a pipeline", stacklevel=2)
+
     def runs(self) -> Runs:
         """How a call not compiled whole runs (fallback=)."""
         return Runs.TRANSPARENT if self.fallback == "lazy" else Runs.EAGER
