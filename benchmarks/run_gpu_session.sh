@@ -6,11 +6,13 @@
 #     OUT=$OUT PARTS="ab scaling" OLD=.ab/old bash benchmarks/run_gpu_session.sh
 #
 # gputests: the GPU tests (pytest -m gpu)
+# conformance: DALI's own tests in $DALI_TESTS (benchmarks/dali_conformance.py), plain and under
+#          transparent mode
 # tests:   the whole suite on 8 workers (pytest-xdist), at most TESTS_S seconds (default 420)
 # Wheels in .whl/ (carried: torchdata, which that machine lacks) are installed first.
 # small:   the tiny workload (small_ops, batch 8), every mode
 # decode:  the decode workload (batch 16), every mode
-# train:   the train workload (batch 256, 16 threads, 4096 JPEGs), ROUNDS rounds, every mode,
+# train:   the train workload (batch TRAIN_BATCH, default 256, 16 threads, 4096 JPEGs), ROUNDS rounds, every mode,
 #          TRAIN_STEPS timed steps (default 100)
 # ddp:     benchmarks/bench_ddp.py on the GPUs there are (torchrun, one pipeline per rank)
 # ab:      the train workload for the compiled generator, transparent mode and the pipeline,
@@ -48,7 +50,7 @@ OLD=${OLD:-.ab/old}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 ALL=eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,transparent,pipeline,pipeline_fused,decode_only,fused_decode_only
-TRAIN="--device gpu --workloads decode_rrc_cmn --steps 100 --warmup 40 --threads 16 --batch-size 256 --images 4096"
+TRAIN="--device gpu --workloads decode_rrc_cmn --steps 100 --warmup 40 --threads 16 --batch-size ${TRAIN_BATCH:-256} --images 4096"
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 # every command ends by DEADLINE_S seconds into the script (default 560, under the device tool's
 # 600 s a call), so that the archive below is always written
@@ -66,6 +68,10 @@ fi
 python3 -c 'import nvidia.dali as d, torch; print("DALI", d.__version__, "torch", torch.__version__)'
 if has gputests; then
     bounded python3 -m pytest -q -rs -m gpu tests -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+fi
+if has conformance; then  # DALI's own tests in $DALI_TESTS, plain and under transparent mode
+    bounded python3 benchmarks/dali_conformance.py "$DALI_TESTS" --json "$OUT/conformance.json" 2>&1 \
+        | tail -20 | tee "$OUT/conformance.log"
 fi
 if has tests; then
     bounded timeout "${TESTS_S:-420}" python3 -m pytest -q -n 8 tests -p no:cacheprovider \
