@@ -23,9 +23,7 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPROS, "*", "[0-9][0-9]_*.py")))
 NOT_FIXED_YET = {
     "guards_errors/01_error_text_after_three_failures.py": "issue 35: errors",
     "guards_errors/07_layout_error_deferred_in_compiled.py": "issue 35: errors",
-    "guards_errors/08_lazy_repr_and_type.py": "issue 35: lazy values",
     "training4/01_normalize_scalar_in_variable.py": "issue 35: errors",
-    "training4/06_lazy_batch_repr.py": "issue 35: lazy values",
 }
 
 

@@ -231,6 +231,10 @@ class Tracer:
             "global or closure value, nor the default generator (an RNG created inside the "
             "function restarts every call); pass it as an argument", loc)
 
+    def _recorded_device(self, value: Any) -> str | None:
+        """The device type of a value this trace recorded (None for any other)."""
+        return value._meta.device if is_traced(value) else None
+
     def _metas(self, refs: list[Ref]) -> list[TensorMeta]:
         return [ref.node.meta[ref.index] for ref in refs]
 
@@ -274,8 +278,9 @@ class Tracer:
         if is_random and not is_batch:
             self.sample_random_ops.append(loc)
 
-        known_devices = (tuple(value._meta.device for value in inputs)
-                         if all(is_traced(value) for value in inputs) else None)
+        known_devices = tuple(self._recorded_device(value) for value in inputs)
+        if None in known_devices:
+            known_devices = None
         try:
             device_type, backend = _dali.resolve_backend(op_class, device, inputs, known_devices)
         except Exception as error:  # an invalid device: report at the user's line
