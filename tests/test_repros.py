@@ -23,7 +23,6 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPROS, "*", "[0-9][0-9]_*.py")))
 NOT_FIXED_YET = {
     "guards_errors/01_error_text_after_three_failures.py": "issue 35: errors",
     "guards_errors/07_layout_error_deferred_in_compiled.py": "issue 35: errors",
-    "training4/01_normalize_scalar_in_variable.py": "issue 35: errors",
 }
 
 

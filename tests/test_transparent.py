@@ -327,3 +327,33 @@ def test_values_are_eager_batches_and_tensors(batch):
         transparent = observe()
     assert eager == transparent
     assert eager[:3] == ["Batch", True, True]
+
+
+def _bytes(batch) -> list[bytes]:
+    return [sample.tobytes() for sample in to_numpy(batch)]
+
+
+def test_numbers_held_in_variables_are_passed_as_eager_passes_them(batch):
+    """A number held in a variable (a config value) is a per-call tensor argument eagerly, as
+    a list in one is, and DALI reads some ops' such arguments otherwise (normalize rejects a
+    0-d mean): every step of a loop gives eager's values or eager's error (issue 35)."""
+    config = {"angle": 12.0, "mean": 118.0, "std": 57.0}
+
+    def run():
+        seen = []
+        for step in range(3):
+            angle = config["angle"] + step // 2
+            seen.append(_bytes(ndd.rotate(batch, angle=angle, keep_size=True)))
+            try:
+                out = ndd.normalize(ndd.cast(batch, dtype=ndd.float32), mean=config["mean"],
+                                    stddev=config["std"])
+                seen.append(_bytes(out))
+            except Exception as error:  # noqa: BLE001 (compared with eager's)
+                seen.append((type(error).__name__, str(error).splitlines()[0]))
+        return seen
+
+    eager = run()
+    with ndd_trace.enabled():
+        transparent = run()
+    assert eager == transparent
+    assert eager[1][0] == "RuntimeError"

@@ -39,7 +39,8 @@ from .analysis import trusted_directory as trusted_cache_dir
 from .analysis import set_directory as set_analysis_cache_dir
 from .analysis import stats as analysis_cache_stats
 from .base import Batch, DALI_VERSION, DType, Device, RNG, STATE_WORDS, Tensor, device
-from .operators import (NOT_PLAIN, argument_dtype, argument_names, argument_token, call_site_frame,
+from .operators import (NOT_PLAIN, SPLIT_VALUES, argument_dtype, argument_names, argument_token,
+                        call_site_frame,
                         data_signature, decay_plain, decay_static, dtype_name, dtype_of,
                         dtype_public_name, eager_instance_key, eager_instance_key_for_batch,
                         eager_split, has_gpu_backend, infer_metadata, input_device,
@@ -106,7 +107,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "sample_index_source", "sample_indices", "sample_lengths", "sample_sources", "schedule_one",
     "schema_name",
     "set_analysis_cache_dir",
-    "set_reader_shard_id", "shard_steps", "snapshot", "stand_in_batch", "STATE_WORDS", "storage_of",
+    "set_reader_shard_id", "shard_steps", "snapshot", "SPLIT_VALUES", "stand_in_batch",
+    "STATE_WORDS", "storage_of",
     "synchronous", "synchronous_cpu", "Tensor", "tensor_argument", "tensor_argument_meta",
     "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader",
     "trusted_cache_dir", "types",

@@ -148,11 +148,11 @@ class LazyTracer(Tracer):
         return super()._ref_of(value, is_batch, loc)
 
     def _tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
-        """A list eager ndd passes as a per-call tensor argument, converted as ndd converts it
-        (for a batch, the Batch ndd broadcasts it to). Kept per value and batch size: a loop
-        passes the same list every step (`mean=MEAN`), and the conversion, the copy recording
-        makes of user data and a broadcast at every run cost ~0.2 ms a call; these are
-        ndd_trace's own, never written to, and fed in place."""
+        """A number or list eager ndd passes as a per-call tensor argument, converted as ndd
+        converts it (for a batch, the Batch ndd broadcasts it to). Kept per value and batch
+        size: a loop passes the same value every step (`mean=MEAN`), and the conversion, the
+        copy recording makes of user data and a broadcast at every run cost ~0.2 ms a call;
+        these are ndd_trace's own, never written to, and fed in place."""
         token = _dali.argument_token(value)
         cache_key = (op_class, key, token, batch_size) if token is not None else None
         converted = self._converted.get(cache_key) if cache_key is not None else None

@@ -33,7 +33,7 @@ class _Site:
     arguments: tuple  # (name, token) per keyword argument, in call order
     input_metas: tuple
     arg_metas: dict  # data keyword arguments: name -> metadata
-    converted: tuple  # lists eager ndd passes as per-call tensor arguments (data too)
+    converted: tuple  # numbers and lists eager ndd passes as per-call tensor arguments
     is_random: bool
     fields: dict  # the recorded node's derived fields (_SITE_FIELDS), passed to add_op
     instance: tuple | None  # eager's operator instance: (key, construction arguments, batch size)
@@ -84,7 +84,8 @@ class CallSites:
             return
         if len(self._sites) >= MAX_SITES:
             self._sites.clear()
-        converted = tuple(key for key in node.arg_inputs if type(kwargs.get(key)) in (list, tuple))
+        converted = tuple(key for key in node.arg_inputs
+                          if type(kwargs.get(key)) in _dali.SPLIT_VALUES)
         self._sites[site_key] = _Site(
             arguments=arguments,
             input_metas=tuple(ref.node.meta[ref.index] for ref in node.inputs),
@@ -162,7 +163,7 @@ class CallSites:
             tracer._note_static_batch_size(int(batch_size), loc)
         arg_inputs = {}
         for key in site.arg_metas:
-            if key in site.converted:  # the same list (its token): converted as recorded
+            if key in site.converted:  # the same value (its token): converted as recorded
                 value = tracer._tensor_argument(op_class, key, kwargs[key], batch_size)
                 arg_inputs[key] = tracer._ref_of(value, is_batch, loc)
             else:

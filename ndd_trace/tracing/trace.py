@@ -209,8 +209,8 @@ class Tracer:
         return self._constant_ref(value, is_batch, loc)
 
     def _tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
-        """A list eager ndd passes as a per-call tensor argument, converted as it converts it
-        (a sample; the pipeline broadcasts it over a batch of any size)."""
+        """A number or list eager ndd passes as a per-call tensor argument, converted as it
+        converts it (a sample; the pipeline broadcasts it over a batch of any size)."""
         with _dali.eager_inside_trace():
             return _dali.tensor_argument(op_class, key, value)
 
@@ -298,10 +298,10 @@ class Tracer:
         static: dict[str, Any] = {}
         split = None
         for key, value in kwargs.items():
-            if type(value) in (list, tuple) and call_frame is not None and \
+            if type(value) in _dali.SPLIT_VALUES and call_frame is not None and \
                     _dali.is_tensor_argument(op_class, key):
-                # eager ndd passes a list the call site does not show to be constant (a
-                # variable's, a parameter's) as a per-call tensor argument: so does recording
+                # eager ndd passes a number or list the call site does not show to be constant
+                # (a variable's, a parameter's) as a per-call tensor argument: so does recording
                 split = split or _dali.eager_split(op_class, call_frame, raw_kwargs)
                 if key in split.call_args:
                     value = self._tensor_argument(op_class, key, value, batch_size)
