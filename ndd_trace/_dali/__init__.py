@@ -12,7 +12,8 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 `_argument_conversion_map`, `_input_device`; `_op_builder._resolve_backend`, `_scalar_decay`,
 `_unsupported_args` and `_next_pow2`; `_ops._to_tensor`; `random._draw_state`; `Batch._storage`;
 `Batch._invocation_result` and `Tensor._invocation_result` (what a lazy value stands for: a
-compiled call's output, or the recorded call of a transparent-mode value); `TensorList._make_copy`; `_source_analysis.constant_kwargs` and
+compiled call's output, or the recorded call of a transparent-mode value);
+`TensorList._make_copy`; `_source_analysis.constant_kwargs` and
 `_call_site.resolve_callsite_frame` (eager's call-site analysis), `_source_analysis`'s
 `_get_module_info`, `_file_cache` and `ModuleInfo` (the warm start); `EvalContext._instance_cache`
 and the key format of `Operator._get`; `Operator._supported_backends`.

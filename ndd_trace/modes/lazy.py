@@ -6,10 +6,10 @@
         tensor = images.torch()                        # the pending region runs as one pipeline
     print(ndd_trace.report())
 
-Each ndd call returns an ndd.Batch/Tensor whose data is deferred (proxies.py). Consuming one (`.torch()`, `np.asarray`,
-`.shape`, iteration, printing) runs the pending calls it depends on as one DALI pipeline, looked
-up by the region's structure (same ops, same static arguments, same input kinds), so a loop body
-builds its pipeline once and reuses it every iteration. Random ops draw their state when they are
+Each ndd call returns an ndd.Batch/Tensor whose data is deferred (proxies.py). Consuming one
+(`.torch()`, `np.asarray`, `.shape`, iteration, printing) runs the pending calls it depends on
+as one DALI pipeline, looked up by the region's structure (same ops, same static arguments, same
+input kinds), so a loop body builds its pipeline once and reuses it every iteration. Random ops draw their state when they are
 called, exactly as eagerly, so values and generator state match a plain run. A call that cannot
 be recorded (a synchronous EvalMode, an argument DALI rejects, a stateful operator) runs eagerly
 on the spot and is counted with its reason and `file:line`.
@@ -105,7 +105,7 @@ class LazyTracer(Tracer):
         self.speculator = Speculator()
         self.sites = CallSites(self)  # (op, code, instruction) -> its last call, replayed
         self.regions = RegionRunner(self.options, self.speculator)  # runs what is consumed
-        self._converted: dict[tuple, Any] = {}  # lists converted to tensor arguments, kept
+        self._converted: dict[tuple, Any] = {}  # numbers and lists made tensor arguments, kept
         self._owned: set[int] = set()  # ids of the values in _converted
         self._running = threading.RLock()
 
