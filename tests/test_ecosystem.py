@@ -285,9 +285,11 @@ def test_report_tells_regions_at_one_line_apart(batch):
     floats = ndd.batch([np.ones((8, 8, 3), np.float32)] * 4, layout="HWC")
 
     def step(x, size):
-        # (numbers stay static arguments; a list made of a parameter would be data, as
+        # (numbers written at the call are static arguments; a parameter's would be data, as
         # eagerly, and one region would serve both sizes)
-        return ndd.flip(ndd.resize(x, resize_x=size, resize_y=size), horizontal=1)
+        rs = ndd.resize  # (both calls at one line)
+        resized = rs(x, resize_x=8, resize_y=8) if size == 8 else rs(x, resize_x=16, resize_y=16)
+        return ndd.flip(resized, horizontal=1)
 
     ndd_trace.reset_report()
     with ndd_trace.enabled():

@@ -30,7 +30,8 @@ from .. import _dali
 from ..core import trees
 from ..core.files import write_atomic
 
-__all__ = ["BOTTLENECK_SHARE", "LoopTimes", "chart", "loops", "note_fetched", "reset", "timed"]
+__all__ = ["BOTTLENECK_SHARE", "LoopTimes", "chart", "loops", "note_fetched", "on_behalf_of",
+           "reset", "timed"]
 
 BOTTLENECK_SHARE = 0.10  # the consumer waits for data this share of its time or more
 KEEP_STEPS = 100_000  # per-step times kept for the chart (totals count every step)
@@ -38,6 +39,7 @@ KEEP_STEPS = 100_000  # per-step times kept for the chart (totals count every st
 _local = threading.local()  # .pulling: timed next() calls in progress; .blocked: seconds
 _lock = threading.Lock()
 _loops: dict[tuple[str, str], LoopTimes] = {}
+_blocked_elsewhere: dict[int, float] = {}  # thread -> seconds other threads waited for it
 
 
 class LoopTimes:
@@ -129,6 +131,28 @@ def note_fetched(run: Any, started: float) -> None:
     run.fetched = (now - started, now, threading.get_ident())
 
 
+@contextmanager
+def on_behalf_of(thread: int) -> Iterator[None]:
+    """The block's waits for pipeline outputs are `thread`'s: ndd reads a transparent-mode
+    value for the consumer in a thread of its own (`x.torch()`, `ndd.as_tensor(x)`), while the
+    consumer waits for it."""
+    if thread == threading.get_ident():
+        yield
+        return
+    before = getattr(_local, "blocked", 0.0)
+    try:
+        yield
+    finally:
+        waited = getattr(_local, "blocked", 0.0) - before
+        with _lock:
+            _blocked_elsewhere[thread] = _blocked_elsewhere.get(thread, 0.0) + waited
+
+
+def _blocked() -> float:
+    """Seconds this thread waited for pipeline outputs so far (others' waits for it included)."""
+    return getattr(_local, "blocked", 0.0) + _blocked_elsewhere.get(threading.get_ident(), 0.0)
+
+
 def timed(iterator: Iterator[Any], name: str, where: str) -> Iterator[Any]:
     """`iterator` (a reader loop's epoch) with its consumer's waits and steps counted under
     (name, where); as it is where it is opened inside a timed loop's `next()`."""
@@ -170,7 +194,7 @@ class _Pull:
         now = time.perf_counter()
         if self.pending:
             self.pending = False
-            in_step = (getattr(local, "blocked", 0.0) - self.blocked
+            in_step = (_blocked() - self.blocked
                        if threading.get_ident() == self.thread else 0.0)
             in_step = min(in_step + _fetched_elsewhere(self.item, self.handed, self.thread),
                           now - self.handed)
@@ -186,7 +210,7 @@ class _Pull:
 
     def handed_out(self, item: Any) -> None:
         self.handed = time.perf_counter()
-        self.blocked = getattr(_local, "blocked", 0.0)
+        self.blocked = _blocked()
         self.thread = threading.get_ident()
         self.item = item
         self.pending = True

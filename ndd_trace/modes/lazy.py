@@ -108,6 +108,7 @@ class LazyTracer(Tracer):
         self._converted: dict[tuple, Any] = {}  # numbers and lists made tensor arguments, kept
         self._owned: set[int] = set()  # ids of the values in _converted
         self._running = threading.RLock()
+        self._thread = threading.get_ident()  # whose calls it records: the consumer's
 
     @property
     def optimize(self) -> bool:
@@ -122,7 +123,7 @@ class LazyTracer(Tracer):
         """Run the pending region `ref` depends on; return that output's TensorList. (Its
         values are ndd's own Batch/Tensor: ndd code may read one in a worker thread of its
         own, `ndd.as_tensor(x)`, `x.torch()`; one region runs at a time.)"""
-        with self._running:
+        with self._running, waits.on_behalf_of(self._thread):
             return self.regions.materialize(ref)
 
     # -- recording -----------------------------------------------------------------------------
