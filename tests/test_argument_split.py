@@ -1,11 +1,12 @@
-"""Lists for tensor arguments, passed the way eager ndd passes them, against eager ndd.
+"""Numbers and lists for tensor arguments, passed the way eager ndd passes them, against eager.
 
-Eager ndd reads the caller's source (DALI's call-site analysis): a list written at the call is a
-construction argument of the operator, a list held in a variable or parameter is a per-call
-tensor argument. DALI reads the two alike for most ops and differently for some (a flat affine
-matrix, a 2x2 coord_transform matrix). Each case runs one op with a list passed in through a
-parameter, eagerly, in transparent mode and compiled; the values (bit for bit) or the raised
-exception's type must agree. A few cases pass the list written at the call.
+Eager ndd reads the caller's source (DALI's call-site analysis): a number or list written at the
+call is a construction argument of the operator, one held in a variable or parameter is a
+per-call tensor argument (a number a 0-d tensor). DALI reads the two alike for most ops and
+differently for some (a flat affine matrix, a 2x2 coord_transform matrix, a 0-d normalize mean).
+Each case runs one op with a value passed in through a parameter, eagerly, in transparent mode
+and compiled; the values (bit for bit) or the raised exception's type must agree. A few cases
+pass the value written at the call.
 """
 
 from __future__ import annotations
@@ -62,7 +63,21 @@ CASES = {  # name: (op taking the list, the list)
                                                     rng=ndd.random.RNG(seed=3)), [2, 2]),
     "coin_flip probability": (lambda x, v: ndd.random.coin_flip(
         batch_size=2, probability=v, rng=ndd.random.RNG(seed=3)), [0.5]),
+    # numbers held in a variable: 0-d tensor arguments eagerly
+    "normalize mean, a number": (lambda x, v: ndd.normalize(ndd.cast(x, dtype=ndd.float32),
+                                                            mean=v, stddev=57.0), 118.0),
+    "normalize mean and stddev, numbers": (
+        lambda x, v: ndd.normalize(ndd.cast(x, dtype=ndd.float32), mean=v, stddev=v), 3.0),
+    "rotate angle, a number": (lambda x, v: ndd.rotate(x, angle=v), 30.0),
+    "flip horizontal, an int": (lambda x, v: ndd.flip(x, horizontal=v), 1),
+    "flip horizontal, a bool": (lambda x, v: ndd.flip(x, horizontal=v), True),
+    "brightness, a number": (lambda x, v: ndd.brightness(x, brightness=v), 1.5),
+    "resize resize_x, an int": (lambda x, v: ndd.resize(x, resize_x=v), 5),
+    "coin_flip probability, a number": (lambda x, v: ndd.random.coin_flip(
+        batch_size=2, probability=v, rng=ndd.random.RNG(seed=3)), 0.25),
     # written at the call: construction arguments
+    "normalize mean, literal": (lambda x, v: ndd.normalize(ndd.cast(x, dtype=ndd.float32),
+                                                           mean=118.0, stddev=57.0), None),
     "warp_affine, flat, literal": (
         lambda x, v: ndd.warp_affine(x, matrix=[1.0, 0, 1, 0, 1, 0]), None),
     "warp_affine, 2x3, literal": (

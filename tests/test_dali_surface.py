@@ -139,7 +139,10 @@ SURFACE = {
     # data objects
     ("Batch", "_storage"): "a Batch's TensorList",
     ("Batch", "_is_external"): "whether eager reads a Batch as user data (runs its op at once)",
-    ("Batch", "_invocation_result"): "a lazy Batch built on ndd_trace's result",
+    ("Batch", "_invocation_result"): "a lazy Batch built on ndd_trace's result (transparent "
+                                     "mode's values: the recorded output it stands for)",
+    ("Tensor", "_invocation_result"): "a lazy Tensor built on ndd_trace's result (transparent "
+                                      "mode's values: the recorded output it stands for)",
     ("Batch", "_wraps_external_data"): "the fields of a Batch made without its constructor",
     ("Batch", "_tensors"): "the fields of a Batch made without its constructor",
     ("Batch", "_dtype"): "the fields of a Batch made without its constructor",

@@ -327,6 +327,38 @@ def test_error_of_a_result_used_later_reads_as_eagers():
     assert compiled == eager and transparent == eager
 
 
+def _some_fail(wrap):
+    def augment(images):
+        flipped = ndd.flip(images, horizontal=1)
+        noisy = ndd.cast(images, dtype=ndd.float32) + ndd.random.uniform(
+            batch_size=images.batch_size, range=[0, 10], shape=[20, 30, 3])
+        matrix = ndd.random.uniform(batch_size=images.batch_size, range=[0, 1], shape=[6])
+        warped = ndd.warp_affine(images, matrix=matrix, size=[10, 10])  # needs [2, 3]: fails
+        return flipped, warped, noisy, ndd.flip(warped)
+
+    augment = wrap(augment)
+    images = ndd.flip(ndd.as_batch([np.full((20, 30, 3), i, np.uint8) for i in range(4)],
+                                   layout="HWC"), vertical=1)  # an op's result: not run yet
+    seen = []
+    for order in ((0, 1, 2, 3), (1, 0, 3, 2)):  # a failing result read first, or last
+        outputs = augment(images)
+        for index in order:
+            try:
+                seen.append((index, np.asarray(outputs[index].torch()).tobytes()))
+            except Exception as error:  # noqa: BLE001
+                seen.append((index, _chain(error)[-2:]))
+    return seen
+
+
+def test_only_the_results_that_use_a_failing_op_raise_as_eagerly():
+    """A call whose ops include one that fails when it runs: eager raises for the results that
+    use it (when first used), and gives the others, random ones included; so do a compiled
+    function and transparent mode (a failed pipeline run failed all of its outputs)."""
+    eager, compiled, transparent = _three_ways(_some_fail)
+    assert [index for index, seen in eager[0] if isinstance(seen, bytes)] == [0, 2, 0, 2]
+    assert compiled == eager and transparent == eager
+
+
 def test_pipeline_error_names_the_op_and_line_in_a_note():
     prep = ndd.compile(lambda data: ndd.decoders.image(data))
     with _quiet_stderr(), pytest.raises(ndd_trace.PipelineError) as info:

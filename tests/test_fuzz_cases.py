@@ -208,8 +208,8 @@ def test_region_pipelines_are_bounded_and_freed_least_recently_run_first(monkeyp
     images = ndd.as_batch([np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)] * 2,
                           layout="HWC")
 
-    def step(angle):
-        return ndd.rotate(images, angle=angle, fill_value=0)
+    def step(fill):  # (a fixed argument: a new region per value)
+        return ndd.rotate(images, angle=30.0, fill_value=fill)
 
     counts = []
     for _ in range(2):  # the second pass runs regions whose pipelines were freed
@@ -230,8 +230,8 @@ def test_a_site_that_keeps_changing_runs_eagerly_past_its_limit(monkeypatch):
     # a copy: user data as it is would run its op at the call, as a region of its own
     images = ndd.batch([np.zeros((16, 16, 3), np.uint8)] * 2, layout="HWC")
 
-    def step(images, angle):
-        return ndd.rotate(ndd.flip(images, horizontal=1), angle=angle, fill_value=0)
+    def step(images, fill):  # (a fixed argument: a new region per value)
+        return ndd.rotate(ndd.flip(images, horizontal=1), angle=30.0, fill_value=fill)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)

@@ -226,13 +226,14 @@ def test_nan_and_infinite_static_arguments_keep_their_bits():
     """A NaN's sign is part of the value DALI pads with: a compiled function called with
     `nan` and then `-nan` (`inf - inf`) must not reuse the first trace (guards), a region must
     not reuse the first pipeline (region keys), and the pipeline must build (NaN literals in
-    the generated code) rather than fall back."""
+    the generated code) rather than fall back. (rotate's `fill_value` is a fixed argument;
+    `pad`'s, a tensor argument, is passed as data when held in a variable, as eagerly.)"""
     import math
 
     def pad(x, value):
-        return ndd.pad(x, fill_value=value, axes=[0], shape=[3])
+        return ndd.rotate(x, angle=45.0, fill_value=value, keep_size=True)
 
-    data = ndd.as_batch([np.zeros((1,), np.float32)])
+    data = ndd.as_batch([np.zeros((4, 4, 1), np.float32)], layout="HWC")
     compiled = ndd.compile(pad)
     values = [math.nan, math.inf - math.inf, math.nan, math.inf, -math.inf, -0.0, 0.0]
     ndd_trace.reset_report()

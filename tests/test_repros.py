@@ -21,9 +21,6 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPROS, "*", "[0-9][0-9]_*.py")))
 
 # folder/script -> the issue that fixes it (issue 35: zero differences)
 NOT_FIXED_YET = {
-    "guards_errors/08_lazy_repr_and_type.py": "issue 35: lazy values",
-    "training4/01_normalize_scalar_in_variable.py": "issue 35: errors",
-    "training4/06_lazy_batch_repr.py": "issue 35: lazy values",
 }
 
 

@@ -152,6 +152,7 @@ def test_regions_keyed_by_the_fed_data_layout():
     regions that differ only in that layout share a pipeline, and DALI refuses an external
     source whose layout changes between iterations."""
     from ndd_trace.modes import lazy, regions
+    from ndd_trace.modes.proxies import lazy_handle
 
     data = ndd.as_batch([np.ones((4, 6, 3), np.float32)] * 2, layout="HWC")
     with ndd_trace.enabled():
@@ -160,9 +161,9 @@ def test_regions_keyed_by_the_fed_data_layout():
         result = ndd.transpose(summed, perm=[1, 0, 2])  # recorded before `summed` runs
         summed.shape  # runs the first region; `summed` is then fed to `result`'s region
         tracer = lazy._local().tracer
-        node = result._ref.node
+        node = lazy_handle(result).ref.node
         leaves = regions.region_view(tracer.regions.pending_cone(node), node, clone=False).leaves
-        assert summed._meta.layout is None  # inference does not know it...
+        assert lazy_handle(summed).meta.layout is None  # inference does not know it...
         assert leaves[0].meta[0].layout == "WHC"  # ...the key uses the data's own
         assert_same(ndd.transpose(ndd.reductions.sum(ndd.transpose(data, perm=[1, 0, 2]),
                                                      axes=[0], keep_dims=True),
@@ -322,3 +323,56 @@ def test_len_list_tuple_and_star_of_lazy_values_as_eager(batch):
         transparent = observe()
     assert eager == transparent
     assert eager[0] == ("TypeError", "object of type 'Batch' has no len()")
+
+
+def test_values_are_eager_batches_and_tensors(batch):
+    """Printing a value, its type and the errors that name it are eager's: transparent mode's
+    values are ndd.Batch and ndd.Tensor themselves, their data run when read (issue 35)."""
+    def observe():
+        y = ndd.resize(batch, size=[4, 4]) * 2
+        sample = ndd.math.abs(ndd.as_tensor(np.arange(6, dtype=np.int16).reshape(2, 3)) - 3)
+        seen = [type(y).__name__, type(y) is ndd.Batch, type(sample) is ndd.Tensor,
+                y.dtype, y.layout, y.ndim, sample.dtype, sample.ndim]
+        try:
+            y[0]
+        except TypeError as error:
+            seen.append(str(error))
+        seen += [repr(y), repr(sample), str(sample), type(y.select(1)).__name__,
+                 to_numpy(sample[1:, ::2]).tolist()]
+        return seen
+
+    eager = observe()
+    with ndd_trace.enabled():
+        transparent = observe()
+    assert eager == transparent
+    assert eager[:3] == ["Batch", True, True]
+
+
+def _bytes(batch) -> list[bytes]:
+    return [sample.tobytes() for sample in to_numpy(batch)]
+
+
+def test_numbers_held_in_variables_are_passed_as_eager_passes_them(batch):
+    """A number held in a variable (a config value) is a per-call tensor argument eagerly, as
+    a list in one is, and DALI reads some ops' such arguments otherwise (normalize rejects a
+    0-d mean): every step of a loop gives eager's values or eager's error (issue 35)."""
+    config = {"angle": 12.0, "mean": 118.0, "std": 57.0}
+
+    def run():
+        seen = []
+        for step in range(3):
+            angle = config["angle"] + step // 2
+            seen.append(_bytes(ndd.rotate(batch, angle=angle, keep_size=True)))
+            try:
+                out = ndd.normalize(ndd.cast(batch, dtype=ndd.float32), mean=config["mean"],
+                                    stddev=config["std"])
+                seen.append(_bytes(out))
+            except Exception as error:  # noqa: BLE001 (compared with eager's)
+                seen.append((type(error).__name__, str(error).splitlines()[0]))
+        return seen
+
+    eager = run()
+    with ndd_trace.enabled():
+        transparent = run()
+    assert eager == transparent
+    assert eager[1][0] == "RuntimeError"

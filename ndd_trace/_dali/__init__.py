@@ -11,6 +11,8 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 `Operator._legacy_op`, `_schema`, `_has_random_state_arg`, `_is_stateful`,
 `_argument_conversion_map`, `_input_device`; `_op_builder._resolve_backend`, `_scalar_decay`,
 `_unsupported_args` and `_next_pow2`; `_ops._to_tensor`; `random._draw_state`; `Batch._storage`;
+`Batch._invocation_result` and `Tensor._invocation_result` (what a lazy value stands for: a
+compiled call's output, or the recorded call of a transparent-mode value);
 `TensorList._make_copy`; `_source_analysis.constant_kwargs` and
 `_call_site.resolve_callsite_frame` (eager's call-site analysis), `_source_analysis`'s
 `_get_module_info`, `_file_cache` and `ModuleInfo` (the warm start); `EvalContext._instance_cache`
@@ -35,7 +37,8 @@ from .analysis import set_directory as set_analysis_cache_dir
 from .analysis import stats as analysis_cache_stats
 from .base import (Batch, batch_of, DALI_VERSION, DType, Device, RNG, STATE_WORDS, Tensor, device,
                    dynamic_module, install_compile)
-from .operators import (NOT_PLAIN, argument_dtype, argument_names, argument_token, call_site_frame,
+from .operators import (NOT_PLAIN, SPLIT_VALUES, argument_dtype, argument_names, argument_token,
+                        call_site_frame,
                         data_signature, decay_plain, decay_static, dtype_name, dtype_of,
                         dtype_public_name, eager_instance_key, eager_instance_key_for_batch,
                         eager_split, has_gpu_backend, infer_metadata, input_device,
@@ -45,9 +48,9 @@ from .interception import (interceptor, capture_running, eager_inside_trace, eag
                            eval_mode_is_sync, hold_interception, intercept, is_random, is_stateful,
                            op_functions, op_path, plumbing, process_params_replaced, schema_name,
                            synchronous, synchronous_cpu, tracing_active, unwatched)
-from .data import (broadcast_state, eager_reads_as_is, host_array, init_proxy, lazy_batch,
-                   op_function_of, pending_run_of, proxy_device, proxy_storage, same_data,
-                   set_proxy_storage, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
+from .data import (broadcast_state, eager_reads_as_is, host_array, init_proxy,
+                   invocation_result_of, lazy_batch, op_function_of, pending_run_of, proxy_device,
+                   same_data, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
                    wrap_batch, wrap_tensor, wraps_user_data)
 from .random import (ReplayRNG, default_rng, draw_state, existing_default_rng, forget_default_rng,
                      resolve_rng, rng_advance, rng_clone, rng_position, rng_restore, rng_snapshot)
@@ -90,13 +93,12 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "fn_function", "forget_default_rng", "frees_after_failure", "has_empty_sample",
     "has_gpu_backend", "hold_interception", "host_array", "host_ints", "host_samples",
     "in_this_branch", "infer_metadata", "init_proxy", "input_device", "input_node",
-    "install_compile", "intercept",
-    "is_data_node",
+    "install_compile", "intercept", "invocation_result_of", "is_data_node",
     "is_random", "is_stateful", "is_tensor_argument", "keep_eager_instance", "lazy_batch",
     "logical_hooks", "meta_of", "node_key", "NOT_PLAIN", "op_class_at", "op_function_of",
     "op_functions", "op_path", "park_failed_pipeline", "pending_run_of", "pipeline_failure",
     "pipeline_options", "pipeline_outputs", "plumbing", "process_params_replaced", "proxy_device",
-    "proxy_storage", "read_files_again", "Reader", "reader_checkpointing",
+    "read_files_again", "Reader", "reader_checkpointing",
     "reader_epoch_captures", "reader_epoch_request", "reader_files", "ReaderFiles",
     "reader_fn_path", "reader_has_tensor_args", "reader_metadata",
     "reader_metadata_of", "reader_name", "reader_shard_id", "reader_started", "reader_static_args",
@@ -107,8 +109,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "schedule_one", "shape_node",
     "schema_name",
     "set_analysis_cache_dir",
-    "set_proxy_storage",
-    "set_reader_shard_id", "shard_steps", "snapshot", "stand_in_batch", "STATE_WORDS", "storage_of",
+    "set_reader_shard_id", "shard_steps", "snapshot", "SPLIT_VALUES", "stand_in_batch",
+    "STATE_WORDS", "storage_of",
     "synchronous", "synchronous_cpu", "Tensor", "tensor_argument", "tensor_argument_meta",
     "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader",
     "trusted_cache_dir",

@@ -85,42 +85,35 @@ def op_function_of(op_class: type) -> Callable:
 _function_by_class: dict | None = None
 
 
-# Proxies: ndd_trace's Batch/Tensor subclasses (traced values, transparent mode's lazy ones)
+# Proxies: ndd_trace's Batch/Tensor subclasses (the traced values of a compiled function)
 #
 # They are built without ndd's constructors, so they get the fields ndd's own methods read
-# here; the rest of the package reads and writes them through these functions.
+# here; the rest of the package reads them through these functions.
 
 _PROXY_FIELDS = {"_storage": None, "_tensors": None, "_invocation_result": None,
                  "_wraps_external_data": False, "_slice": None, "_shape": None,
                  "_batch": None, "_index_in_batch": None}
 
 
-def init_proxy(proxy: Any, device: Any, dtype: Any = None, result: Any = None) -> None:
+def init_proxy(proxy: Any, device: Any) -> None:
     """Give a proxy (an instance of a Batch/Tensor subclass) the fields ndd's methods read:
-    no data, its `device`; a lazy one its known `dtype` and the `result` handle ndd code copies
-    (`ndd.as_tensor(x)`, `ndd.batch([...])` keep it, and it runs the value when read)."""
+    no data, its `device`."""
     fields = proxy.__dict__
     fields.update(_PROXY_FIELDS)
     fields["_device"] = device
-    if result is not None:
-        fields["_dtype"] = dtype
-        fields["_layout"] = None
-        fields["_ndim"] = None
-        fields["_invocation_result"] = result
 
 
 def proxy_device(proxy: Any) -> Any:
     return proxy._device
 
 
-def proxy_storage(proxy: Any) -> Any:
-    """A proxy's data once it ran (a TensorList, or a Tensor's one sample), else None."""
-    return proxy._storage
-
-
-def set_proxy_storage(proxy: Any, storage: Any) -> None:
-    """A proxy's data, from its value's TensorList (a Tensor keeps its one sample)."""
-    proxy._storage = storage if isinstance(proxy, Batch) else storage[0]
+def invocation_result_of(value: Any) -> Any:
+    """What a Batch or Tensor built lazily (`Batch(invocation_result=...)`: an ndd_trace
+    result, transparent mode's values included) evaluates when first read; None for anything
+    else. (ndd keeps it after the data came: it answers `.shape` from it.)"""
+    if isinstance(value, (Batch, Tensor)):
+        return value.__dict__.get("_invocation_result")
+    return None
 
 
 def tensor_subscript(value: Any, **ranges: Any) -> Any:
@@ -157,9 +150,7 @@ def lazy_batch(invocation_result: Any) -> Batch:
 def pending_run_of(value: Any) -> Any:
     """The ndd_trace pipeline run behind a Batch or Tensor made by `lazy_batch` (a compiled
     call's output), else None."""
-    if isinstance(value, (Batch, Tensor)):
-        return getattr(vars(value).get("_invocation_result"), "_run", None)
-    return None
+    return getattr(invocation_result_of(value), "_run", None)
 
 
 def wrap_batch(tensor_list: Any) -> Batch:

@@ -236,6 +236,13 @@ def has_gpu_backend(op_class: type) -> bool:
     return "gpu" in op_class._supported_backends
 
 
+# The Python values eager's split decides about (above): a construction argument where the call
+# site shows the value to be constant, else a per-call tensor argument ndd converts (a number
+# to a 0-d tensor, a list to a 1-d one; arrays and data are tensor arguments either way)
+SPLIT_VALUES = frozenset((list, tuple, int, float, bool))
+
+
+@functools.lru_cache(maxsize=8192)
 def is_tensor_argument(op_class: type, name: str) -> bool:
     schema = op_class._schema
     try:

@@ -198,6 +198,7 @@ def run_call(executable: Executable, key: tuple, bound: dict,
     else:
         run = executable.start(
             batch_size, lambda: executable.feed.call_data(bound, states, batch_size))
+    run.leaves = lambda: executable.failures.leaves_of(bound, states)
     run.replay = lambda: executable.failures.eager_error_of(bound, states, batch_size)
     if observation is not None:
         speculator.learn(key, executable, observation, batch_size)

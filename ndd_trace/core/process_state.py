@@ -32,6 +32,7 @@ waits_lock = threading.Lock()
 # .pulling: timed next() calls in progress; .blocked: seconds blocked in them (waits.py)
 waits_local = threading.local()
 loop_times: dict[tuple[str, str], Any] = {}  # (loop, file:line) -> waits.LoopTimes
+blocked_elsewhere: dict[int, float] = {}  # thread -> seconds other threads waited for it
 tuning_lock = threading.RLock()
 tuning_search: list[weakref.ref] = []  # the one Tuner searching now (tuning.py)
 tuning_stores: dict[str | None, Any] = {}  # directory -> tuning_store.Store

@@ -85,3 +85,37 @@ def rejects_call(node: Node, value_of: Any) -> bool:
     except Exception:  # noqa: BLE001 (DALI's verdict on the call)
         return True
     return False
+
+
+def interpret_unaffected(graph: Graph, failed: Node, leaves: dict[Any, Any],
+                         batch_size: int | None = None) -> list | None:
+    """The outputs of `graph` that do not read the op `failed` (a failed pipeline run's), as
+    eager ndd gives them: eager fails only the results that use a failing call, and computes
+    the others. Their ops are interpreted on the run's `leaves`, each call synchronous; one
+    TensorList per output, None for an output that reads `failed`. None where no output is
+    unaffected, or where one of their ops fails too (the run's error then stands for all)."""
+    reads: set[int] = set()  # ids of `failed` and of the ops that read it (program order)
+    for node in graph.nodes:
+        if node is failed or any(id(ref.node) in reads
+                                 for ref in (*node.inputs, *node.arg_inputs.values())):
+            reads.add(id(node))
+    unaffected = [id(ref.node) not in reads for ref in graph.outputs]
+    if not any(unaffected):
+        return None
+    needed = Graph(graph.name)
+    needed.outputs = [ref for ref, keep in zip(graph.outputs, unaffected) if keep]
+    live: set[int] = set()
+    stack = [ref.node for ref in needed.outputs]
+    while stack:
+        node = stack.pop()
+        if id(node) not in live:
+            live.add(id(node))
+            stack.extend(ref.node for ref in (*node.inputs, *node.arg_inputs.values()))
+    needed.nodes = [node for node in graph.nodes if id(node) in live]
+    try:
+        with _dali.synchronous():
+            values = interpret(needed, leaves, batch_size)
+            data = {id(ref): _dali.storage_of(values[ref]) for ref in needed.outputs}
+    except Exception:  # noqa: BLE001 (another op fails too: the run's error stands)
+        return None
+    return [data[id(ref)] if keep else None for ref, keep in zip(graph.outputs, unaffected)]

@@ -15,6 +15,7 @@ from .. import _dali
 from ..core.ir import Node
 from . import waits
 from .failures import surfacing
+from .interpret import interpret_unaffected
 
 
 class PendingRun:
@@ -26,6 +27,10 @@ class PendingRun:
         self.outputs: tuple | None = None
         self.error: BaseException | None = None
         self.replay: Any = None  # () -> the exception eager ndd raises on this run's data
+        self.leaves: Any = None  # () -> this run's data as `interpret` takes it
+        # a failed run's outputs that do not read the failing op, as eager gives them (None
+        # for those that do); () where there are none, or they cannot be told apart
+        self.readable: list | tuple | None = None
         self.data: list | None = None  # what it was fed (to run it again, see `lost`)
         # an earlier run of the same pipeline failed while this one was scheduled: the pipeline
         # is gone, and this run is run again from its data when its outputs are asked for (an
@@ -55,6 +60,27 @@ class PendingRun:
         if self.error is not None:
             raise self.error if self.as_is else surfacing(self.error, self.deferred)
         return self.outputs  # type: ignore[return-value]
+
+    def output(self, index: int) -> Any:
+        """Output `index` (`result()[index]`); of a failed run, an output that does not read
+        the failing op is eager's value: eager fails only the results that use a failing call
+        (at their first use), and computes the others."""
+        try:
+            return self.result()[index]
+        except Exception:
+            readable = self._readable()
+            if not readable or readable[index] is None:
+                raise
+        return readable[index]
+
+    def _readable(self) -> list | tuple:
+        if self.readable is None:
+            self.readable = ()
+            if self.failed is not None and self.leaves is not None and not self.as_is:
+                self.readable = interpret_unaffected(
+                    self._executable.failures.graph, self.failed, self.leaves(),
+                    self.batch_size) or ()
+        return self.readable
 
 
 class LazyResult:
@@ -109,7 +135,7 @@ class LazyOutput(LazyResult):
         self._index = index
 
     def _data(self) -> Any:
-        return self._run.result()[self._index]
+        return self._run.output(self._index)
 
     def _batch_size(self) -> int:
         return self._run.batch_size

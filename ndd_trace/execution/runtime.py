@@ -119,7 +119,8 @@ class Executable(SettingsSwap):
             return self.feed.call_data(bound, states, batch_size)
 
         run = self.start(batch_size, data)
-        run.replay = lambda: self.failures.eager_error_of(bound, drawn["states"], batch_size)
+        run.leaves = lambda: self.failures.leaves_of(bound, drawn["states"])
+        run.replay = lambda: self.failures.eager_error(run.leaves(), batch_size)
         return run
 
     def run_leaves(self, leaves: list[Node], batch_size: int,
@@ -130,14 +131,15 @@ class Executable(SettingsSwap):
                           lambda: [self.feed.leaf_data(leaf, batch_size) for leaf in leaves])
         run.calls = calls
 
-        def replay() -> BaseException | None:
+        def data_of_leaves() -> dict:
             values = self.failures.leaves_of({}, {})
             for node, leaf in zip(self.lowered.external_sources, leaves):
                 values[id(node)] = leaf.payload[1] if leaf.kind is NodeKind.RANDOM_STATE \
                     else leaf.payload
-            return self.failures.eager_error(values, batch_size)
+            return values
 
-        run.replay = replay
+        run.leaves = data_of_leaves
+        run.replay = lambda: self.failures.eager_error(data_of_leaves(), batch_size)
         return run
 
     def start(self, batch_size: int, data: Any) -> PendingRun:

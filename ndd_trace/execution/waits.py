@@ -31,7 +31,8 @@ from .. import _dali
 from ..core import trees
 from ..core.files import write_atomic
 
-__all__ = ["BOTTLENECK_SHARE", "LoopTimes", "chart", "loops", "note_fetched", "reset", "timed"]
+__all__ = ["BOTTLENECK_SHARE", "LoopTimes", "chart", "loops", "note_fetched", "on_behalf_of",
+           "reset", "timed"]
 
 BOTTLENECK_SHARE = 0.10  # the consumer waits for data this share of its time or more
 KEEP_STEPS = 100_000  # per-step times kept for the chart (totals count every step)
@@ -128,6 +129,31 @@ def note_fetched(run: Any, started: float) -> None:
     run.fetched = (now - started, now, threading.get_ident())
 
 
+@contextmanager
+def on_behalf_of(thread: int) -> Iterator[None]:
+    """The block's waits for pipeline outputs are `thread`'s: ndd reads a transparent-mode
+    value for the consumer in a thread of its own (`x.torch()`, `ndd.as_tensor(x)`), while the
+    consumer waits for it."""
+    if thread == threading.get_ident():
+        yield
+        return
+    local = process_state.waits_local
+    before = getattr(local, "blocked", 0.0)
+    try:
+        yield
+    finally:
+        waited = getattr(local, "blocked", 0.0) - before
+        with process_state.waits_lock:
+            elsewhere = process_state.blocked_elsewhere
+            elsewhere[thread] = elsewhere.get(thread, 0.0) + waited
+
+
+def _blocked() -> float:
+    """Seconds this thread waited for pipeline outputs so far (others' waits for it included)."""
+    return getattr(process_state.waits_local, "blocked", 0.0) + \
+        process_state.blocked_elsewhere.get(threading.get_ident(), 0.0)
+
+
 def timed(iterator: Iterator[Any], name: str, where: str) -> Iterator[Any]:
     """`iterator` (a reader loop's epoch) with its consumer's waits and steps counted under
     (name, where); as it is where it is opened inside a timed loop's `next()`."""
@@ -169,7 +195,7 @@ class _Pull:
         now = time.perf_counter()
         if self.pending:
             self.pending = False
-            in_step = (getattr(local, "blocked", 0.0) - self.blocked
+            in_step = (_blocked() - self.blocked
                        if threading.get_ident() == self.thread else 0.0)
             in_step = min(in_step + _fetched_elsewhere(self.item, self.handed, self.thread),
                           now - self.handed)
@@ -185,7 +211,7 @@ class _Pull:
 
     def handed_out(self, item: Any) -> None:
         self.handed = time.perf_counter()
-        self.blocked = getattr(process_state.waits_local, "blocked", 0.0)
+        self.blocked = _blocked()
         self.thread = threading.get_ident()
         self.item = item
         self.pending = True

@@ -6,10 +6,10 @@
         tensor = images.torch()                        # the pending region runs as one pipeline
     print(ndd_trace.report())
 
-Each ndd call returns a lazy ndd.Batch/Tensor. Consuming one (`.torch()`, `np.asarray`,
-`.shape`, iteration, printing) runs the pending calls it depends on as one DALI pipeline, looked
-up by the region's structure (same ops, same static arguments, same input kinds), so a loop body
-builds its pipeline once and reuses it every iteration. Random ops draw their state when they are
+Each ndd call returns an ndd.Batch/Tensor whose data is deferred (proxies.py). Consuming one
+(`.torch()`, `np.asarray`, `.shape`, iteration, printing) runs the pending calls it depends on
+as one DALI pipeline, looked up by the region's structure (same ops, same static arguments, same
+input kinds), so a loop body builds its pipeline once and reuses it every iteration. Random ops draw their state when they are
 called, exactly as eagerly, so values and generator state match a plain run. A call that cannot
 be recorded (a synchronous EvalMode, an argument DALI rejects, a stateful operator) runs eagerly
 on the spot and is counted with its reason and `file:line`.
@@ -18,6 +18,7 @@ on the spot and is counted with its reason and `file:line`.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -45,12 +46,12 @@ from ..execution.failures import unknown_inputs, validated_at_call
 from ..execution.runtime import Options
 from ..tracing.trace import Tracer, inference_metas
 from ..units.cache import REGIONS
-from .proxies import LazyBatch, LazyTensor, is_lazy, LazyMixin
+from .proxies import LazyValue, is_lazy, lazy_handle, lazy_value, node_of
 from .regions import RegionRunner, checked_call_key
 from .report import Region, Report, bookkeeping, report, reset_report, step_breakdown
-from .sites import MAX_SITES, CallSites, first_output
+from .sites import MAX_SITES, CallSites
 
-__all__ = ["LazyBatch", "LazyTensor", "LazyTracer",
+__all__ = ["LazyTracer", "LazyValue",
            "Region", "Report", "Steps", "disable", "enable", "enabled", "is_enabled",
            "new_tracer", "report", "reset_report", "step_breakdown"]
 
@@ -63,7 +64,7 @@ class Pending:
 
     def __init__(self) -> None:
         self.results: list | None = None
-        self.proxies: list = []  # weak references to LazyBatch/LazyTensor
+        self.proxies: list = []  # weak references to the LazyValues of its outputs
 
 
 class _UnlistedGraph(Graph):
@@ -85,14 +86,13 @@ def _runs_at_call(node: Node, inputs: tuple, kwargs: dict) -> bool:
     for value in inputs:
         if value is None:
             continue
-        if not isinstance(value, LazyMixin) and index < len(devices) and \
+        if index < len(devices) and not is_lazy(value) and \
                 _dali.eager_reads_as_is(value, node.is_batch) == devices[index]:
             return True
         index += 1
     for key in node.arg_inputs:
         value = kwargs.get(key)
-        if value is not None and not isinstance(value, LazyMixin) and \
-                key not in node.arg_casts and \
+        if value is not None and key not in node.arg_casts and not is_lazy(value) and \
                 _dali.eager_reads_as_is(value, node.is_batch) == "cpu":
             return True
     return False
@@ -108,9 +108,11 @@ class LazyTracer(Tracer):
         self.speculator = Speculator()
         self.sites = CallSites(self)  # (op, code, instruction) -> its last call, replayed
         self.regions = RegionRunner(self.options, self.speculator)  # runs what is consumed
-        self._converted: dict[tuple, Any] = {}  # lists converted to tensor arguments, kept
+        self._converted: dict[tuple, Any] = {}  # numbers and lists made tensor arguments, kept
         self._owned: set[int] = set()  # ids of the values in _converted
         self._accepted: set[tuple] = set()  # checked_call_key of calls DALI accepted
+        self._running = threading.RLock()
+        self._thread = threading.get_ident()  # whose calls it records: the consumer's
 
     @property
     def optimize(self) -> bool:
@@ -122,33 +124,40 @@ class LazyTracer(Tracer):
         self.regions.optimize = bool(value)
 
     def materialize(self, ref: Ref) -> Any:
-        """Run the pending region `ref` depends on; return that output's TensorList."""
-        return self.regions.materialize(ref)
+        """Run the pending region `ref` depends on; return that output's TensorList. (Its
+        values are ndd's own Batch/Tensor: ndd code may read one in a worker thread of its
+        own, `ndd.as_tensor(x)`, `x.torch()`; one region runs at a time.)"""
+        with self._running, waits.on_behalf_of(self._thread):
+            return self.regions.materialize(ref)
 
     # -- recording -----------------------------------------------------------------------------
 
     def _proxy(self, ref: Ref, meta: TensorMeta, is_batch: bool) -> Any:
-        proxy = (LazyBatch if is_batch else LazyTensor)(self, ref, meta)
-        ref.node.state.proxies.append(weakref.ref(proxy))
-        return proxy
+        """An ndd.Batch/Tensor whose data is `ref`'s, run when read (eager's own types)."""
+        value, handle = lazy_value(self, ref, is_batch)
+        ref.node.state.proxies.append(weakref.ref(handle))
+        return value
+
+    def _recorded_device(self, value: Any) -> str | None:
+        handle = lazy_handle(value)
+        return handle.meta.device if handle is not None else super()._recorded_device(value)
 
     def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
-        if is_lazy(value):
-            if _dali.proxy_storage(value) is None and value._tracer is self:
-                return value._ref
-            value._materialize()
-            storage = _dali.proxy_storage(value)
-            concrete = (_dali.wrap_batch(storage) if isinstance(value, _dali.Batch)
-                        else _dali.Tensor(storage))
+        handle = lazy_handle(value)
+        if handle is not None:
+            if handle.pending and handle.tracer is self:
+                return handle.ref
+            data = handle.tracer.materialize(handle.ref)
+            concrete = _dali.wrap_batch(data) if handle.is_batch else _dali.wrap_tensor(data)
             return super()._constant_ref(concrete, is_batch, loc)
         return super()._ref_of(value, is_batch, loc)
 
     def _tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
-        """A list eager ndd passes as a per-call tensor argument, converted as ndd converts it
-        (for a batch, the Batch ndd broadcasts it to). Kept per value and batch size: a loop
-        passes the same list every step (`mean=MEAN`), and the conversion, the copy recording
-        makes of user data and a broadcast at every run cost ~0.2 ms a call; these are
-        ndd_trace's own, never written to, and fed in place."""
+        """A number or list eager ndd passes as a per-call tensor argument, converted as ndd
+        converts it (for a batch, the Batch ndd broadcasts it to). Kept per value and batch
+        size: a loop passes the same value every step (`mean=MEAN`), and the conversion, the
+        copy recording makes of user data and a broadcast at every run cost ~0.2 ms a call;
+        these are ndd_trace's own, never written to, and fed in place."""
         token = _dali.argument_token(value)
         cache_key = (op_class, key, token, batch_size) if token is not None else None
         converted = self._converted.get(cache_key) if cache_key is not None else None
@@ -247,7 +256,7 @@ class LazyTracer(Tracer):
             if result is None:
                 result = super().handle(op_class, original, inputs, dict(kwargs))
                 instance = self.sites.keep_eager_instance(
-                    op_class, first_output(result)._ref.node, kwargs,
+                    op_class, node_of(result), kwargs,
                     _dali.call_site_frame(sys._getframe(1), kwargs))
                 if site_key is not None:
                     self.sites.remember(site_key, result, inputs, kwargs, instance)
@@ -257,11 +266,11 @@ class LazyTracer(Tracer):
             reason = f"could not be recorded ({type(error).__name__})"
         if reason is not None:  # run outside the handler: eager's error has no internal context
             return self._eager(original, inputs, kwargs, name, reason)
-        if validated_at_call(first_output(result)._ref.node) and \
-                not self._accepts(first_output(result)._ref.node):
+        node = node_of(result)
+        if validated_at_call(node) and not self._accepts(node):
             return self._eager(original, inputs, kwargs, name, "DALI rejects the call, given "
                                "the real metadata of its inputs")
-        state = first_output(result)._ref.node.arg_inputs.get("_random_state")
+        state = node.arg_inputs.get("_random_state")
         if state is not None:  # draw now, in call order, exactly as the eager call would
             _, rng = state.node.payload
             position = _dali.rng_position(rng)
@@ -271,7 +280,6 @@ class LazyTracer(Tracer):
         with bookkeeping.lock:
             bookkeeping.ops_recorded += 1
             bookkeeping.ops_replayed += replayed
-        node = first_output(result)._ref.node
         if _runs_at_call(node, inputs, kwargs):
             self._run_at_call(node)
         return result
@@ -312,8 +320,8 @@ class LazyTracer(Tracer):
         REGIONS.ledger.tally(name, Verdict(reason, loc))
         logs.transparent.debug("ndd.%s at %s runs eagerly: %s", name, loc or "?", reason)
         for value in (*inputs, *kwargs.values()):
-            if is_lazy(value):
-                value._materialize()
+            if is_lazy(value):  # run here, not in the worker thread an eager call may use
+                value.evaluate()
         with _dali.eager_inside_trace():
             return original(*inputs, **kwargs)
 
@@ -324,7 +332,7 @@ class LazyTracer(Tracer):
         ndd does to answer `.dtype`, `.ndim` or `.layout` before it runs an op (its inputs have
         run by then: ndd runs an op fed by user data at the call). The inputs' regions run, the
         op itself does not: its own run-time error still comes at first use, as eagerly. True
-        if the node's metadata changed (its proxies then answer from it)."""
+        if the node's metadata changed (its values then answer from it)."""
         node = ref.node
         if node.kind is not NodeKind.OP or node.state.results is not None or node.op_class is None:
             return False
@@ -347,10 +355,6 @@ class LazyTracer(Tracer):
         if len(metas) != node.num_outputs or metas == node.meta:
             return False
         node.meta = list(metas)
-        for proxy_ref in node.state.proxies:
-            proxy = proxy_ref()
-            if proxy is not None:
-                proxy._meta = node.meta[proxy._ref.index]
         return True
 
 # ---------------------------------------------------------------------------------------------

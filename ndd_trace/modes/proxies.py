@@ -1,6 +1,15 @@
-"""The lazy values transparent mode hands out: an ndd.Batch or ndd.Tensor whose data is a
-pending region's output, run when something reads it (`.torch()`, `np.asarray`, `.shape`).
+"""The lazy values transparent mode hands out: real ndd.Batch and ndd.Tensor objects, as eager
+ndd's own results are, whose data is a recorded call's output (`LazyValue`, ndd's
+invocation-result protocol), run when something reads it (`.torch()`, `np.asarray`, `.shape`).
 Metadata the recording knows (dtype, layout, ndim) answers without running anything.
+
+    value = lazy_value(tracer, Ref(node, 0), is_batch=True)   # an ndd.Batch, nothing run
+    handle = lazy_handle(value)       # its LazyValue (None for any other value): the recorder
+    handle.ref, handle.pending        # reads which recorded output it is, and whether it ran
+
+The recorder tells its pending values by the handle they hold (ndd's `_invocation_result`
+field, read through the adapter), not by their type: `type(x) is ndd.Batch`, `repr(x)` and
+the messages naming the type are eager's.
 """
 
 from __future__ import annotations
@@ -8,164 +17,109 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _dali
-from ..core.ir import Ref, TensorMeta
+from ..core.ir import Node, Ref, TensorMeta
 from ..execution.results import LazyResult
-from ..tracing.values import BATCH_ABSENT, TracedBatch, TracedTensor
 
 
-class LazyMixin:
-    _tracer: Any  # lazy.LazyTracer
-    _ref: Ref
+class LazyValue(LazyResult):
+    """One output of a call transparent mode recorded, as ndd's InvocationResult: the
+    ndd.Batch/Tensor built on it (and any copy ndd code makes of its fields, `ndd.as_tensor(x)`,
+    `ndd.batch([...])`) asks it for metadata and, when read, for the data, which runs the
+    pending region the output belongs to."""
 
-    def _materialize(self) -> None:
-        if _dali.proxy_storage(self) is None:
-            _dali.set_proxy_storage(self, self._tracer.materialize(self._ref))
+    def __init__(self, tracer: Any, ref: Ref, is_batch: bool):  # a lazy.LazyTracer
+        meta = ref.node.meta[ref.index]
+        device = _dali.device(meta.device, tracer.device_id if meta.device == "gpu" else None)
+        super().__init__(is_batch, device)
+        self.tracer, self.ref = tracer, ref
 
-    def _concrete(name: str):  # noqa: N805 (a method factory used in the class bodies)
-        def method(self, *args: Any, **kwargs: Any) -> Any:
-            self._materialize()
-            base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
-            return getattr(base, name)(self, *args, **kwargs)
+    @property
+    def meta(self) -> TensorMeta:
+        """The output's metadata as recorded (refined from its inputs' data, see `refine_meta`)."""
+        return self.ref.node.meta[self.ref.index]
 
-        method.__name__ = name
-        return method
+    @property
+    def pending(self) -> bool:
+        """Whether its call has not run yet."""
+        results = self.ref.node.state.results
+        return results is None or results[self.ref.index] is None
 
-    def _concrete_property(name: str):  # noqa: N805
-        def getter(self: Any) -> Any:
-            self._materialize()
-            base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
-            return getattr(base, name).fget(self)
+    def _data(self) -> Any:
+        return self.tracer.materialize(self.ref)
 
-        return property(getter)
+    def _batch_size(self) -> int:
+        return int(self.ref.node.batch_size)
 
-    def _known_or_concrete(name: str):  # noqa: N805
-        def getter(self: Any) -> Any:
-            value = getattr(self._meta, name)
-            ran = _dali.proxy_storage(self) is not None
-            if value is None and not ran and self._tracer.refine_meta(self._ref):
-                value = getattr(self._meta, name)
-            if value is not None and not ran:
-                return getattr(TracedBatch, name).fget(self)
-            self._materialize()
-            base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
-            return getattr(base, name).fget(self)
+    def _known(self, name: str) -> Any:
+        """`name` of the metadata as recorded, refined from the inputs' data where it is not
+        known (as eager ndd infers it before it runs an op); None once the call ran, or where
+        only running tells it."""
+        if not self.pending:
+            return None
+        value = getattr(self.meta, name)
+        if value is None and self.tracer.refine_meta(self.ref):
+            value = getattr(self.meta, name)
+        return value if self.pending else None
 
-        return property(getter)
+    @property
+    def dtype(self) -> Any:
+        name = self._known("dtype")
+        return _dali.dtype_of(name) if name is not None else super().dtype
 
-    shape = _concrete_property("shape")
-    dtype = _known_or_concrete("dtype")
-    ndim = _known_or_concrete("ndim")
-    evaluate = _concrete("evaluate")
-    torch = _concrete("torch")
-    __array__ = _concrete("__array__")
-    __repr__ = _concrete("__repr__")
-    __iter__ = _concrete("__iter__")
-    item = _concrete("item")
-    tolist = _concrete("tolist")
+    @property
+    def ndim(self) -> int:
+        ndim = self._known("ndim")
+        return ndim if ndim is not None else super().ndim
 
     @property
     def layout(self) -> str | None:
-        ran = _dali.proxy_storage(self) is not None
-        if not ran and self._meta.ndim is None:
-            self._tracer.refine_meta(self._ref)
-        if not ran and (self._meta.ndim is not None or self._meta.layout is not None):
-            return self._meta.layout or None  # ("" where DALI knows the ndim-less output has none)
-        self._materialize()
-        base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
-        return base.layout.fget(self)
-
-    def __bool__(self) -> bool:
-        self._materialize()
-        return True
-
-    def __len__(self) -> int:
-        """As eager's: ndd's Batch and Tensor have no len() (list(), tuple() and `[*x]` ask for
-        it as a hint, then iterate)."""
-        base = _dali.Batch if isinstance(self, _dali.Batch) else _dali.Tensor
-        raise TypeError(f"object of type '{base.__name__}' has no len()")
-
-    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
-        self._materialize()
-        return _dali.Tensor.__dlpack__(self, *args, **kwargs)
-
-    def __dlpack_device__(self) -> Any:
-        self._materialize()
-        return _dali.Tensor.__dlpack_device__(self)
+        if self.pending and self.meta.ndim is None:
+            self.tracer.refine_meta(self.ref)
+        meta = self.meta
+        if self.pending and (meta.ndim is not None or meta.layout is not None):
+            return meta.layout or None  # ("" where DALI knows the ndim-less output has none)
+        return super().layout
 
     @property
-    def __cuda_array_interface__(self) -> Any:
-        self._materialize()
-        return _dali.Tensor.__cuda_array_interface__.fget(self)
-
-
-def _known_dtype(meta: TensorMeta) -> Any:
-    return _dali.dtype_of(meta.dtype) if meta.dtype is not None else None
-
-
-class _LazyHandle(LazyResult):
-    """A lazy value's result handle: ndd code that copies a Batch/Tensor's fields
-    (`ndd.as_tensor(x)`, `ndd.batch([...])`) keeps something that runs the region."""
-
-    def __init__(self, tracer: Any, ref: Ref, is_batch: bool, device: Any):
-        super().__init__(is_batch, device)
-        self._tracer, self._ref = tracer, ref
-
-    def _data(self) -> Any:
-        return self._tracer.materialize(self._ref)
-
-    def _batch_size(self) -> int:
-        return int(self._ref.node.batch_size)
+    def invocation(self) -> LazyValue:
+        return self
 
     @property
-    def _invocation(self) -> _LazyHandle:
+    def index(self) -> int:
+        return self.ref.index
+
+    @property
+    def _invocation(self) -> LazyValue:
         """ndd's `InvocationResult._invocation`: the call record, here the handle itself."""
         return self
 
     @property
     def _results(self) -> list | None:
         """ndd's `Invocation._results`: None until the call has run, then its outputs."""
-        return self._ref.node.state.results
+        return self.ref.node.state.results
 
 
-class LazyBatch(LazyMixin, TracedBatch):
-    """A lazy ndd.Batch of transparent mode; consumed, it runs its pending region."""
-
-    # (over LazyMixin's, which are the tensors')
-    locals().update({name: getattr(TracedBatch, name) for name in BATCH_ABSENT})
-
-    def __init__(self, tracer: Any, ref: Ref, meta: TensorMeta):
-        self._init_traced(tracer, ref, meta, _known_dtype(meta),
-                          lambda device: _LazyHandle(tracer, ref, True, device))
-
-    @property
-    def batch_size(self) -> int:
-        return int(self._ref.node.batch_size)
-
-    def select(self, sample_range: Any) -> Any:
-        self._materialize()
-        return _dali.Batch.select(self, sample_range)
-
-    @property
-    def tensors(self) -> Any:
-        self._materialize()
-        return _dali.Batch.tensors.fget(self)
+def lazy_value(tracer: Any, ref: Ref, is_batch: bool) -> Any:
+    """The ndd.Batch (or ndd.Tensor) standing for recorded output `ref`, and its handle."""
+    handle = LazyValue(tracer, ref, is_batch)
+    value = _dali.lazy_batch(handle) if is_batch else _dali.Tensor(invocation_result=handle)
+    return value, handle
 
 
-class LazyTensor(LazyMixin, TracedTensor):
-    """A lazy ndd.Tensor of transparent mode."""
-
-    def __init__(self, tracer: Any, ref: Ref, meta: TensorMeta):
-        self._init_traced(tracer, ref, meta, _known_dtype(meta),
-                          lambda device: _LazyHandle(tracer, ref, False, device))
-
-    def __getitem__(self, ranges: Any) -> Any:
-        return TracedTensor.__getitem__(self, ranges)
-
-    @property
-    def size(self) -> Any:
-        self._materialize()
-        return _dali.Tensor.size.fget(self)
+def lazy_handle(value: Any) -> LazyValue | None:
+    """The LazyValue a Batch or Tensor of transparent mode is built on, else None."""
+    handle = _dali.invocation_result_of(value)
+    return handle if type(handle) is LazyValue else None
 
 
 def is_lazy(value: Any) -> bool:
-    return isinstance(value, LazyMixin)
+    return type(_dali.invocation_result_of(value)) is LazyValue
+
+
+def node_of(result: Any) -> Node:
+    """The recorded node of a call's result (one value, a tuple or a dict of them)."""
+    if isinstance(result, dict):
+        result = next(iter(result.values()))
+    elif isinstance(result, tuple):
+        result = result[0]
+    return lazy_handle(result).ref.node

@@ -305,8 +305,4 @@ def _leaf_value(leaf: Node) -> Any:
 
 
 def _settle_proxies(node: Node) -> None:
-    for proxy_ref in node.state.proxies:
-        proxy = proxy_ref()
-        if proxy is not None and _dali.proxy_storage(proxy) is None:
-            _dali.set_proxy_storage(proxy, node.state.results[proxy._ref.index])
-    node.state.proxies = []
+    node.state.proxies = []  # (its values read its results from now on)

@@ -16,7 +16,7 @@ from typing import Any
 from .. import _dali
 from ..core.ir import Node, Ref
 from ..tracing.trace import is_concrete_data
-from .proxies import is_lazy
+from .proxies import lazy_handle, node_of
 
 _IGNORED_KWARGS = frozenset(("_backend", "_caller_frame"))  # what recording drops too
 _DATA, _RNG = object(), object()  # argument tokens: recorded data; a random op's generator
@@ -33,17 +33,10 @@ class _Site:
     arguments: tuple  # (name, token) per keyword argument, in call order
     input_metas: tuple
     arg_metas: dict  # data keyword arguments: name -> metadata
-    converted: tuple  # lists eager ndd passes as per-call tensor arguments (data too)
+    converted: tuple  # numbers and lists eager ndd passes as per-call tensor arguments
     is_random: bool
     fields: dict  # the recorded node's derived fields (_SITE_FIELDS), passed to add_op
     instance: tuple | None  # eager's operator instance: (key, construction arguments, batch size)
-
-
-def first_output(result: Any) -> Any:
-    """The first output of a recorded call's result (one value, a tuple or a dict of them)."""
-    if isinstance(result, dict):
-        return next(iter(result.values()))
-    return result[0] if isinstance(result, tuple) else result
 
 
 class CallSites:
@@ -83,7 +76,7 @@ class CallSites:
 
     def remember(self, site_key: tuple, result: Any, inputs: tuple, kwargs: dict,
                        instance: tuple | None) -> None:
-        node = first_output(result)._ref.node
+        node = node_of(result)
         arguments = self.describe_arguments(node.op_class, kwargs)
         if arguments is None or not all(self.replayable_input(value) for value in inputs
                                         if value is not None):
@@ -91,7 +84,8 @@ class CallSites:
             return
         if len(self._sites) >= MAX_SITES:
             self._sites.clear()
-        converted = tuple(key for key in node.arg_inputs if type(kwargs.get(key)) in (list, tuple))
+        converted = tuple(key for key in node.arg_inputs
+                          if type(kwargs.get(key)) in _dali.SPLIT_VALUES)
         self._sites[site_key] = _Site(
             arguments=arguments,
             input_metas=tuple(ref.node.meta[ref.index] for ref in node.inputs),
@@ -115,8 +109,8 @@ class CallSites:
             if key == "rng" and _dali.is_random(op_class):
                 described.append((key, _RNG))
                 continue
-            if is_lazy(value) and _dali.proxy_storage(value) is None and \
-                    value._tracer is self._tracer:
+            handle = lazy_handle(value)
+            if handle is not None and handle.pending and handle.tracer is self._tracer:
                 described.append((key, _DATA))
                 continue
             token = _dali.argument_token(value)
@@ -128,8 +122,9 @@ class CallSites:
     def replayable_input(self, value: Any) -> bool:
         """A value this tracer recorded, or concrete ndd data (fed as a constant), a lazy value
         that ran included (an op given user data runs at its call)."""
-        if is_lazy(value):
-            return _dali.proxy_storage(value) is not None or value._tracer is self._tracer
+        handle = lazy_handle(value)
+        if handle is not None:
+            return not handle.pending or handle.tracer is self._tracer
         return is_concrete_data(value)
 
     def replay(self, site: _Site, op_class: type, inputs: tuple, kwargs: dict) -> Any:
@@ -139,7 +134,8 @@ class CallSites:
             return None
         data = [kwargs[key] for key in site.arg_metas  # the data arguments, in call order
                 if key not in site.converted]
-        if any(value._meta != meta for value, meta in zip(data, site.arg_metas.values())):
+        if any(lazy_handle(value).meta != meta
+               for value, meta in zip(data, site.arg_metas.values())):
             return None
         inputs = tuple(value for value in inputs if value is not None)
         if len(inputs) != len(site.input_metas) or not all(
@@ -167,11 +163,11 @@ class CallSites:
             tracer._note_static_batch_size(int(batch_size), loc)
         arg_inputs = {}
         for key in site.arg_metas:
-            if key in site.converted:  # the same list (its token): converted as recorded
+            if key in site.converted:  # the same value (its token): converted as recorded
                 value = tracer._tensor_argument(op_class, key, kwargs[key], batch_size)
                 arg_inputs[key] = tracer._ref_of(value, is_batch, loc)
             else:
-                arg_inputs[key] = kwargs[key]._ref
+                arg_inputs[key] = lazy_handle(kwargs[key]).ref
         if site.instance is not None:
             key, init_args, recorded_batch_size = site.instance
             if batch_size != recorded_batch_size:

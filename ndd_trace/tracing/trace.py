@@ -209,8 +209,8 @@ class Tracer:
         return self._constant_ref(value, is_batch, loc)
 
     def _tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
-        """A list eager ndd passes as a per-call tensor argument, converted as it converts it
-        (a sample; the pipeline broadcasts it over a batch of any size)."""
+        """A number or list eager ndd passes as a per-call tensor argument, converted as it
+        converts it (a sample; the pipeline broadcasts it over a batch of any size)."""
         with _dali.eager_inside_trace():
             return _dali.tensor_argument(op_class, key, value)
 
@@ -230,6 +230,10 @@ class Tracer:
             "a random op uses an RNG that is neither an argument of the function, a module "
             "global or closure value, nor the default generator (an RNG created inside the "
             "function restarts every call); pass it as an argument", loc)
+
+    def _recorded_device(self, value: Any) -> str | None:
+        """The device type of a value this trace recorded (None for any other)."""
+        return value._meta.device if is_traced(value) else None
 
     def _metas(self, refs: list[Ref]) -> list[TensorMeta]:
         return [ref.node.meta[ref.index] for ref in refs]
@@ -274,8 +278,9 @@ class Tracer:
         if is_random and not is_batch:
             self.sample_random_ops.append(loc)
 
-        known_devices = (tuple(value._meta.device for value in inputs)
-                         if all(is_traced(value) for value in inputs) else None)
+        known_devices = tuple(self._recorded_device(value) for value in inputs)
+        if None in known_devices:
+            known_devices = None
         try:
             device_type, backend = _dali.resolve_backend(op_class, device, inputs, known_devices)
         except Exception as error:  # an invalid device: report at the user's line
@@ -293,10 +298,10 @@ class Tracer:
         static: dict[str, Any] = {}
         split = None
         for key, value in kwargs.items():
-            if type(value) in (list, tuple) and call_frame is not None and \
+            if type(value) in _dali.SPLIT_VALUES and call_frame is not None and \
                     _dali.is_tensor_argument(op_class, key):
-                # eager ndd passes a list the call site does not show to be constant (a
-                # variable's, a parameter's) as a per-call tensor argument: so does recording
+                # eager ndd passes a number or list the call site does not show to be constant
+                # (a variable's, a parameter's) as a per-call tensor argument: so does recording
                 split = split or _dali.eager_split(op_class, call_frame, raw_kwargs)
                 if key in split.call_args:
                     value = self._tensor_argument(op_class, key, value, batch_size)

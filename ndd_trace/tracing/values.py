@@ -79,14 +79,12 @@ class _TracedMixin:
     _ref: Ref
     _meta: TensorMeta
 
-    def _init_traced(self, tracer: Any, ref: Ref, meta: TensorMeta, dtype: Any = None,
-                     handle: Any = None) -> None:
-        """`handle(device)`: a lazy value's result handle (transparent mode's), else none."""
+    def _init_traced(self, tracer: Any, ref: Ref, meta: TensorMeta) -> None:
         self._tracer = tracer
         self._ref = ref
         self._meta = meta
         device = _dali.device(meta.device, tracer.device_id if meta.device == "gpu" else None)
-        _dali.init_proxy(self, device, dtype, handle(device) if handle is not None else None)
+        _dali.init_proxy(self, device)
 
     def _known(self, what: str, value: Any) -> Any:
         if value is None:
@@ -172,8 +170,8 @@ def _absent(name: str) -> property:
     return property(getter)
 
 
-# what the proxies' shared mixins define for tensors and ndd.Batch lacks
-BATCH_ABSENT = tuple(name for name in ("__array__", "__dlpack__", "__dlpack_device__",
+# what the proxies' shared mixin defines for tensors and ndd.Batch lacks
+_BATCH_ABSENT = tuple(name for name in ("__array__", "__dlpack__", "__dlpack_device__",
                                        "__cuda_array_interface__", "item", "tolist")
                      if not hasattr(_dali.Batch, name))
 
@@ -181,7 +179,7 @@ BATCH_ABSENT = tuple(name for name in ("__array__", "__dlpack__", "__dlpack_devi
 class TracedBatch(_TracedMixin, _dali.Batch):
     """A symbolic ndd.Batch recorded by the tracer."""
 
-    locals().update({name: _absent(name) for name in BATCH_ABSENT})
+    locals().update({name: _absent(name) for name in _BATCH_ABSENT})
 
     def __init__(self, tracer: Any, ref: Ref, meta: TensorMeta):
         self._init_traced(tracer, ref, meta)
