@@ -64,6 +64,19 @@ class Data:
     samples: tuple  # numpy arrays: a Batch's samples, or the one array
 
 
+def to_numpy(value: Any) -> Any:
+    """The numpy data of a Batch (a list of its samples), a Tensor, or a structure of them."""
+    if isinstance(value, ndd.Batch):
+        return [np.asarray(sample.cpu()) for sample in value]
+    if isinstance(value, ndd.Tensor):
+        return np.asarray(value.cpu())
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_numpy(v) for k, v in value.items()}
+    return value
+
+
 def rng_state() -> str:
     """The default random generator's state, as text."""
     return str(ndd.random.get_default_rng().state)
@@ -406,6 +419,15 @@ def assert_matches_eager(fn: Callable, *args: Any, modes: Iterable[str] = ("comp
     return runs
 
 
+def assert_compiles_exactly(fn: Callable, *args: Any, seed: int | None = 1234, calls: int = 1,
+                            **kwargs: Any) -> Any:
+    """`assert_matches_eager` in mode "compiled" alone, `exact_paths` (one trace, nothing run
+    eagerly, no NddTraceWarning); returns the compiled function."""
+    runs = assert_matches_eager(fn, *args, modes=("compiled",), seed=seed, calls=calls,
+                                exact_paths=True, **kwargs)
+    return runs["compiled"].function
+
+
 def assert_each_matches_eager(function: Callable, changes: Iterable[Callable[[], Any]],
                               *args: Any, mode: str = "compiled", options: dict | None = None,
                               warn: str | None = "error", seeds: Iterable[int] | None = None
@@ -435,6 +457,8 @@ def seeded(seed: int):
     yield
 
 
-__all__ = ["MODES", "Data", "Fresh", "Run", "Step", "assert_each_matches_eager",
+__all__ = ["MODES", "Data", "Fresh", "Run", "Step", "assert_compiles_exactly",
+           "assert_each_matches_eager",
            "assert_matches_eager", "assert_runs_match", "assert_same", "builtin_kind",
-           "first_difference", "observe", "per_sample_loop", "rng_state", "run", "seeded"]
+           "first_difference", "observe", "per_sample_loop", "rng_state", "run", "seeded",
+           "to_numpy"]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from conftest import assert_same
+from harness import assert_same
 from hypothesis import strategies as st
 
 import nvidia.dali.experimental.dynamic as ndd

@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_same, run_both
+from harness import assert_compiles_exactly, assert_same
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -350,7 +350,7 @@ def test_nested_compiled_functions_inline(batch):
     def outer(x):
         return inner(x) * 2
 
-    run_both(outer, batch)
+    assert_compiles_exactly(outer, batch)
 
 
 def test_method_compilation(batch):
@@ -378,7 +378,7 @@ def test_gpu_decode_and_torch_stays_on_gpu(jpegs):
         return ndd.crop_mirror_normalize(images, mean=[0.0], std=[255.0],
                                          mirror=ndd.random.coin_flip(batch_size=8))
 
-    compiled = run_both(preprocess, jpegs, calls=2)
+    compiled = assert_compiles_exactly(preprocess, jpegs, calls=2)
     result = compiled(jpegs).torch()
     assert result.is_cuda and isinstance(result, torch.Tensor)
 
@@ -390,7 +390,7 @@ def test_gpu_ops_and_transfers(batch):
         z = ndd.gaussian_blur(y, window_size=3) * 2
         return z, z.cpu(), ndd.random.uniform(batch_size=x.batch_size, device="gpu")
 
-    run_both(mixed, batch, calls=2)
+    assert_compiles_exactly(mixed, batch, calls=2)
 
 
 def test_unused_call_is_pruned_but_still_draws(images):
@@ -603,7 +603,7 @@ def test_output_structures_come_back_as_eager_returns_them(batch):
             "images": Images([flipped, None]),
         }
 
-    compiled = run_both(structured, batch, calls=2)
+    compiled = assert_compiles_exactly(structured, batch, calls=2)
     eager, result = structured(batch), compiled(batch)
     assert list(result) == list(eager) and type(result["a"]) is collections.OrderedDict
     assert list(result["a"]) == ["second", "first"]

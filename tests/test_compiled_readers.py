@@ -11,7 +11,8 @@ import textwrap
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same, subprocess_env, to_numpy
+from conftest import subprocess_env
+from harness import assert_same, to_numpy
 from test_transparent_readers import (  # the same readers, augmentation and file changes
     _arrays, _augment, _epochs_between, _fresh_arrays, _fresh_photos, _photos, _reader, _truncate)
 

@@ -13,7 +13,8 @@ import textwrap
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import ROOT, subprocess_env, to_numpy
+from conftest import ROOT, subprocess_env
+from harness import to_numpy
 
 import ndd_trace
 

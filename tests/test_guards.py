@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_same
+from harness import assert_same
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace

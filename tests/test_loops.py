@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import to_numpy
+from harness import to_numpy
 
 import ndd_trace
 

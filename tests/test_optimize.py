@@ -10,7 +10,8 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import HAS_GPU, assert_same, to_numpy
+from conftest import HAS_GPU
+from harness import assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace

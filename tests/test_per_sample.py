@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same
+from harness import assert_same
 
 import ndd_trace
 from ndd_trace.modes.per_sample import PerSampleError

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same, run_both, to_numpy
+from harness import assert_compiles_exactly, assert_same, to_numpy
 
 import ndd_trace
 
@@ -131,7 +131,7 @@ def test_dict_with_list_of_batches(images):
 def test_readers_of_different_lengths_zip_as_eager(tmp_path):
     """zip() over readers of different lengths stops at the shortest, having taken one more
     batch from the readers before it; the next epochs go on from there, as eagerly."""
-    from conftest import to_numpy
+    from harness import to_numpy
 
     from benchmarks._data import make_jpeg_dir
 
@@ -283,7 +283,7 @@ def _normalize_f64(x):
 
 
 def test_float64_numpy_constants(uniform_batch):
-    run_both(_normalize_f64, uniform_batch, calls=2)
+    assert_compiles_exactly(_normalize_f64, uniform_batch, calls=2)
 
 
 def test_float64_numpy_constants_in_a_compiled_generator(jpeg_dir):
@@ -402,7 +402,7 @@ def test_pure_python_in_a_compiled_function_stays_compiled(uniform_batch):
         return ndd.cast(helper(outs[0], size), dtype=ndd.float32) * scale, len(outs), \
             x.batch_size
 
-    run_both(step, uniform_batch, calls=3)  # (warnings are errors there: no break)
+    assert_compiles_exactly(step, uniform_batch, calls=3)  # (NddTraceWarnings are errors: no break)
 
 
 @pytest.mark.gpu
@@ -416,8 +416,8 @@ def test_float64_numpy_constants_on_the_gpu(uniform_batch):
         normalized = ndd.crop_mirror_normalize(x, mean=_MEAN_F64, std=_STD_F64)
         return normalized, ndd.cast(x, dtype=ndd.float64) * scale
 
-    run_both(on_gpu, uniform_batch, ndd.as_tensor(np.array([0.5, 2.0, 4.0]), device="gpu"),
-             calls=2)
+    assert_compiles_exactly(on_gpu, uniform_batch,
+                            ndd.as_tensor(np.array([0.5, 2.0, 4.0]), device="gpu"), calls=2)
 
     def mixed(x):
         return ndd.cast(x.gpu(), dtype=ndd.float64) * np.array([0.5, 2.0, 4.0])

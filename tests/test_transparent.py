@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import assert_same, subprocess_env, to_numpy
+from conftest import subprocess_env
+from harness import assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same, to_numpy
+from harness import assert_same, to_numpy
 
 import ndd_trace
 

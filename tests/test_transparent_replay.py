@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import assert_same, to_numpy
+from harness import assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types

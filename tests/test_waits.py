@@ -15,7 +15,8 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_same, subprocess_env, to_numpy
+from conftest import subprocess_env
+from harness import assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
