@@ -413,16 +413,21 @@ def assert_matches_eager(fn: Callable, *args: Any, modes: Iterable[str] = ("comp
                          seed: int | None = 1234, calls: int = 1, errors: str = "exact",
                          options: dict | None = None, warn: str | None = "error",
                          exact_paths: bool = False, stop_on_error: bool = True,
-                         context: Any = "", **kwargs: Any) -> dict[str, Run]:
+                         raises: bool | None = None, context: Any = "",
+                         **kwargs: Any) -> dict[str, Run]:
     """Run `fn(*args, **kwargs)` (`calls` times) eagerly and in each of `modes` from the same
     seed, and assert that each run saw exactly what the eager run saw (`assert_runs_match`).
     `exact_paths`: compiled and per-sample functions also traced once and ran nothing eagerly.
-    Returns the runs by mode ("eager" included) for the test's own further checks."""
+    `raises`: the eager run raised (True) or did not (False). Returns the runs by mode ("eager"
+    included) for the test's own further checks."""
     modes = tuple(modes)
     reference = "per_sample" if "per_sample" in modes else "plain"
     assert reference == "plain" or modes == ("per_sample",), "per_sample is compared alone"
     runs = {"eager": run(fn, *args, mode="eager", seed=seed, calls=calls, warn=warn,
                          stop_on_error=stop_on_error, reference=reference, **kwargs)}
+    if raises is not None:
+        assert (runs["eager"].error is not None) == raises, (
+            f"eager {'did not raise' if raises else 'raised'}: {runs['eager'].error!r}")
     for mode in modes:
         runs[mode] = run(fn, *args, mode=mode, seed=seed, calls=calls, options=options,
                          warn=warn, stop_on_error=stop_on_error, **kwargs)
