@@ -317,11 +317,14 @@ def _consume(result: Any) -> Any:
 @contextlib.contextmanager
 def _warnings(warn: str | None):
     """NddTraceWarnings: "error" (the default: an exact run warns of nothing), "ignore"
-    (every warning), or None (as they are)."""
+    (NddTraceWarnings ignored), "quiet" (every warning ignored), or None (as they are)."""
+    assert warn in ("error", "ignore", "quiet", None), warn
     with warnings.catch_warnings():
         if warn == "error":
             warnings.simplefilter("error", ndd_trace.NddTraceWarning)
         elif warn == "ignore":
+            warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
+        elif warn == "quiet":
             warnings.simplefilter("ignore")
         yield
 
