@@ -116,6 +116,15 @@ class _Items:
     type: type
     items: tuple
 
+    def __iter__(self):  # an observed tuple or list unpacks as one
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.items[index]
+
 
 @dataclasses.dataclass(frozen=True)
 class _Mapping:
@@ -333,6 +342,7 @@ def run(fn: Callable, *args: Any, mode: str = "eager", seed: int | None = 1234, 
         options: dict | None = None, warn: str | None = "error", stop_on_error: bool = True,
         reference: str = "plain", **kwargs: Any) -> Run:
     """`fn(*args, **kwargs)` called `calls` times in `mode` from `seed` (None: not reseeded),
+    `options` given to `ndd_trace.compile` (or, in mode "transparent", `ndd_trace.enabled`),
     each result read at once; the first exception ends the run (`stop_on_error=False`: it is
     recorded as that call's result, and the calls go on). `reference="per_sample"`: the eager
     run is the per-sample loop (`per_sample_loop`)."""
@@ -362,7 +372,8 @@ def run(fn: Callable, *args: Any, mode: str = "eager", seed: int | None = 1234, 
     if transparent:
         ndd_trace.reset_report()
     with _warnings(warn if base != "eager" or transparent else None), \
-            ndd_trace.enabled() if transparent else contextlib.nullcontext():
+            ndd_trace.enabled(**(options if base == "transparent" else {})) if transparent \
+            else contextlib.nullcontext():
         for index in range(calls):
             stage = "call"
             try:
