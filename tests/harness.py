@@ -169,12 +169,14 @@ def _short(value: Any) -> str:
 def first_difference(eager: Any, other: Any, where: str = "") -> str | None:
     """Where and how `other` differs from `eager` (values, results or observation logs), or
     None: see `assert_same`."""
-    if isinstance(eager, (ndd.Batch, ndd.Tensor)) or isinstance(other, (ndd.Batch, ndd.Tensor)):
+    observed = (Data, _Items, _Mapping, _Fields)
+    if isinstance(eager, observed) or isinstance(other, observed):
+        pass  # one side read already (`observe`): compared as read
+    elif isinstance(eager, (ndd.Batch, ndd.Tensor)) or isinstance(other, (ndd.Batch, ndd.Tensor)):
         if not _same_type(type(eager), type(other)):
             return f"{where}: type {type(eager).__name__} != {type(other).__name__}"
-    elif not isinstance(eager, (Data, _Items, _Mapping, _Fields)) and \
-            type(eager) is not type(other) and not (isinstance(eager, BaseException) and
-                                                    isinstance(other, BaseException)):
+    elif type(eager) is not type(other) and not (isinstance(eager, BaseException) and
+                                                 isinstance(other, BaseException)):
         return f"{where}: type {type(eager).__name__} != {type(other).__name__}"
     eager, other = observe(eager), observe(other)
     if type(eager) is not type(other) and not (isinstance(eager, BaseException) and
@@ -463,24 +465,38 @@ def assert_compiles_exactly(fn: Callable, *args: Any, seed: int | None = 1234, c
     return runs["compiled"].function
 
 
-def assert_each_matches_eager(function: Callable, changes: Iterable[Callable[[], Any]],
-                              *args: Any, mode: str = "compiled", options: dict | None = None,
-                              warn: str | None = "error", seeds: Iterable[int] | None = None
-                              ) -> Any:
-    """One compiled function, called after each change the test makes (`change()`: a global
-    rebound, a default changed, ...): each call's result and the generator's state equal a
-    fresh eager call's made after the same change from the same seed (`seeds`: per change; None:
-    0, 1, ...). Returns the compiled function."""
+def assert_each_matches_eager(function: Callable, *args: Any, mode: str = "compiled",
+                              seeds: Iterable[int] | None = None,
+                              changes: Iterable[Callable[[], Any]] | None = None,
+                              options: dict | None = None, warn: str | None = "error",
+                              exact_paths: bool = False) -> Any:
+    """One compiled (`mode="per_sample"`: per-sample) function called once per seed (None: 0, 1,
+    2, or one per change), each call
+    after its change (`changes`: what the test changes first, `change()`: a global rebound, a
+    default changed, ...): each call's result and the generator's state afterwards equal an
+    eager call's (the eager per-sample loop's) made after the same change from the same seed.
+    `exact_paths`: built (per-sample) or traced (compiled) once, nothing run eagerly. Returns
+    the compiled function."""
+    assert mode in ("compiled", "per_sample"), mode
     compiled = ndd_trace.compile(function, per_sample=mode == "per_sample", **(options or {}))
-    changes = list(changes)
-    seeds = list(seeds) if seeds is not None else list(range(len(changes)))
+    changes = list(changes) if changes is not None else None
+    seeds = list(seeds) if seeds is not None else \
+        list(range(len(changes))) if changes is not None else [0, 1, 2]
+    changes = changes if changes is not None else [lambda: None] * len(seeds)
+    assert len(changes) == len(seeds), (len(changes), len(seeds))
     for seed, change in zip(seeds, changes):
         change()
         eager = run(function, *args, seed=seed, warn=warn,
                     reference="per_sample" if mode == "per_sample" else "plain")
-        other = run(lambda *a: compiled(*a), *args, seed=seed, warn=warn)
+        with _warnings(warn):  # (`compiled` called plainly: the eager run's warnings as they are)
+            other = run(compiled, *args, seed=seed)
         other.mode = mode
-        assert_runs_match(eager, other, context=f"after change {seed}")
+        assert_runs_match(eager, other, context=f"the call from seed {seed}")
+    if exact_paths and mode == "per_sample":
+        assert compiled.builds == 1, compiled.builds
+    elif exact_paths:
+        info = compiled.cache_info()
+        assert info.fallbacks == 0 and info.traces == 1, info
     return compiled
 
 
