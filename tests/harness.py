@@ -123,6 +123,8 @@ class _Items:
         return len(self.items)
 
     def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return _Items(self.type, self.items[index])
         return self.items[index]
 
 
