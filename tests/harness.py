@@ -21,7 +21,7 @@ The modes (`MODES`), each run against the eager one:
 - "compiled": `ndd_trace.compile(fn, **options)` called; a generator function is a compiled
   loop ("loop" is the same run, and checks that `fn` is a generator function);
 - "step": `fn` runs eagerly, each `Step(function)` argument compiled (a compiled step called
-  from the user's own loop);
+  from the user's own loop), and a `Compiler()` argument is `ndd_trace.compile`;
 - "transparent": `fn` called inside `ndd_trace.enabled()`, its results read there;
 - "per_sample": `ndd_trace.compile(fn, per_sample=True)` against the eager per-sample loop;
 - "X+transparent": mode X run inside `ndd_trace.enabled()` (a compiled function in a
@@ -287,6 +287,18 @@ class Step:
         self.options = options
 
 
+class Compiler:
+    """An argument that compiles what a scenario hands it: `ndd_trace.compile` (with
+    `options`) in mode "step", `lambda f: f` in the others (`def scenario(wrap): step =
+    wrap(step)`)."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def __call__(self, function: Callable) -> Callable:
+        return function
+
+
 @dataclasses.dataclass
 class Run:
     """One run of the user's code in one mode."""
@@ -298,7 +310,7 @@ class Run:
     rng: str | None  # the default generator's state afterwards (None: not seeded)
     function: Any  # what was called: the compiled function, or `fn`
     args: tuple  # the arguments it was given (Fresh ones made; none kept for the eager run)
-    steps: list  # the compiled Step arguments
+    steps: list  # the compiled Step arguments (and what a Compiler compiled)
     report: Any = None  # transparent mode's report, where the mode was transparent
 
     @property
@@ -309,6 +321,13 @@ class Run:
 
     def __iter__(self):  # runs["compiled"] unpacks as its results
         return iter(self.results)
+
+
+def _compiling(options: dict, steps: list) -> Callable:
+    def compiling(function: Callable) -> Any:
+        steps.append(ndd_trace.compile(function, **options))
+        return steps[-1]
+    return compiling
 
 
 def per_sample_loop(function: Callable, *args: Any) -> Any:
@@ -364,6 +383,8 @@ def run(fn: Callable, *args: Any, mode: str = "eager", seed: int | None = 1234, 
             if isinstance(arg, Step):
                 made[index] = ndd_trace.compile(arg.function, **arg.options)
                 steps.append(made[index])
+            elif isinstance(arg, Compiler):
+                made[index] = _compiling(arg.options, steps)
     made = [arg.function if isinstance(arg, Step) else arg for arg in made]
     function: Any = fn
     if base in ("compiled", "loop"):
@@ -510,7 +531,7 @@ def seeded(seed: int):
     yield
 
 
-__all__ = ["MODES", "Data", "Fresh", "Run", "Step", "assert_compiles_exactly",
+__all__ = ["MODES", "Compiler", "Data", "Fresh", "Run", "Step", "assert_compiles_exactly",
            "assert_each_matches_eager",
            "assert_matches_eager", "assert_runs_match", "assert_same", "builtin_kind",
            "first_difference", "observe", "per_sample_loop", "rng_state", "run", "seeded",

@@ -11,11 +11,11 @@ import subprocess
 import sys
 import textwrap
 import traceback
-import warnings
 
 import numpy as np
 import pytest
 from conftest import subprocess_env
+from harness import Compiler, assert_matches_eager
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -168,21 +168,8 @@ def _chain(error: BaseException | None) -> list[tuple[str, str]]:
     return chain
 
 
-def _three_ways(scenario, *args) -> tuple:
-    """`scenario(function_runner, *args)` eagerly, compiled and in transparent mode, each from
-    seed 7; each observation ends with the default generator's state."""
-    observed = []
-    for mode in ("eager", "compiled", "transparent"):
-        ndd.random.set_seed(7)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
-            if mode == "transparent":
-                with ndd_trace.enabled():
-                    seen = scenario(lambda f: f, *args)
-            else:
-                seen = scenario(ndd.compile if mode == "compiled" else (lambda f: f), *args)
-        observed.append((seen, str(ndd.random.get_default_rng().state)))
-    return tuple(observed)
+# a scenario `scenario(wrap)` eagerly, with `wrap` compiling (mode step) and in transparent mode
+THREE_WAYS = {"modes": ("step", "transparent"), "seed": 7, "warn": "ignore"}
 
 
 def _not_an_image() -> ndd.Batch:
@@ -214,10 +201,9 @@ def test_decode_error_on_user_data_raises_at_the_call_as_eagerly():
     raises DALI's own error there; so do compiled functions and transparent mode (same type
     and text, traceback ending at the decoder's line), and the random op after it draws
     nothing."""
-    eager, compiled, transparent = _three_ways(_decode_at_call)
-    assert eager[0][0] == "at call" and eager[0][1][0][0] == "RuntimeError", eager
-    assert "DECODE" in eager[0][2]
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_decode_at_call, Compiler(), **THREE_WAYS)["eager"].result
+    assert eager[0] == "at call" and eager[1][0][0] == "RuntimeError", eager
+    assert "DECODE" in eager[2]
 
 
 def _decode_or_skip(wrap, batches):
@@ -244,9 +230,9 @@ def test_random_ops_after_a_caught_decode_error_as_eagerly(jpeg_bytes):
     corrupt = np.frombuffer(b"\xff\xd8\xff\xe0 this is not a jpeg" * 4, dtype=np.uint8)
     batches = [good, [good[0], corrupt], good, good]
     with _quiet_stderr():
-        eager, compiled, transparent = _three_ways(_decode_or_skip, batches)
-    assert isinstance(eager[0][1][0], tuple)  # the second step raised
-    assert compiled == eager and transparent == eager
+        runs = assert_matches_eager(_decode_or_skip, Compiler(), batches, **THREE_WAYS)
+    raised = runs["eager"].result[1][0]  # the second step raised: (type, text), not bytes
+    assert len(raised) == 2 and all(isinstance(part, str) for part in raised)
 
 
 def _grown_batch(wrap):
@@ -268,9 +254,8 @@ def _grown_batch(wrap):
 def test_error_after_the_batch_grows_as_eagerly():
     """A broadcast error on a call larger than the first: eager's RuntimeError and text, not
     the error of a re-run at the first call's batch size."""
-    eager, compiled, transparent = _three_ways(_grown_batch)
-    assert eager[0][1][0][0] == "RuntimeError", eager
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_grown_batch, Compiler(), **THREE_WAYS)["eager"].result
+    assert eager[1][0][0] == "RuntimeError", eager
 
 
 def _masked(wrap):
@@ -292,9 +277,8 @@ def _masked(wrap):
 def test_error_at_a_call_is_not_masked_by_a_later_calls_error():
     """Eager ndd raises the first call's run-time error (it runs at the call: user data), and
     never reaches the second call, which DALI would reject: so does ndd_trace."""
-    eager, compiled, transparent = _three_ways(_masked)
-    assert "FIRST" in eager[0][1] and "int32" in eager[0][0][0][1]
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_masked, Compiler(), **THREE_WAYS)["eager"].result
+    assert "FIRST" in eager[1] and "int32" in eager[0][0][1]
 
 
 def _used_later(wrap):
@@ -321,10 +305,9 @@ def _used_later(wrap):
 def test_error_of_a_result_used_later_reads_as_eagers():
     """An op that fails when it runs, its result used later: eager's "An error happened during
     asynchronous execution", caused by DALI's own error (same types, same texts)."""
-    eager, compiled, transparent = _three_ways(_used_later)
-    assert eager[0][0][1][0] == ("RuntimeError",
-                                    "An error happened during asynchronous execution")
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_used_later, Compiler(), **THREE_WAYS)["eager"].result
+    assert tuple(eager[0][1][0]) == ("RuntimeError",
+                                     "An error happened during asynchronous execution")
 
 
 def test_pipeline_error_names_the_op_and_line_in_a_note():
