@@ -193,6 +193,12 @@ def first_difference(eager: Any, other: Any, where: str = "") -> str | None:
         for index, (a, b) in enumerate(zip(eager.samples, other.samples)):
             if a.dtype != b.dtype or a.shape != b.shape:
                 return f"{where}<{index}>: {a.dtype}{a.shape} != {b.dtype}{b.shape}"
+            if a.dtype == object:  # arrays of objects (arrays, numbers): element by element
+                for k, (x, y) in enumerate(zip(a.ravel(), b.ravel())):
+                    found = first_difference(x, y, f"{where}<{index}>.flat[{k}]")
+                    if found:
+                        return found
+                continue
             if np.ascontiguousarray(a).tobytes() != np.ascontiguousarray(b).tobytes():
                 return f"{where}<{index}>: values differ (bit for bit){_where_bits(a, b)}"
         return None

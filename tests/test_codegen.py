@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from harness import assert_compiles_exactly
+from harness import assert_compiles_exactly, seeded
 
 import ndd_trace
 from ndd_trace.core import source
@@ -76,8 +76,8 @@ def test_comments_point_at_user_lines(batch):
 def test_explain_shows_what_runs(batch):
     compiled = ndd_trace.compile(golden)
     code = ndd_trace.explain(compiled, batch).code
-    ndd.random.set_seed(3)
-    compiled(batch)
+    with seeded(3):
+        compiled(batch)
     assert compiled.entries[0].lowered.source == code
     assert code.startswith("import nvidia.dali as dali\n")
     assert "_arithmetic_generic_op" not in code and "consts" not in code
