@@ -402,7 +402,7 @@ def run(fn: Callable, *args: Any, mode: str = "eager", seed: int | None = 1234, 
     error = error_at = report = None
     if transparent:
         ndd_trace.reset_report()
-    with _warnings(warn if base != "eager" or transparent else None), \
+    with _warnings(warn), \
             ndd_trace.enabled(**(options if base == "transparent" else {})) if transparent \
             else contextlib.nullcontext():
         for index in range(calls):
@@ -517,8 +517,7 @@ def assert_each_matches_eager(function: Callable, *args: Any, mode: str = "compi
         change()
         eager = run(function, *args, seed=seed, warn=warn,
                     reference="per_sample" if mode == "per_sample" else "plain")
-        with _warnings(warn):  # (`compiled` called plainly: the eager run's warnings as they are)
-            other = run(compiled, *args, seed=seed)
+        other = run(compiled, *args, seed=seed, warn=warn)
         other.mode = mode
         assert_runs_match(eager, other, context=f"the call from seed {seed}")
     if exact_paths and mode == "per_sample":

@@ -318,11 +318,12 @@ def _entry_name(module):
 
 def _prepared(module, images):
     """`module.prep` (compiled) on the images, run first: eager would parse the module itself."""
-    return run(module.prep, ndd.as_batch(images, layout="HWC"), seed=None)
+    return run(module.prep, ndd.as_batch(images, layout="HWC"), seed=None, warn=None)
 
 
 def _prepared_eagerly(module, images):
-    return run(module.prep.__wrapped__, ndd.as_batch(images, layout="HWC"), seed=None)
+    return run(module.prep.__wrapped__, ndd.as_batch(images, layout="HWC"), seed=None,
+               warn=None)
 
 
 def _plant(path, marker):
