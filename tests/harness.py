@@ -111,10 +111,17 @@ def observe(value: Any) -> Any:
     return value
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Items:
     type: type
     items: tuple
+
+    def __eq__(self, other: Any) -> bool:  # equal to another read, or to what was read
+        if isinstance(other, _Items):
+            return self.type is other.type and self.items == other.items
+        return type(other) is self.type and self.items == tuple(other)
+
+    __hash__ = None
 
     def __iter__(self):  # an observed tuple or list unpacks as one
         return iter(self.items)
