@@ -13,8 +13,9 @@ Every run starts from the same seed (`ndd.random.set_seed`, here only) and is co
 eager run by `assert_same`, the one comparator: the values of every sample bit for bit, with
 their dtype, shape, layout and device; the structure and Python types of what was returned
 (tuple or list, dict key order, OrderedDict, namedtuples and dataclasses); the exception, its
-type and text, and the call and stage (the call itself, or consuming its result) it came at;
-and the default generator's state afterwards.
+type (ndd_trace may raise its own subclass of eager's, of the same name) and text, or with
+`errors="kind"` its built-in type alone, and the call and stage (the call itself, or consuming
+its result) it came at; and the default generator's state afterwards.
 
 The modes (`MODES`), each run against the eager one:
 
@@ -29,8 +30,11 @@ The modes (`MODES`), each run against the eager one:
 
 Results are read (`observe`) right after each call, inside the mode, before the next call can
 move a reader on. Arguments made anew for each run (readers, lists a function appends to) are
-given as `Fresh(make)`. Scenarios that drive their own observation log (the training loops, the
-loop shapes) compare it with `assert_same` too, and read the generator's state with `rng_state`.
+given as `Fresh(make)`. The parts, for tests that need them: `run` (one run in one mode) and
+`assert_runs_match` (two runs: two ways of writing a loop, a compiled call that must run
+first); `assert_each_matches_eager` (one compiled function called after each change a test
+makes); `seeded` and `rng_state` (a call that must stay on the test's own line, its warning
+checked there); `assert_same` (observation logs the training loops and loop shapes keep).
 """
 
 from __future__ import annotations
