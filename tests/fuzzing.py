@@ -16,7 +16,8 @@ random scalars and with earlier values, random ops with seeds, and every value r
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import nvidia.dali.experimental.dynamic as ndd
-import ndd_trace
+from harness import assert_runs_match, run
 
 DTYPES = {"uint8": np.uint8, "float32": np.float32, "int16": np.int16}
 
@@ -153,79 +154,23 @@ class Program:
         return "\n".join(lines)
 
 
-def _materialize(result: Any) -> Any:
-    return [[np.asarray(sample.cpu()) for sample in value] for value in result]
-
-
-def _builtin_kind(error: BaseException) -> str:
-    """The built-in exception type an error is (ndd_trace's are subclasses of eager's)."""
-    return next(cls.__name__ for cls in type(error).__mro__ if cls.__module__ == "builtins")
-
-
-def _run_calls(call: Callable, batch: Any, calls: int) -> tuple[list, tuple | None]:
-    """Results of `calls` calls, and where the first error came: (call index, stage, kind)."""
-    results = []
-    for index in range(calls):
-        stage = "call"
-        try:
-            result = call(batch)
-            stage = "consume"
-            results.append(_materialize(result))
-        except Exception as error:  # noqa: BLE001 (compared with the other side's)
-            from ndd_trace.core.errors import PipelineError
-
-            return results, (index, stage, _builtin_kind(error), isinstance(error, PipelineError),
-                             f"{type(error).__name__}: {str(error)[:300]}")
-    return results, None
-
-
 def check_program(program: Program, calls: int = 2, transparent: bool = False) -> str:
-    """Run eagerly and compiled (or in transparent mode); return the outcome or raise
-    AssertionError on a mismatch. Raising counts as equal only with the same built-in type, in
-    the same call, at the same stage (at the call, or when the result is consumed: an operator
-    fed user data runs at the call in eager ndd, and raises there in ndd_trace too), with the
-    generators in the same state afterwards."""
+    """Run eagerly and compiled (or in transparent mode) through tests/harness.py; return the
+    outcome or raise AssertionError on a mismatch. Raising counts as equal only with the same
+    built-in type, in the same call, at the same stage (at the call, or when the result is
+    consumed: an operator fed user data runs at the call in eager ndd, and raises there in
+    ndd_trace too), with the calls before it equal and the generators in the same state
+    afterwards."""
     function = program.function()
-    import os, sys
     if os.environ.get("NDD_TRACE_FUZZ_VERBOSE"):
         print(program, file=sys.stderr, flush=True)
     batch = ndd.as_batch(program.inputs, layout="HWC")
-    ndd.random.set_seed(program.seed)
-    eager, eager_error = _run_calls(function, batch, calls)
-    eager_state = str(ndd.random.get_default_rng().state)
-
-    compiled = ndd_trace.compile(function)
-    ndd.random.set_seed(program.seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if transparent:
-            with ndd_trace.enabled():
-                results, compiled_error = _run_calls(function, batch, calls)
-        else:
-            results, compiled_error = _run_calls(compiled, batch, calls)
-    if eager_error is not None or compiled_error is not None:
-        assert eager_error is not None and compiled_error is not None, (
-            f"only one side raised:\n{program}\neager: {eager_error}\n"
-            f"compiled: {compiled_error}")
-        same_moment = eager_error[:3] == compiled_error[:3]
-        assert same_moment, (f"raised differently:\n{program}\neager (call, stage, type): "
-                             f"{eager_error[:3]} {eager_error[4]}\ncompiled: "
-                             f"{compiled_error[:3]} {compiled_error[4]}")
-        for e, c in zip(eager, results):  # the calls before the error agree too
-            _assert_equal_results(e, c, program)
-        assert str(ndd.random.get_default_rng().state) == eager_state, (
-            f"RNG state differs after the error\n{program}")
+    eager = run(function, batch, seed=program.seed, calls=calls, warn="quiet")
+    other = run(function, batch, mode="transparent" if transparent else "compiled",
+                seed=program.seed, calls=calls, warn="quiet")
+    assert_runs_match(eager, other, errors="kind", context=program)
+    if eager.error is not None:
         return "both-raise"
-    assert str(ndd.random.get_default_rng().state) == eager_state, f"RNG state differs\n{program}"
-    for e, c in zip(eager, results):
-        _assert_equal_results(e, c, program)
     if transparent:
         return "equal"
-    return "equal" if compiled.cache_info().fallbacks == 0 else "equal-eager"
-
-
-def _assert_equal_results(eager: list, compiled: list, program: Program) -> None:
-    for ev, cv in zip(eager, compiled):
-        for a, b in zip(ev, cv):
-            assert a.dtype == b.dtype and a.shape == b.shape, f"meta differs\n{program}"
-            assert np.array_equal(a, b, equal_nan=True), f"values differ\n{program}"
+    return "equal" if other.function.cache_info().fallbacks == 0 else "equal-eager"

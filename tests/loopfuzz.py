@@ -20,14 +20,13 @@ import dataclasses
 import importlib.util
 import itertools
 import os
-import warnings
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
 import nvidia.dali.experimental.dynamic as ndd
-import ndd_trace
+from harness import Step, assert_matches_eager
 
 _counter = itertools.count()
 
@@ -125,8 +124,8 @@ class _State:
 
 
 def _drive(program: LoopProgram, function: Any, jpeg_dir: str) -> list:
-    """Everything the consumer can observe over the program's epochs."""
-    ndd.random.set_seed(program.seed)
+    """Everything the consumer can observe over the program's epochs (from the harness's seed;
+    the generator's state after is the harness's to compare)."""
     reader = ndd.readers.File(file_root=jpeg_dir, random_shuffle=True, seed=5)
     log: list = []
     state = _State()
@@ -148,27 +147,17 @@ def _drive(program: LoopProgram, function: Any, jpeg_dir: str) -> list:
         except Exception as error:  # noqa: BLE001 (compared with the other side's)
             seen.append(("raised", type(error).__name__, str(error), steps))
     seen.append(("log", tuple(log), state.count))
-    seen.append(("rng", str(ndd.random.get_default_rng().state)))
     return seen
 
 
 def check_loop_program(program: LoopProgram, jpeg_dir: str, folder: str) -> str:
-    """Run eagerly and compiled; return "compiled" or "checked" (the path the compiled
-    generator took), or raise AssertionError on any difference."""
+    """Run eagerly and compiled (tests/harness.py, mode step: the generator compiled, driven by
+    the same consumer); return "compiled" or "checked" (the path the compiled generator took),
+    or raise AssertionError on any difference."""
     function = program.load(folder)
-    eager = _drive(program, function, jpeg_dir)
-    compiled = ndd_trace.compile(function)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        observed = _drive(program, compiled, jpeg_dir)
-    assert len(eager) == len(observed), (program.source, eager, observed)
-    for a, b in zip(eager, observed):
-        assert len(a) == len(b), (program.source, a, b)
-        for x, y in zip(a, b):
-            if isinstance(x, np.ndarray):
-                assert x.dtype == y.dtype and np.array_equal(x, y), program.source
-            else:
-                assert x == y, (program.source, x, y)
+    runs = assert_matches_eager(_drive, program, Step(function), jpeg_dir, modes=("step",),
+                                seed=program.seed, warn="quiet", context=program.source)
+    compiled = runs["step"].steps[0]
     path = compiled.entries[0].path if compiled.entries else "none"
     if program.plain:
         assert path == "compiled loop", (program.source, path)

@@ -26,13 +26,14 @@ import importlib.util
 import itertools
 import os
 import sys
-import warnings
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
 import nvidia.dali.experimental.dynamic as ndd
+from harness import Run, assert_runs_match, run
+
 import ndd_trace
 
 _counter = itertools.count()
@@ -429,12 +430,12 @@ def _observe(item: Any, known: bool) -> Any:
         return ("failed", type(error).__name__, str(error) if known else None)
 
 
-def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...],
-           known: bool = True) -> tuple[list, list]:
-    """Everything the consumer observes over the shape's epochs; and the compiled functions.
-    `mode`: "eager", or "compiled" (the shape's generator under ndd.compile). `dirs`: 16
-    photos, 10 others, and (optional) 15 photos and a truncated JPEG."""
-    compiled: list = []
+def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...], known: bool,
+           compiled: list) -> list:
+    """Everything the consumer observes over the shape's epochs, from the harness's seed (the
+    generator's state after is the harness's to compare); the compiled functions go to
+    `compiled`. `mode`: "eager", or "compiled" (the shape's generator under ndd.compile).
+    `dirs`: 16 photos, 10 others, and (optional) 15 photos and a truncated JPEG."""
     inner = getattr(module, "inner", None)
     loader_class = module.Loader
     program = plain_program = getattr(module, "program", None)
@@ -455,7 +456,6 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...],
             function = ndd.compile(getattr(loader_class, name), **options)
             compiled.append(function)
             loader_class = type("Loader", (loader_class,), {name: function})
-    ndd.random.set_seed(shape.seed)
     log: list = []
     ranks = []  # per rank: the loader and the values of the generator's parameters
     for rank in range(shape.ranks):
@@ -543,40 +543,11 @@ def _drive(shape: LoopShape, module: Any, mode: str, dirs: tuple[str, ...],
             seen.append(("log", tuple(log), *((loader.count, loader.epochs, str(loader.rng.state),
                                                _observe(getattr(loader, "last", None), known))
                                               for loader, _ in ranks)))
-        seen.append(("rng", str(ndd.random.get_default_rng().state)))
     finally:
         if inner is not None:
             module.inner = inner
         module.SIZE = module.config.SIZE = 12
-    return seen, compiled
-
-
-def _compare(eager: Any, other: Any, where: str = "") -> str | None:
-    """The first difference between two observation trees, or None."""
-    if isinstance(eager, np.ndarray):
-        if not isinstance(other, np.ndarray) or eager.dtype != other.dtype or \
-                eager.shape != other.shape or not np.array_equal(eager, other):
-            return f"{where}: arrays differ"
-        return None
-    if isinstance(eager, (list, tuple)):
-        if not isinstance(other, (list, tuple)) or len(eager) != len(other):
-            return f"{where}: {_short(eager)} != {_short(other)}"
-        for index, (a, b) in enumerate(zip(eager, other)):
-            found = _compare(a, b, f"{where}[{index}]")
-            if found:
-                return found
-        return None
-    return None if eager == other else f"{where}: {eager!r} != {other!r}"
-
-
-def _short(events: Any) -> str:
-    def item(event: Any) -> Any:
-        if isinstance(event, tuple):
-            return tuple(item(x) for x in event if not isinstance(x, np.ndarray))
-        return event
-    text = repr([item(event) for event in events]) if isinstance(events, (list, tuple)) \
-        else repr(events)
-    return text[:1500]
+    return seen
 
 
 def check_loop_shape(shape: LoopShape, dirs: tuple[str, ...], folder: str,
@@ -584,22 +555,21 @@ def check_loop_shape(shape: LoopShape, dirs: tuple[str, ...], folder: str,
     """Run the shape eagerly, compiled and (`transparent`) in transparent mode; return the
     path its compiled generator took, or raise AssertionError naming the first difference."""
     module = shape.load(folder)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # capture mode's, checked mode's notices
-        eager, _ = _drive(shape, module, "eager", dirs, known)
-        observed, compiled = _drive(shape, module, "compiled", dirs, known)
-        found = _compare(eager, observed)
-        assert found is None, f"compiled: {found}\n{shape.describe()}"
-        if transparent:
-            with ndd_trace.enabled():
-                observed, _ = _drive(shape, module, "eager", dirs, known)
-            found = _compare(eager, observed)
-            assert found is None, f"transparent: {found}\n{shape.describe()}"
-            if shape.seed % 4 == 0:  # a compiled generator in a transparent-mode script
-                with ndd_trace.enabled():
-                    observed, _ = _drive(shape, module, "compiled", dirs, known)
-                found = _compare(eager, observed)
-                assert found is None, f"compiled, transparent: {found}\n{shape.describe()}"
+    compiled: list = []
+
+    def drive(how: str, mode: str = "eager", into: list | None = None) -> Run:
+        return run(_drive, shape, module, how, dirs, known, [] if into is None else into,
+                   mode=mode, seed=shape.seed, warn="quiet")  # (capture, checked mode notices)
+
+    eager = drive("eager")
+    assert_runs_match(eager, drive("compiled", into=compiled),
+                      context=f"compiled\n{shape.describe()}")
+    if transparent:
+        assert_runs_match(eager, drive("eager", "transparent"),
+                          context=f"transparent\n{shape.describe()}")
+        if shape.seed % 4 == 0:  # a compiled generator in a transparent-mode script
+            assert_runs_match(eager, drive("compiled", "transparent"),
+                              context=f"compiled, transparent\n{shape.describe()}")
     paths = sorted({entry.path for function in compiled for entry in function.entries})
     return "+".join(paths) or "none"
 

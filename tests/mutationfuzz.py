@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from conftest import assert_same
+from harness import Step, assert_each_matches_eager, assert_matches_eager
 from hypothesis import strategies as st
 
 import nvidia.dali.experimental.dynamic as ndd
-import ndd_trace
 
 
 def _scale(x, k):
@@ -136,13 +134,10 @@ def check_case(case: Case, batch: Any) -> None:
     """Each call, after its change, eagerly and compiled: the same result (values, dtype)."""
     saved = _Holder.factor
     function, change = _made(case)
-    compiled = ndd_trace.compile(function)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for value, in_place in zip(case.values, case.in_place):
-                change(value, in_place)
-                assert_same(function(batch), compiled(batch))
+        assert_each_matches_eager(function, batch, warn="quiet", changes=[
+            functools.partial(change, value, in_place)
+            for value, in_place in zip(case.values, case.in_place)])
     finally:
         _Holder.factor = saved
 
@@ -191,12 +186,9 @@ def check_consumption(ways: list[str], batch: Any) -> None:
     def step(x):
         return ndd.flip(x, horizontal=1) * 2
 
-    eager = [_observe(step(batch), way) for way in ways]
-    compiled_step = ndd_trace.compile(step)
-    compiled = [_observe(compiled_step(batch), way) for way in ways]
-    assert compiled == eager, (ways, eager, compiled)
+    def consumed(step, ways):
+        return [_observe(step(batch), way) for way in ways]
+
     kept = [way for way in ways if way in TRANSPARENT_WAYS]
-    with ndd_trace.enabled():
-        transparent = [_observe(step(batch), way) for way in kept]
-    assert transparent == [e for e, way in zip(eager, ways) if way in TRANSPARENT_WAYS], (
-        ways, eager, transparent)
+    assert_matches_eager(consumed, Step(step), ways, modes=("step",), warn=None, context=ways)
+    assert_matches_eager(consumed, step, kept, modes=("transparent",), warn=None, context=kept)

@@ -429,3 +429,92 @@ def test_class_budget():
             if isinstance(node, ast.ClassDef)
             and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES}
     assert not over, f"classes over {MAX_CLASS_LINES} lines: {over}"
+
+
+# -- one differential harness (I10) --------------------------------------------------------------
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# The harness's own names: its comparator and what it reads values and the generator with.
+HARNESS_NAMES = {"assert_same", "first_difference", "observe", "to_numpy", "rng_state",
+                 "assert_runs_match", "assert_matches_eager", "run"}
+
+# Functions that seed the default generator and run code through ndd_trace on purpose.
+SEEDED_RUNS = {
+    "loopshapes.py:_drive": "the consumer's plan reseeds between and inside epochs (the loop "
+                            "shapes under test); each run is seeded and compared by harness.run",
+}
+
+# Functions that read the default generator's state on purpose, each with its reason.
+RNG_STATE_READERS = {
+    "loopshapes.py:_drive": "the consumer's plan saves the state to restore it later (user "
+                            "code: `rng.state = saved`), compared by the harness's run",
+}
+
+
+def _test_modules() -> dict[str, ast.Module]:
+    """tests/*.py (not tests/scripts/: the user programs the script tests run), harness.py
+    apart."""
+    return {name: _parse(os.path.join(TESTS, name)) for name in sorted(os.listdir(TESTS))
+            if name.endswith(".py") and name != "harness.py"}
+
+
+def _own_nodes(function: ast.AST):
+    """The nodes of a function's own body: a function nested in it (a scenario: the user code
+    a test runs, which may reseed as users do) is not walked, only its decorators."""
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(getattr(node, "decorator_list", []))
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _called(node: ast.AST) -> str | None:
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else \
+        func.id if isinstance(func, ast.Name) else None
+
+
+def _runs_through_ndd_trace(node: ast.AST) -> bool:
+    """`ndd.compile(...)`, `ndd_trace.compile(...)`, `ndd_trace.enabled()`, `.enable()`, or
+    `@ndd.compile`."""
+    target = node.func if isinstance(node, ast.Call) else node
+    return isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and (
+        target.value.id in ("ndd", "ndd_trace") and target.attr == "compile"
+        or target.value.id == "ndd_trace" and target.attr in ("enabled", "enable"))
+
+
+def test_one_differential_harness():
+    """I10: tests/harness.py alone seeds, runs eagerly and through ndd_trace, and compares:
+    outside it no function both seeds the default generator in its own body and runs code
+    through ndd_trace (compiled, transparent), none reads the default generator's state but
+    the listed ones, and no module defines a harness name (its comparator `assert_same`, `observe`,
+    `rng_state`, ...) (f7fb7da: conftest's run_both, assert_same and to_numpy, and about 10
+    harnesses and 8 comparators of their own: test_loops' assert_loops_match,
+    test_training_loops' assert_same_observations, the fuzzers' checks, ...)."""
+    seeded_runs, readers, defined = [], [], []
+    for name, tree in _test_modules().items():
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            where = f"{name}:{function.name}"
+            if function in tree.body and function.name in HARNESS_NAMES:
+                defined.append(where)
+            own = list(_own_nodes(function))
+            if where not in SEEDED_RUNS and any(_called(node) == "set_seed" for node in own) and \
+                    any(_runs_through_ndd_trace(node) for node in ast.walk(function)):
+                seeded_runs.append(where)
+            if where not in RNG_STATE_READERS and any(
+                    isinstance(node, ast.Attribute) and node.attr == "state"
+                    and isinstance(node.ctx, ast.Load) and _called(node.value) == "get_default_rng"
+                    for node in own):
+                readers.append(where)
+    assert not seeded_runs, f"seeded eager-vs-ndd_trace runs outside tests/harness.py: " \
+                            f"{seeded_runs}"
+    assert not readers, f"the generator's state read outside tests/harness.py: {readers}"
+    assert not defined, f"the harness's names defined outside tests/harness.py: {defined}"

@@ -11,28 +11,13 @@ import textwrap
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same, subprocess_env, to_numpy
+from conftest import subprocess_env
+from harness import Fresh, Step, assert_matches_eager
 from test_transparent_readers import (  # the same readers, augmentation and file changes
     _arrays, _augment, _epochs_between, _fresh_arrays, _fresh_photos, _photos, _reader, _truncate)
 
 import ndd_trace
 from ndd_trace.ahead.readahead import stream_of
-
-
-def _both(scenario, make_reader, seed=11, function=_augment):
-    """Run `scenario(reader, step)` with the eager function and with it compiled (fresh
-    readers, same seed); compare everything and the generator state afterwards. Returns the
-    compiled function and the compiled run's readers."""
-    ndd.random.set_seed(seed)
-    eager = to_numpy(scenario(make_reader(), function))
-    eager_state = str(ndd.random.get_default_rng().state)
-    compiled = ndd.compile(function)
-    ndd.random.set_seed(seed)
-    readers = make_reader()
-    result = to_numpy(scenario(readers, compiled))
-    assert str(ndd.random.get_default_rng().state) == eager_state
-    assert_same(eager, result)
-    return compiled, readers
 
 
 def _ahead(compiled):
@@ -47,7 +32,9 @@ def test_later_epochs_stream_and_steps_run_ahead(jpeg_dir):
                 out.append((np.asarray(step(jpegs).torch()), np.asarray(labels.torch())))
         return out
 
-    compiled, reader = _both(scenario, lambda: _reader(jpeg_dir))
+    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                                modes=("step",))
+    compiled, reader = runs["step"].steps[0], runs["step"].args[0]
     assert stream_of(reader) is not None  # fed to a compiled step: streams after epoch 1
     assert _ahead(compiled) >= 6  # 12 streamed steps: all but the first few ran ahead
     assert compiled.cache_info().traces == 1
@@ -74,7 +61,8 @@ def test_breaks_mid_epoch(jpeg_dir):
                     break
         return out
 
-    _both(scenario, lambda: _reader(jpeg_dir))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                         modes=("step",))
 
 
 def test_reseed_between_epochs_and_extra_draws(jpeg_dir):
@@ -88,7 +76,8 @@ def test_reseed_between_epochs_and_extra_draws(jpeg_dir):
                 out.append(np.asarray(step(jpegs).torch()))
         return out
 
-    compiled, _ = _both(scenario, lambda: _reader(jpeg_dir))
+    compiled = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                                    modes=("step",))["step"].steps[0]
     assert _ahead(compiled) > 0
 
 
@@ -103,7 +92,7 @@ def test_explicit_rng_argument(jpeg_dir):
         return [function(jpegs, rng) for _ in range(3)
                 for jpegs, _ in reader.next_epoch(batch_size=4)] + [rng()]
 
-    _both(scenario, lambda: _reader(jpeg_dir), function=step)
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(step), modes=("step",))
 
 
 def test_two_readers(jpeg_dir):
@@ -119,7 +108,7 @@ def test_two_readers(jpeg_dir):
                 out += [step(a), step(b), labels]
         return out
 
-    _both(scenario, make)
+    assert_matches_eager(scenario, Fresh(make), Step(_augment), modes=("step",))
 
 
 def test_two_readers_in_one_call(jpeg_dir):
@@ -133,7 +122,8 @@ def test_two_readers_in_one_call(jpeg_dir):
                 for (a, _), (b, _) in zip(first.next_epoch(batch_size=4),
                                           second.next_epoch(batch_size=4))]
 
-    _both(scenario, lambda: (_reader(jpeg_dir), _reader(jpeg_dir, seed=9)), function=step)
+    assert_matches_eager(scenario, Fresh(lambda: (_reader(jpeg_dir), _reader(jpeg_dir, seed=9))),
+                         Step(step), modes=("step",))
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -145,7 +135,8 @@ def test_shards(jpeg_dir, kwargs):
         return [[np.asarray(labels.torch()), step(jpegs)]
                 for _ in range(4) for jpegs, labels in reader.next_epoch(batch_size=3)]
 
-    _both(scenario, lambda: _reader(jpeg_dir, **kwargs))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir, **kwargs)), Step(_augment),
+                         modes=("step",))
 
 
 def test_checkpointing_reader_stays_eager_with_exact_state(jpeg_dir):
@@ -158,7 +149,11 @@ def test_checkpointing_reader_stays_eager_with_exact_state(jpeg_dir):
                     out.append(str(reader.get_state()))
         return out
 
-    _, reader = _both(scenario, lambda: _reader(jpeg_dir, enable_checkpointing=True))
+    def make():
+        return _reader(jpeg_dir, enable_checkpointing=True)
+
+    reader = assert_matches_eager(scenario, Fresh(make), Step(_augment),
+                                  modes=("step",))["step"].args[0]
     assert stream_of(reader) is None
 
 
@@ -166,7 +161,8 @@ def test_values_consumed_after_the_loop(jpeg_dir):
     def scenario(reader, step):
         return [step(jpegs) for _ in range(3) for jpegs, _ in reader.next_epoch(batch_size=4)]
 
-    _both(scenario, lambda: _reader(jpeg_dir))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                         modes=("step",))
 
 
 def test_streamed_reader_refuses_sample_epochs_as_eager(jpeg_dir):
@@ -182,7 +178,7 @@ def test_streamed_reader_refuses_sample_epochs_as_eager(jpeg_dir):
             next(iter(epoch))
         return type(raised.value), str(raised.value)
 
-    assert scenario(ndd.compile(_augment)) == scenario(_augment)
+    assert_matches_eager(scenario, Step(_augment), modes=("step",), seed=None)
 
 
 def test_transparent_mode_and_compiled_steps_together(jpeg_dir):
@@ -194,7 +190,8 @@ def test_transparent_mode_and_compiled_steps_together(jpeg_dir):
                     out.append(np.asarray(step(jpegs).torch()))
         return out
 
-    _both(scenario, lambda: _reader(jpeg_dir))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                         modes=("step",))
 
 
 class _nothing:
@@ -211,17 +208,13 @@ def test_two_compiled_steps_on_one_reader(jpeg_dir):
         images = ndd.resize(ndd.decoders.image(jpegs), size=[10, 10])
         return ndd.flip(images, horizontal=ndd.random.coin_flip(batch_size=images.batch_size))
 
-    def scenario(reader, steps):
-        first, second = steps
+    def scenario(reader, first, second):
         return [[first(jpegs), second(jpegs)] for _ in range(4)
                 for jpegs, _ in reader.next_epoch(batch_size=4)]
 
-    ndd.random.set_seed(3)
-    eager = to_numpy(scenario(_reader(jpeg_dir), (_augment, flip)))
-    ndd.random.set_seed(3)
-    steps = (ndd.compile(_augment), ndd.compile(flip))
-    assert_same(eager, to_numpy(scenario(_reader(jpeg_dir), steps)))
-    assert all(_ahead(step) > 0 for step in steps)
+    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                                Step(flip), modes=("step",), seed=3)
+    assert all(_ahead(step) > 0 for step in runs["step"].steps)
 
 
 # -- files changed between epochs, read by a compiled generator (see test_transparent_readers) --
@@ -245,8 +238,9 @@ def test_generator_reads_files_rewritten_between_epochs(tmp_path, shape):
         return _epochs_between(lambda: batches(reader),
                                lambda epoch: _arrays(root, epoch, range(5, 16), shape))
 
-    compiled, reader = _both(scenario, lambda: ndd.readers.Numpy(
-        file_root=str(_fresh_arrays(root))), function=_doubled)
+    runs = assert_matches_eager(scenario, Fresh(lambda: ndd.readers.Numpy(
+        file_root=str(_fresh_arrays(root)))), Step(_doubled), modes=("step",))
+    compiled, reader = runs["step"].steps[0], runs["step"].args[0]
     assert stream_of(reader) is not None and compiled.cache_info().traces == 1
 
 
@@ -261,8 +255,10 @@ def test_generator_fails_on_a_file_deleted_between_epochs(jpeg_dir, tmp_path, po
         return _epochs_between(lambda: batches(reader),
                                lambda epoch: victim.unlink() if epoch == 1 else None)
 
-    _both(scenario, lambda: ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root))),
-          function=_decoded)
+    def make():
+        return ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root)))
+
+    assert_matches_eager(scenario, Fresh(make), Step(_decoded), modes=("step",))
 
 
 def test_generator_fails_on_an_array_truncated_between_epochs(tmp_path):
@@ -274,8 +270,10 @@ def test_generator_fails_on_an_array_truncated_between_epochs(tmp_path):
                                lambda epoch: _truncate(root / "010.npy", 140) if epoch == 1
                                else None)
 
-    _both(scenario, lambda: ndd.readers.Numpy(file_root=str(_fresh_arrays(root))),
-          function=_doubled)
+    def make():
+        return ndd.readers.Numpy(file_root=str(_fresh_arrays(root)))
+
+    assert_matches_eager(scenario, Fresh(make), Step(_doubled), modes=("step",))
 
 
 def test_step_called_from_an_eager_loop_reads_files_changed_between_epochs(jpeg_dir, tmp_path):
@@ -295,7 +293,10 @@ def test_step_called_from_an_eager_loop_reads_files_changed_between_epochs(jpeg_
                                         for jpegs, _ in reader.next_epoch(batch_size=4)),
                                change, epochs=4)
 
-    _both(scenario, lambda: _reader(_fresh_photos(jpeg_dir, root), random_shuffle=False))
+    def make():
+        return _reader(_fresh_photos(jpeg_dir, root), random_shuffle=False)
+
+    assert_matches_eager(scenario, Fresh(make), Step(_augment), modes=("step",))
 
 
 def test_files_cut_short_between_epochs_do_not_kill_the_process(tmp_path):

@@ -1,8 +1,8 @@
 """Conformance: what DALI documents for dynamic mode holds the same with transparent mode on.
 
-Each test runs a scenario once plainly and once inside `ndd_trace.enabled()` and compares the two
-observations exactly (values, types, errors: their type, message, cause and moment, warnings,
-metadata). Covered: DALI's capture mode (`next_epoch(capture=True)`, `ExternalSource.captured()`
+Each test runs a scenario once plainly and once inside `ndd_trace.enabled()` (tests/harness.py's
+`assert_matches_eager`, mode "transparent") and compares the two observations exactly (values,
+types, errors: their type, message, cause and moment, warnings, metadata). Covered: DALI's capture mode (`next_epoch(capture=True)`, `ExternalSource.captured()`
 and the errors it raises), eval modes, exceptions, result metadata, checkpoints with readers.
 Cases marked xfail (strict) differ on the current main: issue 9; they flip to a failure once
 fixed, and the marker goes.
@@ -18,20 +18,11 @@ from typing import Any
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
+from harness import assert_matches_eager
 
 import ndd_trace
 
 BATCH = 4
-
-
-def both(scenario: Callable[..., dict], *args: Any) -> None:
-    """Run `scenario(*args)` plainly and under transparent mode; the observations must be equal."""
-    plain = scenario(*args)
-    with ndd_trace.enabled():
-        traced = scenario(*args)
-    ndd_trace.reset_report()
-    diff = {key: (plain[key], traced.get(key)) for key in plain if plain[key] != traced.get(key)}
-    assert plain == traced, f"plain vs ndd_trace differ in: {diff}"
 
 
 def outcome(fn: Callable[[], Any]) -> str:
@@ -95,7 +86,7 @@ def _reader_capture_loop(root: str) -> dict:
 
 
 def test_capture_reader_loop(jpeg_dir):
-    both(_reader_capture_loop, str(jpeg_dir))
+    assert_matches_eager(_reader_capture_loop, str(jpeg_dir), modes=("transparent",), raises=False)
 
 
 def _es_captured_loop() -> dict:
@@ -110,7 +101,7 @@ def _es_captured_loop() -> dict:
 
 
 def test_capture_external_source_loop():
-    both(_es_captured_loop)
+    assert_matches_eager(_es_captured_loop, modes=("transparent",), raises=False)
 
 
 def _capture_feeder(root: str) -> dict:
@@ -130,7 +121,7 @@ def _capture_feeder(root: str) -> dict:
 
 
 def test_capture_feeder_broadcast(jpeg_dir):
-    both(_capture_feeder, str(jpeg_dir))
+    assert_matches_eager(_capture_feeder, str(jpeg_dir), modes=("transparent",), raises=False)
 
 
 def _capture_empty_graph(root: str) -> dict:
@@ -144,7 +135,7 @@ def _capture_empty_graph(root: str) -> dict:
 
 
 def test_capture_empty_graph_warns(jpeg_dir):
-    both(_capture_empty_graph, str(jpeg_dir))
+    assert_matches_eager(_capture_empty_graph, str(jpeg_dir), modes=("transparent",), raises=False)
 
 
 def _capture_errors(root: str) -> dict:
@@ -203,7 +194,7 @@ def _capture_errors(root: str) -> dict:
 
 
 def test_capture_errors(jpeg_dir):
-    both(_capture_errors, str(jpeg_dir))
+    assert_matches_eager(_capture_errors, str(jpeg_dir), modes=("transparent",), raises=False)
 
 
 def _capture_mode_switching(root: str) -> dict:
@@ -237,7 +228,8 @@ def _capture_mode_switching(root: str) -> dict:
 
 
 def test_capture_mode_switching_errors(jpeg_dir):
-    both(_capture_mode_switching, str(jpeg_dir))
+    assert_matches_eager(_capture_mode_switching, str(jpeg_dir), modes=("transparent",),
+                         raises=False)
 
 
 def _capture_random_parity(root: str) -> dict:
@@ -252,7 +244,8 @@ def _capture_random_parity(root: str) -> dict:
 
 
 def test_capture_random_parity(jpeg_dir):
-    both(_capture_random_parity, str(jpeg_dir))
+    assert_matches_eager(_capture_random_parity, str(jpeg_dir), modes=("transparent",),
+                         raises=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +294,8 @@ ERROR_CASES = {
 @pytest.mark.parametrize("case", list(ERROR_CASES))
 def test_eval_mode_error_moment(case, mode):
     """Same moment (call / evaluate), same exception type, same cause (type and text)."""
-    both(_moment_without_message, ERROR_CASES[case], mode)
+    assert_matches_eager(_moment_without_message, ERROR_CASES[case], mode, modes=("transparent",),
+                         raises=False)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -310,7 +304,7 @@ def test_eval_mode_error_message(case, mode):
     """The raised error's own message too (stricter than the moment/type/cause test): a run
     error used later says "An error happened during deferred evaluation / asynchronous
     execution", caused by DALI's error, as eager ndd's."""
-    both(_moment, ERROR_CASES[case], mode)
+    assert_matches_eager(_moment, ERROR_CASES[case], mode, modes=("transparent",), raises=False)
 
 
 def _runtime_error_catchable() -> dict:
@@ -328,7 +322,7 @@ def _runtime_error_catchable() -> dict:
 
 
 def test_runtime_error_type_and_cause():
-    both(_runtime_error_catchable)
+    assert_matches_eager(_runtime_error_catchable, modes=("transparent",), raises=False)
 
 
 def _eval_mode_nesting() -> dict:
@@ -342,7 +336,7 @@ def _eval_mode_nesting() -> dict:
 
 
 def test_eval_mode_nesting():
-    both(_eval_mode_nesting)
+    assert_matches_eager(_eval_mode_nesting, modes=("transparent",), raises=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,7 +416,8 @@ def _coin_flip_with_shape(shape: list) -> Any:
     pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=XFAIL_METADATA[name]))
     if name in XFAIL_METADATA else name for name in METADATA_CASES])
 def test_result_metadata(case):
-    both(_metadata, METADATA_CASES[case], case not in RUN_FOR_LAYOUT)
+    assert_matches_eager(_metadata, METADATA_CASES[case], case not in RUN_FOR_LAYOUT,
+                         modes=("transparent",), raises=False)
 
 
 def _invocation_record() -> dict:
@@ -436,7 +431,7 @@ def _invocation_record() -> dict:
 
 
 def test_invocation_record():
-    both(_invocation_record)
+    assert_matches_eager(_invocation_record, modes=("transparent",), raises=False)
 
 
 def _process_params_at_call(mode: str) -> dict:
@@ -466,7 +461,7 @@ def _process_params_at_call(mode: str) -> dict:
 def test_operator_process_params_at_call(mode):
     """A spy on `Operator._process_params` sees each call at the call (transparent mode runs
     calls eagerly while DALI's method is replaced)."""
-    both(_process_params_at_call, mode)
+    assert_matches_eager(_process_params_at_call, mode, modes=("transparent",), raises=False)
 
 
 def _process_params_restored() -> dict:
@@ -488,7 +483,7 @@ def _process_params_restored() -> dict:
 
 
 def test_operator_process_params_restored():
-    both(_process_params_restored)
+    assert_matches_eager(_process_params_restored, modes=("transparent",), raises=False)
 
 
 def _instance_cache() -> dict:
@@ -506,7 +501,7 @@ def _instance_cache() -> dict:
 
 
 def test_eval_context_instance_cache():
-    both(_instance_cache)
+    assert_matches_eager(_instance_cache, modes=("transparent",), raises=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +538,7 @@ def _checkpoint_mid_epoch(root: str) -> dict:
 
 
 def test_checkpoint_reader_mid_epoch(jpeg_dir):
-    both(_checkpoint_mid_epoch, str(jpeg_dir))
+    assert_matches_eager(_checkpoint_mid_epoch, str(jpeg_dir), modes=("transparent",), raises=False)
 
 
 def _checkpoint_errors(root: str) -> dict:
@@ -560,7 +555,7 @@ def _checkpoint_errors(root: str) -> dict:
 
 
 def test_checkpoint_errors(jpeg_dir):
-    both(_checkpoint_errors, str(jpeg_dir))
+    assert_matches_eager(_checkpoint_errors, str(jpeg_dir), modes=("transparent",), raises=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,7 +580,7 @@ def _operator_methods() -> dict:
 
 
 def test_operator_methods_keep_name_docs_and_signature():
-    both(_operator_methods)
+    assert_matches_eager(_operator_methods, modes=("transparent",), raises=False)
 
 
 def _metadata_after_inputs_ran() -> dict:
@@ -609,7 +604,7 @@ def _metadata_after_inputs_ran() -> dict:
 
 
 def test_metadata_after_inputs_ran():
-    both(_metadata_after_inputs_ran)
+    assert_matches_eager(_metadata_after_inputs_ran, modes=("transparent",), raises=False)
 
 
 def _nested_list_literal() -> dict:
@@ -624,4 +619,4 @@ def _nested_list_literal() -> dict:
 
 
 def test_nested_list_argument_literal_and_variable():
-    both(_nested_list_literal)
+    assert_matches_eager(_nested_list_literal, modes=("transparent",), raises=False)

@@ -14,7 +14,8 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_same, subprocess_env, to_numpy
+from conftest import ROOT, subprocess_env
+from harness import assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace

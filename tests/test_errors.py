@@ -11,11 +11,11 @@ import subprocess
 import sys
 import textwrap
 import traceback
-import warnings
 
 import numpy as np
 import pytest
 from conftest import subprocess_env
+from harness import Compiler, assert_matches_eager
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -168,21 +168,8 @@ def _chain(error: BaseException | None) -> list[tuple[str, str]]:
     return chain
 
 
-def _three_ways(scenario, *args) -> tuple:
-    """`scenario(function_runner, *args)` eagerly, compiled and in transparent mode, each from
-    seed 7; each observation ends with the default generator's state."""
-    observed = []
-    for mode in ("eager", "compiled", "transparent"):
-        ndd.random.set_seed(7)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
-            if mode == "transparent":
-                with ndd_trace.enabled():
-                    seen = scenario(lambda f: f, *args)
-            else:
-                seen = scenario(ndd.compile if mode == "compiled" else (lambda f: f), *args)
-        observed.append((seen, str(ndd.random.get_default_rng().state)))
-    return tuple(observed)
+# a scenario `scenario(wrap)` eagerly, with `wrap` compiling (mode step) and in transparent mode
+THREE_WAYS = {"modes": ("step", "transparent"), "seed": 7, "warn": "ignore"}
 
 
 def _not_an_image() -> ndd.Batch:
@@ -214,10 +201,9 @@ def test_decode_error_on_user_data_raises_at_the_call_as_eagerly():
     raises DALI's own error there; so do compiled functions and transparent mode (same type
     and text, traceback ending at the decoder's line), and the random op after it draws
     nothing."""
-    eager, compiled, transparent = _three_ways(_decode_at_call)
-    assert eager[0][0] == "at call" and eager[0][1][0][0] == "RuntimeError", eager
-    assert "DECODE" in eager[0][2]
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_decode_at_call, Compiler(), **THREE_WAYS)["eager"].result
+    assert eager[0] == "at call" and eager[1][0][0] == "RuntimeError", eager
+    assert "DECODE" in eager[2]
 
 
 def _decode_or_skip(wrap, batches):
@@ -244,9 +230,9 @@ def test_random_ops_after_a_caught_decode_error_as_eagerly(jpeg_bytes):
     corrupt = np.frombuffer(b"\xff\xd8\xff\xe0 this is not a jpeg" * 4, dtype=np.uint8)
     batches = [good, [good[0], corrupt], good, good]
     with _quiet_stderr():
-        eager, compiled, transparent = _three_ways(_decode_or_skip, batches)
-    assert isinstance(eager[0][1][0], tuple)  # the second step raised
-    assert compiled == eager and transparent == eager
+        runs = assert_matches_eager(_decode_or_skip, Compiler(), batches, **THREE_WAYS)
+    raised = runs["eager"].result[1][0]  # the second step raised: (type, text), not bytes
+    assert len(raised) == 2 and all(isinstance(part, str) for part in raised)
 
 
 def _grown_batch(wrap):
@@ -268,9 +254,8 @@ def _grown_batch(wrap):
 def test_error_after_the_batch_grows_as_eagerly():
     """A broadcast error on a call larger than the first: eager's RuntimeError and text, not
     the error of a re-run at the first call's batch size."""
-    eager, compiled, transparent = _three_ways(_grown_batch)
-    assert eager[0][1][0][0] == "RuntimeError", eager
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_grown_batch, Compiler(), **THREE_WAYS)["eager"].result
+    assert eager[1][0][0] == "RuntimeError", eager
 
 
 def _masked(wrap):
@@ -292,9 +277,8 @@ def _masked(wrap):
 def test_error_at_a_call_is_not_masked_by_a_later_calls_error():
     """Eager ndd raises the first call's run-time error (it runs at the call: user data), and
     never reaches the second call, which DALI would reject: so does ndd_trace."""
-    eager, compiled, transparent = _three_ways(_masked)
-    assert "FIRST" in eager[0][1] and "int32" in eager[0][0][0][1]
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_masked, Compiler(), **THREE_WAYS)["eager"].result
+    assert "FIRST" in eager[1] and "int32" in eager[0][0][1]
 
 
 def _used_later(wrap):
@@ -321,10 +305,9 @@ def _used_later(wrap):
 def test_error_of_a_result_used_later_reads_as_eagers():
     """An op that fails when it runs, its result used later: eager's "An error happened during
     asynchronous execution", caused by DALI's own error (same types, same texts)."""
-    eager, compiled, transparent = _three_ways(_used_later)
-    assert eager[0][0][1][0] == ("RuntimeError",
-                                    "An error happened during asynchronous execution")
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_used_later, Compiler(), **THREE_WAYS)["eager"].result
+    assert tuple(eager[0][1][0]) == ("RuntimeError",
+                                     "An error happened during asynchronous execution")
 
 
 def _some_fail(wrap):
@@ -354,9 +337,8 @@ def test_only_the_results_that_use_a_failing_op_raise_as_eagerly():
     """A call whose ops include one that fails when it runs: eager raises for the results that
     use it (when first used), and gives the others, random ones included; so do a compiled
     function and transparent mode (a failed pipeline run failed all of its outputs)."""
-    eager, compiled, transparent = _three_ways(_some_fail)
-    assert [index for index, seen in eager[0] if isinstance(seen, bytes)] == [0, 2, 0, 2]
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_some_fail, Compiler(), **THREE_WAYS)["eager"].result
+    assert [index for index, seen in eager if isinstance(seen, bytes)] == [0, 2, 0, 2]
 
 
 def test_pipeline_error_names_the_op_and_line_in_a_note():
@@ -560,11 +542,10 @@ def test_the_same_failure_reads_as_eagers_after_its_pipeline_is_given_up():
     call runs eagerly, and its error still reads as eager's (issue 35: its text became "An
     error happened during asynchronous execution" at the call), at the call for user data, at
     the first use of the result otherwise."""
-    eager, compiled, transparent = _three_ways(_sum_over_a_missing_axis)
-    assert eager[0][0] == ("at call", [("IndexError",
+    eager = assert_matches_eager(_sum_over_a_missing_axis, Compiler(), **THREE_WAYS)["eager"].result
+    assert eager[0] == ("at call", [("IndexError",
                                         "Axis index out of range: 3 not in range [-3,2]")])
-    assert eager[0][-1][0] == "at use" and len(eager[0][-1][1]) == 2
-    assert compiled == eager and transparent == eager
+    assert eager[-1][0] == "at use" and len(eager[-1][1]) == 2
 
 
 def _resize_a_total(wrap, derived):
@@ -592,10 +573,9 @@ def test_a_layout_error_on_an_input_of_unknown_ndim_raises_at_the_call(derived):
     eager checks the call with its input run, and raises ValueError at the call; so do the
     compiled function (issue 35: it raised at the first use of the result, as "An error
     happened during asynchronous execution") and transparent mode."""
-    eager, compiled, transparent = _three_ways(_resize_a_total, derived)
-    assert eager[0][0] == "at call" and eager[0][1][0][0] == "ValueError", eager
-    assert "REJECTED" in eager[0][2]
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_resize_a_total, Compiler(), derived, **THREE_WAYS)["eager"].result
+    assert eager[0] == "at call" and eager[1][0][0] == "ValueError", eager
+    assert "REJECTED" in eager[2]
 
 
 def _bool_image_resized(wrap):
@@ -618,9 +598,8 @@ def _bool_image_resized(wrap):
 
 
 def test_a_failed_call_names_its_own_line_in_every_eval_mode():
-    eager, compiled, transparent = _three_ways(_bool_image_resized)
-    assert all("RESIZE" in line for *_, line in eager[0]) and len(eager[0]) == 6
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_bool_image_resized, Compiler(), **THREE_WAYS)["eager"].result
+    assert all("RESIZE" in line for *_, line in eager) and len(eager) == 6
 
 
 def _resize_the_max_of_each(wrap):
@@ -643,6 +622,5 @@ def test_a_call_accepted_before_is_checked_again_for_other_data():
     """The check eager makes at the call is made once for data of one kind (no wait at later
     calls), and again for other data: the 2-D maxima are rejected at the call, and the 3-D ones
     after them accepted, as eagerly."""
-    eager, compiled, transparent = _three_ways(_resize_the_max_of_each)
-    assert [moment for moment, _ in eager[0]] == ["values"] * 3 + ["at call"] * 2 + ["values"]
-    assert compiled == eager and transparent == eager
+    eager = assert_matches_eager(_resize_the_max_of_each, Compiler(), **THREE_WAYS)["eager"].result
+    assert [moment for moment, _ in eager] == ["values"] * 3 + ["at call"] * 2 + ["values"]

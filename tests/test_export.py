@@ -13,7 +13,8 @@ import textwrap
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import ROOT, subprocess_env, to_numpy
+from conftest import ROOT, subprocess_env
+from harness import assert_same, seeded, to_numpy
 
 import ndd_trace
 
@@ -49,15 +50,6 @@ def _saved(path: str, count: int) -> list[list[np.ndarray]]:
             for k in range(count)]
 
 
-def _assert_outputs(expected: list, actual: list) -> None:
-    assert len(expected) == len(actual)
-    for e, a in zip(expected, actual):
-        assert len(e) == len(a)
-        for x, y in zip(e, a):
-            assert x.dtype == y.dtype and x.shape == y.shape
-            np.testing.assert_array_equal(x, y)
-
-
 def preprocess(images, weights):
     small = ndd.resize(images, size=[8, 8])
     flipped = ndd.flip(small, horizontal=1)
@@ -81,7 +73,7 @@ def test_python_module_round_trip(batch, weights, tmp_path):
     assert "scaled = " in text and " * 0.5" in text
     completed = run_module("pre.py", str(tmp_path), "--save", "out.npz")
     assert "output 0: 4 samples of uint8" in completed.stdout
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 2))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 2))
 
 
 def test_serialized_round_trip(batch, weights, tmp_path):
@@ -103,7 +95,7 @@ def test_serialized_round_trip(batch, weights, tmp_path):
                  for i in range(len(out))}
         np.savez("out.npz", **saved)
     """), str(tmp_path))
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 2))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 2))
 
 
 def noisy(x):
@@ -113,22 +105,22 @@ def noisy(x):
 
 def test_random_ops_draw_their_own_numbers_deterministically(tmp_path):
     x = ndd.batch([np.float32([1, 2, 3])] * 3)
-    ndd.random.set_seed(9)
-    expected = to_numpy(list(ndd.compile(noisy)(x)))
+    with seeded(9):
+        expected = to_numpy(list(ndd.compile(noisy)(x)))
     ndd_trace.export(noisy, x, path=str(tmp_path / "noisy.py"), seed=42)
     assert "_state" not in (tmp_path / "noisy.py").read_text()
     run_module("noisy.py", str(tmp_path), "--save", "a.npz")
     run_module("noisy.py", str(tmp_path), "--save", "b.npz")
     first, second = _saved(str(tmp_path / "a.npz"), 2), _saved(str(tmp_path / "b.npz"), 2)
-    _assert_outputs(first, second)  # one seed, one stream: runs repeat
-    _assert_outputs(expected[:1], first[:1])  # deterministic outputs are eager's
+    assert_same(first, second)  # one seed, one stream: runs repeat
+    assert_same(expected[:1], first[:1])  # deterministic outputs are eager's
     assert not all(np.array_equal(a, b) for a, b in zip(expected[1], first[1]))
 
 
 def test_random_states_as_inputs_give_eager_values(tmp_path):
     x = ndd.batch([np.float32([1, 2, 3])] * 3)
-    ndd.random.set_seed(9)
-    eager = to_numpy(list(noisy(x)))
+    with seeded(9):
+        eager = to_numpy(list(noisy(x)))
     exported = ndd_trace.export(noisy, x, path=str(tmp_path / "noisy.dali"),
                                 format="serialized", random="inputs")
     assert exported.inputs == ["x", "noise_state"]
@@ -161,7 +153,7 @@ def test_compiled_generator_exports_its_reader(jpeg_dir, tmp_path):
     assert exported.inputs == [] and exported.batch_size == 2
     assert "fn.readers.file(" in (tmp_path / "loader.py").read_text()
     run_module("loader.py", str(tmp_path), "--save", "out.npz")
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 2))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 2))
 
 
 def test_graph_break_cannot_be_exported(batch, tmp_path):
@@ -206,7 +198,7 @@ def test_command_line(batch, tmp_path):
     assert "wrote bright.py" in completed.stdout
     run_module("bright.py", str(tmp_path), "--save", "out.npz")
     expected = to_numpy(ndd.flip(batch, vertical=1) * 2)
-    _assert_outputs([expected], _saved(str(tmp_path / "out.npz"), 1))
+    assert_same([expected], _saved(str(tmp_path / "out.npz"), 1))
     assert ROOT  # the child found this checkout through PYTHONPATH
 
 
@@ -232,7 +224,7 @@ def test_per_sample_function_serialized_round_trip(batch, tmp_path):
         (out,) = pipe.run()
         np.savez("out.npz", **{f"out0__{i}": np.array(out[i]) for i in range(len(out))})
     """), str(tmp_path))
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
     with pytest.raises(ndd_trace.ExportError, match="serialized"):
         ndd_trace.export(shrink_big, batch, path=str(tmp_path / "shrink.py"))
 
@@ -246,7 +238,7 @@ def test_gpu_pipeline_round_trip(batch, tmp_path):
     exported = ndd_trace.export(on_gpu, batch, path=str(tmp_path / "gpu.py"))
     assert exported.device_id is not None
     run_module("gpu.py", str(tmp_path), "--save", "out.npz")
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
 
 
 _MODULE = ["Expr", "Import", "Import", "ImportFrom", "FunctionDef", "Assign", "Assign",
@@ -265,7 +257,7 @@ def test_export_of_a_lambda(batch, tmp_path):
     text = (tmp_path / "lam.py").read_text()
     assert "def _lambda__pipeline():" in text
     run_module("lam.py", str(tmp_path), "--save", "out.npz")
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
 
 
 def test_output_file_name_stays_in_the_docstring(batch, tmp_path):
@@ -278,7 +270,7 @@ def test_output_file_name_stays_in_the_docstring(batch, tmp_path):
     assert "    python '_p\"\"\";open(" in ast.get_docstring(tree)
     run_module(name, str(tmp_path), "--save", "out.npz")
     assert not (tmp_path / "injected.txt").exists()
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
 
 
 def test_source_file_name_stays_in_its_comment(batch, tmp_path):
@@ -296,7 +288,7 @@ def test_source_file_name_stays_in_its_comment(batch, tmp_path):
     assert [type(s).__name__ for s in tree.body[4].body] == ["Assign"] * 3 + ["Return"]
     run_module("f.py", str(tmp_path), "--save", "out.npz")
     assert not marker.exists()
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 1))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
 
 
 def test_float64_constant_round_trip(batch, tmp_path):
@@ -313,4 +305,4 @@ def test_float64_constant_round_trip(batch, tmp_path):
     ndd_trace.export(compiled, batch, path=str(tmp_path / "centred.py"))
     assert "dtype=types.FLOAT64" in (tmp_path / "centred.py").read_text()
     run_module("centred.py", str(tmp_path), "--save", "out.npz")
-    _assert_outputs(expected, _saved(str(tmp_path / "out.npz"), 2))
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 2))

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import warnings
 
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
+from harness import Fresh, Step, assert_matches_eager
 
-import ndd_trace
 from benchmarks._data import jpeg_paths
 
 
@@ -59,59 +58,31 @@ def _consume(generator_function, reader, epochs, skip_errors):
     return seen
 
 
-def _same(eager, compiled):
-    assert len(eager) == len(compiled), (eager, compiled)
-    for a, b in zip(eager, compiled):
-        assert a[0] == b[0], (a, b)
-        for x, y in zip(a[1:], b[1:]):
-            if isinstance(x, np.ndarray):
-                np.testing.assert_array_equal(x, y)
-            else:
-                assert x == y
-
-
 @pytest.mark.parametrize("skip_errors", [False, True], ids=["error-ends-epoch", "skip-bad-batch"])
 def test_corrupt_file_in_compiled_loop(corrupt_dir, skip_errors):
-    results = []
-    for function in (_body, ndd.compile(_body)):
-        ndd.random.set_seed(7)
-        reader = ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=3)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-            results.append(_consume(function, reader, epochs=3, skip_errors=skip_errors))
-        results[-1].append(str(ndd.random.get_default_rng().state))
-    eager, compiled = results
-    assert ("error", "RuntimeError") in [e[:2] for e in eager]
-    assert eager[-1] == compiled[-1]  # the generator's state after the three epochs
-    _same(eager[:-1], compiled[:-1])
+    reader = Fresh(lambda: ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=3))
+    runs = assert_matches_eager(_consume, Step(_body), reader, epochs=3, skip_errors=skip_errors,
+                                modes=("step",), seed=7)  # the generator's state after, too
+    assert ("error", "RuntimeError") in [e[:2] for e in runs["eager"].result]
 
 
 def test_corrupt_file_in_transparent_reader_loop(corrupt_dir):
-    def run():
-        reader = ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=3)
-        return _consume(_body, reader, epochs=2, skip_errors=True)
-
-    ndd.random.set_seed(7)
-    eager = run()
-    ndd.random.set_seed(7)
-    with ndd_trace.enabled():
-        lazy = run()
-    _same(eager, lazy)
+    reader = Fresh(lambda: ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=3))
+    assert_matches_eager(_consume, _body, reader, epochs=2, skip_errors=True,
+                         modes=("transparent",), seed=7)
 
 
 def test_reader_used_eagerly_first_then_compiled_goes_on_after_errors(corrupt_dir):
     """A reader that gave batches eagerly, then feeds a compiled loop that meets a corrupt
     file: the error at its step, and the next epochs from where eager's reader is."""
-    def run(function):
-        ndd.random.set_seed(2)
-        reader = ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=4)
+    def run(function, reader):
         for _ in reader.next_epoch(batch_size=4):
             break
         return _consume(function, reader, epochs=3, skip_errors=False)
 
-    eager, compiled = run(_body), run(ndd.compile(_body))
-    assert ("error", "RuntimeError") in [e[:2] for e in eager]
-    _same(eager, compiled)
+    reader = Fresh(lambda: ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=4))
+    runs = assert_matches_eager(run, Step(_body), reader, modes=("step",), seed=2, warn=None)
+    assert ("error", "RuntimeError") in [e[:2] for e in runs["eager"].result]
 
 
 def test_corrupt_file_in_compiled_function(corrupt_dir):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import to_numpy
+from harness import Fresh, Step, assert_matches_eager, assert_runs_match, observe, run
 
 import ndd_trace
 
@@ -35,40 +34,18 @@ def three_readers(a, b, c, batch_size=3):
                                                                  dtype=ndd.int64), lz
 
 
-def epochs(generator_function, make_readers, epochs=3, seed=11, **kwargs):
-    readers = make_readers()
-    ndd.random.set_seed(seed)
-    result = [[to_numpy(step) for step in generator_function(*readers, **kwargs)]
-              for _ in range(epochs)]
-    return result, str(ndd.random.get_default_rng().state)
-
-
-def assert_loops_match(generator_function, make_readers, **kwargs):
-    compiled = ndd.compile(generator_function)
-    eager, eager_state = epochs(generator_function, make_readers, **kwargs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-        result, state = epochs(compiled, make_readers, **kwargs)
-    assert state == eager_state
-    assert len(result) == len(eager)
-    for eager_epoch, epoch in zip(eager, result):
-        assert_steps_equal(eager_epoch, epoch)
-    info = compiled.cache_info()
-    assert info.traces == 1 and info.fallbacks == 0, info
-    return compiled
-
-
-def assert_steps_equal(eager_steps, steps):
-    """Step by step, output by output, sample by sample: identical arrays."""
-    assert len(eager_steps) == len(steps)
-    for eager_step, step in zip(eager_steps, steps):
-        for eager_output, output in zip(eager_step, step):
-            for a, b in zip(eager_output, output):
-                np.testing.assert_array_equal(a, b)
+# a compiled loop over three epochs of the same readers: what eager's gives, traced once, all
+# compiled (the harness's mode "loop", one call an epoch)
+EPOCHS = {"modes": ("loop",), "calls": 3, "seed": 11, "exact_paths": True}
 
 
 def file_reader(root, **kwargs):
     return ndd.readers.File(file_root=str(root), **kwargs)
+
+
+def fresh_reader(root, **kwargs):
+    """A File reader made anew for each of the harness's runs."""
+    return Fresh(lambda: file_reader(root, **kwargs))
 
 
 @pytest.mark.parametrize("options", [
@@ -80,43 +57,40 @@ def file_reader(root, **kwargs):
     {"shard_id": 1, "num_shards": 3, "pad_last_batch": True, "random_shuffle": True, "seed": 5},
 ])
 def test_single_reader_matches_eager(jpeg_dir, options):
-    assert_loops_match(augmented, lambda: (file_reader(jpeg_dir, **options),))
+    assert_matches_eager(augmented, fresh_reader(jpeg_dir, **options), **EPOCHS)
 
 
 def test_batch_size_that_does_not_divide_epoch(jpeg_dir):
-    assert_loops_match(augmented, lambda: (file_reader(jpeg_dir, random_shuffle=True, seed=9),),
-                       batch_size=5)
+    assert_matches_eager(augmented, fresh_reader(jpeg_dir, random_shuffle=True, seed=9),
+                         batch_size=5, **EPOCHS)
 
 
 def test_two_readers(jpeg_dir):
-    assert_loops_match(two_readers, lambda: (file_reader(jpeg_dir, random_shuffle=True, seed=1),
-                                             file_reader(jpeg_dir, random_shuffle=True, seed=2)))
+    assert_matches_eager(two_readers, fresh_reader(jpeg_dir, random_shuffle=True, seed=1),
+                         fresh_reader(jpeg_dir, random_shuffle=True, seed=2), **EPOCHS)
 
 
 def test_three_readers(jpeg_dir):
-    assert_loops_match(three_readers, lambda: (
-        file_reader(jpeg_dir), file_reader(jpeg_dir, random_shuffle=True, seed=7),
-        file_reader(jpeg_dir, shard_id=0, num_shards=1)))
+    assert_matches_eager(three_readers, fresh_reader(jpeg_dir),
+                         fresh_reader(jpeg_dir, random_shuffle=True, seed=7),
+                         fresh_reader(jpeg_dir, shard_id=0, num_shards=1), **EPOCHS)
 
 
 def test_break_and_resume_keeps_position(jpeg_dir):
-    compiled = ndd.compile(augmented)
-    eager_reader, reader = file_reader(jpeg_dir, seed=2, random_shuffle=True), \
-        file_reader(jpeg_dir, seed=2, random_shuffle=True)
-
     def consume(function, reader, stop):
         steps = []
         for step in function(reader):
-            steps.append(to_numpy(step))
+            steps.append(observe(step))
             if len(steps) == stop:
                 break
         return steps
 
-    ndd.random.set_seed(5)
-    eager = consume(augmented, eager_reader, 2) + consume(augmented, eager_reader, 99)
-    ndd.random.set_seed(5)
-    result = consume(compiled, reader, 2) + consume(compiled, reader, 99)
-    assert_steps_equal(eager, result)
+    def break_and_resume(function, reader):
+        return consume(function, reader, 2) + consume(function, reader, 99)
+
+    assert_matches_eager(break_and_resume, Step(augmented),
+                         fresh_reader(jpeg_dir, seed=2, random_shuffle=True), modes=("step",),
+                         seed=5, warn=None)
 
 
 def test_exception_in_loop_body_leaves_loop_usable(jpeg_dir):
@@ -131,51 +105,43 @@ def test_exception_in_loop_body_leaves_loop_usable(jpeg_dir):
 
 def test_eager_use_after_compiled_epoch_continues_like_eager(jpeg_dir):
     """A reader a compiled loop read goes on, in plain eager code, where eager's would."""
-    def run(function):
-        reader = file_reader(jpeg_dir, random_shuffle=True, seed=6)
-        ndd.random.set_seed(3)
-        first = [to_numpy(step) for step in function(reader)]
-        later = [to_numpy(batches) for batches in reader.next_epoch(batch_size=4)]
+    def epoch_then_eager(function, reader):
+        first = [observe(step) for step in function(reader)]
+        later = [observe(batches) for batches in reader.next_epoch(batch_size=4)]
         return first, later, reader.get_metadata()["epoch_size"]
 
-    eager, compiled = run(augmented), run(ndd.compile(augmented))
-    assert_steps_equal(eager[0], compiled[0])
-    assert_steps_equal(eager[1], compiled[1])
-    assert eager[2] == compiled[2]
+    assert_matches_eager(epoch_then_eager, Step(augmented),
+                         fresh_reader(jpeg_dir, random_shuffle=True, seed=6), modes=("step",),
+                         seed=3, warn=None)
 
 
 def test_rng_reseeded_between_epochs_matches_eager(jpeg_dir):
-    compiled = ndd.compile(augmented)
-
-    def run(function, reader):
+    def reseeded_epochs(function, reader):
         out = []
         for epoch in range(2):
-            ndd.random.set_seed(epoch)
-            out.append([to_numpy(step) for step in function(reader)])
+            ndd.random.set_seed(epoch)  # the user's reseed
+            out.append([observe(step) for step in function(reader)])
         return out
 
-    eager = run(augmented, file_reader(jpeg_dir, random_shuffle=True, seed=1))
-    result = run(compiled, file_reader(jpeg_dir, random_shuffle=True, seed=1))
-    for eager_epoch, epoch in zip(eager, result):
-        assert_steps_equal(eager_epoch, epoch)
+    assert_matches_eager(reseeded_epochs, Step(augmented),
+                         fresh_reader(jpeg_dir, random_shuffle=True, seed=1), modes=("step",),
+                         warn=None)
 
 
 def test_consumer_draws_from_the_generator_between_steps(jpeg_dir):
     """Mixup: the consumer draws from the default generator at every step; the loop's random
     ops draw after it, as eagerly (runs launched ahead with other states are not used)."""
-    def run(function):
-        ndd.random.set_seed(8)
-        reader = file_reader(jpeg_dir, random_shuffle=True, seed=2)
+    def mixup(function, reader):
         steps, lambdas = [], []
         for _ in range(2):
             for step in function(reader):
                 lambdas.append(float(np.asarray(ndd.random.uniform(range=[0, 1]))))
-                steps.append(to_numpy(step))
-        return steps, lambdas, str(ndd.random.get_default_rng().state)
+                steps.append(observe(step))
+        return steps, lambdas
 
-    eager, compiled = run(augmented), run(ndd.compile(augmented))
-    assert_steps_equal(eager[0], compiled[0])
-    assert eager[1:] == compiled[1:]
+    assert_matches_eager(mixup, Step(augmented),
+                         fresh_reader(jpeg_dir, random_shuffle=True, seed=2), modes=("step",),
+                         seed=8, warn=None)  # the generator's state after, too
 
 
 def test_data_dependent_loop_body_runs_eagerly_and_says_so(jpeg_dir):
@@ -186,11 +152,8 @@ def test_data_dependent_loop_body_runs_eagerly_and_says_so(jpeg_dir):
             else:
                 yield ndd.flip(ndd.decoders.image(jpegs)), labels
 
-    compiled = ndd.compile(dependent)
-    eager = [to_numpy(s) for s in dependent(file_reader(jpeg_dir))]
     with pytest.warns(ndd_trace.NddTraceWarning, match="cannot be compiled whole"):
-        result = [to_numpy(s) for s in compiled(file_reader(jpeg_dir))]
-    assert_steps_equal(eager, result)
+        assert_matches_eager(dependent, fresh_reader(jpeg_dir), modes=("loop",), warn=None)
 
 
 def test_loop_explain_shows_the_loop_and_its_body_pipeline(jpeg_dir):
@@ -221,7 +184,8 @@ def test_gpu_loop_matches_eager(jpeg_dir):
             images = ndd.decoders.image(jpegs, device="gpu")
             yield ndd.random_resized_crop(images, size=[32, 32]), labels
 
-    assert_loops_match(gpu_loop, lambda: (file_reader(jpeg_dir, random_shuffle=True, seed=1),))
+    assert_matches_eager(gpu_loop, fresh_reader(jpeg_dir, random_shuffle=True, seed=1),
+                         **EPOCHS)
 
 
 @pytest.mark.parametrize("saved, restored", [("compiled", "compiled"), ("eager", "compiled"),
@@ -258,23 +222,20 @@ def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path, saved,
 
 def test_break_reseed_and_resume_recomputes_read_ahead(jpeg_dir):
     """Batches read ahead before a reseed are recomputed with the new states, not dropped."""
-    def run(function, reader):
-        ndd.random.set_seed(1)
+    def break_reseed_resume(function, reader):  # from seed 1
         steps = []
         for step in function(reader):
-            steps.append(to_numpy(step))
+            steps.append(observe(step))
             break
         ndd.random.set_seed(2)  # the read-ahead batches' states are now stale
-        steps += [to_numpy(step) for step in function(reader)]
+        steps += [observe(step) for step in function(reader)]
         ndd.random.set_seed(3)
-        steps += [to_numpy(step) for step in function(reader)]
-        return steps, str(ndd.random.get_default_rng().state)
+        steps += [observe(step) for step in function(reader)]
+        return steps
 
-    eager, eager_state = run(augmented, file_reader(jpeg_dir, random_shuffle=True, seed=4))
-    compiled, state = run(ndd.compile(augmented), file_reader(jpeg_dir, random_shuffle=True,
-                                                               seed=4))
-    assert state == eager_state
-    assert_steps_equal(eager, compiled)
+    assert_matches_eager(break_reseed_resume, Step(augmented),
+                         fresh_reader(jpeg_dir, random_shuffle=True, seed=4), modes=("step",),
+                         seed=1, warn=None)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -296,23 +257,20 @@ def test_random_epoch_schedules_match_eager(jpeg_dir, seed):
             angle = ndd.random.uniform(batch_size=images.batch_size, range=[-40, 40])
             yield ndd.rotate(images, angle=angle, keep_size=True), labels
 
-    def run(function):
-        reader = file_reader(jpeg_dir, random_shuffle=True, seed=seed, **options)
-        ndd.random.set_seed(100 + seed)
+    def schedule(function, reader):
         steps = []
         for stop, reseed in plan:
             if reseed is not None:
                 ndd.random.set_seed(reseed)
             for index, step in enumerate(function(reader)):
-                steps.append(to_numpy(step))
+                steps.append(observe(step))
                 if stop is not None and index + 1 == stop:
                     break
-        return steps, str(ndd.random.get_default_rng().state)
+        return steps
 
-    eager, eager_state = run(loop)
-    compiled, state = run(ndd.compile(loop))
-    assert state == eager_state
-    assert_steps_equal(eager, compiled)
+    assert_matches_eager(schedule, Step(loop),
+                         fresh_reader(jpeg_dir, random_shuffle=True, seed=seed, **options),
+                         modes=("step",), seed=100 + seed, warn=None)
 
 
 def test_plain_function_with_reader_loop_runs_regions_and_reports(jpeg_dir):
@@ -329,19 +287,10 @@ def test_plain_function_with_reader_loop_runs_regions_and_reports(jpeg_dir):
                                                             keep_size=True))))
         return sums
 
-    ndd.random.set_seed(4)
-    reader = file_reader(jpeg_dir, random_shuffle=True, seed=2)
-    eager = train_epoch(reader) + train_epoch(reader)
     ndd_trace.reset_report()
-    compiled = ndd.compile(train_epoch)
-    ndd.random.set_seed(4)
-    reader = file_reader(jpeg_dir, random_shuffle=True, seed=2)
     with pytest.warns(ndd_trace.NddTraceWarning, match="reader"):
-        result = compiled(reader)
-    result += compiled(reader)
-    assert len(eager) == len(result)
-    for a, b in zip(eager, result):
-        np.testing.assert_array_equal(a, b)
+        assert_matches_eager(train_epoch, fresh_reader(jpeg_dir, random_shuffle=True, seed=2),
+                             modes=("compiled",), calls=2, seed=4, warn=None)
     report = ndd_trace.report()
     assert any(region.hits for region in report.regions)
     # the fallback reads the reader through a read-ahead pipeline, and says so
@@ -368,22 +317,11 @@ def test_external_source_loop_runs_in_dalis_capture_mode(cycle):
         for images in source.captured(batch_size=4):
             yield _es_body(images)
 
-    compiled = ndd.compile(captured_loop)
-
-    def run(function):
-        source = ndd.ExternalSource(_es_items(), cycle=cycle)
-        ndd.random.set_seed(3)
-        epochs = [[to_numpy(step) for step in function(source)] for _ in range(3)]
-        return epochs, str(ndd.random.get_default_rng().state)
-
-    eager, eager_state = run(captured_loop)
+    source = Fresh(lambda: ndd.ExternalSource(_es_items(), cycle=cycle))
     with pytest.warns(ndd_trace.NddTraceWarning, match="DALI's capture mode"):
-        result, state = run(compiled)
-    assert state == eager_state
-    assert [len(e) for e in eager] == [len(r) for r in result]
-    for e, r in zip(eager, result):
-        assert_steps_equal([[s] for s in e], [[s] for s in r])
-    assert ndd_trace.explain(compiled).path == "DALI's capture mode"
+        runs = assert_matches_eager(captured_loop, source, modes=("loop",), calls=3, seed=3,
+                                    warn=None)
+    assert ndd_trace.explain(runs["loop"].function).path == "DALI's capture mode"
 
 
 def test_external_source_zipped_with_reader(jpeg_dir):
@@ -396,12 +334,11 @@ def test_external_source_zipped_with_reader(jpeg_dir):
                                            source.captured(batch_size=4)):
             yield ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]) + extra
 
-    def run(function):
+    def run_loop(function):
         reader = file_reader(jpeg_dir)
         source = ndd.ExternalSource(_es_items(count=3), cycle="quiet")
-        return [[to_numpy(step) for step in function(reader, source)] for _ in range(2)]
+        return [[observe(step) for step in function(reader, source)] for _ in range(2)]
 
-    eager = run(eager_loop)
-    result = run(ndd.compile(compiled_loop))
-    for e, r in zip(eager, result):
-        assert_steps_equal([[s] for s in e], [[s] for s in r])
+    # two loops written differently (an eager source call, a captured one): the same values
+    assert_runs_match(run(run_loop, eager_loop, seed=None),
+                      run(run_loop, ndd_trace.compile(compiled_loop), seed=None, warn=None))

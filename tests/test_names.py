@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import run_both
+from harness import assert_compiles_exactly
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -61,7 +61,7 @@ def superscript_kwargs(**kw):
 
 
 def test_nfkc_key_does_not_read_a_user_variable():
-    compiled = run_both(nfkc_key, {"ｙ": A})
+    compiled = assert_compiles_exactly(nfkc_key, {"ｙ": A})
     lowered = compiled.entries[0].lowered
     assert "_k0_d_y = fn.external_source(name='_k0_d_y'" in lowered.source
     assert "d_y = _k0_d_y * 2" in lowered.source
@@ -74,7 +74,7 @@ def test_nfkc_key_does_not_read_a_user_variable():
     (superscript_kwargs, (), {"n²": A}),
 ], ids=["fraction", "folded", "kwargs"])
 def test_keys_that_are_no_identifiers(function, args, kwargs):
-    compiled = run_both(function, *args, **kwargs)
+    compiled = assert_compiles_exactly(function, *args, **kwargs)
     _assert_only_the_pipeline(compiled.entries[0].lowered)
 
 
@@ -92,7 +92,7 @@ def test_file_name_with_a_line_break_stays_in_its_comment(tmp_path):
     namespace = _from_source("def flipped(x):\n    return ndd.flip(x, horizontal=1)\n",
                              filename, {"ndd": ndd})
     x = ndd.as_batch([np.arange(6, dtype=np.uint8).reshape(1, 6, 1)], layout="HWC")
-    compiled = run_both(namespace["flipped"], x)
+    compiled = assert_compiles_exactly(namespace["flipped"], x)
     lowered = compiled.entries[0].lowered
     assert not marker.exists()
     assert "  # user.py\\n    open(" in lowered.source
@@ -102,7 +102,7 @@ def test_file_name_with_a_line_break_stays_in_its_comment(tmp_path):
 def test_lambda_and_odd_function_names_name_a_valid_pipeline():
     odd = lambda x: x + 1
     odd.__name__ = 'f"""\n½'
-    compiled = run_both(odd, A)
+    compiled = assert_compiles_exactly(odd, A)
     lowered = compiled.entries[0].lowered
     assert lowered.function_name.isascii() and lowered.function_name.isidentifier()
     _assert_only_the_pipeline(lowered)
@@ -142,7 +142,7 @@ def test_any_keys_variables_and_file_names(key_list, variable_list, filename):
                              {"KEYS": key_list})
     data = {key: ndd.as_batch([np.full((2,), i + 1, np.int32)]) for i, key in
             enumerate(key_list)}
-    compiled = run_both(namespace["f"], data)
+    compiled = assert_compiles_exactly(namespace["f"], data)
     _assert_only_the_pipeline(compiled.entries[0].lowered)
 
 

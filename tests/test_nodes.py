@@ -11,7 +11,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_same, subprocess_env, to_numpy
+from conftest import ROOT, subprocess_env
+from harness import Fresh, Step, assert_matches_eager, assert_runs_match, assert_same, run, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -57,7 +58,7 @@ def _reader(jpeg_dir, **kwargs):
 def _run(make_loader, epochs, stop=None, state=None):
     """Items of `epochs` epochs (numpy), an epoch's end marked "|"; with `stop`, the items up
     to there and the loader's state then."""
-    ndd.random.set_seed(11)
+    ndd.random.set_seed(11)  # (a run's start, as a trainer's; compared by assert_same)
     loader = make_loader()
     if state is not None:
         loader.load_state_dict(state)
@@ -74,13 +75,6 @@ def _run(make_loader, epochs, stop=None, state=None):
         if isinstance(loader.root, Loop):
             loader.root.close()
         gc.collect()  # torchdata's Loader is a reference cycle: end its epochs now
-
-
-def _same_run(expected, got):
-    """The same items, in the same epochs."""
-    assert len(expected) == len(got), (len(expected), len(got))
-    for a, b in zip(expected, got):
-        assert_same(a, b)
 
 
 def _joined(done, rest):
@@ -105,18 +99,25 @@ def test_loop_resumes_mid_epoch_exactly(jpeg_dir, mode, stop):
     full, _ = _run(make, 3)
     done, state = _run(make, 3, stop=stop)
     rest, _ = _run(make, 3 - stop // 6, state=state)
-    _same_run(full, _joined(done, rest))
+    assert_same(full, _joined(done, rest))
 
 
 def test_loop_matches_plain_iteration(jpeg_dir):
     """Through a Loader, a compiled loop gives what calling the generator eagerly gives."""
-    ndd.random.set_seed(11)
-    reader = _reader(jpeg_dir)
-    eager = [to_numpy(item) for _ in range(2) for item in augmented(reader)]
-    eager_rng = str(ndd.random.get_default_rng().state)
-    items, _ = _run(lambda: tn.Loader(Loop(compiled_augmented, _reader(jpeg_dir))), 2)
-    assert str(ndd.random.get_default_rng().state) == eager_rng
-    _same_run(eager, [i for i in items if not isinstance(i, str)])
+    def plainly(reader):
+        return [item for _ in range(2) for item in augmented(reader)]
+
+    def through_a_loader(reader):
+        loader = tn.Loader(Loop(compiled_augmented, reader))
+        try:
+            return [item for _ in range(2) for item in loader]
+        finally:
+            loader.root.close()
+            gc.collect()
+
+    reader = Fresh(lambda: _reader(jpeg_dir))
+    assert_runs_match(run(plainly, reader, seed=11),
+                      run(through_a_loader, reader, seed=11, warn=None))
 
 
 # an eager reader epoch left mid-epoch in the Prefetcher's (ended) thread is finalized in this
@@ -132,7 +133,7 @@ def test_loop_in_a_prefetcher_thread_with_its_own_rng(jpeg_dir, function):
     full, _ = _run(make, 2)
     done, state = _run(make, 2, stop=3)
     rest, _ = _run(make, 2, state=state)
-    _same_run(full, _joined(done, rest))
+    assert_same(full, _joined(done, rest))
 
 
 def test_loop_state_round_trips_before_pulling(jpeg_dir):
@@ -298,38 +299,24 @@ def _epochs(loader, epochs=2):
     return [[tensor.numpy().copy() for tensor in item] for _ in range(epochs) for item in loader]
 
 
-def _same_tensors(expected, got):
-    assert len(expected) == len(got) == 8
-    for a, b in zip(expected, got):
-        for x, y in zip(a, b):
-            assert x.dtype == y.dtype and x.shape == y.shape
-            np.testing.assert_array_equal(x, y)
-
-
 def test_dali_nodes_with_a_compiled_mapper(jpeg_dir):
-    ndd.random.set_seed(2)
-    eager = _epochs(_dali_graph(jpeg_dir, _decode))
-    eager_rng = str(ndd.random.get_default_rng().state)
-    compiled = ndd.compile(_decode)
-    ndd.random.set_seed(2)
-    got = _epochs(_dali_graph(jpeg_dir, compiled))
-    assert str(ndd.random.get_default_rng().state) == eager_rng
-    _same_tensors(eager, got)
+    def epochs(decode):
+        return _epochs(_dali_graph(jpeg_dir, decode))
+
+    runs = assert_matches_eager(epochs, Step(_decode), modes=("step",), seed=2, warn=None)
+    assert len(runs["eager"].result) == 8
+    compiled = runs["step"].steps[0]
     assert compiled.cache_info().traces == 1 and compiled.cache_info().fallbacks == 0
     gc.collect()
 
 
 def test_dali_nodes_under_transparent_mode(jpeg_dir):
-    ndd.random.set_seed(2)
-    eager = _epochs(_dali_graph(jpeg_dir, _decode))
-    eager_rng = str(ndd.random.get_default_rng().state)
-    ndd.random.set_seed(2)
-    ndd_trace.reset_report()
-    with ndd_trace.enabled():
-        got = _epochs(_dali_graph(jpeg_dir, _decode))
-    assert str(ndd.random.get_default_rng().state) == eager_rng
-    _same_tensors(eager, got)
-    report = ndd_trace.report()
+    def epochs():
+        return _epochs(_dali_graph(jpeg_dir, _decode))
+
+    runs = assert_matches_eager(epochs, modes=("transparent",), seed=2, warn=None)
+    assert len(runs["eager"].result) == 8
+    report = runs["transparent"].report
     assert report.readers and report.regions  # read ahead, and compiled
     ndd_trace.reset_report()
     gc.collect()
@@ -338,11 +325,11 @@ def test_dali_nodes_under_transparent_mode(jpeg_dir):
 def test_dali_nodes_in_a_prefetcher_thread_with_a_compiled_mapper(jpeg_dir):
     """DictMapper's function runs in tn.Prefetcher's thread: an explicit RNG makes both runs
     draw the same values (each thread has a default generator of its own)."""
-    eager = _epochs(_dali_graph(jpeg_dir, functools.partial(_decode_with,
-                                                           rng=ndd.random.RNG(seed=9)),
-                                prefetch=True))
-    compiled = ndd.compile(_decode_with)
-    got = _epochs(_dali_graph(jpeg_dir, functools.partial(compiled, rng=ndd.random.RNG(seed=9)),
-                              prefetch=True))
-    _same_tensors(eager, got)
+    def epochs(decode):
+        return _epochs(_dali_graph(jpeg_dir, functools.partial(decode, rng=ndd.random.RNG(seed=9)),
+                                   prefetch=True))
+
+    runs = assert_matches_eager(epochs, Step(_decode_with), modes=("step",), seed=None,
+                                warn=None)
+    assert len(runs["eager"].result) == 8
     gc.collect()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import inspect
 import io
-import warnings
 
 import numpy as np
 import pytest
-from conftest import HAS_GPU, assert_same, to_numpy
+from conftest import HAS_GPU
+from harness import (Fresh, Step, assert_matches_eager, assert_same, observe, run,
+                     to_numpy)
 
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
@@ -32,22 +33,7 @@ def _line_of(function, text: str) -> str:
     return f"test_optimize.py:{start + offset}"
 
 
-def _state() -> str:
-    return str(ndd.random.get_default_rng().state)
-
-
-def _compiled_and_eager(function, *args, calls=2):
-    """The eager results and RNG state, the optimized compiled results and RNG state, with the
-    same seed (no ndd_trace warning allowed)."""
-    compiled = ndd.compile(function, optimize=True)
-    ndd.random.set_seed(SEED)
-    eager = [function(*args) for _ in range(calls)]
-    eager_state = _state()
-    ndd.random.set_seed(SEED)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-        results = [compiled(*args) for _ in range(calls)]
-    return compiled, eager, eager_state, results, _state()
+OPTIMIZE = {"optimize": True}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,11 +50,14 @@ def rrc_among_random_ops(jpegs):
 
 
 def test_random_resized_crop_becomes_a_fused_decoder(jpegs):
-    compiled, eager, eager_state, results, state = _compiled_and_eager(
-        rrc_among_random_ops, jpegs)
+    eager = run(rrc_among_random_ops, jpegs, seed=SEED, calls=2)
+    optimized = run(rrc_among_random_ops, jpegs, mode="compiled", seed=SEED, calls=2,
+                    options=OPTIMIZE)
+    compiled = optimized.function
     # the other random ops, before and after the fused one, and the generator: eager's
-    assert state == eager_state
-    for (eager_out, eager_mirror, eager_angle), (out, mirror, angle) in zip(eager, results):
+    assert optimized.rng == eager.rng
+    for (eager_out, eager_mirror, eager_angle), (out, mirror, angle) in zip(eager.results,
+                                                                            optimized.results):
         assert_same(eager_mirror, mirror)
         assert_same(eager_angle, angle)
         assert out.shape == eager_out.shape and out.dtype == eager_out.dtype
@@ -87,13 +76,8 @@ def test_random_resized_crop_becomes_a_fused_decoder(jpegs):
 
 
 def test_default_stays_exact_and_unrewritten(jpegs):
-    compiled = ndd.compile(rrc_among_random_ops)
-    ndd.random.set_seed(SEED)
-    eager = rrc_among_random_ops(jpegs)
-    eager_state = _state()
-    ndd.random.set_seed(SEED)
-    assert_same(eager, compiled(jpegs))
-    assert _state() == eager_state
+    compiled = assert_matches_eager(rrc_among_random_ops, jpegs, modes=("compiled",),
+                                    seed=SEED, warn=None)["compiled"].function
     explanation = ndd_trace.explain(compiled, jpegs)
     assert "optimizations applied" not in str(explanation)
     assert "fn.random_resized_crop(" in explanation.code
@@ -210,10 +194,8 @@ def decode_crop_mirror_normalize(jpegs):
 def test_window_decoding_is_exact_on_the_cpu(jpegs, function, consumer, fused):
     """The window decoded alone has the values of the whole image decoded and cropped (the
     CPU's libjpeg-turbo), random window positions and flips included."""
-    compiled, eager, eager_state, results, state = _compiled_and_eager(function, jpegs)
-    assert state == eager_state
-    for expected, result in zip(eager, results):
-        assert_same(expected, result)
+    compiled = assert_matches_eager(function, jpegs, modes=("compiled",), seed=SEED, calls=2,
+                                    options=OPTIMIZE)["compiled"].function
     explanation = ndd_trace.explain(compiled, jpegs)
     line = _line_of(function, f"ndd.{consumer}")
     assert f"{line}: roi decoding: decoders.image (" in str(explanation)
@@ -243,10 +225,8 @@ def padded_crop(jpegs):
 
 @pytest.mark.parametrize("function", [decoded_twice_used, decoded_and_returned, padded_crop])
 def test_no_fusion_where_the_decoded_image_is_used_otherwise(jpegs, function):
-    compiled, eager, eager_state, results, state = _compiled_and_eager(function, jpegs)
-    assert state == eager_state
-    for expected, result in zip(eager, results):
-        assert_same(expected, result)
+    compiled = assert_matches_eager(function, jpegs, modes=("compiled",), seed=SEED, calls=2,
+                                    options=OPTIMIZE)["compiled"].function
     explanation = ndd_trace.explain(compiled, jpegs)
     assert "optimizations applied: none" in str(explanation)
     assert "fn.decoders.image(jpegs" in explanation.code
@@ -261,10 +241,8 @@ def redundant_cast(batch):
 
 
 def test_a_cast_to_the_dtype_a_value_has_is_dropped(batch):
-    compiled, eager, eager_state, results, state = _compiled_and_eager(redundant_cast, batch)
-    assert state == eager_state
-    for expected, result in zip(eager, results):
-        assert_same(expected, result)
+    compiled = assert_matches_eager(redundant_cast, batch, modes=("compiled",), seed=SEED,
+                                    calls=2, options=OPTIMIZE)["compiled"].function
     explanation = ndd_trace.explain(compiled, batch)
     line = _line_of(redundant_cast, "return ndd.cast(scaled")
     assert f"{line}: redundant cast: cast to FLOAT, which its input already is, dropped; " \
@@ -285,24 +263,19 @@ def augmented_epoch(reader, batch_size=4):
 
 
 def test_compiled_generator_optimizes_its_loop_body(jpeg_dir):
-    def run(generator_function):
-        reader = ndd.readers.File(file_root=str(jpeg_dir))
-        ndd.random.set_seed(SEED)
-        steps = [[to_numpy(value) for value in step]
-                 for _ in range(2) for step in generator_function(reader)]
-        return steps, _state()
+    def two_epochs(generator_function, reader):
+        return [observe(step) for _ in range(2) for step in generator_function(reader)]
 
-    compiled = ndd.compile(augmented_epoch, optimize=True)
-    eager_steps, eager_state = run(augmented_epoch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-        steps, state = run(compiled)
-    assert state == eager_state and len(steps) == len(eager_steps) == 8
-    for (eager_images, eager_flip, eager_labels), (images, flip, labels) in zip(eager_steps,
-                                                                                steps):
-        for a, b in zip([*eager_flip, *eager_labels], [*flip, *labels]):
-            np.testing.assert_array_equal(a, b)
-        assert [a.shape for a in eager_images] == [b.shape for b in images]
+    arguments = (Step(augmented_epoch, **OPTIMIZE),
+                 Fresh(lambda: ndd.readers.File(file_root=str(jpeg_dir))))
+    eager = run(two_epochs, *arguments, seed=SEED)
+    optimized = run(two_epochs, *arguments, mode="step", seed=SEED)
+    compiled = optimized.steps[0]
+    assert optimized.rng == eager.rng and len(optimized.result) == len(eager.result) == 8
+    for (eager_images, eager_flip, eager_labels), (images, flip, labels) in zip(
+            eager.result, optimized.result):
+        assert_same((eager_flip, eager_labels), (flip, labels))
+        assert [a.shape for a in eager_images.samples] == [b.shape for b in images.samples]
     assert compiled.cache_info().traces == 1
     explanation = ndd_trace.explain(compiled)
     line = _line_of(augmented_epoch, "random_resized_crop(")
@@ -314,27 +287,22 @@ def test_transparent_mode_optimizes_its_regions(jpegs, monkeypatch):
     # a copy, as a reader's batches are: an op given user data as it is runs at its call, as
     # a region of its own (eager runs it there), which leaves nothing to fuse it with
     jpegs = ndd.batch(jpegs)
-    ndd.random.set_seed(SEED)
-    eager = rrc_among_random_ops(jpegs)
-    eager_state = _state()
-    ndd_trace.reset_report()
-    ndd.random.set_seed(SEED)
-    with ndd_trace.enabled(optimize=True):
-        out, mirror, angle = rrc_among_random_ops(jpegs)
-        assert_same(eager[1], mirror)
-        assert_same(eager[2], angle)
-        assert out.shape == eager[0].shape
-    assert _state() == eager_state
-    report = ndd_trace.report()
+    eager = run(rrc_among_random_ops, jpegs, seed=SEED)
+    optimized = run(rrc_among_random_ops, jpegs, mode="transparent", seed=SEED,
+                    options=OPTIMIZE)
+    (eager_out, eager_mirror, eager_angle), (out, mirror, angle) = eager.result, optimized.result
+    assert_same((eager_mirror, eager_angle), (mirror, angle))
+    assert out.shape == eager_out.shape
+    assert optimized.rng == eager.rng
+    report = optimized.report
     region = next(r for r in report.regions if r.optimizations)
     assert "fn.decoders.image_random_crop(" in region.code
     line = _line_of(rrc_among_random_ops, "random_resized_crop(")
     assert f"optimization applied: {line}: roi decoding" in str(report)
     assert report.as_dict()["regions"][report.regions.index(region)]["optimizations"]
     # the same code without optimize: its own regions, exact
-    ndd.random.set_seed(SEED)
-    with ndd_trace.enabled():
-        assert_same(eager, rrc_among_random_ops(jpegs))
+    assert_matches_eager(rrc_among_random_ops, jpegs, modes=("transparent",), seed=SEED,
+                         warn=None)
     monkeypatch.setenv(optimize.ENV_VAR, "1")
     assert lazy.new_tracer().optimize and not lazy.new_tracer(optimize=False).optimize
     monkeypatch.setenv(optimize.ENV_VAR, "0")
@@ -431,9 +399,11 @@ def test_gpu_fused_decoder_keeps_other_random_ops_exact(jpegs):
         mirror = ndd.random.coin_flip(probability=0.5, batch_size=images.batch_size)
         return ndd.crop_mirror_normalize(images, mirror=mirror, dtype=ndd.float32), mirror
 
-    compiled, eager, eager_state, results, state = _compiled_and_eager(on_gpu, jpegs)
-    assert state == eager_state
-    for (eager_out, eager_mirror), (out, mirror) in zip(eager, results):
+    eager = run(on_gpu, jpegs, seed=SEED, calls=2)
+    optimized = run(on_gpu, jpegs, mode="compiled", seed=SEED, calls=2, options=OPTIMIZE)
+    compiled = optimized.function
+    assert optimized.rng == eager.rng
+    for (eager_out, eager_mirror), (out, mirror) in zip(eager.results, optimized.results):
         assert_same(eager_mirror, mirror)
         assert out.shape == eager_out.shape
     explanation = ndd_trace.explain(compiled, jpegs)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same
+from harness import (assert_each_matches_eager, assert_runs_match, assert_same, rng_state, run,
+                     seeded)
 
 import ndd_trace
 from ndd_trace.modes.per_sample import PerSampleError
@@ -22,30 +24,8 @@ def images():
                      layout="HWC")
 
 
-def eager_loop(function, *args):
-    """The reference: the plain function called on each sample, gathered into batches."""
-    results = [function(*[a.select(i) if isinstance(a, ndd.Batch) else a for a in args])
-               for i in range(args[0].batch_size)]
-    if isinstance(results[0], tuple):
-        return tuple(ndd.batch([r[k] for r in results]) for k in range(len(results[0])))
-    return ndd.batch(results)
-
-
-def check(function, *args, seeds=(0, 1, 2)):
-    """Compiled per-sample calls equal the eager per-sample loop, values and RNG state."""
-    compiled = ndd.compile(function, per_sample=True)
-    for seed in seeds:
-        ndd.random.set_seed(seed)
-        expected = eager_loop(function, *args)
-        state = str(ndd.random.get_default_rng().state)
-        ndd.random.set_seed(seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-            actual = compiled(*args)
-        assert str(ndd.random.get_default_rng().state) == state
-        assert_same(expected, actual)
-    assert compiled.builds == 1
-    return compiled
+# compiled per-sample calls equal the eager per-sample loop (values, RNG state), built once
+check = functools.partial(assert_each_matches_eager, mode="per_sample", exact_paths=True)
 
 
 def augment(image):
@@ -170,13 +150,12 @@ def test_random_op_on_per_sample_data_runs_the_eager_loop_and_says_so(images):
         return image
 
     compiled = ndd.compile(noisy_some, per_sample=True)
-    ndd.random.set_seed(5)
-    expected = eager_loop(noisy_some, images)
-    ndd.random.set_seed(5)
-    with pytest.warns(ndd_trace.NddTraceWarning, match="eager per-sample loop.*per-sample data"
-                      ) as record:
-        actual = compiled(images)
-    assert_same(expected, actual)
+    expected = run(noisy_some, images, seed=5, reference="per_sample")
+    with seeded(5), pytest.warns(ndd_trace.NddTraceWarning,
+                                 match="eager per-sample loop.*per-sample data") as record:
+        actual = compiled(images)  # (called here: the warning points at this line's caller)
+    assert_same(expected.result, actual)
+    assert rng_state() == expected.rng
     line = noisy_some.__code__.co_firstlineno + 2
     assert [(w.filename, w.lineno) for w in record] == [(__file__, line)], \
         [(w.filename, w.lineno, str(w.message)) for w in record]
@@ -250,12 +229,11 @@ def test_predicate_computed_in_the_pipeline_from_random_values(images):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         for seed, batch in itertools.product(range(4), [images, make_images(9, seed=3)]):
-            ndd.random.set_seed(seed)
-            expected = eager_loop(hidden, batch)
-            state = str(ndd.random.get_default_rng().state)
-            ndd.random.set_seed(seed)
-            assert_same(expected, compiled(batch))
-            assert str(ndd.random.get_default_rng().state) == state
+            expected = run(hidden, batch, seed=seed, reference="per_sample", warn=None)
+            with seeded(seed):
+                actual = compiled(batch)  # (here: the warning's line is checked below)
+            assert_same(expected.result, actual)
+            assert rng_state() == expected.rng
     assert compiled.runs > 2  # the re-runs are exercised, then the eager loop takes over
     line = hidden.__code__.co_firstlineno + 4  # the random op whose callers were not guessable
     assert [(w.filename, w.lineno) for w in record
@@ -338,15 +316,14 @@ def test_sweep_of_seeds_and_batch_sizes():
     for seed, batch_size in itertools.product(range(8), (2, 7, 16)):
         images = make_images(batch_size, seed=seed)
         side.seed = 50 + seed
-        ndd.random.set_seed(seed)
-        expected = eager_loop(mixed, images)
-        states = (str(ndd.random.get_default_rng().state), str(side.state))
+        expected = run(mixed, images, seed=seed, reference="per_sample")
+        side_state = str(side.state)
         side.seed = 50 + seed
-        ndd.random.set_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-            assert_same(expected, compiled(images))
-        assert (str(ndd.random.get_default_rng().state), str(side.state)) == states
+            actual = run(compiled, images, seed=seed)
+        assert_runs_match(expected, actual)
+        assert str(side.state) == side_state
         assert compiled.last_runs <= 2  # the jitter's mean is known after a first run
 
 
@@ -361,17 +338,14 @@ def test_explicit_generators_and_state_afterwards(images):
 
     compiled = ndd.compile(two, per_sample=True)
     for seed in range(3):
-        states = []
+        runs, states = [], []
         for _ in range(2):
             first.seed, second.seed = 100 + seed, 200 + seed
-            ndd.random.set_seed(seed)
-            result = eager_loop(two, images) if not states else compiled(images)
-            states.append([str(g.state) for g in (first, second,
-                                                  ndd.random.get_default_rng())])
-            if len(states) == 1:
-                expected = result
+            runs.append(run(two, images, seed=seed, reference="per_sample") if not runs
+                        else run(compiled, images, seed=seed, warn=None))
+            states.append([str(g.state) for g in (first, second)])
         assert states[0] == states[1]
-        assert_same(expected, result)
+        assert_runs_match(*runs)  # the results, and the default generator's state
 
 
 def test_no_sample_reaches_the_random_op(images):
@@ -398,14 +372,10 @@ def test_failed_run_is_the_eager_loops_error(images):
     compiled = ndd.compile(fails, per_sample=True)
     compiled(images)
     flat = ndd.batch([np.zeros((4, 4), np.uint8)] * 2, layout="HW")  # rotate refuses it
-    ndd.random.set_seed(3)
-    with pytest.raises(Exception) as eager_error:
-        eager_loop(fails, flat)
-    state = str(ndd.random.get_default_rng().state)
-    ndd.random.set_seed(3)
-    with pytest.raises(type(eager_error.value)):  # raised by the eager loop, run after the run
-        compiled(flat)
-    assert str(ndd.random.get_default_rng().state) == state
+    eager = run(fails, flat, seed=3, reference="per_sample")
+    assert eager.error is not None
+    failed = run(compiled, flat, seed=3, warn=None)  # raised by the eager loop, after the run
+    assert isinstance(failed.error, type(eager.error)) and failed.rng == eager.rng
     check(fails, images, seeds=[4])  # the other variant still compiled
 
 
@@ -420,22 +390,19 @@ def test_run_failing_on_a_wrong_guess_runs_the_eager_loop_and_says_so():
     bounds = ndd.batch([np.array([2, 5], np.float32)] * 3)
     compiled = ndd.compile(guarded, per_sample=True)
     for seed in range(2):
-        ndd.random.set_seed(seed)
-        expected = eager_loop(guarded, images, bounds)
-        state = str(ndd.random.get_default_rng().state)
-        ndd.random.set_seed(seed)
-        with warnings.catch_warnings(record=True) as record:
+        expected = run(guarded, images, bounds, seed=seed, reference="per_sample")
+        with seeded(seed), warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             actual = compiled(images, bounds)  # CALL
-        assert_same(expected, actual)
+        assert_same(expected.result, actual)
         if seed == 0:  # warned once, at the call
             assert [w.filename for w in record] == [__file__]
             assert "slice" in str(record[0].message) and "guess" in str(record[0].message)
-        assert str(ndd.random.get_default_rng().state) == state
+        assert rng_state() == expected.rng
 
 
 @pytest.mark.gpu
-def test_gpu_batch_matches_the_eager_loop(images):
+def test_gpu_batch_matches_the_per_sample_loop(images):
     def on_gpu(image):
         flip = ndd.random.coin_flip(probability=0.5)
         if image.shape[0] > 45:
@@ -518,26 +485,9 @@ def through_helper(image):
     return resize_to_side(image)
 
 
-def same_as_eager_after_each(function, images, changes):
-    """After each change, the compiled call equals the eager loop (values and RNG state)."""
-    compiled = ndd.compile(function, per_sample=True)
-    for seed, change in enumerate(changes):
-        change()
-        ndd.random.set_seed(seed)
-        expected = eager_loop(function, images)
-        state = str(ndd.random.get_default_rng().state)
-        ndd.random.set_seed(seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-            actual = compiled(images)
-        assert str(ndd.random.get_default_rng().state) == state
-        assert_same(expected, actual)
-    return compiled
-
-
 def test_a_changed_module_global_rebuilds(images, monkeypatch):
     monkeypatch.setitem(globals(), "WIDTH", list(WIDTH))  # restored after the test
-    compiled = same_as_eager_after_each(by_threshold, images, [
+    compiled = assert_each_matches_eager(by_threshold, images, mode="per_sample", changes=[
         lambda: None, lambda: monkeypatch.setitem(globals(), "THRESHOLD", 40),
         lambda: monkeypatch.setitem(globals(), "THRESHOLD", 50),
         lambda: WIDTH.__setitem__(0, 11)])  # in place
@@ -557,13 +507,14 @@ def test_a_changed_closure_variable_rebuilds(images):
         nonlocal size
         size += 3
 
-    compiled = same_as_eager_after_each(closure, images, [lambda: None, change, change])
+    compiled = assert_each_matches_eager(closure, images, mode="per_sample",
+                                         changes=[lambda: None, change, change])
     assert compiled.builds == 3
     assert "closure variable `size`" in compiled.last_miss_reason
 
 
 def test_a_changed_attribute_of_a_global_object_or_class_rebuilds(images, monkeypatch):
-    compiled = same_as_eager_after_each(by_threshold, images, [
+    compiled = assert_each_matches_eager(by_threshold, images, mode="per_sample", changes=[
         lambda: None, lambda: monkeypatch.setattr(Settings, "angle", 30.0),
         lambda: monkeypatch.setattr(OPTIONS, "side", 6)])
     assert compiled.builds == 3
@@ -574,7 +525,7 @@ def test_a_changed_global_of_a_helper_rebuilds(images, monkeypatch):
     def other_helper(image):
         return ndd.resize(image, size=[SIDE + 2, 5])
 
-    compiled = same_as_eager_after_each(through_helper, images, [
+    compiled = assert_each_matches_eager(through_helper, images, mode="per_sample", changes=[
         lambda: None, lambda: monkeypatch.setitem(globals(), "SIDE", 14),
         lambda: monkeypatch.setitem(globals(), "resize_to_side", other_helper),
         lambda: monkeypatch.setitem(globals(), "SIDE", 3)])  # read by the new helper
@@ -583,16 +534,15 @@ def test_a_changed_global_of_a_helper_rebuilds(images, monkeypatch):
 
 
 def test_unchanged_globals_reuse_the_variant(images, monkeypatch):
-    compiled = same_as_eager_after_each(by_threshold, images, [lambda: None] * 3)
+    compiled = assert_each_matches_eager(by_threshold, images, mode="per_sample",
+                                         changes=[lambda: None] * 3)
     assert compiled.builds == 1 and compiled.variants_held == 1
     monkeypatch.setitem(globals(), "THRESHOLD", 40)
     compiled(images)
     monkeypatch.setitem(globals(), "THRESHOLD", 45)  # back: the first variant again
     for seed in range(2):
-        ndd.random.set_seed(seed)
-        expected = eager_loop(by_threshold, images)
-        ndd.random.set_seed(seed)
-        assert_same(expected, compiled(images))
+        assert_runs_match(run(by_threshold, images, seed=seed, reference="per_sample"),
+                          run(compiled, images, seed=seed))
     assert compiled.builds == 2 and compiled.variants_held == 2
     explanation = ndd_trace.explain(compiled, images)
     assert "global `THRESHOLD` == 45" in explanation.guards
@@ -616,15 +566,12 @@ def test_past_cache_limit_runs_the_eager_loop_and_says_so(images, monkeypatch):
     compiled = ndd.compile(by_threshold, per_sample=True, cache_limit=2)
     for seed, threshold in enumerate([45, 40, 35, 45]):
         monkeypatch.setitem(globals(), "THRESHOLD", threshold)
-        ndd.random.set_seed(seed)
-        expected = eager_loop(by_threshold, images)
-        state = str(ndd.random.get_default_rng().state)
-        ndd.random.set_seed(seed)
-        with warnings.catch_warnings(record=True) as record:
+        expected = run(by_threshold, images, seed=seed, reference="per_sample")
+        with seeded(seed), warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
             actual = compiled(images)  # CALL
-        assert_same(expected, actual)
-        assert str(ndd.random.get_default_rng().state) == state
+        assert_same(expected.result, actual)
+        assert rng_state() == expected.rng
         if threshold == 35:  # the third variant: not built
             assert [w.filename for w in record] == [__file__]
             assert "cache_limit" in str(record[0].message)

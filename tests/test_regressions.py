@@ -10,7 +10,8 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same, run_both, to_numpy
+from harness import (Fresh, Step, assert_compiles_exactly, assert_matches_eager, assert_same,
+                     to_numpy)
 
 import ndd_trace
 
@@ -20,18 +21,6 @@ def uniform_batch():
     return ndd.as_batch([np.arange(48, dtype=np.uint8).reshape(4, 4, 3)] * 4, layout="HWC")
 
 
-def _eager_and_compiled(function, *args):
-    ndd.random.set_seed(1)
-    eager = function(*args)
-    state = str(ndd.random.get_default_rng().state)
-    ndd.random.set_seed(1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
-        compiled = ndd.compile(function)(*args)
-    assert str(ndd.random.get_default_rng().state) == state
-    return eager, compiled
-
-
 def test_one_value_random_op_among_batches(uniform_batch):
     """A random op without batch_size draws one value for all samples, eagerly."""
     def f(x):
@@ -39,12 +28,8 @@ def test_one_value_random_op_among_batches(uniform_batch):
                 ndd.rotate(x, angle=ndd.random.uniform(range=[-90, 90])),
                 ndd.cast(x, dtype=ndd.float32) + ndd.random.uniform(range=[0, 1]))
 
-    eager, compiled = _eager_and_compiled(f, uniform_batch)
-    assert_same(eager, compiled)
-    ndd.random.set_seed(1)
-    with ndd_trace.enabled():
-        lazy = f(uniform_batch)
-        assert_same(eager, lazy)
+    assert_matches_eager(f, uniform_batch, modes=("compiled", "transparent"), seed=1,
+                         warn="ignore")
 
 
 def test_user_buffers_are_read_at_the_call():
@@ -131,8 +116,6 @@ def test_dict_with_list_of_batches(images):
 def test_readers_of_different_lengths_zip_as_eager(tmp_path):
     """zip() over readers of different lengths stops at the shortest, having taken one more
     batch from the readers before it; the next epochs go on from there, as eagerly."""
-    from conftest import to_numpy
-
     from benchmarks._data import make_jpeg_dir
 
     long_root = make_jpeg_dir(tmp_path / "long", n=13)
@@ -142,16 +125,14 @@ def test_readers_of_different_lengths_zip_as_eager(tmp_path):
         for (x, lx), (y, ly) in zip(a.next_epoch(batch_size=3), c.next_epoch(batch_size=3)):
             yield lx * 10 + ly
 
-    def run(function):
-        a, c = ndd.readers.File(file_root=str(long_root)), ndd.readers.File(file_root=str(short_root))
-        return [[to_numpy(step) for step in function(a, c)] for _ in range(3)]
+    def readers():
+        return ndd.readers.File(file_root=str(long_root)), \
+            ndd.readers.File(file_root=str(short_root))
 
-    eager, compiled = run(two), run(ndd.compile(two))
-    assert len(eager) == len(compiled)
-    for eager_epoch, epoch in zip(eager, compiled):
-        assert len(eager_epoch) == len(epoch)
-        for a, b in zip(eager_epoch, epoch):
-            np.testing.assert_array_equal(np.concatenate(a), np.concatenate(b))
+    def three_epochs(function, readers):
+        return [list(function(*readers)) for _ in range(3)]
+
+    assert_matches_eager(three_epochs, Step(two), Fresh(readers), modes=("step",))
 
 
 def test_swallowed_graph_break_is_still_a_break(batch):
@@ -284,7 +265,7 @@ def _normalize_f64(x):
 
 
 def test_float64_numpy_constants(uniform_batch):
-    run_both(_normalize_f64, uniform_batch, calls=2)
+    assert_compiles_exactly(_normalize_f64, uniform_batch, calls=2)
 
 
 def test_float64_numpy_constants_in_a_compiled_generator(jpeg_dir):
@@ -294,23 +275,14 @@ def test_float64_numpy_constants_in_a_compiled_generator(jpeg_dir):
             images = ndd.resize(images, size=[16, 16])
             yield ndd.crop_mirror_normalize(images, mean=_MEAN_F64, std=_STD_F64)
 
-    eager = [to_numpy(b) for b in epochs(ndd.readers.File(file_root=str(jpeg_dir)))]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-        compiled = [to_numpy(b) for b in
-                    ndd.compile(epochs)(ndd.readers.File(file_root=str(jpeg_dir)))]
-    assert len(eager) == len(compiled) > 1
-    for e, c in zip(eager, compiled):
-        for a, b in zip(e, c):
-            assert a.dtype == b.dtype == np.float32
-            np.testing.assert_array_equal(a, b)
+    runs = assert_matches_eager(epochs, Fresh(lambda: ndd.readers.File(file_root=str(jpeg_dir))),
+                                modes=("loop",))
+    steps = runs["eager"].result
+    assert len(steps) > 1 and all(a.dtype == np.float32 for s in steps for a in s.samples)
 
 
 def test_float64_numpy_constants_in_transparent_mode(uniform_batch):
-    eager = _normalize_f64(uniform_batch)
-    with ndd_trace.enabled():
-        lazy = _normalize_f64(uniform_batch)
-        assert_same(eager, lazy)
+    assert_matches_eager(_normalize_f64, uniform_batch, modes=("transparent",))
 
 
 # A compiled function's Python runs at its trace only: a call known to be impure (print, next,
@@ -403,7 +375,7 @@ def test_pure_python_in_a_compiled_function_stays_compiled(uniform_batch):
         return ndd.cast(helper(outs[0], size), dtype=ndd.float32) * scale, len(outs), \
             x.batch_size
 
-    run_both(step, uniform_batch, calls=3)  # (warnings are errors there: no break)
+    assert_compiles_exactly(step, uniform_batch, calls=3)  # (NddTraceWarnings are errors: no break)
 
 
 @pytest.mark.gpu
@@ -417,8 +389,8 @@ def test_float64_numpy_constants_on_the_gpu(uniform_batch):
         normalized = ndd.crop_mirror_normalize(x, mean=_MEAN_F64, std=_STD_F64)
         return normalized, ndd.cast(x, dtype=ndd.float64) * scale
 
-    run_both(on_gpu, uniform_batch, ndd.as_tensor(np.array([0.5, 2.0, 4.0]), device="gpu"),
-             calls=2)
+    assert_compiles_exactly(on_gpu, uniform_batch,
+                            ndd.as_tensor(np.array([0.5, 2.0, 4.0]), device="gpu"), calls=2)
 
     def mixed(x):
         return ndd.cast(x.gpu(), dtype=ndd.float64) * np.array([0.5, 2.0, 4.0])

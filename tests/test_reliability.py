@@ -15,7 +15,9 @@ import weakref
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_same, run_both, subprocess_env, to_numpy
+from conftest import ROOT, subprocess_env
+from harness import (assert_compiles_exactly, assert_runs_match, assert_same, observe, run,
+                     to_numpy)
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -75,7 +77,8 @@ def test_numpy_torch_none_and_unhashable_static_arguments(batch):
     readonly = weights.copy()
     readonly.flags.writeable = False
     for w in (weights, readonly):
-        run_both(scaled, batch, w, torch.tensor([2.0]), None, {"offset": [1]} and {"offset": 1})
+        assert_compiles_exactly(scaled, batch, w, torch.tensor([2.0]), None,
+                                {"offset": [1]} and {"offset": 1})
 
 
 def test_non_contiguous_input_fails_like_eager(images):
@@ -108,15 +111,14 @@ def test_threads_get_their_own_default_generators(batch):
     calls = 20
     expected = {}
     for seed in range(4):
-        ndd.random.set_seed(seed)
-        expected[seed] = [to_numpy(noisy(batch)) for _ in range(calls)]
+        expected[seed] = run(noisy, batch, seed=seed, calls=calls).results
     results: dict[int, list] = {}
     errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
         try:
             ndd.random.set_seed(seed)
-            results[seed] = [to_numpy(compiled(batch)) for _ in range(calls)]
+            results[seed] = [observe(compiled(batch)) for _ in range(calls)]
         except BaseException as error:  # reported below
             errors.append(error)
 
@@ -126,10 +128,7 @@ def test_threads_get_their_own_default_generators(batch):
     for thread in threads:
         thread.join(timeout=120)
     assert not errors and all(not t.is_alive() for t in threads)
-    for seed in range(4):
-        for a, b in zip(expected[seed], results[seed]):
-            for x, y in zip(a, b):
-                np.testing.assert_array_equal(x, y)
+    assert_same([expected[seed] for seed in range(4)], [results[seed] for seed in range(4)])
     assert compiled.cache_info().traces == 1
 
 
@@ -317,10 +316,14 @@ def _entry_name(module):
     return f"analysis-{analysis._key(''.join(linecache.getlines(module.__file__)))}.pickle"
 
 
-def _same_as_eager(module, images):
-    data = ndd.as_batch(images, layout="HWC")
-    compiled = module.prep(data)  # (first: eager would parse the module itself)
-    assert_same(module.prep.__wrapped__(data), compiled)
+def _prepared(module, images):
+    """`module.prep` (compiled) on the images, run first: eager would parse the module itself."""
+    return run(module.prep, ndd.as_batch(images, layout="HWC"), seed=None, warn=None)
+
+
+def _prepared_eagerly(module, images):
+    return run(module.prep.__wrapped__, ndd.as_batch(images, layout="HWC"), seed=None,
+               warn=None)
 
 
 def _plant(path, marker):
@@ -339,8 +342,10 @@ def test_a_symlinked_cache_entry_is_refused_with_one_warning(cache_dir, tmp_path
     _plant(tmp_path / "theirs.pickle", marker)
     (cache_dir / _entry_name(first)).symlink_to(tmp_path / "theirs.pickle")
     with pytest.warns(ndd_trace.NddTraceWarning, match="is a symbolic link") as warned:
-        _same_as_eager(first, images)
-        _same_as_eager(second, images)
+        compiled = _prepared(first, images)
+        assert_runs_match(_prepared_eagerly(first, images), compiled)
+        compiled = _prepared(second, images)
+        assert_runs_match(_prepared_eagerly(second, images), compiled)
     assert len([w for w in warned if "cache" in str(w.message)]) == 1
     (warning,) = [w for w in warned if "cache" in str(w.message)]
     assert warning.filename == first.__file__  # at the user's line
@@ -354,7 +359,8 @@ def test_a_cache_directory_others_may_write_to_is_refused(cache_dir, tmp_path, i
     ndd_trace.set_cache_dir(str(cache_dir))
     module = _user_module(tmp_path, "augment_c")
     with pytest.warns(ndd_trace.NddTraceWarning, match="mode 0777"):
-        _same_as_eager(module, images)
+        compiled = _prepared(module, images)
+        assert_runs_match(_prepared_eagerly(module, images), compiled)
     assert os.listdir(cache_dir) == []
 
 
@@ -370,7 +376,8 @@ def test_a_cache_directory_of_another_user_is_refused(cache_dir, tmp_path, image
     cache_dir.chmod(0o1777)
     ndd_trace.set_cache_dir(str(cache_dir))
     with pytest.warns(ndd_trace.NddTraceWarning, match="is owned by uid 65534"):
-        _same_as_eager(module, images)
+        compiled = _prepared(module, images)
+        assert_runs_match(_prepared_eagerly(module, images), compiled)
     assert not marker.exists()
 
 
@@ -386,7 +393,8 @@ def test_a_cache_entry_of_ours_that_is_no_parse_is_a_miss(cache_dir, tmp_path, i
             pickle.dump(content, file)
         with warnings.catch_warnings():
             warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-            _same_as_eager(module, images)
+            compiled = _prepared(module, images)
+            assert_runs_match(_prepared_eagerly(module, images), compiled)
         assert not marker.exists()
         # DALI's parse, saved in its place
         assert type(pickle.loads(entry.read_bytes())).__name__ == "ModuleInfo"

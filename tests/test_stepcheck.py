@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
+from harness import Step, assert_matches_eager
 import stepcheck_cases as cases
 
 import ndd_trace
@@ -69,8 +70,7 @@ def test_checked_loop_runs_ahead_across_steps_and_epochs(jpeg_dir):
     """Checked mode keeps one tracer for the function's epochs: the steps after the first
     three of a steady body are served by runs launched ahead, with eager's values, side
     effects and generator state; the hooks go when an epoch ends."""
-    def run(function):
-        ndd.random.set_seed(5)
+    def two_epochs(function):
         reader = ndd.readers.File(file_root=jpeg_dir, seed=1)
         seen, out = [], []
         for _ in range(2):
@@ -78,17 +78,10 @@ def test_checked_loop_runs_ahead_across_steps_and_epochs(jpeg_dir):
                     for x in function(reader, seen)]
         return out, seen, np.asarray(ndd.random.uniform(range=[0, 1], batch_size=4)).copy()
 
-    eager = run(cases.counted_augment)
-    compiled = ndd.compile(cases.counted_augment)
-    ndd_trace.reset_report()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
-        result = run(compiled)
-    assert eager[1] == result[1]
-    assert len(eager[0]) == len(result[0]) == 16
-    for a, b in zip(eager[0], result[0]):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(eager[2], result[2])  # the generator's state afterwards
+    ndd_trace.reset_report()  # (values, side effects, a draw after, the generator's state)
+    runs = assert_matches_eager(two_epochs, Step(cases.counted_augment), modes=("step",),
+                                seed=5, warn="ignore")
+    assert len(runs["eager"].result[0]) == 16
     ahead = sum(region.ahead for region in ndd_trace.report().regions)
     assert ahead >= 8, ndd_trace.report()
     assert not ndd_trace._dali.tracing_active() and ndd_trace._dali.interceptor._count == 0

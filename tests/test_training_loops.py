@@ -30,6 +30,8 @@ import nvidia.dali.experimental.dynamic as ndd
 import pytest
 import training_config
 import training_programs as programs
+from harness import (Step, assert_matches_eager, assert_runs_match, assert_same, observe, rng_state,
+                     run)
 
 import ndd_trace
 from benchmarks._data import make_jpeg_dir
@@ -87,20 +89,7 @@ class Mode:
         return [entry.path for compiled in self.compiled for entry in compiled.entries]
 
 
-def plain(value: Any) -> Any:
-    """What the trainer can see of a value, as numpy and Python data."""
-    if isinstance(value, ndd.Batch):
-        return ("Batch", str(value.dtype), str(value.layout),
-                tuple(np.asarray(sample.cpu()) for sample in value))
-    if isinstance(value, ndd.Tensor):
-        return ("Tensor", str(value.layout), np.asarray(value.cpu()))
-    if type(value).__module__.startswith("torch"):
-        return ("torch", value.numpy().copy())
-    if isinstance(value, dict):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(plain(item) for item in value)
-    return value
+plain = observe  # what the trainer can see of a value (tests/harness.py)
 
 
 class Record:
@@ -116,35 +105,8 @@ class Record:
         self.events.append(("raised", *where, type(error).__name__, str(error)))
 
     def finish(self, *extra: Any) -> list:
-        self.add("rng", str(ndd.random.get_default_rng().state), *extra)
+        self.add("rng", rng_state(), *extra)
         return self.events
-
-
-def assert_same_observations(eager: Any, other: Any, where: str = "") -> None:
-    """Exact equality of two observation trees, with the path of the first difference."""
-    if isinstance(eager, np.ndarray):
-        assert isinstance(other, np.ndarray), (where, type(other))
-        assert eager.dtype == other.dtype and eager.shape == other.shape, \
-            (where, eager.dtype, eager.shape, other.dtype, other.shape)
-        assert np.array_equal(eager, other), (where, "values differ")
-    elif isinstance(eager, (list, tuple)):
-        assert type(eager) is type(other), (where, eager, other)
-        assert len(eager) == len(other), (where, len(eager), len(other),
-                                          _summary(eager), _summary(other))
-        for index, (a, b) in enumerate(zip(eager, other)):
-            assert_same_observations(a, b, f"{where}[{index}]")
-    elif isinstance(eager, dict):
-        assert isinstance(other, dict) and eager.keys() == other.keys(), (where, eager, other)
-        for key in eager:
-            assert_same_observations(eager[key], other[key], f"{where}[{key!r}]")
-    else:
-        assert eager == other, (where, eager, other)
-
-
-def _summary(events: Any) -> list:
-    """The events without their arrays (for a readable assertion message)."""
-    return [tuple(item for item in event if not isinstance(item, (tuple, dict)))
-            if isinstance(event, tuple) else event for event in events][:40]
 
 
 @dataclasses.dataclass
@@ -178,7 +140,7 @@ def run_modes(scenario: Callable[[Mode, Data], list], data: Data, mode_name: str
             _EAGER[scenario.__name__] = scenario(eager_mode, data)
     with Mode(mode_name).active() as mode:
         observed = scenario(mode, data)
-    assert_same_observations(_EAGER[scenario.__name__], observed)
+    assert_same(_EAGER[scenario.__name__], observed)
     if expected_path is not None and mode_name == "generator":
         assert set(mode.paths()) == {expected_path}, mode.paths()
     return mode
@@ -703,7 +665,7 @@ def prefetch_thread(mode: Mode, data: Data) -> list:
                     handoff.put((epoch, plain(images), plain(labels)))
                     if epoch == 1 and step == 1:
                         break
-            handoff.put(("thread rng", str(ndd.random.get_default_rng().state)))
+            handoff.put(("thread rng", rng_state()))
         except Exception as error:  # noqa: BLE001 (compared with eager's)
             handoff.put(("raised", type(error).__name__, str(error)))
         handoff.put(None)
@@ -1264,7 +1226,7 @@ def test_checkpoint_mid_epoch_restored_in_a_fresh_reader(data, saved_mode, resto
     if key not in _EAGER:
         _EAGER[key] = checkpoint_scenario("eager", "eager", stop, options)(Mode("eager"), data)
     observed = checkpoint_scenario(saved_mode, restored_mode, stop, options)(Mode("eager"), data)
-    assert_same_observations(_EAGER[key], observed)
+    assert_same(_EAGER[key], observed)
 
 
 # -- one reader, every mode in turn -----------------------------------------------------------
@@ -1285,8 +1247,7 @@ def mixed_modes(epoch_modes: list[str], data: Data) -> list:
         for jpegs, labels in reader.next_epoch(batch_size=programs.BATCH_SIZE):
             yield compiled_step(jpegs, size), labels
 
-    ndd.random.set_seed(46)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # (from the harness's seed)
         warnings.simplefilter("ignore")
         for epoch, name in enumerate(epoch_modes):
             batches = {"generator": compiled_generator, "step": step_epoch,
@@ -1302,8 +1263,8 @@ def mixed_modes(epoch_modes: list[str], data: Data) -> list:
 
 
 def test_one_reader_every_mode_in_turn(data):
-    eager = mixed_modes(["eager"] * len(MIXED_EPOCHS), data)
-    assert_same_observations(eager, mixed_modes(MIXED_EPOCHS, data))
+    eager = run(mixed_modes, ["eager"] * len(MIXED_EPOCHS), data, seed=46, warn="quiet")
+    assert_runs_match(eager, run(mixed_modes, MIXED_EPOCHS, data, seed=46, warn="quiet"))
 
 
 # -- the mismatches found above, reduced -------------------------------------------------------
@@ -1325,7 +1286,7 @@ def _decode(jpegs):
 
 
 def test_reduced_get_metadata_after_a_streamed_epoch_in_transparent_mode(jpeg_dir):
-    def run():
+    def drive():
         reader = ndd.readers.File(file_root=str(jpeg_dir), max_batch_size=4)
         sizes = []
         for _ in range(2):
@@ -1334,27 +1295,21 @@ def test_reduced_get_metadata_after_a_streamed_epoch_in_transparent_mode(jpeg_di
                 np.asarray(ndd.as_tensor(_decode(jpegs)))
         return sizes
 
-    eager = run()
-    with ndd_trace.enabled():
-        assert run() == eager == [16, 16]
+    runs = assert_matches_eager(drive, modes=("transparent",), seed=None, warn="quiet")
+    assert runs["eager"].result == [16, 16]
 
 
 def test_reduced_compiled_step_inside_a_capture_mode_loop():
     def scale(weights):
         return weights * 2.0
 
-    def run(step):
+    def drive(step):
         source = ndd.ExternalSource([ndd.as_batch([np.full((2,), i, np.float32)] * 4)
                                      for i in range(3)])
         return [np.asarray(ndd.as_tensor(step(w))) for w in source.captured(batch_size=4)]
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        eager = run(scale)
-        compiled = run(ndd.compile(scale))
-    assert len(eager) == len(compiled) == 3
-    for a, b in zip(eager, compiled):
-        np.testing.assert_array_equal(a, b)
+    runs = assert_matches_eager(drive, Step(scale), modes=("step",), seed=None, warn="quiet")
+    assert len(runs["eager"].result) == 3
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -1363,26 +1318,26 @@ def test_reduced_decode_error_text(data, mode):
         for jpegs, _ in reader.next_epoch(batch_size=4):
             yield _decode(jpegs)
 
-    eager = _decode_epochs(data.bad_dir, _decode)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if mode == "generator":
-            compiled = ndd.compile(decoded)
-            reader = ndd.readers.File(file_root=str(data.bad_dir))
-            observed = []
-            for _ in range(2):
-                for images in compiled(reader):
-                    try:
-                        observed.append(int(np.asarray(ndd.as_tensor(images)).sum()))
-                    except RuntimeError as error:
-                        observed.append((type(error).__name__, str(error)))
-        elif mode == "step":
-            observed = _decode_epochs(data.bad_dir, ndd.compile(_decode))
-        else:
-            with ndd_trace.enabled():
-                observed = _decode_epochs(data.bad_dir, _decode)
-    assert ("RuntimeError", "An error happened during asynchronous execution") in eager
-    assert observed == eager
+    def generator_epochs(reader_root, decoded):
+        reader = ndd.readers.File(file_root=str(reader_root))
+        observed = []
+        for _ in range(2):
+            for images in decoded(reader):
+                try:
+                    observed.append(int(np.asarray(ndd.as_tensor(images)).sum()))
+                except RuntimeError as error:
+                    observed.append((type(error).__name__, str(error)))
+        return observed
+
+    eager = run(_decode_epochs, data.bad_dir, _decode, seed=None, warn="quiet")
+    if mode == "generator":  # the same epochs, from a compiled generator
+        observed = run(generator_epochs, data.bad_dir, Step(decoded), mode="step", seed=None,
+                       warn="quiet")
+    else:
+        observed = run(_decode_epochs, data.bad_dir, Step(_decode), mode=mode, seed=None,
+                       warn="quiet")
+    assert_runs_match(eager, observed)
+    assert ("RuntimeError", "An error happened during asynchronous execution") in eager.result
 
 
 def test_reduced_compiled_function_returning_a_generator(jpeg_dir):
@@ -1393,12 +1348,12 @@ def test_reduced_compiled_function_returning_a_generator(jpeg_dir):
     def batches(reader):
         return epoch(reader)
 
-    def run(function):
+    def drive(function):
         reader = ndd.readers.File(file_root=str(jpeg_dir))
         return [len(list(function(reader))) for _ in range(2)]
 
-    assert run(batches) == [4, 4]
-    assert run(ndd.compile(batches)) == [4, 4]
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == [4, 4]
 
 
 def test_reduced_loop_target_rebound_in_the_body(jpeg_dir):
@@ -1407,11 +1362,11 @@ def test_reduced_loop_target_rebound_in_the_body(jpeg_dir):
             labels = labels + 1
             yield labels
 
-    def run(function):
+    def drive(function):
         reader = ndd.readers.File(file_root=str(jpeg_dir))
         return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
 
-    assert run(ndd.compile(batches)) == run(batches)
+    assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
 
 
 @pytest.mark.parametrize("kind", ["generator", "function"])
@@ -1425,7 +1380,7 @@ def test_reduced_compiled_functools_partial(jpeg_dir, kind):
     def shifted(labels, offset):
         return labels + offset
 
-    def run(function):
+    def drive(function):
         reader = ndd.readers.File(file_root=str(jpeg_dir))
         if kind == "generator":
             return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
@@ -1433,7 +1388,7 @@ def test_reduced_compiled_functools_partial(jpeg_dir, kind):
                 for _, labels in reader.next_epoch(batch_size=4)]
 
     bound = functools.partial(batches if kind == "generator" else shifted, offset=3)
-    assert run(ndd.compile(bound)) == run(bound)
+    assert_matches_eager(drive, Step(bound), modes=("step",), seed=None, warn="quiet")
 
 
 def test_reduced_external_source_item_prefetched_by_capture_mode(jpeg_dir):
@@ -1441,7 +1396,7 @@ def test_reduced_external_source_item_prefetched_by_capture_mode(jpeg_dir):
         for _, extra in zip(reader.next_epoch(batch_size=4), source.captured(batch_size=4)):
             yield ndd.flip(extra, horizontal=1)
 
-    def run(function):
+    def drive(function):
         reader = ndd.readers.File(file_root=str(jpeg_dir))
         source = ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 4,
                                                   layout="HWC") for i in range(20)],
@@ -1449,12 +1404,8 @@ def test_reduced_external_source_item_prefetched_by_capture_mode(jpeg_dir):
         return [[int(np.asarray(ndd.as_tensor(x)).ravel()[0]) for x in function(reader, source)]
                 for _ in range(2)]
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        eager = run(batches)
-        compiled = run(ndd.compile(batches))
-    assert eager == [[0, 1, 2, 3], [5, 6, 7, 8]]  # DALI drops item 4, prefetched
-    assert compiled == eager
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == [[0, 1, 2, 3], [5, 6, 7, 8]]  # DALI drops item 4, prefetched
 
 
 def test_reduced_two_capture_mode_loops_open_at_once():
@@ -1462,7 +1413,7 @@ def test_reduced_two_capture_mode_loops_open_at_once():
         for extra in source.captured(batch_size=2):
             yield ndd.flip(extra, horizontal=1)
 
-    def run(function):
+    def drive(function):
         sources = [ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 2,
                                                     layout="HWC") for i in range(3)])
                    for _ in range(2)]
@@ -1471,12 +1422,8 @@ def test_reduced_two_capture_mode_loops_open_at_once():
         except RuntimeError as error:
             return str(error)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        eager = run(batches)
-        compiled = run(ndd.compile(batches))
-    assert eager == "Only one capture-mode loop can be active at a time"
-    assert compiled == eager
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == "Only one capture-mode loop can be active at a time"
 
 
 def test_reduced_decode_error_in_a_capture_mode_loop(data):
@@ -1485,7 +1432,7 @@ def test_reduced_decode_error_in_a_capture_mode_loop(data):
                                      reader.next_epoch(batch_size=4)):
             yield ndd.cast(_decode(jpegs), dtype=ndd.float32) * extra
 
-    def run(function):
+    def drive(function):
         reader = ndd.readers.File(file_root=str(data.bad_dir))
         source = ndd.ExternalSource([ndd.as_batch([np.ones((1, 1, 1), np.float32)] * 4)
                                      for _ in range(4)], cycle="raise")
@@ -1501,12 +1448,8 @@ def test_reduced_decode_error_in_a_capture_mode_loop(data):
             seen.append("raised by the loop")
         return seen
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        eager = run(batches)
-        compiled = run(ndd.compile(batches))
-    assert eager == ["ok", "raised by the loop"]
-    assert compiled == eager
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == ["ok", "raised by the loop"]
 
 
 def test_reduced_value_sent_into_the_generator(jpeg_dir):
@@ -1515,7 +1458,7 @@ def test_reduced_value_sent_into_the_generator(jpeg_dir):
             sent = yield labels
             log.append(sent)
 
-    def run(function):
+    def drive(function):
         log: list = []
         epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
         next(epoch)
@@ -1524,10 +1467,9 @@ def test_reduced_value_sent_into_the_generator(jpeg_dir):
                 epoch.send(value)
         return log
 
-    assert run(batches) == [0, 1, 2, 3]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)  # checked mode's notice
-        assert run(ndd.compile(batches)) == [0, 1, 2, 3]
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None,
+                                warn="ignore")  # (checked mode's notice)
+    assert runs["eager"].result == [0, 1, 2, 3]
 
 
 def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
@@ -1538,7 +1480,7 @@ def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
             except ValueError as error:
                 log.append(str(error))
 
-    def run(function):
+    def drive(function):
         log: list = []
         epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
         next(epoch)
@@ -1548,10 +1490,9 @@ def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
             log.append(("raised", str(error)))
         return log, len(list(epoch))
 
-    assert run(batches) == (["skip"], 2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)  # checked mode's notice
-        assert run(ndd.compile(batches)) == (["skip"], 2)
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None,
+                                warn="ignore")  # (checked mode's notice)
+    assert runs["eager"].result == (["skip"], 2)
 
 
 @pytest.mark.parametrize("kind", ["generator", "step"])
@@ -1563,7 +1504,7 @@ def test_reduced_module_attribute_changed_between_calls(jpeg_dir, kind):
         for jpegs, _ in reader.next_epoch(batch_size=4):
             yield ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
 
-    def run(function):
+    def drive(function):
         reader = ndd.readers.File(file_root=str(jpeg_dir))
         widths = []
         try:
@@ -1577,5 +1518,5 @@ def test_reduced_module_attribute_changed_between_calls(jpeg_dir, kind):
         return widths
 
     function = batches if kind == "generator" else resized
-    assert run(function) == [10] * 4 + [14] * 4
-    assert run(ndd.compile(function)) == [10] * 4 + [14] * 4
+    runs = assert_matches_eager(drive, Step(function), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == [10] * 4 + [14] * 4

@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import assert_same, subprocess_env, to_numpy
+from conftest import subprocess_env
+from harness import assert_matches_eager, assert_same, observe, rng_state, run, seeded, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -71,19 +72,12 @@ def test_enabled_context_matches_eager_with_random_ops(batch):
         return (y * 2).slice[1:10] + ndd.cast(ndd.random.coin_flip(batch_size=x.batch_size),
                                                dtype=ndd.uint8)
 
-    ndd.random.set_seed(4)
-    eager = [body(batch) for _ in range(3)]
-    state = str(ndd.random.get_default_rng().state)
-    ndd_trace.reset_report()
-    ndd.random.set_seed(4)
-    with ndd_trace.enabled():
-        lazy = [body(batch) for _ in range(3)]
-        assert ndd_trace.is_enabled()
-    assert str(ndd.random.get_default_rng().state) == state  # drawn at call time
-    for e, c in zip(eager, lazy):
-        assert_same(e, c)
-    report = ndd_trace.report()
+    # the generator's state after: drawn at call time
+    runs = assert_matches_eager(body, batch, modes=("transparent",), calls=3, seed=4, warn=None)
+    report = runs["transparent"].report
     assert report.regions and report.regions[0].hits == 2
+    with ndd_trace.enabled():
+        assert ndd_trace.is_enabled()
     assert not ndd_trace.is_enabled()
 
 
@@ -135,15 +129,8 @@ def test_transparent_mode_on_gpu(jpegs):
         noise = ndd.random.uniform(batch_size=images.batch_size, range=[0, 1], device="gpu")
         return images + noise
 
-    ndd.random.set_seed(2)
-    eager = [body(jpegs) for _ in range(2)]
-    ndd.random.set_seed(2)
-    with ndd_trace.enabled():
-        lazy = [body(jpegs) for _ in range(2)]
-        tensors = [value.torch() for value in lazy]
-    assert all(t.is_cuda for t in tensors)
-    for e, c in zip(eager, lazy):
-        assert_same(e, c)
+    runs = assert_matches_eager(body, jpegs, modes=("transparent",), calls=2, seed=2, warn=None)
+    assert all(value.device == "gpu" for value in runs["transparent"].results)
 
 
 def test_regions_keyed_by_the_fed_data_layout():
@@ -198,14 +185,13 @@ def test_deferred_eval_mode_records_one_region(batch):
         return (y * 2).slice[2:20]
 
     copied = ndd.batch(batch)  # (an op given user data as it is runs at the call, deferred too)
-    ndd.random.set_seed(6)
-    eager = [body(copied) for _ in range(3)]
+    eager = run(body, copied, calls=3, seed=6)
     ndd_trace.reset_report()
-    ndd.random.set_seed(6)
-    with ndd_trace.enabled(), ndd.EvalMode.deferred:
+    with seeded(6), ndd_trace.enabled(), ndd.EvalMode.deferred:
         lazy = [body(copied) for _ in range(3)]
         assert all(value._storage is None for value in lazy)  # nothing ran yet
-        assert_same(eager, lazy)
+        assert_same(eager.results, lazy)
+    assert rng_state() == eager.rng
     report = ndd_trace.report()
     assert len(report.regions) == 1 and report.regions[0].num_ops == 5
     assert report.regions[0].runs == 3 and report.regions[0].hits == 2
@@ -231,15 +217,13 @@ def _site_loop(batch, settings):
 
 
 def _replays(settings, batch):
-    """(eager outputs, transparent outputs, calls the transparent run replayed)."""
-    eager = _site_loop(batch, settings)
-    ndd_trace.reset_report()
-    with ndd_trace.enabled():
-        traced = _site_loop(batch, settings)
-    report = ndd_trace.report()
+    """The calls a transparent run of the sites replayed, the run's outputs and their metadata
+    (read right after each call) those of eager's (tests/harness.py)."""
+    runs = assert_matches_eager(_site_loop, batch, settings, modes=("transparent",), warn=None)
+    report = runs["transparent"].report
     assert report.ops_recorded == 4 * len(settings)
     assert report.as_dict()["ops_replayed"] == report.ops_replayed
-    return eager, traced, report.ops_replayed
+    return report.ops_replayed
 
 
 def test_call_site_replay_matches_eager_as_arguments_change(batch):
@@ -256,19 +240,14 @@ def test_call_site_replay_matches_eager_as_arguments_change(batch):
                 (True, [12, 12], ndd.float16, None),
                 (10.0, [12, 12], ndd.float32, wide),  # int16 data at the same sites
                 (10.0, [12, 12], ndd.float32, None)]
-    eager, traced, replayed = _replays(settings, batch)
-    assert replayed >= 3
-    for (e, e_meta), (t, t_meta) in zip(eager, traced):
-        assert e_meta == t_meta
-        assert_same(e, t)
+    assert _replays(settings, batch) >= 3
 
 
 def test_call_site_replay_keeps_random_draws_and_sample_mode(batch):
     """A random op's site replays with the generator given at this call; a site called with
     a Tensor after a Batch records the sample-mode call anew."""
 
-    def run():
-        ndd.random.set_seed(5)
+    def sites():
         rng = ndd.random.RNG(seed=77)
 
         def body(x, use_rng):
@@ -279,33 +258,24 @@ def test_call_site_replay_keeps_random_draws_and_sample_mode(batch):
         out = [body(batch, False), body(batch, False), body(batch, True), body(batch, False)]
         for x in (batch.select(0), batch, batch):
             out.append(ndd.flip(x, horizontal=1))
-        return [to_numpy(o) for o in out], str(ndd.random.get_default_rng().state), \
-            str(rng.state)
+        return [observe(o) for o in out], str(rng.state)
 
-    eager = run()
-    with ndd_trace.enabled():
-        traced = run()
-    for e, t in zip(eager[0], traced[0]):
-        assert_same(e, t)
-    assert eager[1:] == traced[1:]
+    assert_matches_eager(sites, modes=("transparent",), seed=5, warn=None)
 
 
 def test_call_site_replay_records_anew_when_the_data_changes_type(batch):
     """Data of another type at a site that replayed: recorded anew (other output metadata),
     then replayed again once the type is back."""
-    eager, traced, _ = _replays([(10.0, [8, 8], ndd.float32, None),
-                                 (10.0, [8, 8], ndd.float32, ndd.cast(batch, dtype=ndd.int16)),
-                                 (10.0, [8, 8], ndd.float32, None)], batch)
-    for (e, e_meta), (t, t_meta) in zip(eager, traced):
-        assert e_meta == t_meta
-        assert_same(e, t)
+    _replays([(10.0, [8, 8], ndd.float32, None),
+              (10.0, [8, 8], ndd.float32, ndd.cast(batch, dtype=ndd.int16)),
+              (10.0, [8, 8], ndd.float32, None)], batch)
 
 
 def test_len_list_tuple_and_star_of_lazy_values_as_eager(batch):
     """Generic code consumes a Batch the ways Python offers: `len()` raises eager's TypeError
     (ndd's Batch and Tensor have none; ndd_trace's internal break escaped `except`), and
     `list()`, `tuple()`, `[*x]` give eager's samples (issue 35)."""
-    def observe():
+    def consume():
         y = batch * 2
         seen = []
         for value in (y, y.select(0)):
@@ -318,17 +288,15 @@ def test_len_list_tuple_and_star_of_lazy_values_as_eager(batch):
         seen.append([to_numpy(t).tolist() for t in [*y]])
         return seen
 
-    eager = observe()
-    with ndd_trace.enabled():
-        transparent = observe()
-    assert eager == transparent
-    assert eager[0] == ("TypeError", "object of type 'Batch' has no len()")
+    eager = assert_matches_eager(consume, modes=("transparent",), seed=None,
+                                 warn=None)["eager"].result
+    assert tuple(eager[0]) == ("TypeError", "object of type 'Batch' has no len()")
 
 
 def test_values_are_eager_batches_and_tensors(batch):
     """Printing a value, its type and the errors that name it are eager's: transparent mode's
     values are ndd.Batch and ndd.Tensor themselves, their data run when read (issue 35)."""
-    def observe():
+    def look():
         y = ndd.resize(batch, size=[4, 4]) * 2
         sample = ndd.math.abs(ndd.as_tensor(np.arange(6, dtype=np.int16).reshape(2, 3)) - 3)
         seen = [type(y).__name__, type(y) is ndd.Batch, type(sample) is ndd.Tensor,
@@ -341,11 +309,8 @@ def test_values_are_eager_batches_and_tensors(batch):
                  to_numpy(sample[1:, ::2]).tolist()]
         return seen
 
-    eager = observe()
-    with ndd_trace.enabled():
-        transparent = observe()
-    assert eager == transparent
-    assert eager[:3] == ["Batch", True, True]
+    eager = assert_matches_eager(look, modes=("transparent",), seed=None, warn=None)
+    assert eager["eager"].result[:3] == ["Batch", True, True]
 
 
 def _bytes(batch) -> list[bytes]:
@@ -358,7 +323,7 @@ def test_numbers_held_in_variables_are_passed_as_eager_passes_them(batch):
     0-d mean): every step of a loop gives eager's values or eager's error (issue 35)."""
     config = {"angle": 12.0, "mean": 118.0, "std": 57.0}
 
-    def run():
+    def steps():
         seen = []
         for step in range(3):
             angle = config["angle"] + step // 2
@@ -371,8 +336,5 @@ def test_numbers_held_in_variables_are_passed_as_eager_passes_them(batch):
                 seen.append((type(error).__name__, str(error).splitlines()[0]))
         return seen
 
-    eager = run()
-    with ndd_trace.enabled():
-        transparent = run()
-    assert eager == transparent
-    assert eager[1][0] == "RuntimeError"
+    eager = assert_matches_eager(steps, modes=("transparent",), seed=None, warn=None)
+    assert eager["eager"].result[1][0] == "RuntimeError"

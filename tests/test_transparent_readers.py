@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from conftest import assert_same, to_numpy
+from harness import Fresh, assert_matches_eager, assert_runs_match, observe, run
 
 import ndd_trace
 
@@ -26,21 +26,6 @@ def _augment(jpegs):
     return ndd.crop_mirror_normalize(images, mirror=flip, mean=[10.0], std=[50.0])
 
 
-def _both(scenario, make_reader, seed=11):
-    """Run `scenario(reader)` eagerly and in transparent mode (fresh readers, same seed);
-    compare everything it returned and the generator state afterwards."""
-    ndd.random.set_seed(seed)
-    eager = to_numpy(scenario(make_reader()))
-    eager_state = str(ndd.random.get_default_rng().state)
-    ndd_trace.reset_report()
-    ndd.random.set_seed(seed)
-    with ndd_trace.enabled():
-        lazy = to_numpy(scenario(make_reader()))
-    assert str(ndd.random.get_default_rng().state) == eager_state
-    assert_same(eager, lazy)
-    return ndd_trace.report()
-
-
 def _ahead(report):
     return sum(region.ahead for region in report.regions)
 
@@ -53,7 +38,8 @@ def test_epochs_read_ahead_and_regions_run_ahead(jpeg_dir):
                 out.append((np.asarray(_augment(jpegs).torch()), np.asarray(labels.torch())))
         return out
 
-    report = _both(scenario, lambda: _reader(jpeg_dir))
+    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
+                                  modes=("transparent",))["transparent"].report
     assert _ahead(report) >= 8  # 12 steps: all but the first few ran ahead
     assert not report.eager_ops
     (reader, where), epochs = next(iter(report.readers.items()))
@@ -72,7 +58,7 @@ def test_break_then_next_epoch_continues_like_eager(jpeg_dir):
                     break
         return out
 
-    _both(scenario, lambda: _reader(jpeg_dir))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), modes=("transparent",))
 
 
 def test_reseed_and_extra_draws_between_steps(jpeg_dir):
@@ -86,7 +72,8 @@ def test_reseed_and_extra_draws_between_steps(jpeg_dir):
                 out.append(np.asarray(_augment(jpegs).torch()))
         return out
 
-    report = _both(scenario, lambda: _reader(jpeg_dir))
+    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
+                                  modes=("transparent",))["transparent"].report
     assert _ahead(report) > 0
 
 
@@ -102,7 +89,7 @@ def test_body_changing_every_step(jpeg_dir):
                 out.append(ndd.resize(images, size=[16, 16]) * ndd.as_tensor(scale))
         return out
 
-    _both(scenario, lambda: _reader(jpeg_dir))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), modes=("transparent",))
 
 
 def test_values_consumed_after_the_loop(jpeg_dir):
@@ -111,7 +98,7 @@ def test_values_consumed_after_the_loop(jpeg_dir):
         pending += [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
         return pending
 
-    _both(scenario, lambda: _reader(jpeg_dir))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), modes=("transparent",))
 
 
 def test_zip_of_readers_with_different_lengths(jpeg_dir):
@@ -128,7 +115,7 @@ def test_zip_of_readers_with_different_lengths(jpeg_dir):
                 out.append(ndd.resize(ndd.decoders.image(b), size=[8, 8]))
         return out
 
-    _both(scenario, make)
+    assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -141,7 +128,8 @@ def test_shards_and_padding(jpeg_dir, kwargs):
         return [[np.asarray(labels.torch()), ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])]
                 for _ in range(4) for jpegs, labels in reader.next_epoch(batch_size=3)]
 
-    _both(scenario, lambda: _reader(jpeg_dir, **kwargs))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir, **kwargs)),
+                         modes=("transparent",))
 
 
 def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
@@ -155,14 +143,15 @@ def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
             out.append(labels)
         return out
 
-    ndd.random.set_seed(1)
-    eager = to_numpy(scenario(_reader(jpeg_dir)))
-    ndd.random.set_seed(1)
+    def transparent_then_not(reader):
+        with ndd_trace.enabled():
+            first = [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
+        rest = [labels for _, labels in reader.next_epoch(batch_size=4)]
+        return first + rest
+
+    eager = run(scenario, Fresh(lambda: _reader(jpeg_dir)), seed=1)
     reader = _reader(jpeg_dir)
-    with ndd_trace.enabled():
-        first = [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
-    rest = [labels for _, labels in reader.next_epoch(batch_size=4)]
-    assert_same(eager, to_numpy(first + rest))
+    assert_runs_match(eager, run(transparent_then_not, reader, seed=1, warn=None))
     assert reader.get_metadata()["epoch_size"] == 16
 
 
@@ -170,7 +159,8 @@ def test_sample_epochs_stay_eager_and_are_reported(jpeg_dir):
     def scenario(reader):
         return [ndd.decoders.image(jpeg) for jpeg, _ in reader.next_epoch()]
 
-    report = _both(scenario, lambda: _reader(jpeg_dir))
+    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
+                                  modes=("transparent",))["transparent"].report
     assert any("single samples" in reason for (_, reason, _) in report.eager_ops)
 
 
@@ -193,7 +183,11 @@ def test_checkpointing_reader_stays_eager(jpeg_dir):
     def scenario(reader):
         return [labels for _, labels in reader.next_epoch(batch_size=4)]
 
-    report = _both(scenario, lambda: _reader(jpeg_dir, enable_checkpointing=True))
+    def make():
+        return _reader(jpeg_dir, enable_checkpointing=True)
+
+    report = assert_matches_eager(scenario, Fresh(make),
+                                  modes=("transparent",))["transparent"].report
     assert any("checkpointing" in reason for (_, reason, _) in report.eager_ops)
     assert not report.readers
 
@@ -234,7 +228,8 @@ def test_gpu_decoding_reader_loop(jpeg_dir):
                 out.append((tensor.cpu().numpy(), np.asarray(labels.torch())))
         return out
 
-    report = _both(scenario, lambda: _reader(jpeg_dir))
+    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
+                                  modes=("transparent",))["transparent"].report
     assert _ahead(report) > 0
 
 
@@ -270,12 +265,12 @@ def test_randomized_reader_loops(jpeg_dir, seed):
                 if choose.random() < 0.2:
                     pending.append(value)  # consumed after the loop
                 else:
-                    out.append(to_numpy(value))
+                    out.append(observe(value))
                 if step == stop:
                     break
         return out + pending
 
-    _both(scenario, make, seed=seed)
+    assert_matches_eager(scenario, Fresh(make), modes=("transparent",), seed=seed)
 
 
 def test_dropped_readers_release_their_streams(jpeg_dir):
@@ -323,8 +318,11 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
                 out.append(np.asarray(labels.torch()))
         return out, failures
 
-    report = _both(scenario, lambda: ndd.readers.File(file_root=str(root), random_shuffle=True,
-                                                      seed=3))
+    def make():
+        return ndd.readers.File(file_root=str(root), random_shuffle=True, seed=3)
+
+    report = assert_matches_eager(scenario, Fresh(make),
+                                  modes=("transparent",))["transparent"].report
     assert report.readers
     reader = ndd.readers.File(file_root=str(root), random_shuffle=False)
     with ndd_trace.enabled(), pytest.raises(Exception) as info:
@@ -358,7 +356,8 @@ def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
                     break
         return out
 
-    report = _both(scenario, lambda: _reader(jpeg_dir))
+    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
+                                  modes=("transparent",))["transparent"].report
     assert _ahead(report) > 0
 
 
@@ -428,7 +427,10 @@ def test_files_rewritten_in_place_between_epochs(tmp_path, shape):
                                         for (arrays,) in reader.next_epoch(batch_size=4)),
                                lambda epoch: _arrays(root, epoch, range(5, 16), shape))
 
-    _both(scenario, lambda: ndd.readers.Numpy(file_root=str(_fresh_arrays(root))))
+    def make():
+        return ndd.readers.Numpy(file_root=str(_fresh_arrays(root)))
+
+    assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
 
 
 @pytest.mark.xfail(strict=False, reason="a race seen once, in the full CPU suite only (2026-12-03): "
@@ -450,8 +452,10 @@ def test_files_rewritten_in_place_between_epochs_shuffled(tmp_path):
                                         for (arrays,) in reader.next_epoch(batch_size=4)),
                                overwrite, epochs=4)
 
-    _both(scenario, lambda: ndd.readers.Numpy(file_root=str(_fresh_arrays(root)),
-                                              random_shuffle=True, seed=3))
+    def make():
+        return ndd.readers.Numpy(file_root=str(_fresh_arrays(root)), random_shuffle=True, seed=3)
+
+    assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
 
 
 @pytest.mark.parametrize("position", [9, 8], ids=["in-its-batch", "first-of-its-batch"])
@@ -468,7 +472,10 @@ def test_file_deleted_between_epochs(jpeg_dir, tmp_path, position):
                      for jpegs, _ in reader.next_epoch(batch_size=4)),
             lambda epoch: victim.unlink() if epoch == 1 else None)
 
-    _both(scenario, lambda: ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root))))
+    def make():
+        return ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root)))
+
+    assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
 
 
 def test_file_truncated_between_epochs(jpeg_dir, tmp_path):
@@ -484,4 +491,7 @@ def test_file_truncated_between_epochs(jpeg_dir, tmp_path):
                       labels) for jpegs, labels in reader.next_epoch(batch_size=4)),
             lambda epoch: _truncate(victim, victim.stat().st_size // 3) if epoch == 1 else None)
 
-    _both(scenario, lambda: ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root))))
+    def make():
+        return ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root)))
+
+    assert_matches_eager(scenario, Fresh(make), modes=("transparent",))

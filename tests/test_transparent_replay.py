@@ -21,7 +21,8 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import assert_same, to_numpy
+from harness import (Step, assert_matches_eager, assert_runs_match, assert_same, builtin_kind,
+                     observe, run, to_numpy)
 
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
@@ -54,19 +55,7 @@ def data(samples):
     }
 
 
-# -- the harness -------------------------------------------------------------------------------
-
-def _meta(value):
-    if isinstance(value, (ndd.Batch, ndd.Tensor)):
-        batch_size = value.batch_size if isinstance(value, ndd.Batch) else None
-        return (isinstance(value, ndd.Batch), value.dtype, value.ndim, value.layout,
-                batch_size, value.device.device_type)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_meta(v) for v in value)
-    if isinstance(value, dict):
-        return {key: _meta(v) for key, v in value.items()}
-    return value
-
+# -- the runs -----------------------------------------------------------------------------------
 
 def _bits(data):
     """numpy data as (dtype, shape, bytes): NaN signs and -0.0 count."""
@@ -79,25 +68,24 @@ def _bits(data):
     return data
 
 
-def _run(body, steps, generators):
-    """Each step: ("ok", value, metadata read at once, data) or (where, error type)."""
-    ndd.random.set_seed(1234)
+def _steps(body, steps, generators):
+    """Each step: ("ok", its value read at once) or (where, the error's type): "call" or "use"
+    (its value read); and the explicit generators' states after. The type by its name and
+    built-in type: ndd_trace's PipelineError for a run error is also the built-in type eager
+    ndd raises, and carries its name; its text may be DALI's asynchronous-error text."""
     rngs = [ndd.random.RNG(seed=100 + k) for k in range(generators)]
     record = []
     for step in range(steps):
         try:
             value = body(step, *rngs)
         except Exception as error:  # noqa: BLE001 -- compared with eager's
-            record.append(("call", type(error)))
+            record.append(("call", type(error).__name__, builtin_kind(error)))
             continue
         try:
-            meta = _meta(value)
-            data = to_numpy(value)
+            record.append(("ok", observe(value)))
         except Exception as error:  # noqa: BLE001
-            record.append(("use", type(error)))
-            continue
-        record.append(("ok", value, meta, data))
-    return record, str(ndd.random.get_default_rng().state), [str(rng.state) for rng in rngs]
+            record.append(("use", type(error).__name__, builtin_kind(error)))
+    return record, [str(rng.state) for rng in rngs]
 
 
 @contextlib.contextmanager
@@ -111,43 +99,21 @@ def _replay_disabled():
         sites.CallSites.replay = replay
 
 
-def _same_steps(eager, traced):
-    assert len(eager) == len(traced)
-    for step, (e, t) in enumerate(zip(eager, traced)):
-        if e[0] != "ok" or t[0] != "ok":
-            assert e[0] != "ok" and t[0] != "ok", (step, e[:2], t[:2])
-            # the same exception (ndd_trace's PipelineError for a run error is also the
-            # built-in type eager ndd raises, and carries its name)
-            assert issubclass(t[1], e[1]) and t[1].__name__ == e[1].__name__, (step, e, t)
-            # at the same moment: an op given user data runs, and raises, at the call in
-            # transparent mode as in eager ndd
-            assert e[0] == t[0], (step, e, t)
-            continue
-        assert e[2] == t[2], (step, e[2], t[2])  # metadata as read right after the call
-        assert_same(e[1], t[1])
-        if _bits(e[3]) != _bits(t[3]):
-            pytest.fail(f"step {step}: other values (bit for bit)")
-
-
 def differential(body, steps, generators=0, min_replayed=1):
     """Run `body(step, *rngs)` for every step eagerly, in transparent mode recording every call
-    in full, and in transparent mode with call-site replay; compare all three."""
-    eager, eager_state, eager_rngs = _run(body, steps, generators)
+    in full, and in transparent mode with call-site replay; compare all three (tests/harness.py:
+    each step's value, read at once, or its error (its type, and whether it came at the call
+    or when the value was read: an op given user data runs, and raises, at the call in
+    transparent mode as in eager ndd); the default and the explicit generators' states)."""
+    eager = run(_steps, body, steps, generators)
     with _replay_disabled():
-        ndd_trace.reset_report()
-        with ndd_trace.enabled():
-            full, full_state, full_rngs = _run(body, steps, generators)
-        assert ndd_trace.report().ops_replayed == 0
-    ndd_trace.reset_report()
-    with ndd_trace.enabled():
-        traced, traced_state, traced_rngs = _run(body, steps, generators)
-    report = ndd_trace.report()
-    _same_steps(full, traced)  # replayed calls as if recorded in full
-    _same_steps(eager, traced)
-    assert traced_state == full_state == eager_state, "the default generator's state"
-    assert traced_rngs == full_rngs == eager_rngs, "an explicit generator's state"
-    assert report.ops_replayed >= min_replayed, report
-    return eager, report
+        full = run(_steps, body, steps, generators, mode="transparent", warn=None)
+    assert full.report.ops_replayed == 0
+    traced = run(_steps, body, steps, generators, mode="transparent", warn=None)
+    assert_runs_match(full, traced, context="replayed calls as if recorded in full")
+    assert_runs_match(eager, traced)
+    assert traced.report.ops_replayed >= min_replayed, traced.report
+    return eager.result[0], traced.report
 
 
 # -- static arguments --------------------------------------------------------------------------
@@ -163,7 +129,7 @@ def test_float_argument_nan_sign_and_signed_zero(data):
         return ndd.pad(padded, fill_value=values[step], axes=[0], shape=[20])
 
     eager, _ = differential(body, len(values), min_replayed=3)
-    assert _bits(eager[1][3]) != _bits(eager[2][3])  # the sign of a NaN shows
+    assert _bits(eager[1][1].samples) != _bits(eager[2][1].samples)  # the sign of a NaN shows
 
 
 def test_float_list_argument_nan_sign(data):
@@ -176,7 +142,7 @@ def test_float_list_argument_nan_sign(data):
         return ndd.crop_mirror_normalize(image, mean=means[step], std=[1.0, 1.0, 1.0])
 
     eager, _ = differential(body, len(means), min_replayed=2)
-    assert _bits(eager[0][3]) != _bits(eager[1][3])  # the sign of a NaN shows
+    assert _bits(eager[0][1].samples) != _bits(eager[1][1].samples)  # the sign of a NaN shows
 
 
 def test_scalars_int_float_bool_of_equal_value(data):
@@ -375,8 +341,7 @@ def test_reader_loop_with_a_smaller_last_batch(jpeg_dir):
     """The common loop: a reader's batches (read ahead in transparent mode) through decoding
     and augmentations whose arguments depend on the step; the last batch cut short (the
     reader pads its last batch: a user trims it)."""
-    def run():
-        ndd.random.set_seed(21)
+    def epoch():
         reader = ndd.readers.File(file_root=jpeg_dir, seed=1)
         out = []
         for step, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=5)):
@@ -388,16 +353,12 @@ def test_reader_loop_with_a_smaller_last_batch(jpeg_dir):
             coin = ndd.random.coin_flip(batch_size=jpegs.batch_size)
             images = ndd.flip(images, horizontal=coin)
             images = ndd.cast(images, dtype=ndd.float32) / 255
-            out.append((_meta(images), _bits(to_numpy(images)), _bits(to_numpy(labels))))
-        return out, str(ndd.random.get_default_rng().state)
+            out.append((observe(images), observe(labels)))  # (read at once)
+        return out
 
-    eager = run()
-    ndd_trace.reset_report()
-    with ndd_trace.enabled():
-        traced = run()
-    assert [len(b[1]) for b in eager[0]] == [5, 5, 5, 2]
-    assert eager == traced
-    report = ndd_trace.report()
+    runs = assert_matches_eager(epoch, modes=("transparent",), seed=21, warn=None)
+    assert [len(images.samples) for images, _ in runs["eager"].result] == [5, 5, 5, 2]
+    report = runs["transparent"].report
     assert report.ops_replayed >= 5 and report.readers, report
 
 
@@ -638,9 +599,7 @@ def test_two_threads_share_a_helper(data):
     for t in threads:
         t.join()
     assert not errors, errors
-    for (e_values, e_state), (t_values, t_state) in zip(eager, [r[0] for r in results]):
-        assert e_state == t_state
-        assert _bits(e_values) == _bits(t_values)
+    assert_same(eager, [r[0] for r in results])  # values (bit for bit) and generators' states
     assert ndd_trace.report().ops_replayed >= 4
 
 
@@ -658,26 +617,19 @@ def checked_body(reader, seen):
 
 
 def test_checked_generator_body_with_a_step_counter(jpeg_dir):
-    import warnings
-
-    def run(function):
-        ndd.random.set_seed(9)
+    def two_epochs(function):
         reader = ndd.readers.File(file_root=jpeg_dir, seed=1)
         seen, out = [], []
         for _ in range(2):
             for images, labels in function(reader, seen):
-                out.append((_meta(images), _bits(to_numpy(images)), _bits(to_numpy(labels))))
-        return out, seen, str(ndd.random.get_default_rng().state)
+                out.append((observe(images), observe(labels)))  # (read at once)
+        return out, seen
 
-    eager = run(checked_body)
-    compiled = ndd.compile(checked_body)
     ndd_trace.reset_report()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
-        result = run(compiled)
-    assert compiled.entries[0].path == "checked loop"
-    assert len(eager[0]) == len(result[0]) == 8
-    assert eager == result
+    runs = assert_matches_eager(two_epochs, Step(checked_body), modes=("step",), seed=9,
+                                warn="ignore")
+    assert runs["step"].steps[0].entries[0].path == "checked loop"
+    assert len(runs["eager"].result[0]) == 8
     assert ndd_trace.report().ops_replayed > 0, ndd_trace.report()
 
 
@@ -691,7 +643,7 @@ def test_inconsistent_batch_sizes_raise_as_in_eager(data):
         return ndd.rotate(image, angle=angle, keep_size=True)
 
     eager, _ = differential(body, 4)
-    assert eager[2][:2] == ("call", ValueError)
+    assert tuple(eager[2]) == ("call", "ValueError", "ValueError")
 
 
 def test_list_variable_for_a_tensor_argument(data):
@@ -796,5 +748,5 @@ def test_list_argument_mutated_in_place_between_steps(data):
             mean[0] = -5.0  # after the call, before the result is read
         return out
 
-    differential(body, 7, min_replayed=2)
-    assert ndd_trace.report().ops_replayed >= 2
+    _, report = differential(body, 7, min_replayed=2)
+    assert report.ops_replayed >= 2

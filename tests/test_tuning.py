@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from conftest import HAS_GPU
+from harness import Fresh, Step, assert_matches_eager, assert_runs_match, assert_same, run
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -53,24 +54,23 @@ def decoded_epoch(reader, device="cpu"):
         yield ndd.flip(images, horizontal=flip), labels
 
 
+def _steps(function, reader, epochs=10, **kwargs):
+    """What a trainer takes of `function`'s steps over `epochs` epochs of `reader`."""
+    return [[np.asarray(value.torch().cpu()) for value in step]
+            for _ in range(epochs) for step in function(reader, **kwargs)]
+
+
 def _epochs(function, jpeg_dir, epochs=10, **kwargs):
-    reader = ndd.readers.File(file_root=str(jpeg_dir))
-    ndd.random.set_seed(SEED)
-    values = [[np.asarray(value.torch().cpu()) for value in step]
-              for _ in range(epochs) for step in function(reader, **kwargs)]
-    return values, str(ndd.random.get_default_rng().state)
+    """`function`'s steps (read) from SEED and the generator's state after (tests/harness.py
+    runs them, and `assert_same` compares them)."""
+    steps = run(_steps, function, Fresh(lambda: ndd.readers.File(file_root=str(jpeg_dir))),
+                epochs, seed=SEED, warn=None, **kwargs)
+    return steps.result, steps.rng
 
 
 def _tuner(compiled):
     entry = compiled.step.last_entry()
     return entry.executable.tuner
-
-
-def _same(a, b):
-    assert len(a) == len(b)
-    for step_a, step_b in zip(a, b):
-        for x, y in zip(step_a, step_b):
-            assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
 
 
 def test_tuning_changes_no_values_and_decides(jpeg_dir, monkeypatch):
@@ -87,7 +87,7 @@ def test_tuning_changes_no_values_and_decides(jpeg_dir, monkeypatch):
     plain = ndd.compile(decoded_epoch, optimize=True)
     untuned, untuned_state = _epochs(plain, jpeg_dir)
     assert _tuner(plain) is None
-    _same(tuned, untuned)
+    assert_same(tuned, untuned)
     assert tuned_state == untuned_state
     assert "tuning: " in str(ndd_trace.explain(compiled))
 
@@ -113,7 +113,7 @@ def test_the_decision_is_kept_per_machine_and_used_from_the_first_build(jpeg_dir
     assert executable.builds == 1 and executable.options.num_threads == \
         decided.current.num_threads
     assert "kept in" in tuner.describe()
-    _same(again, values[:len(again)])
+    assert_same(again, values[:len(again)])
 
 
 def test_threads_given_to_compile_are_not_tuned(jpeg_dir):
@@ -164,7 +164,7 @@ def test_a_setting_that_does_not_build_ends_at_the_start(jpeg_dir, monkeypatch):
     monkeypatch.setattr(building, "new_pipeline", new_pipeline)
     monkeypatch.setenv(tuning.ENV_VAR, "0")
     plain, _ = _epochs(ndd.compile(decoded_epoch, optimize=True), jpeg_dir)
-    _same(values, plain)
+    assert_same(values, plain)
 
 
 def test_settings_are_built_while_the_steps_run_on(jpeg_dir, monkeypatch):
@@ -201,7 +201,7 @@ def test_settings_are_built_while_the_steps_run_on(jpeg_dir, monkeypatch):
     monkeypatch.setenv(tuning.ENV_VAR, "0")
     plain, plain_state = _epochs(ndd.compile(decoded_epoch, optimize=True), jpeg_dir,
                                  epochs=20)
-    _same(values, plain)
+    assert_same(values, plain)
     assert state == plain_state
 
 
@@ -287,9 +287,7 @@ def test_short_steps_are_kept_as_they_are(jpeg_dir, monkeypatch):
 
 
 def test_transparent_mode_tunes_its_regions(jpeg_dir, monkeypatch):
-    def script():
-        reader = ndd.readers.File(file_root=str(jpeg_dir))
-        ndd.random.set_seed(SEED)
+    def script(reader):
         out = []
         for _ in range(10):
             for jpegs, labels in reader.next_epoch(batch_size=4):
@@ -297,15 +295,14 @@ def test_transparent_mode_tunes_its_regions(jpeg_dir, monkeypatch):
                 out.append(np.asarray(images.torch()))
         return out
 
-    ndd_trace.reset_report()
-    with ndd_trace.enabled(optimize=True):
-        tuned = script()
-    report = ndd_trace.report()
-    assert "tuning: " in str(report)
+    reader = Fresh(lambda: ndd.readers.File(file_root=str(jpeg_dir)))
+    tuned = run(script, reader, mode="transparent", options={"optimize": True}, seed=SEED,
+                warn=None)
+    assert "tuning: " in str(tuned.report)
     monkeypatch.setenv(tuning.ENV_VAR, "0")
-    with ndd_trace.enabled(optimize=True):
-        plain = script()
-    assert len(tuned) == len(plain) and all(np.array_equal(a, b) for a, b in zip(tuned, plain))
+    plain = run(script, reader, mode="transparent", options={"optimize": True}, seed=SEED,
+                warn=None)
+    assert_runs_match(plain, tuned)  # (their generators' states too)
 
 
 @pytest.mark.gpu
@@ -356,7 +353,7 @@ def test_a_stalled_search_gives_way_at_its_starting_settings(jpeg_dir, monkeypat
         tuner.state in ("tuned", "kept") and tuner.measured
     monkeypatch.setenv(tuning.ENV_VAR, "0")
     plain, _ = _epochs(ndd.compile(decoded_epoch, optimize=True), jpeg_dir)
-    _same(values, plain)
+    assert_same(values, plain)
 
 
 def _kept_file(jpeg_dir, tmp_path):
@@ -378,7 +375,7 @@ def test_kept_settings_that_make_no_sense_are_searched_again(jpeg_dir, tmp_path,
     second = ndd.compile(decoded_epoch, optimize=True)
     again, _ = _epochs(second, jpeg_dir)
     assert _tuner(second).state in ("tuned", "kept") and _tuner(second).measured
-    _same(again, values)
+    assert_same(again, values)
 
 
 def test_kept_settings_that_do_not_build_fall_back_to_the_start(jpeg_dir, tmp_path,
@@ -405,7 +402,7 @@ def test_kept_settings_that_do_not_build_fall_back_to_the_start(jpeg_dir, tmp_pa
     assert tuner.state == "failed" and tuner.current == tuner.start
     assert second.step.last_entry().eager_reason is None
     assert json.loads(path.read_text())["entries"] == {}  # dropped: the next run searches
-    _same(again, values)
+    assert_same(again, values)
 
 
 def flipped_epoch(reader):
@@ -418,20 +415,12 @@ def flipped_epoch(reader):
 def test_tuned_steps_are_eager_s_where_no_rewrite_changes_values(jpeg_dir):
     """Parity with eager itself (not only with untuned optimize): no rewrite touches these ops
     on the CPU, so while tuning rebuilds the pipeline, every step is eager's, bit for bit."""
-    def run(function):
-        reader = ndd.readers.File(file_root=str(jpeg_dir))
-        ndd.random.set_seed(SEED)
-        steps = [[np.asarray(value.torch()) for value in step]
-                 for _ in range(10) for step in function(reader)]
-        return steps, str(ndd.random.get_default_rng().state)
-
-    eager, eager_state = run(flipped_epoch)
-    compiled = ndd.compile(flipped_epoch, optimize=True)
-    tuned, state = run(compiled)
+    reader = Fresh(lambda: ndd.readers.File(file_root=str(jpeg_dir)))
+    runs = assert_matches_eager(_steps, Step(flipped_epoch, optimize=True), reader,
+                                modes=("step",), seed=SEED, warn=None)
+    compiled = runs["step"].steps[0]
     assert _tuner(compiled).measured  # settings were tried while these steps ran
     assert not compiled.step.last_entry().optimizations  # nothing rewritten
-    assert state == eager_state
-    _same(tuned, eager)
 
 
 def _put_many(directory: str, rank: int, count: int) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from conftest import assert_same
+from harness import assert_same
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace

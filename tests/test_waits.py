@@ -15,7 +15,8 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_same, subprocess_env, to_numpy
+from conftest import subprocess_env
+from harness import Fresh, assert_matches_eager
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -75,13 +76,7 @@ def test_timing_keeps_results_and_state(jpeg_dir):
             yield ndd.flip(images, horizontal=flip), labels
 
     make = lambda: ndd.readers.File(file_root=str(jpeg_dir), random_shuffle=True, seed=4)  # noqa
-    ndd.random.set_seed(3)
-    eager = [to_numpy(item) for item in augmented(make())]
-    state = str(ndd.random.get_default_rng().state)
-    ndd.random.set_seed(3)
-    compiled = [to_numpy(item) for item in ndd.compile(augmented)(make())]
-    assert str(ndd.random.get_default_rng().state) == state
-    assert_same(eager, compiled)
+    assert_matches_eager(augmented, Fresh(make), modes=("loop",), seed=3, warn=None)
 
 
 def test_a_reader_loop_inside_a_timed_loop_is_part_of_its_wait(jpeg_dir):
