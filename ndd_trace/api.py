@@ -9,8 +9,8 @@
     preprocess.cache_info()                       # CacheInfo(hits=..., misses=..., traces=...)
     print(ndd_trace.explain(preprocess, jpegs))   # graph, generated code, guards, breaks
 
-A compiled function dispatches its calls; its cache (modes/cache.py) and its trace stage
-(modes/stage.py) are rooms of their own.
+A compiled function dispatches its calls: its entries are held in a unit cache
+(units/cache.py), a miss is traced by its trace stage (modes/stage.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from . import _dali
-from .ahead import readahead
+from .ahead import calls as ahead_calls
+from .ahead.runahead import RUN_AHEAD
 from .core import logs
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
@@ -95,7 +96,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         self.is_generator = inspect.isgeneratorfunction(function)
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
         self._ledger = self._notices.ledger
-        self._entry_cache = UnitCache(self.__qualname__, cache_limit, self._ledger,
+        self._cache = UnitCache(self.__qualname__, cache_limit, self._ledger,
                                       function=function,
                                       positional_names=self._spelling.positional_names)
         self._stage = TraceStage(function, self.__qualname__, self._spelling, self._notices,
@@ -103,7 +104,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                                  threads_given=num_threads is not None)
         self._init_epochs()  # (a compiled generator's loop body, once taken apart)
         if not self.is_generator:
-            readahead.watch_reader_epochs(self)  # see readahead.run_call
+            ahead_calls.watch_reader_epochs(self)  # see calls.run_call
 
     # -- public --------------------------------------------------------------------------------
 
@@ -130,11 +131,11 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
     @property
     def cache_limit(self) -> int:
         """Variants traced before new ones run in transparent mode (or eagerly)."""
-        return self._entry_cache.limit
+        return self._cache.limit
 
     @cache_limit.setter
     def cache_limit(self, value: int) -> None:
-        self._entry_cache.limit = value
+        self._cache.limit = value
 
     @property
     def fallback(self) -> str:
@@ -160,32 +161,32 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         """Its cache's counters: hits, misses, traces, fallbacks and the entries held."""
         if self._step is not None:  # a compiled generator: its loop body's cache
             return self._step.cache_info()
-        return self._entry_cache.info()
+        return self._cache.info()
 
     @property
     def last_miss_reason(self) -> str | None:
         """What changed at the last cache miss (a compiled generator: of its loop body)."""
         if self._step is not None:
             return self._step.last_miss_reason
-        return self._entry_cache.last_miss_reason
+        return self._cache.last_miss_reason
 
     def cache_clear(self) -> None:
         """Forget every entry (their pipelines closed) and the counters."""
         if self._step is not None:
             self._step.cache_clear()
-        self._entry_cache.clear()
+        self._cache.clear()
 
     @property
     def entries(self) -> list[Entry]:
         """The entries its cache holds: each a traced graph and its pipeline, or a verdict."""
         if self._step is not None:
             return self._step.entries
-        return list(self._entry_cache.units.values())
+        return list(self._cache.units.values())
 
     def trace(self, args: tuple, kwargs: dict, raise_errors: bool = False) -> Entry | None:
         """Trace one call into a cache entry, not stored (None: tracing raised, see
         `take_trace_error`). Draws nothing from any RNG."""
-        return self._stage.trace(self._entry_cache, args, kwargs, raise_errors)
+        return self._stage.trace(self._cache, args, kwargs, raise_errors)
 
     def take_trace_error(self) -> BaseException | None:
         """The exception of the last trace that raised, handed over once."""
@@ -198,15 +199,15 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
 
     def guard_key(self, args: tuple, kwargs: dict) -> tuple:
         """The guard key of a call with these (normalized) arguments."""
-        return self._entry_cache.key(args, kwargs)
+        return self._cache.key(args, kwargs)
 
     def held_entry(self, key: tuple) -> Entry | None:
         """The entry the cache holds for `key` (None: none)."""
-        return self._entry_cache.get(key)
+        return self._cache.get(key)
 
     def last_entry(self) -> Entry | None:
         """The entry of the last call that found or made one."""
-        return self._entry_cache.last()
+        return self._cache.last()
 
     def options(self) -> Options:
         """The pipeline options its calls run with now (threads, device, queue depth)."""
@@ -252,8 +253,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         num_threads = self._num_threads or _dali.current_num_threads()
         device_id = _dali.current_device_id() if self._device_id == "current" else self._device_id
         # A per-call pipeline is fed once per call; fed reader batches, it also runs
-        # readahead.RUN_AHEAD calls ahead of the caller (readahead.run_call).
-        return Options(num_threads, device_id, 1 + readahead.RUN_AHEAD)
+        # RUN_AHEAD calls ahead of the caller (ahead/calls.run_call).
+        return Options(num_threads, device_id, 1 + RUN_AHEAD)
 
     # -- calling -------------------------------------------------------------------------------
 
@@ -269,14 +270,14 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         args, kwargs = self._spelling.normalize(args, kwargs)
         if self.is_generator:
             return self._epoch(args, kwargs)
-        cache = self._entry_cache
+        cache = self._cache
         entry = cache.fast_hit(args, kwargs)  # the last call's entry, without building its key
         if entry is None:
             key = cache.key(args, kwargs)
             entry, found = cache.lookup(
                 key, lambda: self._stage.trace(cache, args, kwargs))
             if found is Found.PAST_LIMIT:
-                self._notices.storm(cache.limit, cache.last_miss_reason)
+                self._notices.past_limit(cache.limit, cache.last_miss_reason)
                 return self._fallback(args, kwargs)
             if found is Found.TRACE_FAILED:  # run eagerly, which raises the same way
                 return self._eager_after_failed_trace(key, args, kwargs)
@@ -308,7 +309,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         with _noted(note):
             result = self._function(*args, **kwargs)
         # Eager succeeded where tracing failed: this variant runs eagerly from now on, and says so.
-        self._entry_cache.store(key, self._stage.failed_entry(key, error))
+        self._cache.store(key, self._stage.failed_entry(key, error))
         return result
 
     # -- running -------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []
         LIVE_PIPELINES.note_run(entry)
         try:
-            run = readahead.run_call(executable, entry.key, bound, batch_size)
+            run = ahead_calls.run_call(executable, entry.key, bound, batch_size)
         except Exception as error:
             retired = executable.retired
             if retired is not None:

@@ -75,14 +75,14 @@ class GeneratorEpochs:
             if isinstance(found, Finding) and found.captures:
                 self._split = None
                 self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
-                self._entry_cache.store(("capture mode",), self._stage.break_entry(
+                self._cache.store(("capture mode",), self._stage.break_entry(
                     Entry(key=("capture mode",)), self._loop_break, Runs.CAPTURE_MODE))
             elif isinstance(found, Finding):
                 self._split = None
                 self._loop_break = GraphBreakRecord(
                     f"its loop body's Python may not do the same at every step ({found.reason});"
                     " each step runs its Python in checked mode", found.loc)
-                self._entry_cache.store(("checked loop",), self._stage.break_entry(
+                self._cache.store(("checked loop",), self._stage.break_entry(
                     Entry(key=("checked loop",)), self._loop_break, Runs.CHECKED_LOOP))
             else:
                 self._step = type(self)(

@@ -35,7 +35,7 @@ from typing import Any
 
 from .core import process_state
 from . import _dali
-from .ahead import readahead
+from .ahead import calls as ahead_calls
 from .modes import lazy
 
 try:
@@ -64,14 +64,14 @@ class _Seat:
         self.restored: str | None = None  # the state restored, until the reader starts
 
     def install(self) -> None:
-        """Count this reader's epochs, whoever opens them (readahead.wrap_epochs: the reader
+        """Count this reader's epochs, whoever opens them (calls.wrap_epochs: the reader
         object is left as it is)."""
         if self.reader in process_state.nodes_seated:
             raise ValueError(f"reader {type(self.reader).__name__} "
                              f"({_dali.reader_name(self.reader)}) already belongs to another "
                              "ndd_trace.nodes.Loop")
         process_state.nodes_seated.add(self.reader)
-        readahead.wrap_epochs(self.reader, self._epoch)
+        ahead_calls.wrap_epochs(self.reader, self._epoch)
 
     def _epoch(self, epoch: Iterator[Any], args: tuple, kwargs: dict) -> Iterator[Any]:
         batch_size = _dali.reader_epoch_request(self.reader, args, kwargs, any_context=True,

@@ -47,7 +47,6 @@ LAYERS = [
     {"ahead.streams"},
     {"ahead.speculator"},
     {"ahead.calls"},
-    {"ahead.readahead"},
     {"modes.loop"},
     {"modes.report"},
     {"modes.proxies"},

@@ -17,7 +17,7 @@ from test_transparent_readers import (  # the same readers, augmentation and fil
     _arrays, _augment, _epochs_between, _fresh_arrays, _fresh_photos, _photos, _reader, _truncate)
 
 import ndd_trace
-from ndd_trace.ahead.readahead import stream_of
+from ndd_trace.ahead.streams import stream_of
 
 
 def _ahead(compiled):

@@ -12,7 +12,7 @@ Three ways of using ndd_trace run work ahead, with one engine:
 - compiled generators (loop.py): the readers sit inside the generator's pipeline, whose prefetch
   queue keeps `prefetch_queue_depth` steps scheduled, into the next epoch too;
 - compiled functions called from an eager reader loop, and transparent mode's regions, including
-  the checked mode of compiled generators (readahead.py): each reader streams from a pipeline of
+  the checked mode of compiled generators (ahead/): each reader streams from a pipeline of
   its own, `READ_AHEAD` batches deep, and a `Speculator` launches `RUN_AHEAD` runs on them.
 
 The rules they share:

@@ -1,6 +1,6 @@
 """The speculator: regions and compiled calls fed by reader batches are run ahead on the
 batches read ahead, by runahead.py's rules, and a launched run is used only if the call is fed
-exactly what it was launched with (see readahead.py's docstring).
+exactly what it was launched with (see the ahead package's docstring).
 
     speculator = Speculator()
     observation = speculator.observe(leaves, computed)       # what this run is fed

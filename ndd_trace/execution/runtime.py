@@ -47,14 +47,14 @@ class Executable(SettingsSwap):
         self.builds = 0
         self._pending: list[PendingRun] = []
         self._lock = threading.RLock()
-        # its rooms: what it feeds, and DALI's errors mapped to eager's
+        # what it feeds, and DALI's errors mapped to eager's
         self.feed = Feed(graph, lowered, draws, options.prefetch_queue_depth, rng_objects)
         self.failures = Failures(graph, lowered, self.feed)
         self._devices: dict[int, Any] = {}  # output index -> ndd Device (cached per entry)
         # called with the pipeline and its batch size before it is built (a reader stream moves
         # its reader's operator in); such a pipeline's runs are not run again after a failure
         self.before_build = before_build
-        self.ahead = 0  # calls served by a run launched ahead (readahead.run_call)
+        self.ahead = 0  # calls served by a run launched ahead (ahead/calls.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)

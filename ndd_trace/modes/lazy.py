@@ -26,15 +26,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from .. import _dali
-from ..ahead.readahead import (
-    RUN_AHEAD,
-    Speculator,
-    can_stream,
-    epoch_of,
-    has_epoch_wrapper,
-    reader_epoch,
-    stream_of,
-)
+from ..ahead.calls import epoch_of, has_epoch_wrapper
+from ..ahead.runahead import RUN_AHEAD
+from ..ahead.speculator import Speculator
+from ..ahead.streams import can_stream, reader_epoch, stream_of
 from ..codegen.optimize import requested as optimize_requested
 from ..core import logs
 from ..core.errors import PipelineError, GraphBreakSignal
@@ -190,7 +185,7 @@ class LazyTracer(Tracer):
         return ref
 
     def reader_used(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
-        """`reader.next_epoch(batch_size=...)` reads through a read-ahead pipeline (readahead.py).
+        """`reader.next_epoch(batch_size=...)` reads through a read-ahead pipeline (ahead/streams.py).
         Sample epochs, operator objects and ExternalSource pulls run eagerly (their lazy inputs
         are materialized by ndd itself when it evaluates them)."""
         kind = kwargs.get("_ndd_trace_kind")

@@ -23,7 +23,7 @@ function of what it reads (the loop's targets, and the generator's locals it use
 used only for its attributes, those attributes: `self.size`, not `self`). Everything else runs
 as the user wrote it, every epoch: code before and after the loop, `try`/`finally`, `with`,
 `zip`/`enumerate` over several readers, the consumer's own code between steps. The readers the
-loop opens read through their streams from the first epoch (readahead.py), and the step's calls
+loop opens read through their streams from the first epoch (ahead/), and the step's calls
 run ahead of the consumer on the batches read ahead, used only where they were fed exactly what
 the step is fed: values, batch counts, shards, random states and errors are eager's, however
 the loop is driven (a `break`, two epochs open at once, draws from the generator between steps,
@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..core import process_state
-from ..ahead.readahead import opening_loop_epochs
+from ..ahead.loop_epochs import opening_loop_epochs
 from ..core.errors import LoopError
 from ..core.source import SourceLoc, unparse
 from ..tracing.stepcheck import Finding, LoopSite, find_loop
@@ -113,7 +113,7 @@ def first_step(split: Split, args: tuple, kwargs: dict,
 
 def loop_epoch(make_iterable: Callable[[], Any]) -> Iterator[Any]:
     """The iterable of a compiled loop (`lambda: reader.next_epoch(...)`), made and pulled from
-    with the epochs it opens reading through their streams (readahead.opening_loop_epochs)."""
+    with the epochs it opens reading through their streams (loop_epochs.opening_loop_epochs)."""
     with opening_loop_epochs():
         iterator = iter(make_iterable())
     while True:

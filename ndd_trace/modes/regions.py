@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from .. import _dali
-from ..ahead.readahead import Speculator, runs_ahead
+from ..ahead.runahead import runs_ahead
+from ..ahead.speculator import Speculator
 from ..core import logs
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key

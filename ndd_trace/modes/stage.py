@@ -24,7 +24,7 @@ from ..core.errors import GraphBreakError, GraphBreakSignal
 from ..core.ir import NodeKind
 from ..core.source import SourceLoc, innermost_user_loc, raise_at, user_location
 from ..core.spelling import CallSpelling
-from ..ahead.readahead import runs_ahead
+from ..ahead.runahead import runs_ahead
 from ..units.build import compile_graph
 from ..execution.runtime import Options
 from ..tracing.effects import find_effect
@@ -70,7 +70,7 @@ class Notices:
         """How a call not compiled whole runs (fallback=)."""
         return Runs.TRANSPARENT if self.fallback == "lazy" else Runs.EAGER
 
-    def storm(self, limit: int, reason: str | None) -> None:
+    def past_limit(self, limit: int, reason: str | None) -> None:
         """Past cache_limit: recorded and logged each time, warned once."""
         self.ledger.record(
             Verdict(f"past cache_limit ({limit}): {reason}", user_location(), self.runs()),
