@@ -24,7 +24,7 @@ from __future__ import annotations
 from . import _dali
 from .api import CacheInfo, CompiledFunction, cache_dir, set_cache_dir
 from .decorator import compile
-from .core import ledger, logs, source
+from .core import ledger, logs, process_state, source
 from .core.errors import (ExportError, GraphBreakError, LoopError, NddTraceError, NddTraceWarning,
                           PerSampleError, PipelineError)
 from .explanation import Explanation, explain
@@ -53,9 +53,19 @@ __all__ = [
     "export",
     "is_enabled",
     "report",
+    "reset",
     "reset_report",
     "set_cache_dir",
 ]
+
+
+def reset() -> None:
+    """Forget everything compiled so far in this process, as `torch.compiler.reset()` does:
+    every compiled and per-sample function's cache (their pipelines closed) and counters, and
+    transparent mode's regions, report and live pipelines. The next call traces again."""
+    for function in list(process_state.compiled_objects):
+        function.cache_clear()
+    reset_report()
 
 # The one documented addition to DALI's namespace: `ndd.compile` is `ndd_trace.compile`.
 _dali.install_compile(compile)

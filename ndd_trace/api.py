@@ -26,7 +26,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from . import _dali
 from .ahead import calls as ahead_calls
 from .ahead.runahead import RUN_AHEAD
-from .core import logs
+from .core import logs, process_state
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import hide_own_frames, innermost_user_loc, user_location
 from .core.spelling import CallSpelling
@@ -103,6 +103,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                                  self._options, fullgraph=fullgraph, optimize=bool(optimize),
                                  threads_given=num_threads is not None)
         self._init_epochs()  # (a compiled generator's loop body, once taken apart)
+        process_state.compiled_objects.add(self)
         if not self.is_generator:
             ahead_calls.watch_reader_epochs(self)  # see calls.run_call
 

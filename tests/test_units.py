@@ -57,3 +57,39 @@ def test_every_mode_holds_its_units_in_a_unit_cache():
         info = function.cache_info()
         assert (info.hits, info.misses, info.traces) == (1, 2, 2), (function, info)
         assert "factor" in function.last_miss_reason and "->" in function.last_miss_reason
+
+
+def test_every_generated_pipeline_is_written_to_the_dump_folder(tmp_path, monkeypatch):
+    """NDD_TRACE_DUMP=folder: each generated pipeline's source lands there, whole, and is the
+    code that runs (`entry.lowered.source`)."""
+    monkeypatch.setenv("NDD_TRACE_DUMP", str(tmp_path / "dump"))
+
+    def mirrored(images):
+        return ndd.flip(images, horizontal=1)
+
+    compiled = ndd_trace.compile(mirrored)
+    assert_same(mirrored(_images(2)), compiled(_images(2)))
+    written = list((tmp_path / "dump").iterdir())
+    assert len(written) == 1 and written[0].suffix == ".py" and "mirrored" in written[0].name
+    assert written[0].read_text() == compiled.entries[0].lowered.source
+
+
+def test_reset_forgets_everything_compiled(recwarn):
+    """ndd_trace.reset(), as torch.compiler.reset(): compiled and per-sample functions trace
+    again at their next call, transparent mode's report starts empty."""
+    def brighter(images):
+        return ndd.brightness(images, brightness=1.5)
+
+    compiled = ndd_trace.compile(brighter)
+    per_sample = ndd_trace.compile(brighter, per_sample=True)
+    for function in (compiled, per_sample):
+        assert_same(brighter(_images(4)), function(_images(4)))
+    with ndd_trace.enabled():
+        np.asarray(brighter(_images(4)).torch())
+    assert ndd_trace.report().regions
+    ndd_trace.reset()
+    assert compiled.cache_info().entries == 0 and per_sample.cache_info().entries == 0
+    assert not ndd_trace.report().regions
+    for function in (compiled, per_sample):
+        assert_same(brighter(_images(4)), function(_images(4)))
+        assert function.cache_info().traces == 1

@@ -54,6 +54,7 @@ loop_opening = threading.local()
 # -- modes and entry points ------------------------------------------------------------------------
 
 loop_describing = threading.local()  # .active: loop.py is describing a generator's loop
+compiled_objects: weakref.WeakSet = weakref.WeakSet()  # every compiled function (ndd_trace.reset)
 nodes_seated: weakref.WeakSet = weakref.WeakSet()  # readers a nodes.Loop counts the epochs of
 reports_registered: set[str] = set()  # report paths written at exit (launch.py)
 

@@ -12,11 +12,15 @@ mode region (modes/regions.py) and a reader's stream (ahead/streams.py).
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
 from ..codegen.lower import Lowered, lower
 from ..codegen.optimize import optimize as optimize_graph
+from ..core import logs
+from ..core.files import write_atomic
 from ..core.ir import Graph
 from ..execution import tuning
 from ..execution.runtime import Executable, Options
@@ -31,6 +35,27 @@ class Program:
     optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied
 
 
+DUMP_ENV_VAR = "NDD_TRACE_DUMP"  # a folder: every generated pipeline's source is written there
+
+
+def dump_source(lowered: Lowered) -> str | None:
+    """With NDD_TRACE_DUMP set to a folder, write `lowered`'s source there (`<name>_<n>.py`, as
+    torch.compile's TORCH_COMPILE_DEBUG keeps its graphs); the path written, or None."""
+    folder = os.environ.get(DUMP_ENV_VAR)
+    if not folder:
+        return None
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", lowered.filename.strip("<>")).strip("_")
+    path = os.path.join(folder, f"{name}.py")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        write_atomic(path, lowered.source)
+    except OSError as error:  # a debugging aid: said, and the program runs on
+        logs.builds.warning("%s=%s: could not write %s (%s)", DUMP_ENV_VAR, folder, path, error)
+        return None
+    logs.builds.info("wrote %s", path)
+    return path
+
+
 def compile_graph(graph: Graph, options: Options, *, draws: list | None = None,
                   rng_objects: dict | None = None, optimize: bool = False,
                   inline_constants: bool = False, cache_constants: bool = True,
@@ -43,6 +68,7 @@ def compile_graph(graph: Graph, options: Options, *, draws: list | None = None,
     constants change from run to run)."""
     applied = optimize_graph(graph) if optimize else []
     lowered = lower(graph, inline_constants=inline_constants)
+    dump_source(lowered)
     executable = Executable(graph, lowered, draws or [], options, rng_objects or {},
                             before_build=before_build)
     executable.feed.cache_constants = cache_constants

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _dali
-from ...core import ledger, trees
+from ...core import ledger, process_state, trees
 from ...core.ledger import Runs, Verdict
 from ...core.source import SourceLoc, user_location
 from ...units.cache import CacheInfo, UnitCache
@@ -93,6 +93,7 @@ class PerSampleFunction:
         self.last_runs = 0
         # every call run as the eager per-sample loop, counted, kept and warned (once a site)
         self.ledger = ledger.Ledger(self.__qualname__, warning)
+        process_state.compiled_objects.add(self)  # (ndd_trace.reset clears its cache)
         parameters = inspect.signature(function).parameters
         self._parameters = list(parameters)
         # The variants are keyed as compiled functions' entries are (guard keys): the Batches'
@@ -131,6 +132,11 @@ class PerSampleFunction:
         """Its cache's counters: hits, misses, pipelines built (traces), calls run as the eager
         per-sample loop (fallbacks) and the variants held."""
         return self._cache.info()
+
+    def cache_clear(self) -> None:
+        """Forget every variant (its pipeline) and the counters."""
+        with self._lock:
+            self._cache.clear()
 
     @property
     def variants_held(self) -> int:
