@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .. import _dali
+from ..core import passes
 from ..core.ir import Graph, Node, NodeKind, Ref
 from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc
@@ -129,13 +130,7 @@ def _uses(graph: Graph) -> dict[int, list[tuple[Node | None, str, Any]]]:
 def _drop_unused_ops(graph: Graph) -> None:
     """Drop the ops no output depends on any more (a `.gpu()` made redundant). Fed nodes stay:
     a transparent-mode region is fed its leaves in the order its graph holds them."""
-    live: set[int] = set()
-    stack = [ref.node for ref in graph.outputs]
-    while stack:
-        node = stack.pop()
-        if id(node) not in live:
-            live.add(id(node))
-            stack.extend(ref.node for ref in [*node.inputs, *node.arg_inputs.values()])
+    live = passes.live_nodes(graph)
     graph.nodes = [node for node in graph.nodes
                    if node.kind is not NodeKind.OP or id(node) in live]
 

@@ -54,8 +54,8 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
     return graph
 
 
-def eliminate_dead_code(graph: Graph) -> Graph:
-    """Drop nodes that no output depends on."""
+def live_nodes(graph: Graph) -> set[int]:
+    """The ids of the nodes some output of `graph` depends on."""
     live: set[int] = set()
     stack = [ref.node for ref in graph.outputs]
     while stack:
@@ -65,5 +65,11 @@ def eliminate_dead_code(graph: Graph) -> Graph:
         live.add(id(node))
         stack.extend(ref.node for ref in node.inputs)
         stack.extend(ref.node for ref in node.arg_inputs.values())
+    return live
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    """Drop nodes that no output depends on."""
+    live = live_nodes(graph)
     graph.nodes = [node for node in graph.nodes if id(node) in live]
     return graph

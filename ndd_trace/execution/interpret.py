@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _dali
+from ..core import passes
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
 from ..tracing.trace import inference_metas
 
@@ -104,14 +105,8 @@ def interpret_unaffected(graph: Graph, failed: Node, leaves: dict[Any, Any],
         return None
     needed = Graph(graph.name)
     needed.outputs = [ref for ref, keep in zip(graph.outputs, unaffected) if keep]
-    live: set[int] = set()
-    stack = [ref.node for ref in needed.outputs]
-    while stack:
-        node = stack.pop()
-        if id(node) not in live:
-            live.add(id(node))
-            stack.extend(ref.node for ref in (*node.inputs, *node.arg_inputs.values()))
-    needed.nodes = [node for node in graph.nodes if id(node) in live]
+    needed.nodes = list(graph.nodes)
+    passes.eliminate_dead_code(needed)
     try:
         with _dali.synchronous():
             values = interpret(needed, leaves, batch_size)

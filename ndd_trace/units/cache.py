@@ -69,8 +69,9 @@ class LivePipelines:
             oldest = None
             while len(units) > self.limit and oldest is None:
                 oldest = units.popitem(last=False)[1]()
-        if oldest is not None and oldest.release():
-            self.releases += 1
+        if oldest is not None and oldest.release():  # (outside the lock: it waits for runs)
+            with self._lock:
+                self.releases += 1
             logs.runtime.info("%s: pipeline freed (the least recently run of %d live)",
                               getattr(oldest, "loc", None) or oldest.key[:1], self.limit)
 
