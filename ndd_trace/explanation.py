@@ -46,6 +46,7 @@ class Explanation:
     tuning: list[str] = dataclasses.field(default_factory=list)  # per-machine settings (tuning.py)
     # the latest calls not run as compiled, as the function's ledger recorded them
     recorded: list[Verdict] = dataclasses.field(default_factory=list)
+    rewritten: str = ""  # a per-sample function: its source as rewritten (what DALI converts)
 
     @property
     def optimizations_text(self) -> list[str]:
@@ -81,6 +82,8 @@ class Explanation:
         if self.loop:
             lines.append("")
             lines.append(self.loop)
+        if self.rewritten:
+            lines += ["", "rewritten function:", self.rewritten]
         if self.graph:
             lines.append("")
             lines.append(self.graph)
@@ -93,11 +96,15 @@ class Explanation:
 
 def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     """Trace `function` for these arguments (running nothing) and report what would happen."""
-    if isinstance(function, PerSampleFunction):  # its rewritten source is what runs
+    if isinstance(function, PerSampleFunction):  # its rewritten source, then its pipeline
         guard_lines = keys.describe(function.guard_key(args))
-        return Explanation(function.__qualname__, "", function.converted_source, guard_lines,
-                           [], None, function.cache_info(), 0,
-                           function.last_miss_reason, recorded=list(function.ledger.verdicts))
+        graph, code, num_ops, eager_reason = function.describe(args)
+        return Explanation(function.__qualname__, graph, code, guard_lines, [], eager_reason,
+                           function.cache_info(), num_ops, function.last_miss_reason,
+                           path=(Runs.ONE_PIPELINE if eager_reason is None
+                                 else Runs.PER_SAMPLE_LOOP).value,
+                           recorded=list(function.ledger.verdicts),
+                           rewritten=function.converted_source)
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     if compiled.is_generator:
         return _explain_generator(compiled)

@@ -37,6 +37,7 @@ OWNERS = {
     "tf_stack": "nvidia.dali._autograph.utils.tf_stack",
     "types": "nvidia.dali.types",
     "fn": "nvidia.dali.fn",
+    "ops": "nvidia.dali.ops",
     "Operator": "nvidia.dali.experimental.dynamic._ops:Operator",
     "Reader": "nvidia.dali.experimental.dynamic._ops:Reader",
     "Batch": "nvidia.dali.experimental.dynamic:Batch",
@@ -171,7 +172,10 @@ SURFACE = {
     ("_conditionals", "_Branch"): "which branch of a per-sample `if` a definition is in",
     ("tf_stack", "_source_mapper_stacks"): "the user's line of AutoGraph-generated code",
     ("dali", "_conditionals"): "DALI's conditionals (its AutoGraph fork): per-sample functions",
-    ("OperatorInstance", "_inputs"): "the value behind a conditional's split",
+    ("OperatorInstance", "_inputs"): "the value behind a conditional's split; the inputs of an "
+                                     "op a per-sample definition made (recorded as the IR)",
+    ("ops", "_OperatorInstance"): "every op a per-sample pipeline definition makes, reported as "
+                                  "it is made (its __init__ wrapped while one is defined)",
     ("OperatorInstance", "_op"): "the op of a DataNode's source (a conditional's split?)",
     ("ConditionStack", "_stack"): "the branches a per-sample definition is inside",
 }

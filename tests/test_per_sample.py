@@ -603,3 +603,20 @@ def test_namedtuple_outputs_come_back_as_namedtuples(images):
         expected = pair(image)
         np.testing.assert_array_equal(np.asarray(result.flipped.select(i)), np.asarray(expected.flipped))
         np.testing.assert_array_equal(np.asarray(result.small.select(i)), np.asarray(expected.small))
+
+
+def test_explain_shows_the_pipeline_that_runs(images):
+    """The pipeline is the shared graph lowered: DALI's conditional splits and merges spelled
+    out, each op with the user's line; the rewritten function beside it."""
+    compiled = ndd.compile(augment, per_sample=True)
+    explanation = ndd_trace.explain(compiled, images)
+    assert "_conditional.split[cpu](" in explanation.graph
+    assert "fn._conditional.split(" in explanation.code
+    assert "fn._conditional.merge(" in explanation.code
+    flip_line = augment.__code__.co_firstlineno + 4  # image = ndd.flip(image, horizontal=1)
+    assert "fn.flip(" in explanation.code and f"test_per_sample.py:{flip_line}" in \
+        explanation.code
+    assert "_ndd_condition" in explanation.rewritten
+    assert explanation.path == "one pipeline" and explanation.eager_reason is None
+    assert "rewritten function:" in str(explanation)
+

@@ -40,6 +40,32 @@ def test_compiled_functions_past_the_live_limit_free_their_pipelines_and_rebuild
     LIVE_PIPELINES.clear()
 
 
+def test_per_sample_variants_are_live_pipelines_too(monkeypatch):
+    """A per-sample function's variant runs an Executable made by units/build.py: it joins the
+    one LRU of live pipelines, is freed past its limit, and is built again when called again."""
+    monkeypatch.setattr(LIVE_PIPELINES, "limit", 1)
+    LIVE_PIPELINES.clear()
+
+    def make(threshold):
+        def shrink(image):
+            if image.shape[0] > threshold:
+                return ndd.resize(image, size=[4, 4])
+            return ndd.flip(image, horizontal=1)
+        return shrink
+
+    images = ndd.as_batch([np.full((8, 8, 3), 1, np.uint8), np.full((5, 6, 3), 2, np.uint8)],
+                          layout="HWC")
+    eager = [make(threshold) for threshold in (6, 9)]
+    compiled = [ndd_trace.compile(function, per_sample=True) for function in eager]
+    for _ in range(2):
+        for plain, fast in zip(eager, compiled):
+            expected = ndd.as_batch([plain(sample) for sample in images])
+            assert_same(expected, fast(images))
+    assert LIVE_PIPELINES.releases >= 3
+    assert all(fast.builds == 1 for fast in compiled)  # (freed and built again: one variant)
+    LIVE_PIPELINES.clear()
+
+
 def test_every_mode_holds_its_units_in_a_unit_cache():
     """A compiled function's entries and a per-sample function's variants: one miss explanation
     (`last_miss_reason`), the same counters (`cache_info()`); test_architecture.py checks that

@@ -16,7 +16,9 @@ compiled call's output, or the recorded call of a transparent-mode value);
 `TensorList._make_copy`; `_source_analysis.constant_kwargs` and
 `_call_site.resolve_callsite_frame` (eager's call-site analysis), `_source_analysis`'s
 `_get_module_info`, `_file_cache` and `ModuleInfo` (the warm start); `EvalContext._instance_cache`
-and the key format of `Operator._get`; `Operator._supported_backends`.
+and the key format of `Operator._get`; `Operator._supported_backends`; `ops._OperatorInstance`
+(its `__init__` wrapped while a per-sample pipeline is defined, and its `_inputs`: the ops the
+definition makes, recorded as the IR).
 
 By DALI subsystem, each module importing only those above it: `base` (the DALI objects named
 everywhere), `analysis` (DALI's call-site analysis kept across processes), `operators`
@@ -68,8 +70,9 @@ from .pipelines import (ExternalSource, crashes_on_empty_samples, current_device
                         current_num_threads, deferred_error_text, eval_mode_is_deferred, feed,
                         frees_after_failure, has_empty_sample, park_failed_pipeline,
                         pipeline_failure, pipeline_options, pipeline_outputs, schedule_one)
-from .conditionals import (array_of, autograph_origin, cast_node, condition_chain,
-                           conditional_pipeline, do_not_convert, float64_constant, fn_function,
+from .conditionals import (DefinedOp, array_of, autograph_origin, cast_node, condition_chain,
+                           conditional_pipeline, defined_ops, do_not_convert, float64_constant,
+                           fn_function,
                            host_ints, host_samples, in_this_branch, input_node, is_data_node,
                            logical_hooks, node_key, sample_index_source, sample_indices,
                            scalar_node, shape_node, zero_state)
@@ -81,7 +84,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "cast_node",
     "broadcast_state", "call_site_frame", "capture_running",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
-    "crashes_on_empty_samples",
+    "crashes_on_empty_samples", "DefinedOp", "defined_ops",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
     "do_not_convert", "draw_state", "dynamic_module", "DType", "dtype_name", "dtype_of",

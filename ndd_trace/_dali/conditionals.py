@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ import nvidia.dali as dali
 import nvidia.dali.backend as backend
 import nvidia.dali.types as types
 from nvidia.dali import fn
+from nvidia.dali import ops
 from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
@@ -216,3 +218,72 @@ def logical_hooks(on_result: Callable[[str, list, Any], None]) -> Iterator[None]
 
 
 _logical_hooks_lock = threading.RLock()
+
+
+@dataclasses.dataclass
+class DefinedOp:
+    """One operator a pipeline definition made, as the IR records an op: its fn path
+    ("reductions.sum", "_conditional.split"), schema, backend, inputs and tensor arguments (the
+    DataNodes it reads, after the splits DALI's conditionals inserted), scalar arguments and
+    outputs; `feed_name` is an external source's name (None for any other op)."""
+
+    fn_path: str
+    schema: str
+    backend: str
+    inputs: list
+    arg_inputs: dict
+    static: dict
+    outputs: list
+    feed_name: str | None = None
+
+
+# DALI's bookkeeping among an op's arguments: its API module and name, and its trace of the
+# definition's stack (a DataNode's origin), none of them the op's own
+_BOOKKEEPING = ("_module", "_display_name", "name")
+
+
+def _defined_op(instance: Any, arg_inputs: dict, arguments: dict, init_args: dict,
+                op: Any) -> DefinedOp:
+    schema = op.schema_name if hasattr(op, "schema_name") else "ExternalSource"
+    module = init_args.get("_module", "")
+    if schema == "_ArithmeticGenericOp":
+        path = "_arithmetic_generic_op"  # (fn's own name for DataNode arithmetic)
+    else:
+        prefix = module[len("nvidia.dali.fn"):].lstrip(".") if module.startswith(
+            "nvidia.dali.fn") else ""
+        path = ".".join(filter(None, (prefix, init_args["_display_name"])))
+    names = sorted(key for key, value in arg_inputs.items() if value is not None)
+    data = list(instance._inputs)
+    positional = data[:len(data) - len(names)]
+    static = {key: value for key, value in {**init_args, **arguments}.items()
+              if key not in _BOOKKEEPING and not key.startswith("_origin_stack")}
+    outputs = list(instance.outputs)
+    feed_name = outputs[0].name if schema == "ExternalSource" else None
+    return DefinedOp(path, schema, op.device, positional,
+                     dict(zip(names, data[len(positional):])), static, outputs, feed_name)
+
+
+@contextmanager
+def defined_ops(on_op: Callable[[DefinedOp], None]) -> Iterator[None]:
+    """While a pipeline is defined on this thread, report each operator it makes (splits and
+    merges of DALI's conditionals, DataNode arithmetic and external sources included), in the
+    order they are made: `on_op(DefinedOp)`. Other threads' definitions are not reported."""
+    thread = threading.get_ident()
+    _defined_ops_lock.acquire()  # the class is DALI's, shared by all threads
+    original = ops._OperatorInstance.__init__
+
+    def init(self: Any, inputs: Any, arg_inputs: dict, arguments: dict, init_args: dict,
+             op: Any) -> None:
+        original(self, inputs, arg_inputs, arguments, init_args, op)
+        if threading.get_ident() == thread:  # (arg_inputs: split in place by DALI)
+            on_op(_defined_op(self, arg_inputs, arguments, init_args, op))
+
+    ops._OperatorInstance.__init__ = init
+    try:
+        yield
+    finally:
+        ops._OperatorInstance.__init__ = original
+        _defined_ops_lock.release()
+
+
+_defined_ops_lock = threading.RLock()

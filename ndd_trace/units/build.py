@@ -6,7 +6,8 @@ attach the tuner.
     program.lowered.source                   # the readable @pipeline_def it runs
 
 Every compiled unit goes through here: a compiled function's entry (modes/stage.py), a transparent
-mode region (modes/regions.py) and a reader's stream (ahead/streams.py).
+mode region (modes/regions.py), a per-sample function's variant (modes/per_sample/function.py)
+and a reader's stream (ahead/streams.py).
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ turns a per-sample value into the predicate of DALI's conditional execution (Pyt
 through unchanged); `x.shape`, `x.item()` and friends go through `_ndd_attribute`. The
 rewritten function then runs inside `@pipeline_def(enable_conditionals=True)` (DALI's AutoGraph),
 its ndd calls becoming the same operators in pipeline mode, so each sample takes its own branch.
+Every operator that definition makes (the splits and merges of DALI's conditionals included) is
+recorded into the shared IR (graph.py), which is lowered, built and run as every compiled unit
+is (units/build.py, execution/runtime.py).
 
 Random ops (the per-sample random stream, docs/per-sample.md): the eager loop
 `[augment(sample) for sample in batch]` draws one state per random op call, sample 0's calls in
@@ -31,8 +34,9 @@ Random ops with a data input (noise, random crops) run the function as the eager
 loop (with a warning at the line).
 
 Its modules, lowest first: conditions.py (per-sample values, the helpers the rewritten code
-calls), rewrite.py (the AST rewrite), definition.py (defining the pipeline), random_stream.py
-(`RandomStream`: the random ops' values), function.py (`PerSampleFunction`, `_MAX_RUNS`).
+calls), rewrite.py (the AST rewrite), definition.py (defining the pipeline), graph.py (the
+definition recorded as a Graph), random_stream.py (`RandomStream`: the random ops' values),
+function.py (`PerSampleFunction`, `_MAX_RUNS`).
 """
 
 from ...core.errors import PerSampleError

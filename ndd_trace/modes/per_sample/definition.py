@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _dali
-from ...core.source import SourceLoc, user_frame
+from ...core.source import SourceLoc, is_internal_file, user_frame
 from .conditions import Item, Sample, Unknown, noted_error, scope
 
 
@@ -65,20 +65,23 @@ class Definition:
     user_lines: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
-def _call_location(definition: Definition) -> SourceLoc | None:
+def call_location(definition: Definition) -> SourceLoc | None:
     """The user's line of an ndd call made while the pipeline is defined: the rewritten
-    function runs as code DALI's AutoGraph generated from it, mapped back here."""
+    function runs as code DALI's AutoGraph generated from it, mapped back here (AutoGraph also
+    converts the helpers the rewritten code calls, ours among them: those lines are skipped)."""
     frame = user_frame(sys._getframe(1))
-    if frame is None:
-        return None
-    origin = _dali.autograph_origin(frame.f_code.co_filename, frame.f_lineno)
-    if origin is None:
-        return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-    filename, lineno = origin
-    if filename == definition.converted_filename:
-        return SourceLoc(definition.filename, definition.user_lines.get(lineno, lineno),
-                         definition.name)
-    return SourceLoc(filename, lineno, frame.f_code.co_name)
+    while frame is not None:
+        origin = _dali.autograph_origin(frame.f_code.co_filename, frame.f_lineno)
+        if origin is None:
+            return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+        filename, lineno = origin
+        if filename == definition.converted_filename:
+            return SourceLoc(definition.filename, definition.user_lines.get(lineno, lineno),
+                             definition.name)
+        if not is_internal_file(filename):
+            return SourceLoc(filename, lineno, frame.f_code.co_name)
+        frame = user_frame(frame.f_back)
+    return None
 
 
 def _no_guess(sample: Sample) -> bool:
@@ -114,7 +117,7 @@ def _to_node(value: Any, cast: str | None = None) -> Any:
 
 def handler(definition: Definition, op_class: type, original: Any, inputs: tuple,
             kwargs: dict) -> Any:
-    loc = _call_location(definition)
+    loc = call_location(definition)
     if _dali.is_stateful(op_class):
         raise noted_error(f"calls stateful operator `{_dali.op_path(op_class)}` in a "
                           "per-sample function", loc)

@@ -19,10 +19,15 @@ from ... import _dali
 from ...core import ledger, process_state, trees
 from ...core.ledger import Runs, Verdict
 from ...core.source import SourceLoc, user_location
-from ...units.cache import CacheInfo, UnitCache
+from ...codegen.lower import Lowered, lower
+from ...core.ir import Graph
+from ...execution.runtime import Options
+from ...units.build import compile_graph
+from ...units.cache import LIVE_PIPELINES, CacheInfo, UnitCache
 from ...units.unit import Unit
-from .conditions import Item, noted_error, scope
-from .definition import SAMPLE_INDEX, Definition, EagerLoop, handler, logical_guess
+from .conditions import scope
+from .definition import Definition, EagerLoop
+from .graph import trace
 from .random_stream import RandomStream
 from .rewrite import convert
 
@@ -44,19 +49,6 @@ class _EagerCall(Exception):
     """Internal: this call runs as the eager per-sample loop (the variant says why)."""
 
 
-def _flatten(value: Any, outputs: list) -> Any:
-    """The output tree of a per-sample function's result; its DataNodes go into `outputs`."""
-    def leaf(item: Any) -> tuple | None:
-        if isinstance(item, Item):
-            item = item.node
-        if _dali.is_data_node(item):
-            outputs.append(item)
-            return ("out", len(outputs) - 1)
-        return None
-
-    return trees.flatten(value, leaf)
-
-
 def _eager_loop(reason: str, loc: SourceLoc | None) -> Verdict:
     return Verdict(reason, loc, Runs.PER_SAMPLE_LOOP)
 
@@ -66,9 +58,8 @@ class _Variant(Unit):
     """A per-sample function's unit: one guard key's pipeline (or, with its verdict, the decision
     to run the eager per-sample loop)."""
 
-    pipeline: Any = None
     definition: Definition | None = None
-    max_batch_size: int = 0
+    lowered: Lowered | None = None
 
     @property
     def eager_loc(self) -> SourceLoc | None:
@@ -109,11 +100,18 @@ class PerSampleFunction:
     def __repr__(self) -> str:
         return f"<ndd_trace per-sample function {self.__qualname__}>"
 
+    def _settings(self) -> dict[str, Any]:
+        """Its pipelines' settings: threads, device (the current one unless given), depth 1
+        (a call waits for its run)."""
+        return {"num_threads": self._num_threads or _dali.current_num_threads(),
+                "device_id": _dali.current_device_id() if self._device_id == "current"
+                else self._device_id,
+                "prefetch_queue_depth": 1}
+
     def _options(self, batch_size: int) -> dict[str, Any]:
-        num_threads = self._num_threads or _dali.current_num_threads()
-        device_id = _dali.current_device_id() if self._device_id == "current" \
-            else self._device_id
-        return _dali.pipeline_options(batch_size, num_threads, device_id, 1)
+        settings = self._settings()
+        return _dali.pipeline_options(batch_size, settings["num_threads"],
+                                      settings["device_id"], 1)
 
     @property
     def cache_limit(self) -> float:
@@ -157,81 +155,53 @@ class PerSampleFunction:
                              f"different sizes ({sorted(sizes)})")
         return sizes.pop()
 
-    def _define(self, args: tuple, batch_size: int, num_threads: int | None = None,
-                observe: bool = True) -> tuple[Any, Definition]:
-        code = self._function.__code__
-        definition = Definition(code.co_filename, code.co_name, observe,
-                                converted_filename=self._converted.filename,
-                                user_lines=self._converted.user_lines)
-        converted = self._converted.function
-        parameters = self._parameters
-
-        def make_inputs() -> list:
-            values = []
-            for index, value in enumerate(args):
-                if isinstance(value, _dali.Batch):
-                    meta = _dali.meta_of(value)
-                    name = parameters[index] if index < len(parameters) else f"arg{index}"
-                    node = _dali.input_node(name, meta.device, meta.dtype, meta.ndim,
-                                            meta.layout)
-                    definition.input_keys[_dali.node_key(node)] = index
-                    values.append(node)
-                else:
-                    values.append(value)
-            return values
-
-        def outputs(result: Any) -> tuple:
-            flat: list = []
-            definition.output_tree = _flatten(result, flat)
-            definition.num_outputs = len(flat)
-            if not flat:
-                raise noted_error("the per-sample function returns no ndd value")
-            return (*flat, *definition.reach_nodes)
-
-        _dali.do_not_convert(make_inputs)
-        _dali.do_not_convert(outputs)
-
-        def pipeline_definition():
-            return outputs(converted(*make_inputs()))
-
-        previous = scope.definition
-        scope.definition = definition
+    def _traced(self, args: tuple, batch_size: int, num_threads: int | None = None,
+                observe: bool = True) -> tuple[Graph, Definition]:
+        """`_trace`, raising our own error where DALI's AutoGraph wrapped it."""
+        scope.raised = None
         try:
-            with _dali.intercept(functools.partial(handler, definition)), \
-                    _dali.logical_hooks(functools.partial(logical_guess, definition)):
-                options = self._options(batch_size)
-                if num_threads:
-                    options["num_threads"] = num_threads
-                pipe = _dali.conditional_pipeline(pipeline_definition, **options)
-        finally:
-            scope.definition = previous
-        return pipe, definition
+            options = self._options(batch_size)
+            if num_threads:
+                options["num_threads"] = num_threads
+            return trace(self._function, self._converted, self._parameters, args, options,
+                         observe)
+        except Exception as error:
+            raised, scope.raised = scope.raised, None
+            if raised is not None and raised is not error:
+                raise raised from None  # ours, wrapped by DALI's AutoGraph
+            raise
 
     def define_for_export(self, args: tuple, batch_size: int | None,
                           num_threads: int | None) -> tuple[Any, list[str], int, list[str]]:
         """The pipeline for these example arguments, unbuilt: (pipeline, data input names,
         number of outputs, random-value input names)."""
         size = self._batch_size(args)
-        try:
-            pipe, definition = self._define(args, batch_size or size, num_threads,
-                                            observe=False)
-        except Exception as error:
-            raised, scope.raised = scope.raised, None
-            if raised is not None and raised is not error:
-                raise raised from None
-            raise
+        graph, definition = self._traced(args, batch_size or size, num_threads, observe=False)
+        options = self._options(batch_size or size)
+        if num_threads:
+            options["num_threads"] = num_threads
+        lowered = lower(graph)
         names = [self._parameters[i] if i < len(self._parameters) else f"arg{i}"
                  for i, value in enumerate(args) if isinstance(value, _dali.Batch)]
-        return pipe, names, definition.num_outputs, [s.source for s in definition.random_sites]
+        return (lowered.function(**options), names, definition.num_outputs,
+                [s.source for s in definition.random_sites])
+
+    def describe(self, args: tuple) -> tuple[str, str, int, str | None]:
+        """What a call with these arguments runs, defined now and run nothing: (its graph's
+        text, its generated pipeline, its number of nodes, why it runs as the eager
+        per-sample loop instead, or None)."""
+        try:
+            graph, _ = self._traced(args, self._batch_size(args), observe=True)
+        except EagerLoop as reason:
+            return "", "", 0, reason.reason
+        return graph.format(), lower(graph).source, len(graph.nodes), None
 
     def _variant(self, args: tuple, batch_size: int) -> _Variant:
         """This call's variant: the last one if its fast guard matches, else its key's (built
-        on a miss, or for a larger batch than it was built for)."""
+        on a miss)."""
         cache = self._cache
-        variant = cache.fast_hit(args, {}, count=False)
-        counters = cache.ledger.counters
-        if variant is not None and (variant.eager or batch_size <= variant.max_batch_size):
-            counters.hits += 1
+        variant = cache.fast_hit(args, {})
+        if variant is not None:
             return variant
         key = cache.key(args, {})
         variant = cache.get(key)
@@ -246,35 +216,30 @@ class PerSampleFunction:
                     f"was built {cache.limit} times (cache_limit), last change: "
                     f"{cache.last_miss_reason}; new variants are not built. Make the changing "
                     "value an ndd Batch argument, or raise cache_limit", user_location()))
-        if variant is None or not (variant.eager or batch_size <= variant.max_batch_size):
-            if variant is not None:
-                cache.last_miss_reason = (f"batch size {batch_size} is larger than the "
-                                          f"{variant.max_batch_size} its pipeline was built for")
-            counters.traces += 1
+        if variant is None:
+            cache.ledger.counters.traces += 1
             variant = self._build(key, args, batch_size)
         else:
-            counters.hits += 1
+            cache.ledger.counters.hits += 1
         cache.last_key = key
         cache.remember_fast(args, {}, variant)
         return variant
 
     def _build(self, key: tuple, args: tuple, batch_size: int) -> _Variant:
         variant = _Variant(key=key)
-        scope.raised = None
         try:
-            try:
-                pipe, definition = self._define(args, max(batch_size, 1))
-                pipe.build()
-            except Exception as error:
-                raised, scope.raised = scope.raised, None
-                if raised is not None and raised is not error:
-                    raise raised from None  # ours, wrapped by DALI's AutoGraph
-                raise
+            graph, definition = self._traced(args, max(batch_size, 1))
         except EagerLoop as reason:
             variant.verdict = _eager_loop(reason.reason, reason.loc)
         else:
-            variant.pipeline, variant.definition = pipe, definition
-            variant.max_batch_size = batch_size
+            program = compile_graph(graph, Options(**self._settings()))
+            try:
+                program.executable.ensure_built(max(batch_size, 1))
+            except Exception:
+                program.executable.close()
+                raise
+            variant.executable, variant.definition = program.executable, definition
+            variant.lowered, variant.num_ops = program.lowered, len(graph.nodes)
             self.builds += 1
         self._cache.store(key, variant)
         return variant
@@ -300,24 +265,24 @@ class PerSampleFunction:
     def _run(self, variant: _Variant, args: tuple, batch_size: int) -> tuple:
         """Run the pipeline until the random values fed agree with the paths the samples take
         (see `RandomStream`), then advance the generators as the eager loop does."""
-        pipe, definition = variant.pipeline, variant.definition
+        executable, definition = variant.executable, variant.definition
         stream = RandomStream(definition, args, batch_size)
+        bound: dict[tuple, Any] = {("args", index): value for index, value in enumerate(args)
+                                   if isinstance(value, _dali.Batch)}
+        if definition.index_node is not None:
+            bound[("sample_index",)] = _dali.wrap_batch(_dali.sample_indices(batch_size))
         observed = None
         for runs in itertools.count(1):
             values, guessed = stream.assign(observed)
-            for index, value in enumerate(args):
-                if isinstance(value, _dali.Batch):
-                    name = self._parameters[index] if index < len(self._parameters) \
-                        else f"arg{index}"
-                    _dali.feed(pipe, name, _dali.storage_of(value))
-            for site, batch in zip(definition.random_sites, values):
-                _dali.feed(pipe, site.source, batch)
-            if definition.index_node is not None:
-                _dali.feed(pipe, SAMPLE_INDEX, _dali.sample_indices(batch_size))
+            for index, batch in enumerate(values):
+                bound[("random", index)] = _dali.wrap_batch(batch)
             try:
-                outputs = pipe.run()
+                run = executable.start(
+                    batch_size, lambda: executable.feed.call_data(bound, {}, batch_size))
+                outputs = run.result()
             except Exception as error:  # noqa: BLE001 (handed to the eager loop, see the caller)
                 raise _RunFailed(error) from error
+            LIVE_PIPELINES.note_run(variant)
             observed = stream.observe(outputs[definition.num_outputs:])
             if observed == guessed:
                 break
@@ -325,12 +290,15 @@ class PerSampleFunction:
             if runs == _MAX_RUNS:  # more runs would cost more than the eager loop
                 self.runs += runs
                 site = definition.random_sites[stream.last_settled]
-                variant.pipeline = variant.definition = None
+                self._cache.drop(variant.key)
+                variant.close()
+                variant.executable = variant.definition = None
                 variant.verdict = _eager_loop(
                     f"did not find in {runs} pipeline runs which samples call random op "
                     f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
                     "through pipeline ops, which cannot be evaluated before the run; each run "
                     "settles at least one more sample)", site.loc)
+                self._cache.store(variant.key, variant)
                 raise _EagerCall()
         stream.commit()
         self.last_runs = runs
@@ -343,12 +311,15 @@ class PerSampleFunction:
         run failed on values fed for a wrong guess of the paths (stand-ins for random ops the
         guess skipped, or whose per-sample arguments were not known yet): the function runs
         as the eager loop from now on, and says so."""
+        unit = self._cache.get(key)
         self._cache.drop(key)
+        if unit is not None:
+            unit.close()
         result = self.eager(*args)
         variant = _Variant(key=key, verdict=_eager_loop(
             "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
             "random ops not known before the run), and the run failed where the eager loop "
-            f"does not ({_dali.pipeline_failure(failure.error).summary()})", user_location()))
+            f"does not ({_dali.pipeline_failure(_reported(failure.error)).summary()})", user_location()))
         self._cache.store(key, variant)
         self._warn_eager(variant)
         return result
@@ -370,6 +341,12 @@ class PerSampleFunction:
                    f"per-sample loop: it {variant.eager_reason}.")
         self.ledger.record(variant.verdict, warning=message, stacklevel=3,
                            key=(loc.filename, loc.lineno) if loc else ("no line",))
+
+
+def _reported(error: BaseException) -> BaseException:
+    """DALI's own report of a failed run (kept on the error the runtime raises)."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    return getattr(cause, "dali_error", None) or getattr(error, "dali_error", None) or error
 
 
 def _gather(results: list) -> Any:
