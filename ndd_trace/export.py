@@ -170,20 +170,24 @@ def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLi
                "device_id": defaults.device_id}
     if seed is not None:
         options["seed"] = int(seed)
-    name = compiled.__name__
+    return _write(compiled.__name__, compiled.__qualname__, graph, args, kwargs, str(path),
+                  format, random, options)
+
+
+def _write(name: str, qualname: str, graph: Graph, args: tuple, kwargs: dict, path: str,
+           format: str, random: str, options: dict) -> Exported:
+    """`graph` lowered as a standalone `@pipeline_def` with `options`, written to `path` in
+    `format` (with its example inputs beside it, for format="python")."""
     try:
         lowered = lower(graph, inline_constants=True, inline_limit=None, standalone=True,
                         random_states="own" if random == "pipeline" else "fed",
                         decorator_options=options, function_name=f"{name}_pipeline")
     except ExportError as error:
         loc = error.loc
-        raise ExportError(f"`{compiled.__qualname__}` cannot be exported{{where}}: {error}",
+        raise ExportError(f"`{qualname}` cannot be exported{{where}}: {error}",
                           loc) from None
     inputs = lowered.feed_names
     num_outputs = len(graph.outputs)
-    example = {lowered.feed_names[i]: _input_samples(node, args, kwargs)
-               for i, node in enumerate(lowered.external_sources)
-               if node.kind is NodeKind.INPUT}
     exported = Exported(path=str(path), format=format, source=lowered.source, inputs=inputs,
                         num_outputs=num_outputs, batch_size=int(options["batch_size"]),
                         device_id=options["device_id"])
@@ -191,6 +195,9 @@ def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLi
         pipe = lowered.function()
         write_atomic(path, pipe.serialize())
         return exported
+    example = {lowered.feed_names[i]: _input_samples(node, args, kwargs)
+               for i, node in enumerate(lowered.external_sources)
+               if node.kind is NodeKind.INPUT}
     example_path = os.path.splitext(str(path))[0] + "_example.npz"
     if example:
         buffer = io.BytesIO()  # (np.savez to a path writes in place: a full disk cuts it short)
@@ -206,24 +213,23 @@ def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLi
 def _export_per_sample(function: PerSampleFunction, args: tuple, path: str, format: str,
                        random: str, batch_size: int | None,
                        num_threads: int | None) -> Exported:
-    """A per-sample function's conditional pipeline, serialized (its rewritten source calls
-    ndd, so it has no standalone Python form)."""
+    """A per-sample function's pipeline (its branches as DALI's conditional splits and merges),
+    written as any compiled function's; its random ops' values are inputs, computed per call."""
     code = function.__wrapped__.__code__
     loc = SourceLoc(code.co_filename, code.co_firstlineno, code.co_name)
-    if format != "serialized":
-        raise ExportError(f"per-sample function `{function.__qualname__}`{{where}} exports "
-                          "with format='serialized' only (its rewritten source calls ndd)", loc)
-    pipe, inputs, num_outputs, random_sites = function.define_for_export(
-        args, batch_size, num_threads)
-    if random_sites and random == "pipeline":
+    graph, random_inputs, options = function.graph_for_export(args, batch_size, num_threads)
+    if random_inputs and random == "pipeline":
         raise ExportError(
             f"per-sample function `{function.__qualname__}`{{where}} has random ops, whose "
             "per-sample values are computed before each run and fed; export it with "
-            f"random='inputs' (inputs {', '.join(random_sites)}, one value per sample)", loc)
-    write_atomic(path, pipe.serialize())
-    return Exported(path=path, format=format, source=function.converted_source,
-                    inputs=[*inputs, *random_sites], num_outputs=num_outputs,
-                    batch_size=pipe.max_batch_size, device_id=pipe.device_id)
+            f"random='inputs' (inputs {', '.join(random_inputs)}, one value per sample)", loc)
+    if random_inputs and format == "python":
+        raise ExportError(
+            f"per-sample function `{function.__qualname__}`{{where}} has random ops: its "
+            "module would need their values (computed per call) as example inputs; export it "
+            "with format='serialized'", loc)
+    return _write(function.__name__, function.__qualname__, graph, args, {}, path, format,
+                  "inputs", options)
 
 
 def _input_samples(node: Any, args: tuple, kwargs: dict) -> list[np.ndarray]:

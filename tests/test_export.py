@@ -225,8 +225,31 @@ def test_per_sample_function_serialized_round_trip(batch, tmp_path):
         np.savez("out.npz", **{f"out0__{i}": np.array(out[i]) for i in range(len(out))})
     """), str(tmp_path))
     assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
+
+
+def test_per_sample_function_as_a_module(batch, tmp_path):
+    """Its pipeline is the shared graph lowered: a standalone module, its branches spelled as
+    DALI's conditional splits and merges; with random ops, serialized only."""
+    @ndd.compile(per_sample=True)
+    def shrink_big(image):
+        if image.shape[0] > 45:
+            return ndd.resize(image, size=[8, 8])
+        return ndd.resize(ndd.flip(image, horizontal=1), size=[8, 8])
+
+    expected = to_numpy([shrink_big(batch)])
+    exported = ndd_trace.export(shrink_big, batch, path=str(tmp_path / "shrink.py"))
+    assert "fn._conditional.split(" in exported.source and exported.inputs == ["image"]
+    run_module("shrink.py", str(tmp_path), "--save", "out.npz")
+    assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
+
+    @ndd.compile(per_sample=True)
+    def maybe_flip(image):
+        if ndd.random.coin_flip().item():
+            return ndd.flip(image, horizontal=1)
+        return image
+
     with pytest.raises(ndd_trace.ExportError, match="serialized"):
-        ndd_trace.export(shrink_big, batch, path=str(tmp_path / "shrink.py"))
+        ndd_trace.export(maybe_flip, batch, path=str(tmp_path / "flip.py"), random="inputs")
 
 
 @pytest.mark.gpu

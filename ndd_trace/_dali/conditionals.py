@@ -242,6 +242,16 @@ class DefinedOp:
 _BOOKKEEPING = ("_module", "_display_name", "name")
 
 
+def _plain(value: Any) -> Any:
+    """A scalar argument as DALI adds it to the op's spec: a `types.Constant` (a per-sample
+    comparison's float64 operand) by its value, a double exactly."""
+    if isinstance(value, types.ScalarConstant):
+        return value.value
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
 def _defined_op(instance: Any, arg_inputs: dict, arguments: dict, init_args: dict,
                 op: Any) -> DefinedOp:
     schema = op.schema_name if hasattr(op, "schema_name") else "ExternalSource"
@@ -255,7 +265,7 @@ def _defined_op(instance: Any, arg_inputs: dict, arguments: dict, init_args: dic
     names = sorted(key for key, value in arg_inputs.items() if value is not None)
     data = list(instance._inputs)
     positional = data[:len(data) - len(names)]
-    static = {key: value for key, value in {**init_args, **arguments}.items()
+    static = {key: _plain(value) for key, value in {**init_args, **arguments}.items()
               if key not in _BOOKKEEPING and not key.startswith("_origin_stack")}
     outputs = list(instance.outputs)
     feed_name = outputs[0].name if schema == "ExternalSource" else None

@@ -171,20 +171,16 @@ class PerSampleFunction:
                 raise raised from None  # ours, wrapped by DALI's AutoGraph
             raise
 
-    def define_for_export(self, args: tuple, batch_size: int | None,
-                          num_threads: int | None) -> tuple[Any, list[str], int, list[str]]:
-        """The pipeline for these example arguments, unbuilt: (pipeline, data input names,
-        number of outputs, random-value input names)."""
-        size = self._batch_size(args)
-        graph, definition = self._traced(args, batch_size or size, num_threads, observe=False)
-        options = self._options(batch_size or size)
-        if num_threads:
-            options["num_threads"] = num_threads
-        lowered = lower(graph)
-        names = [self._parameters[i] if i < len(self._parameters) else f"arg{i}"
-                 for i, value in enumerate(args) if isinstance(value, _dali.Batch)]
-        return (lowered.function(**options), names, definition.num_outputs,
-                [s.source for s in definition.random_sites])
+    def graph_for_export(self, args: tuple, batch_size: int | None,
+                         num_threads: int | None) -> tuple[Graph, list[str], dict[str, Any]]:
+        """The graph for these example arguments (without the outputs that observe the
+        samples' paths), its random-value inputs' names, and the pipeline's options."""
+        size = batch_size or self._batch_size(args)
+        graph, definition = self._traced(args, size, num_threads, observe=False)
+        settings = self._settings()
+        options = {"batch_size": int(size), "num_threads": num_threads or
+                   settings["num_threads"], "device_id": settings["device_id"]}
+        return graph, [site.source for site in definition.random_sites], options
 
     def describe(self, args: tuple) -> tuple[str, str, int, str | None]:
         """What a call with these arguments runs, defined now and run nothing: (its graph's
