@@ -276,7 +276,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         if entry is None:
             key = cache.key(args, kwargs)
             entry, found = cache.lookup(
-                key, lambda: self._stage.trace(cache, args, kwargs))
+                key, lambda: self._stage.trace(cache, args, kwargs, key=key))
             if found is Found.PAST_LIMIT:
                 self._notices.past_limit(cache.limit, cache.last_miss_reason)
                 return self._fallback(args, kwargs)
@@ -325,7 +325,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []
         LIVE_PIPELINES.note_run(entry)
         try:
-            run = ahead_calls.run_call(executable, entry.key, bound, batch_size)
+            run = ahead_calls.run_call(executable, entry.key, bound, batch_size) \
+                if ahead_calls.watching() else executable.run(bound, batch_size)
         except Exception as error:
             retired = executable.retired
             if retired is not None:

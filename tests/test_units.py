@@ -66,6 +66,25 @@ def test_per_sample_variants_are_live_pipelines_too(monkeypatch):
     LIVE_PIPELINES.clear()
 
 
+def test_a_miss_builds_its_key_once(monkeypatch):
+    """The call's key is made once on a miss (again only where the guards' plan changed);
+    a hit through the fast guard makes none."""
+    from ndd_trace.tracing import guards
+
+    made = []
+    build_key = guards.build_key
+    monkeypatch.setattr(guards, "build_key", lambda *a, **k: made.append(1) or build_key(*a, **k))
+
+    def flipped(images):
+        return ndd.flip(images, horizontal=1)
+
+    compiled = ndd_trace.compile(flipped)
+    assert_same(flipped(_images(1)), compiled(_images(1)))
+    assert len(made) == 1
+    assert_same(flipped(_images(2)), compiled(_images(2)))
+    assert len(made) == 1
+
+
 def test_every_mode_holds_its_units_in_a_unit_cache():
     """A compiled function's entries and a per-sample function's variants: one miss explanation
     (`last_miss_reason`), the same counters (`cache_info()`); test_architecture.py checks that

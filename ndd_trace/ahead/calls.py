@@ -159,6 +159,13 @@ def _note_inputs(bound: dict) -> None:
                 process_state.feeding_readers.add(reader)
 
 
+def watching() -> bool:
+    """Whether a compiled call may be fed a reader's batches or served a run launched ahead
+    (then it goes through `run_call`; otherwise straight to its executable)."""
+    return bool(process_state.tagged_batches) or \
+        getattr(process_state.compiled_calls, "speculator", None) is not None
+
+
 def run_call(executable: Executable, key: tuple, bound: dict,
              batch_size: int) -> PendingRun | None:
     """One call of a compiled function: a run launched ahead if the call is fed exactly what

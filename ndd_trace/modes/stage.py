@@ -186,11 +186,12 @@ class TraceStage:
             random.setstate(python_random)
 
     def trace(self, cache: UnitCache, args: tuple, kwargs: dict,
-              raise_errors: bool = False) -> Entry | None:
+              raise_errors: bool = False, key: tuple | None = None) -> Entry | None:
         """Trace one call into an entry (not stored; None: tracing raised, see take_failure).
-        Draws nothing from any RNG."""
-        cache.replan()  # the helpers the function calls may have changed since the last trace
-        key = cache.key(args, kwargs)
+        Draws nothing from any RNG. `key`: the call's key, made again only where the guards'
+        plan changed (the helpers the function calls may have changed since the last trace)."""
+        if cache.replan() or key is None:
+            key = cache.key(args, kwargs)
         if self.runs is not Runs.COMPILED_LOOP:  # (a loop body was checked as a loop)
             found = find_effect(self._function)
             if found is not None:  # before the trace: its Python runs once on this call too

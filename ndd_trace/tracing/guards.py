@@ -175,6 +175,18 @@ class GuardPlan:
     def global_names(self) -> tuple[str, ...]:
         return tuple(name for _, name, _ in self.globals_read)
 
+    def reads_as(self, other: GuardPlan | None) -> bool:
+        """Whether `other` reads the same globals, cells and module attributes (its keys are
+        then built alike: a key made with one holds for the other)."""
+        def reads(plan: GuardPlan) -> tuple:
+            return (tuple((prefix, name, id(namespace)) for prefix, name, namespace
+                          in plan.globals_read),
+                    tuple((label, id(cell)) for label, cell in plan.closure),
+                    tuple((prefix, name, id(namespace), chain) for prefix, name, namespace, chain
+                          in plan.module_attributes))
+
+        return other is not None and reads(self) == reads(other)
+
 
 _MISSING = object()
 _LOAD_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})

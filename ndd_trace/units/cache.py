@@ -118,9 +118,13 @@ class UnitCache:
 
     # -- guard keys ----------------------------------------------------------------------------
 
-    def replan(self) -> None:
-        """Plan the guards again: the helpers the function calls may have changed."""
-        self.plan = guards.plan_for(self._function)
+    def replan(self) -> bool:
+        """Plan the guards again: the helpers the function calls may have changed; whether
+        the plan reads anything else now (keys made before are then keys of another plan)."""
+        plan = guards.plan_for(self._function)
+        changed = not plan.reads_as(self.plan)
+        self.plan = plan
+        return changed
 
     def key(self, args: tuple, kwargs: dict) -> tuple:
         sizes = None

@@ -203,9 +203,9 @@ class PerSampleFunction:
         variant = cache.get(key)
         if variant is None:
             cache.note_miss(key)
-            cache.replan()  # its helpers may have changed
-            key = cache.key(args, {})
-            variant = cache.get(key)
+            if cache.replan():  # its helpers changed: the key is another plan's
+                key = cache.key(args, {})
+                variant = cache.get(key)
             if variant is None and len(cache.units) >= cache.limit:
                 cache.last_key = key
                 return _Variant(key=key, verdict=_eager_loop(
