@@ -22,7 +22,7 @@ from ..execution.failures import interpreted_error
 from ..execution.interpret import interpret
 from ..units.build import compile_graph
 from ..execution.runtime import Options
-from ..units.cache import LIVE_PIPELINES, REGIONS
+from ..units.cache import LIVE_PIPELINES, REGIONS, Found
 from .report import Region, bookkeeping, site_full
 
 
@@ -62,21 +62,17 @@ class RegionRunner:
         if self.optimize:  # (regions are shared by threads, which may differ in this)
             lookup = (lookup, "optimize")
         record_s = time.perf_counter() - started
+        mixed = len(batch_sizes) > 1 or own_region
         with REGIONS.lock:
-            region = REGIONS.get(lookup)
-            if region is None:
-                REGIONS.ledger.counters.misses += 1
-                mixed = len(batch_sizes) > 1 or own_region
-                region = self._new_region(key, region_ops, target, mixed,
-                                          mixed or self._site_has_room(region_ops))
-                if region.eager_reason is None or mixed:
-                    REGIONS.ledger.counters.traces += 1
-                    REGIONS.store(lookup, region)
-                    logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
-                                          region.op_chain, region.eager_reason or "pipeline")
-            else:
-                REGIONS.ledger.counters.hits += 1
+            region, found = REGIONS.lookup(
+                lookup, lambda: self._new_region(key, region_ops, target, mixed,
+                                                 mixed or self._site_has_room(region_ops)),
+                keep=lambda made: made.eager_reason is None or mixed, explain=False)
+            if found is Found.HIT:
                 region.hits += 1
+            elif found is Found.NEW:
+                logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
+                                      region.op_chain, region.eager_reason or "pipeline")
             region.runs += 1
             region.record_s += record_s
             if region.executable is not None:

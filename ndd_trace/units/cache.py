@@ -34,6 +34,7 @@ class Found(enum.Enum):
     NEW = "new"  # made now
     PAST_LIMIT = "past cache_limit"  # not made: the cache holds its limit
     TRACE_FAILED = "trace failed"  # making it raised (the eager call raises the same way, or not)
+    NOT_KEPT = "not kept"  # made, not stored (a region that runs eagerly: see lookup's `keep`)
 
 
 class CacheInfo(NamedTuple):
@@ -166,22 +167,37 @@ class UnitCache:
             "`%s`: cache miss (%d of cache_limit %d %s held): %s", self.name, len(self.units),
             self.limit, self.kind, self.last_miss_reason)
 
-    def lookup(self, key: tuple, make: Callable[[], Unit | None]) -> tuple[Unit | None, Found]:
-        """The unit for this key, made by `make` on a miss, and how it was found."""
+    def lookup(self, key: tuple, make: Callable[[], Unit | None], *,
+               keep: Callable[[Unit], bool] | None = None,
+               explain: bool = True) -> tuple[Unit | None, Found]:
+        """The unit for this key, made by `make` on a miss, and how it was found. `keep`: made
+        units are stored (under `key`, counted as traces) only where it says so, the others
+        handed back as Found.NOT_KEPT; `explain=False`: a miss is counted, not explained or
+        logged (transparent mode's regions, keyed by structure, not by a call's arguments)."""
         with self.lock:
             unit = self.units.get(key)
             if unit is not None:
                 self.ledger.counters.hits += 1
                 self.last_key = key
                 return unit, Found.HIT
-            self.note_miss(key)
+            if explain:
+                self.note_miss(key)
+            else:
+                self.ledger.counters.misses += 1
             if len(self.units) >= self.limit:
                 return None, Found.PAST_LIMIT  # (the caller records the verdict)
-            self.ledger.counters.traces += 1
+            if keep is None:
+                self.ledger.counters.traces += 1
             unit = make()
             if unit is None:
                 return None, Found.TRACE_FAILED  # (the caller records the verdict)
-            self.units[unit.key] = unit
+            if keep is not None:
+                if not keep(unit):
+                    return unit, Found.NOT_KEPT
+                self.ledger.counters.traces += 1
+                self.units[key] = unit
+            else:
+                self.units[unit.key] = unit
             self.last_key = key
             return unit, Found.NEW
 

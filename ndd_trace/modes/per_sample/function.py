@@ -23,7 +23,7 @@ from ...codegen.lower import Lowered, lower
 from ...core.ir import Graph
 from ...execution.runtime import Options
 from ...units.build import compile_graph
-from ...units.cache import LIVE_PIPELINES, CacheInfo, UnitCache
+from ...units.cache import LIVE_PIPELINES, CacheInfo, Found, UnitCache
 from ...units.unit import Unit
 from .conditions import scope
 from .definition import Definition, EagerLoop
@@ -200,24 +200,18 @@ class PerSampleFunction:
         if variant is not None:
             return variant
         key = cache.key(args, {})
-        variant = cache.get(key)
-        if variant is None:
-            cache.note_miss(key)
-            if cache.replan():  # its helpers changed: the key is another plan's
-                key = cache.key(args, {})
-                variant = cache.get(key)
-            if variant is None and len(cache.units) >= cache.limit:
-                cache.last_key = key
-                return _Variant(key=key, verdict=_eager_loop(
-                    f"was built {cache.limit} times (cache_limit), last change: "
-                    f"{cache.last_miss_reason}; new variants are not built. Make the changing "
-                    "value an ndd Batch argument, or raise cache_limit", user_location()))
-        if variant is None:
-            cache.ledger.counters.traces += 1
-            variant = self._build(key, args, batch_size)
-        else:
-            cache.ledger.counters.hits += 1
-        cache.last_key = key
+
+        def make() -> _Variant:
+            # its helpers may have changed: then the key is another plan's
+            made_key = cache.key(args, {}) if cache.replan() else key
+            return cache.get(made_key) or self._build(made_key, args, batch_size)
+
+        variant, found = cache.lookup(key, make)
+        if found is Found.PAST_LIMIT:
+            return _Variant(key=key, verdict=_eager_loop(
+                f"was built {cache.limit} times (cache_limit), last change: "
+                f"{cache.last_miss_reason}; new variants are not built. Make the changing "
+                "value an ndd Batch argument, or raise cache_limit", user_location()))
         cache.remember_fast(args, {}, variant)
         return variant
 
@@ -227,17 +221,16 @@ class PerSampleFunction:
             graph, definition = self._traced(args, max(batch_size, 1))
         except EagerLoop as reason:
             variant.verdict = _eager_loop(reason.reason, reason.loc)
-        else:
-            program = compile_graph(graph, Options(**self._settings()))
-            try:
-                program.executable.ensure_built(max(batch_size, 1))
-            except Exception:
-                program.executable.close()
-                raise
-            variant.executable, variant.definition = program.executable, definition
-            variant.lowered, variant.num_ops = program.lowered, len(graph.nodes)
-            self.builds += 1
-        self._cache.store(key, variant)
+            return variant
+        program = compile_graph(graph, Options(**self._settings()))
+        try:
+            program.executable.ensure_built(max(batch_size, 1))
+        except Exception:
+            program.executable.close()
+            raise
+        variant.executable, variant.definition = program.executable, definition
+        variant.lowered, variant.num_ops = program.lowered, len(graph.nodes)
+        self.builds += 1
         return variant
 
     def __call__(self, *args: Any) -> Any:
