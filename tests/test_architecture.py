@@ -338,6 +338,21 @@ def test_one_verdict_type():
     assert not compared, f"how a unit runs compared as text: {compared}"
 
 
+def test_cache_counters_are_counted_by_the_cache():
+    """I2/I3: a unit cache's hits, misses and traces are counted by units/cache.py alone, as
+    each lookup finds its unit (the parent of this check, 4b73f6c: the region runner and the
+    per-sample function counted them by hand, beside UnitCache.lookup)."""
+    counted = []
+    for module, path in _modules().items():
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute) and \
+                    node.target.attr in ("hits", "misses", "traces") and \
+                    isinstance(node.target.value, ast.Attribute) and \
+                    node.target.value.attr == "counters":
+                counted.append(f"{module}:{node.lineno}")
+    assert all(item.startswith("units.cache:") for item in counted), counted
+
+
 def _private_names_defined(path: str) -> set[str]:
     """The `_names` a module defines: functions, classes, and attributes it assigns on self."""
     names = set()
