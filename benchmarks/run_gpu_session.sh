@@ -20,6 +20,10 @@
 #          alternating, ROUNDS rounds each
 # absmall: the tiny workload (small_ops, batch 8) for the compiled step, transparent mode and the
 #          pipeline, this tree against the one in $OLD, alternating, ROUNDS rounds each
+# batches: the train workload at each batch size of BATCHES (default 16 32 64 128 256), every exact
+#          way (BATCH_MODES, default the compiled step, the compiled generator, transparent mode)
+#          beside capture mode and the pipeline, 16 threads, BATCH_STEPS steps (default 100):
+#          issue 34's per-step cost, and benchmarks/chart.py --batches
 # scaling: throughput against batch size (SCALING_BATCHES, default 32 64 256 512) and threads (4,
 #          16) for the pipeline, capture mode, the compiled generator and optimize, SCALING_STEPS
 #          steps (default 200) after a quarter as many (benchmarks/chart.py --scaling)
@@ -120,6 +124,14 @@ if has absmall; then
                 --modes ndd_trace,transparent,pipeline --json "$OUT/absmall_${tree}_r$round.json" \
                 2>&1 | tail -6 | tee "$OUT/absmall_${tree}_r$round.log"
         done
+    done
+fi
+if has batches; then
+    for batch in ${BATCHES:-16 32 64 128 256}; do
+        bounded python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn \
+            --steps "${BATCH_STEPS:-100}" --warmup 30 --threads 16 --batch-size "$batch" --images 4096 \
+            --modes "${BATCH_MODES:-ndd_trace,ndd_trace_loop,transparent,capture,pipeline}" \
+            --json "$OUT/batches_b$batch.json" 2>&1 | tail -8 | tee "$OUT/batches_b$batch.log"
     done
 fi
 if has scaling; then

@@ -1,6 +1,7 @@
 """A compiled step called from the user's eager reader loop (the README pattern): once the step
-is fed a reader's batches, that reader streams from its next epoch and the step runs ahead on
-the batches read ahead, checked; everything must equal the plain eager loop, bit for bit."""
+is fed a reader's batch, the rest of that epoch and the later ones stream, and the step runs
+ahead on the batches read ahead, checked; everything must equal the plain eager loop, bit for
+bit."""
 
 from __future__ import annotations
 
@@ -38,6 +39,31 @@ def test_later_epochs_stream_and_steps_run_ahead(jpeg_dir):
     assert stream_of(reader) is not None  # fed to a compiled step: streams after epoch 1
     assert _ahead(compiled) >= 6  # 12 streamed steps: all but the first few ran ahead
     assert compiled.cache_info().traces == 1
+
+
+def test_the_first_epoch_streams_from_its_second_step(jpeg_dir):
+    """The switch happens inside the epoch that first fed the step: its remaining batches come
+    from the stream (the reader's operator moved there where it stood), as eager gives them,
+    and its shard advances once, at the epoch's end."""
+    def scenario(reader, step):
+        out = []
+        for epoch_steps in (None, 2, None):  # a whole epoch, one left by a break, a whole one
+            for index, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=2)):
+                out.append((np.asarray(step(jpegs).torch()), np.asarray(labels.torch())))
+                if index == epoch_steps:
+                    break
+        return out
+
+    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                                modes=("step",))
+    compiled, reader = runs["step"].steps[0], runs["step"].args[0]
+    assert stream_of(reader) is not None
+    assert _ahead(compiled) >= 3
+    compiled = ndd.compile(_augment)
+    reader = _reader(jpeg_dir)
+    for jpegs, _ in reader.next_epoch(batch_size=2):  # one epoch: it streams from its 2nd step
+        np.asarray(compiled(jpegs).torch())
+    assert stream_of(reader) is not None and _ahead(compiled) >= 2
 
 
 def test_reader_not_fed_to_a_compiled_step_stays_eager(jpeg_dir):

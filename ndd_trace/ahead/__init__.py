@@ -22,7 +22,8 @@ itself only loses the running ahead (a region that mostly misses is no longer tr
 
 The same streams and the same Speculator serve compiled functions called from an eager reader
 loop (calls.run_call): a reader whose eager batches fed a compiled
-function streams from its next epoch, and the function's calls run ahead by the same rules.
+function streams from its next step on (the rest of that epoch, then every later one), and the
+function's calls run ahead by the same rules.
 
 The modules: runahead.py (the rules), streams.py and stream_files.py (reader streams),
 loop_epochs.py (the epochs a compiled loop opens), speculator.py (running ahead, by the rules)

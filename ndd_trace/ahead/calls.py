@@ -31,8 +31,8 @@ from .streams import can_stream, reader_epoch, stream_of
 #
 # Calling a compiled function is the opt-in. While compiled functions exist, eager batch epochs
 # are watched (their batches remembered weakly, nothing else changes). Once a compiled function
-# is fed a batch of a reader's eager epoch, that reader's *next* batch epochs go through a
-# ReaderStream, exactly as in transparent mode (the same operator, read ahead by a worker
+# is fed a batch of a reader's eager epoch, the rest of that epoch and the reader's later batch
+# epochs go through a ReaderStream, exactly as in transparent mode (the same operator, read ahead by a worker
 # thread; epoch lengths, breaks and shards as eagerly; checkpointing readers, readers with
 # tensor arguments or owned by a compiled loop stay eager). The compiled function is then run
 # ahead on the batches read ahead by the same Speculator as transparent mode's regions: a
@@ -119,7 +119,7 @@ def _open_epoch(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
     epoch = original(reader, *args, **kwargs)
     if not process_state.compiled_functions or kwargs.get("capture") or len(args) > 2 and args[2]:
         return epoch
-    return _tag_epoch(reader, epoch)
+    return _tag_epoch(reader, epoch, args, kwargs)
 
 
 def _on_metadata(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
@@ -129,8 +129,12 @@ def _on_metadata(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
     return original(reader, *args, **kwargs)
 
 
-def _tag_epoch(reader: Any, epoch: Iterator[Any]) -> Iterator[Any]:
+def _tag_epoch(reader: Any, epoch: Any, args: tuple, kwargs: dict) -> Iterator[Any]:
+    """An eager batch epoch, its batches tagged; once one of them fed a compiled call, the
+    rest of the epoch is read through the reader's stream (read ahead, the calls run ahead),
+    from where the reader's operator is: the same batches eager ndd's epoch would give."""
     ref = weakref.ref(reader)
+    given = 0
     for item in epoch:
         if isinstance(item, tuple):
             for batch in item:
@@ -139,6 +143,15 @@ def _tag_epoch(reader: Any, epoch: Iterator[Any]) -> Iterator[Any]:
             for batch in item.values():
                 _tag(batch, ref)
         yield item
+        given += 1
+        if reader in process_state.feeding_readers and can_stream(reader) is None:
+            batch_size = _dali.reader_epoch_request(reader, args, kwargs)
+            if batch_size is not None:
+                epoch.close()  # (eager's epoch left at this step: its shard does not advance)
+                options = Options(_dali.current_num_threads(), _dali.current_device_id(),
+                                  READ_AHEAD)
+                yield from reader_epoch(reader, batch_size, options, _note_for_calls, given)
+                return
 
 
 def _tag(batch: Any, reader: weakref.ref) -> None:
@@ -150,7 +163,7 @@ def _tag(batch: Any, reader: weakref.ref) -> None:
 
 def _note_inputs(bound: dict) -> None:
     """A compiled call was fed these arguments: readers whose eager batches are among them
-    stream from their next epoch on."""
+    stream from their next batch on (`_tag_epoch`)."""
     for value in bound.values():
         entry = process_state.tagged_batches.get(id(value))
         if entry is not None and entry[0]() is value:

@@ -183,13 +183,16 @@ class ReaderStream(StreamFiles):
                       self._read_limit)
         return batches  # type: ignore[return-value]
 
-    def epoch(self, batch_size: int, on_batch: Callable | None) -> Iterator[Any]:
+    def epoch(self, batch_size: int, on_batch: Callable | None,
+              given: int = 0) -> Iterator[Any]:
         """One epoch exactly as `reader.next_epoch(batch_size=...)` gives it: its length is
         counted at its first step from where the reader's shard is then; it advances the shard
-        at its end, not after a `break`; epochs open at once share the reader's batches."""
+        at its end, not after a `break`; epochs open at once share the reader's batches.
+        `given`: batches of this epoch eager ndd's own epoch gave before (its rest is read
+        here, from where the reader's operator is)."""
         reader = self._reader()
         _dali.reader_uses_batch_size(reader, batch_size)
-        steps = _dali.shard_steps(reader, self._meta["epoch_size_padded"], batch_size)
+        steps = _dali.shard_steps(reader, self._meta["epoch_size_padded"], batch_size) - given
         self._open_epoch(steps)
         try:
             for _ in range(steps):
@@ -272,9 +275,10 @@ def stream_of(reader: Any) -> ReaderStream | None:
 
 
 def reader_epoch(reader: Any, batch_size: int, options: Options,
-                 on_batch: Callable | None) -> Iterator[Any]:
+                 on_batch: Callable | None, given: int = 0) -> Iterator[Any]:
     """A batch epoch of `reader` read through its stream: the first one moves the reader into
-    it (eager ndd's checks raise here, at the first `next`, as eagerly)."""
+    it (eager ndd's checks raise here, at the first `next`, as eagerly). `given`: the batches
+    of this epoch an eager epoch gave before (see ReaderStream.epoch)."""
     stream = stream_of(reader)
     if stream is None:
         stream = ReaderStream(reader, batch_size, options)
@@ -282,7 +286,7 @@ def reader_epoch(reader: Any, batch_size: int, options: Options,
         process_state.streams[reader] = stream
         for hook in process_state.on_new_stream:
             hook()
-    yield from stream.epoch(batch_size, on_batch)
+    yield from stream.epoch(batch_size, on_batch, given)
 
 
 def can_stream(reader: Any) -> str | None:
