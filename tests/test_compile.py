@@ -290,7 +290,7 @@ from nvidia.dali import fn, pipeline_def, types
 
 @pipeline_def
 def golden_pipeline():
-    x = fn.external_source(name='x', device='cpu', dtype=types.UINT8, ndim=3, layout='HWC')
+    x = fn.external_source(name='x', device='cpu', no_copy=True, dtype=types.UINT8, ndim=3, layout='HWC')
     small = fn.resize(x, size=[8, 8])  # LOC
     flip_state = fn.external_source(name='flip_state', device='cpu', no_copy=True, dtype=types.UINT32, ndim=1)  # LOC
     flip = fn.random.coin_flip(_random_state=flip_state)  # LOC

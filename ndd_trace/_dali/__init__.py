@@ -51,7 +51,8 @@ from .interception import (interceptor, capture_running, eager_inside_trace, eag
                            op_functions, op_path, plumbing, process_params_replaced, schema_name,
                            synchronous, synchronous_cpu, tracing_active, unwatched)
 from .data import (broadcast_state, eager_reads_as_is, host_array, init_proxy,
-                   invocation_result_of, lazy_batch, op_function_of, pending_run_of, proxy_device,
+                   invocation_result_of, lazy_batch, op_function_of, owned_storage,
+                   pending_run_of, proxy_device,
                    same_data, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
                    wrap_batch, wrap_tensor, wraps_user_data)
 from .random import (ReplayRNG, default_rng, draw_state, existing_default_rng, forget_default_rng,
@@ -99,7 +100,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "install_compile", "intercept", "invocation_result_of", "is_data_node",
     "is_random", "is_stateful", "is_tensor_argument", "keep_eager_instance", "lazy_batch",
     "logical_hooks", "meta_of", "node_key", "NOT_PLAIN", "op_class_at", "op_function_of",
-    "op_functions", "op_path", "park_failed_pipeline", "pending_run_of", "pipeline_failure",
+    "op_functions", "op_path", "owned_storage", "park_failed_pipeline", "pending_run_of",
+    "pipeline_failure",
     "pipeline_options", "pipeline_outputs", "plumbing", "process_params_replaced", "proxy_device",
     "read_files_again", "Reader", "reader_checkpointing",
     "reader_epoch_captures", "reader_epoch_request", "reader_files", "ReaderFiles",

@@ -27,6 +27,18 @@ def storage_of(value: Any) -> Any:
     return backend.TensorListCPU([storage])
 
 
+def owned_storage(value: Any) -> Any:
+    """What a Batch argument is fed as to an external source that reads in place (no_copy):
+    its TensorList where DALI owns it (an op's or a reader's output: nobody writes to it), a
+    DALI-owned copy made now where it wraps user data (a caller may reuse that buffer, and eager
+    ndd read it at the call)."""
+    storage = value.evaluate()._storage
+    if value._is_external() and isinstance(storage, backend.TensorListCPU):
+        copy = storage._make_copy()
+        return copy if copy.data_ptr() else storage
+    return storage
+
+
 def snapshot(value: Any) -> Any:
     """A private copy of a concrete Batch/Tensor's data: eager ndd reads its inputs at the call,
     so a caller that mutates (or reuses) its buffers afterwards must not change the result."""

@@ -62,6 +62,8 @@ class Feed:
         else:
             value = node.payload
         if isinstance(value, _dali.Batch):
+            if node.kind is NodeKind.INPUT and node.feed_in_place:
+                return _dali.owned_storage(value)
             return _dali.storage_of(value)
         key: tuple = (id(node), batch_size)
         cache = self.cache_constants and node.kind is NodeKind.CONSTANT
@@ -103,7 +105,8 @@ class Feed:
             if kind is _FROM_ARGUMENT:
                 value = bound[where]
                 if type(value) is batch_type:
-                    data.append(_dali.storage_of(value))
+                    data.append(_dali.owned_storage(value) if node.feed_in_place
+                                else _dali.storage_of(value))
                     continue
             elif kind is _DRAWN_PER_CALL:
                 data.append(_dali.broadcast_state(states[where], batch_size))

@@ -22,7 +22,7 @@ from ..codegen.lower import Lowered, lower
 from ..codegen.optimize import optimize as optimize_graph
 from ..core import logs
 from ..core.files import write_atomic
-from ..core.ir import Graph
+from ..core.ir import Graph, NodeKind
 from ..execution import tuning
 from ..execution.runtime import Executable, Options
 
@@ -68,6 +68,10 @@ def compile_graph(graph: Graph, options: Options, *, draws: list | None = None,
     launched ahead). `cache_constants=False`: constants are fed again at every run (a region's
     constants change from run to run)."""
     applied = optimize_graph(graph) if optimize else []
+    for node in graph.nodes_of(NodeKind.INPUT):
+        # a batch argument in host memory is read in place: DALI's outputs (a reader's
+        # batches, an op's results) as they are, user data as a copy made at the call (Feed)
+        node.feed_in_place = node.is_batch and node.meta[0].device == "cpu"
     lowered = lower(graph, inline_constants=inline_constants)
     dump_source(lowered)
     executable = Executable(graph, lowered, draws or [], options, rng_objects or {},
