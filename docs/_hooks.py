@@ -1,7 +1,8 @@
 """mkdocs hooks: the API reference page is generated from `ndd_trace.__all__` (read from the
 source, nothing imported), so every public name has its entry; the benchmark chart
-(benchmarks/ratios.png and scaling.png, made by benchmarks/chart.py) and the measured results
-(benchmarks/RESULTS.md) go into the site as img/*.png and results.md, without copies in docs/.
+(benchmarks/ratios.png and scaling.png, made by benchmarks/chart.py), the measured results
+(benchmarks/RESULTS.md: the current figures) and their session log (benchmarks/HISTORY.md) go
+into the site as img/*.png, results.md and history.md, without copies in docs/.
 """
 
 from __future__ import annotations
@@ -27,13 +28,25 @@ def on_files(files, config):
             log.info("benchmarks/%s not found: the site shows a placeholder chart", chart)
             files.append(File.generated(config, f"img/{chart}", content=_PLACEHOLDER))
     files.append(File.generated(config, "api.md", content=_api_page(root)))
-    with open(os.path.join(root, "benchmarks", "RESULTS.md")) as file:
-        # RESULTS.md sits beside the chart; in the site the chart is img/ratios.png
-        results = file.read()
-        for chart in CHARTS:
-            results = results.replace(f"]({chart})", f"](img/{chart})")
-    files.append(File.generated(config, "results.md", content=results))
+    for source, page in SITE_PAGES.items():
+        files.append(File.generated(config, page, content=_site_page(root, source)))
     return files
+
+
+# benchmarks/*.md as pages of the site: the current figures, and the session log apart
+SITE_PAGES = {"RESULTS.md": "results.md", "HISTORY.md": "history.md"}
+
+
+def _site_page(root: str, source: str) -> str:
+    """benchmarks/<source> with its links as the site has them: beside the charts and each other
+    there, in the site the charts are img/*.png and the pages results.md and history.md."""
+    with open(os.path.join(root, "benchmarks", source)) as file:
+        text = file.read()
+    for chart in CHARTS:
+        text = text.replace(f"]({chart})", f"](img/{chart})")
+    for name, page in SITE_PAGES.items():
+        text = text.replace(f"]({name}", f"]({page}")
+    return text
 
 
 # a 1x1 transparent PNG
