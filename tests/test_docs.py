@@ -36,6 +36,7 @@ import pytest
 from conftest import HAS_GPU, ROOT, subprocess_env
 
 import ndd_trace
+from benchmarks import chart
 
 PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT)
                               for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
@@ -184,6 +185,72 @@ def test_page_samples_run(page, page_runs):
     with open(page_runs[page]["log"]) as file:
         log = file.read()
     assert page_runs[page]["returncode"] == 0, log[-8000:]
+
+
+# -- one source for each figure -------------------------------------------------------------------
+
+RESULTS = os.path.join(ROOT, "benchmarks", "RESULTS.md")
+FIGURE_PAGES = ["README.md", os.path.join("docs", "guide.md"), os.path.join("docs", "benchmarks.md")]
+CURRENT_FIGURES = '--8<-- "benchmarks/RESULTS.md:current"'  # pymdownx.snippets' include
+_MEASURED_RATIO = re.compile(r"\b\d+\.\d\dx\b")  # as the docs write one: 0.85x
+_CELL = re.compile(r"-|\d+\.\d\d|\d+\.\d\d( / \d+\.\d\d)+")
+
+
+def _read(path: str) -> str:
+    with open(os.path.join(ROOT, path)) as file:
+        return file.read()
+
+
+def test_results_open_with_the_current_figures():
+    """RESULTS.md opens with one table of every mode, each column's run named in its key; the
+    sessions' log is HISTORY.md, linked."""
+    text = _read(RESULTS)
+    assert re.findall(r"^## (.+)$", text, re.M)[0] == "Current figures"
+    header, rows = chart.current_table(RESULTS)
+    assert len(rows) >= 10 and all(len(row) == len(header) + 1 for row in rows), rows
+    bad = [(row[0], cell) for row in rows for cell in row[1:] if not _CELL.fullmatch(cell)]
+    assert not bad, f"cells that are no ratio, `a / b` rounds or `-`: {bad}"
+    pipeline = next(row for row in rows if row[0].startswith("`@pipeline_def`, written by hand"))
+    assert set(pipeline[1:]) == {"1.00"}, "the ratios are to the hand-written pipeline"
+    for session in {column.rsplit(", ", 1)[-1].split()[0] for column in header}:
+        assert f"- **{session}**:" in text, f"column run {session} has no key (machine, command, date)"
+    assert "](HISTORY.md)" in text and re.search(r"^## .* session", _read(os.path.join(
+        "benchmarks", "HISTORY.md")), re.M)
+    assert len(text) < 20_000, "RESULTS.md is the current figures; the log goes to HISTORY.md"
+
+
+def test_the_docs_show_the_current_figures_only():
+    """The benchmarks page includes the table; the README and the guide link to it; none of the
+    three writes a measured ratio of its own (which is how they came to disagree)."""
+    assert _read(os.path.join("docs", "benchmarks.md")).count(CURRENT_FIGURES) == 1
+    found = {page: _MEASURED_RATIO.findall(_read(page)) for page in FIGURE_PAGES}
+    assert not any(found.values()), f"ratios outside the current figures: {found}"
+    assert "benchmarks.md#current-figures" in _read(os.path.join("docs", "guide.md"))
+
+
+def _png_text(path: str) -> dict[str, str]:
+    """The tEXt chunks of a PNG file."""
+    with open(path, "rb") as file:
+        data = file.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    texts, offset = {}, 8
+    while offset < len(data):
+        length = int.from_bytes(data[offset:offset + 4], "big")
+        kind, body = data[offset + 4:offset + 8], data[offset + 8:offset + 8 + length]
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            texts[key.decode("latin-1")] = value.decode("latin-1")
+        offset += 12 + length
+    return texts
+
+
+def test_the_chart_is_drawn_from_the_current_figures():
+    drawn_from = _png_text(os.path.join(ROOT, "benchmarks", "ratios.png")).get(chart.SOURCE_KEY)
+    assert drawn_from == chart.table_digest(RESULTS), \
+        "benchmarks/ratios.png was drawn from another table: python benchmarks/chart.py " \
+        "--results benchmarks/RESULTS.md (pip install -e '.[bench]')"
+    groups, _ = chart.results_groups(RESULTS)
+    assert len(groups) >= 3
 
 
 @pytest.mark.skipif(shutil.which("mkdocs") is None and not os.path.exists(
