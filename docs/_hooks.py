@@ -74,8 +74,17 @@ _COMPILED_FUNCTION = """::: ndd_trace.CompiledFunction
                 optimize, fallback, ledger, step, loop_break]
 """
 
+# A NamedTuple's fields carry no docstrings of their own: listed by name
+_CACHE_INFO = """::: ndd_trace.CacheInfo
+    options:
+      show_if_no_docstring: true
+      members: [hits, misses, traces, fallbacks, entries]
+"""
+
 _ALSO = """
 ## Also returned or raised
+
+::: ndd_trace.export.Exported
 
 ::: ndd_trace.modes.lazy.Report
 
@@ -104,12 +113,24 @@ def public_names(root: str) -> list[str]:
     raise RuntimeError("ndd_trace/__init__.py defines no __all__")
 
 
+def identifier(root: str, name: str) -> str:
+    """The path mkdocstrings documents public `name` under: `ndd_trace.<name>`, or where a
+    submodule has the name too (`ndd_trace.export`, the function, and `ndd_trace/export.py`),
+    the object inside it: the reference would otherwise show the module, its CLI `main`
+    included."""
+    package = os.path.join(root, "ndd_trace")
+    if os.path.exists(os.path.join(package, f"{name}.py")) or os.path.isdir(
+            os.path.join(package, name)):
+        return f"ndd_trace.{name}.{name}"
+    return f"ndd_trace.{name}"
+
+
 def _api_page(root: str) -> str:
     functions = [name for name in public_names(root) if name[0].islower()]
     classes = [name for name in public_names(root) if name[0].isupper()]
+    special = {"CompiledFunction": _COMPILED_FUNCTION, "CacheInfo": _CACHE_INFO}
     lines = [_API_INTRO, "## Functions", ""]
-    lines += [f"::: ndd_trace.{name}\n" for name in functions]
+    lines += [f"::: {identifier(root, name)}\n" for name in functions]
     lines += ["## Classes and exceptions", ""]
-    lines += [_COMPILED_FUNCTION if name == "CompiledFunction" else f"::: ndd_trace.{name}\n"
-              for name in classes]
+    lines += [special.get(name) or f"::: {identifier(root, name)}\n" for name in classes]
     return "\n".join(lines) + _ALSO
