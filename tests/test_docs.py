@@ -13,9 +13,13 @@ How a page marks its samples (an HTML comment on the line before a block; marks 
 - `<!-- not run: why -->`: shown, never run (what a type checker rejects, the code ndd_trace
   generates). At most three in all.
 
-Each page runs in a fresh interpreter (tests/doc_samples.py) on the CPU (`device="gpu"` runs as
-`device="cpu"` without a GPU), with HOME in a temporary folder; each program in a fresh
-namespace and a folder of its own.
+Each page runs in a fresh process of its own (tests/doc_samples.py: forked from an interpreter
+that imported DALI and nothing of ndd_trace; on a GPU machine, an interpreter per page), on the
+CPU (`device="gpu"` runs as `device="cpu"` without a GPU), with HOME in a temporary folder; each
+program in a fresh namespace and a folder of its own. Nothing is injected: a name a program uses
+is one it defines or imports. Where figures go is checked here too (one source: the current
+figures of benchmarks/RESULTS.md), and that the site builds with an API reference of every
+public name.
 """
 
 from __future__ import annotations
