@@ -1,7 +1,8 @@
 """mkdocs hooks: the API reference page is generated from `ndd_trace.__all__` (read from the
 source, nothing imported), so every public name has its entry; the benchmark chart
-(benchmarks/ratios.png and scaling.png, made by benchmarks/chart.py) and the measured results
-(benchmarks/RESULTS.md) go into the site as img/*.png and results.md, without copies in docs/.
+(benchmarks/ratios.png and scaling.png, made by benchmarks/chart.py), the measured results
+(benchmarks/RESULTS.md: the current figures) and their session log (benchmarks/HISTORY.md) go
+into the site as img/*.png, results.md and history.md, without copies in docs/.
 """
 
 from __future__ import annotations
@@ -27,13 +28,25 @@ def on_files(files, config):
             log.info("benchmarks/%s not found: the site shows a placeholder chart", chart)
             files.append(File.generated(config, f"img/{chart}", content=_PLACEHOLDER))
     files.append(File.generated(config, "api.md", content=_api_page(root)))
-    with open(os.path.join(root, "benchmarks", "RESULTS.md")) as file:
-        # RESULTS.md sits beside the chart; in the site the chart is img/ratios.png
-        results = file.read()
-        for chart in CHARTS:
-            results = results.replace(f"]({chart})", f"](img/{chart})")
-    files.append(File.generated(config, "results.md", content=results))
+    for source, page in SITE_PAGES.items():
+        files.append(File.generated(config, page, content=_site_page(root, source)))
     return files
+
+
+# benchmarks/*.md as pages of the site: the current figures, and the session log apart
+SITE_PAGES = {"RESULTS.md": "results.md", "HISTORY.md": "history.md"}
+
+
+def _site_page(root: str, source: str) -> str:
+    """benchmarks/<source> with its links as the site has them: beside the charts and each other
+    there, in the site the charts are img/*.png and the pages results.md and history.md."""
+    with open(os.path.join(root, "benchmarks", source)) as file:
+        text = file.read()
+    for chart in CHARTS:
+        text = text.replace(f"]({chart})", f"](img/{chart})")
+    for name, page in SITE_PAGES.items():
+        text = text.replace(f"]({name}", f"]({page}")
+    return text
 
 
 # a 1x1 transparent PNG
@@ -61,8 +74,17 @@ _COMPILED_FUNCTION = """::: ndd_trace.CompiledFunction
                 optimize, fallback, ledger, step, loop_break]
 """
 
+# A NamedTuple's fields carry no docstrings of their own: listed by name
+_CACHE_INFO = """::: ndd_trace.CacheInfo
+    options:
+      show_if_no_docstring: true
+      members: [hits, misses, traces, fallbacks, entries]
+"""
+
 _ALSO = """
 ## Also returned or raised
+
+::: ndd_trace.export.Exported
 
 ::: ndd_trace.modes.lazy.Report
 
@@ -91,12 +113,24 @@ def public_names(root: str) -> list[str]:
     raise RuntimeError("ndd_trace/__init__.py defines no __all__")
 
 
+def identifier(root: str, name: str) -> str:
+    """The path mkdocstrings documents public `name` under: `ndd_trace.<name>`, or where a
+    submodule has the name too (`ndd_trace.export`, the function, and `ndd_trace/export.py`),
+    the object inside it: the reference would otherwise show the module, its CLI `main`
+    included."""
+    package = os.path.join(root, "ndd_trace")
+    if os.path.exists(os.path.join(package, f"{name}.py")) or os.path.isdir(
+            os.path.join(package, name)):
+        return f"ndd_trace.{name}.{name}"
+    return f"ndd_trace.{name}"
+
+
 def _api_page(root: str) -> str:
     functions = [name for name in public_names(root) if name[0].islower()]
     classes = [name for name in public_names(root) if name[0].isupper()]
+    special = {"CompiledFunction": _COMPILED_FUNCTION, "CacheInfo": _CACHE_INFO}
     lines = [_API_INTRO, "## Functions", ""]
-    lines += [f"::: ndd_trace.{name}\n" for name in functions]
+    lines += [f"::: {identifier(root, name)}\n" for name in functions]
     lines += ["## Classes and exceptions", ""]
-    lines += [_COMPILED_FUNCTION if name == "CompiledFunction" else f"::: ndd_trace.{name}\n"
-              for name in classes]
+    lines += [special.get(name) or f"::: {identifier(root, name)}\n" for name in classes]
     return "\n".join(lines) + _ALSO

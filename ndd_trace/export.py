@@ -140,10 +140,13 @@ def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLi
            format: str = "python", batch_size: int | None = None,
            num_threads: int | None = None, random: str = "pipeline", seed: int | None = None,
            **example_kwargs: Any) -> Exported:
-    """Write `function`'s pipeline for these example arguments to `path` (see module doc).
+    """Write `function`'s pipeline for these example arguments to `path`, for DALI without
+    ndd_trace (docs/export.md).
 
-    `path`: a file name (str, bytes or os.PathLike); format="python" writes the example
-    inputs beside it (`<path without extension>_example.npz`).
+    `format`: "python" (a module of the generated `@pipeline_def`, with a `__main__` that runs
+    it on the example inputs) or "serialized" (`Pipeline.serialize()`, for Triton's DALI
+    backend). `path`: a file name (str, bytes or os.PathLike); format="python" writes the
+    example inputs beside it (`<path without extension>_example.npz`).
     `batch_size`: the pipeline's maximum batch size (default: that of the example batches, or
     the reader loop's). `random`: "pipeline" (the pipeline draws its own random numbers, from
     `seed`) or "inputs" (random states are inputs, for eager's exact values).

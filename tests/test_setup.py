@@ -219,7 +219,8 @@ def test_the_sdist_ships_no_tests_without_what_they_read():
 def test_the_build_warns_of_nothing_deprecated(tmp_path):
     """The sdist and the wheel build from a copy of the project's files without setuptools'
     deprecation warnings (`project.license` as a table was one: an error from 2027-02-18), the
-    sdist without tests, the wheel with the license and the stub."""
+    sdist with every file of the package and without tests, the wheel with the license and the
+    stub."""
     import shutil
     import subprocess
     import sys
@@ -250,6 +251,14 @@ def test_the_build_warns_of_nothing_deprecated(tmp_path):
         names = archive.getnames()
     assert not [name for name in names if "/tests/" in name]
     assert any(name.endswith("/LICENSE") for name in names)
+    # what the package runs with, every file of it, and the NDD_TRACE=1 hook: a wheel built
+    # from the sdist (as pip builds one) lacks nothing
+    shipped = {name.split("/", 1)[1] for name in names if "/" in name}
+    needed = {os.path.relpath(os.path.join(folder, file), ROOT)
+              for folder, _, files in os.walk(os.path.join(ROOT, "ndd_trace"))
+              for file in files if not file.endswith(".pyc")}
+    needed |= {"_ndd_trace_hook.py", "ndd_trace.pth", "setup.py", "pyproject.toml", "README.md"}
+    assert not needed - shipped, f"the sdist lacks {sorted(needed - shipped)}"
     with zipfile.ZipFile(tmp_path / wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
