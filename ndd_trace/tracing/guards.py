@@ -1,13 +1,14 @@
 """Guards: the frozen cache key of a call, and an explanation of what changed on a miss.
 
     key = build_key(args, kwargs, plan)        # a tuple of (label, frozen value) pairs
-    explain_miss(new_key, old_key)             # "argument `size`: 224 -> 256"
+    keys.explain_miss(new_key, old_key)        # "size: 224 -> 256", "CFG.size: 48 -> 64"
     fast = FastGuard.of(args, plan, entry)     # the last call's key, checked without building
     fast.matches(args)                         # it: identities and data descriptions
 
 Batches and tensors contribute their kind, device, dtype, ndim and layout (not their data or batch
 size); other arguments, module globals and closure values the function reads contribute their
-value, frozen recursively (objects by their attributes), so a change re-traces. A per-sample
+value, frozen recursively (objects by their attributes), so a change re-traces. Labels spell
+what the user wrote: `size`, `args[0]`, `kwargs['k']`, `CFG`, `config.SIZE`. A per-sample
 function's keys (`baked=True`) differ in one point: only its Batches are fed, so every other
 argument, a Tensor included, contributes its value.
 """
@@ -20,6 +21,7 @@ import dis
 import sys
 import enum
 import functools
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -170,6 +172,8 @@ class GuardPlan:
     # attributes read of the user's own modules (`config.SIZE`, a module global reads by
     # identity): (label prefix, module global's name, globals dict, attribute chain)
     module_attributes: tuple[tuple[str, str, dict, tuple[str, ...]], ...] = ()
+    # its parameters, as labels spell arguments: (positional, keyword-only, *args, **kwargs)
+    parameters: tuple = ((), (), None, None)
 
     @property
     def global_names(self) -> tuple[str, ...]:
@@ -242,6 +246,14 @@ def _chain_value(value: Any, chain: tuple[str, ...]) -> Any:
     return value
 
 
+def _parameters(code: types.CodeType) -> tuple:
+    """A function's positional and keyword-only parameters, its `*args` and `**kwargs`."""
+    names, count = code.co_varnames, code.co_argcount + code.co_kwonlyargcount
+    varargs = names[count] if code.co_flags & inspect.CO_VARARGS else None
+    varkw = names[count + bool(varargs)] if code.co_flags & inspect.CO_VARKEYWORDS else None
+    return names[:code.co_argcount], names[code.co_argcount:count], varargs, varkw
+
+
 def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     """Globals and closure cells `function` reads, following user helpers `max_depth` deep."""
     globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
@@ -267,7 +279,7 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                 attributes.setdefault((id(namespace), name, chain),
                                       (prefix, name, namespace, chain))
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            closure.append((f"{prefix}closure variable `{name}`", cell))
+            closure.append((f"{prefix}{name}", cell))
             try:
                 value = cell.cell_contents
             except ValueError:
@@ -276,30 +288,37 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                 visit(value, f"{value.__name__}() reads ", depth + 1)
 
     visit(function, "", 0)
-    return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()))
+    code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+    return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()),
+                     _parameters(code) if code is not None else ((), (), None, None))
 
 
 def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
               batch_sizes: tuple | None = None, names: tuple[str, ...] = (),
               baked: bool = False) -> tuple:
-    """The guards of one call. `baked`: only Batch arguments are fed, every other argument is
-    part of the pipeline (a per-sample function's), keyed by its value."""
+    """The guards of one call, labelled as the user spells each (`size`, `args[0]`,
+    `kwargs['k']`, `CFG`). `baked`: only Batch arguments are fed, every other argument is part
+    of the pipeline (a per-sample function's), keyed by its value."""
     argument_key = _baked_argument_key if baked else _argument_key
+    positional, keyword_only, varargs, varkw = plan.parameters
+    names = names or positional
     key: list[tuple[str, Any]] = []
     for index, value in enumerate(args):
-        label = f"argument `{names[index]}`" if index < len(names) else f"argument #{index}"
+        label = names[index] if index < len(names) else \
+            f"{varargs or 'args'}[{index - len(names)}]"
         key.append((label, argument_key(value)))
     for name in sorted(kwargs):
-        key.append((f"argument `{name}`", argument_key(kwargs[name])))
+        label = f"{varkw}[{name!r}]" if varkw and name not in keyword_only else name
+        key.append((label, argument_key(kwargs[name])))
     for prefix, name, namespace in plan.globals_read:
         value = namespace.get(name, _MISSING)
         if value is _MISSING:
             value = builtins.__dict__.get(name, _MISSING)
-        key.append((f"{prefix}global `{name}`",
+        key.append((f"{prefix}{name}",
                     ("missing",) if value is _MISSING else freeze(value, GUARDS)))
     for prefix, name, namespace, chain in plan.module_attributes:
         value = _chain_value(namespace.get(name), chain)
-        key.append((f"{prefix}global `{name}.{'.'.join(chain)}`",
+        key.append((f"{prefix}{name}.{'.'.join(chain)}",
                     ("missing",) if value is _MISSING else freeze(value, GUARDS)))
     for label, cell in plan.closure:
         try:
