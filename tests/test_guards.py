@@ -415,6 +415,59 @@ def _images(value: int) -> ndd.Batch:
     return ndd.as_batch([np.full((8, 8, 3), value, np.uint8)] * 2, layout="HWC")
 
 
+def test_replacing_an_attribute_the_function_never_reads_does_not_retrace():
+    """The function reads `CFG.size` only: a new `CFG.lock` (or a new CFG with the same size)
+    is not a change of anything it reads; a new `CFG.size` is, and says so as written."""
+    global CFG
+
+    @ndd.compile
+    def resize(x):
+        return ndd.resize(x, size=[CFG.size, CFG.size])
+
+    def check():
+        assert_same(resize.__wrapped__(_images(3)), resize(_images(3)))
+
+    saved = CFG
+    try:
+        check()
+        CFG.lock = threading.Lock()
+        check()
+        CFG = _Config()
+        check()
+        assert resize.cache_info()[:3] == (2, 1, 1), resize.cache_info()
+        CFG.size = 64
+        check()
+        assert resize.cache_info().traces == 2
+        assert resize.last_miss_reason == "CFG.size: 48 -> 64"
+    finally:
+        CFG = saved
+
+
+def test_a_function_that_passes_the_object_on_is_guarded_on_all_of_it():
+    """`CFG` given to a helper (read bare) may be read anywhere: every attribute is guarded,
+    and the reason names the one that changed."""
+    global CFG
+
+    def size_of(config):
+        return config.size
+
+    @ndd.compile
+    def resize(x):
+        return ndd.resize(x, size=[size_of(CFG), 8])
+
+    saved = CFG
+    try:
+        assert_same(resize.__wrapped__(_images(3)), resize(_images(3)))
+        CFG.lock = threading.Lock()
+        assert_same(resize.__wrapped__(_images(3)), resize(_images(3)))
+        assert resize.cache_info().traces == 2
+        reason = resize.last_miss_reason
+        assert reason.startswith("CFG.lock: <unlocked _thread.lock object at ") and \
+            reason.count(" -> ") == 1, reason
+    finally:
+        CFG = saved
+
+
 def _reason(function, before, after, *, args=(), kwargs=None, names=()):
     """The miss reason between two calls of `function`'s guards, `before()`/`after()` setting
     up each."""
@@ -496,9 +549,61 @@ def test_miss_reasons_read_alike_everywhere(caplog):
                 assert_same(resize.__wrapped__(_images(3)), resize(_images(3)))
         assert resize.last_miss_reason == "CFG.size: 56 -> 64"
         assert ndd_trace.explain(resize, _images(3)).miss_reason == "CFG.size: 56 -> 64"
+        assert "CFG.size == 64" in ndd_trace.explain(resize, _images(3)).guards
         logged = [r.getMessage() for r in caplog.records if r.name == "ndd_trace.recompiles"]
         assert logged and logged[0].endswith(": CFG.size: 48 -> 56"), logged
         (limit,) = [str(w.message) for w in record if "cache_limit" in str(w.message)]
         assert "last change: CFG.size: 56 -> 64." in limit
     finally:
         CFG.size = saved
+
+
+class _Augment:
+    """A dataset-like object whose compiled method reads `self.size` only."""
+
+    def __init__(self):
+        self.size = 8
+        self.epoch = 0  # bumped by the training loop: no attribute the step reads
+        self.options = {"angle": 10.0}
+
+    @ndd.compile
+    def step(self, x):
+        return ndd.rotate(ndd.resize(x, size=[self.size, self.size]),
+                          angle=self.options["angle"])
+
+    @property
+    def drawn(self):  # reading it would run the user's code (and move their generator)
+        return np.random.uniform()
+
+
+def test_self_and_closure_objects_are_keyed_by_the_attributes_read():
+    """A compiled method reading `self.size` and `self.options[...]` does not re-trace when
+    the loop bumps `self.epoch`; a change of `self.options` names the item; a closure
+    variable read as `cfg.size` likewise; a property (code) is read by no guard."""
+    augment = _Augment()
+
+    def check():
+        assert_same(_Augment.step.__wrapped__(augment, _images(3)), augment.step(_images(3)))
+
+    check()
+    augment.epoch += 1
+    check()
+    assert _Augment.step.cache_info()[:3] == (1, 1, 1)
+    augment.options["angle"] = 20.0
+    check()
+    assert _Augment.step.last_miss_reason == "self.options['angle']: 10.0 -> 20.0"
+    cfg = _Config(8)
+
+    @ndd.compile
+    def resize(x):
+        return ndd.resize(x, size=[cfg.size, cfg.size])
+
+    resize(_images(3)).evaluate()
+    cfg.lock = threading.Lock()
+    resize(_images(3)).evaluate()
+    assert resize.cache_info().traces == 1
+    plan = guards.plan_for(lambda x: augment.drawn + x)  # (augment: a closure variable)
+    state = np.random.get_state()[1].copy()
+    key = guards.build_key((1,), {}, plan)
+    assert np.array_equal(np.random.get_state()[1], state)  # the property did not run
+    assert [label for label, _ in key] == ["x", "augment"]  # keyed whole instead
