@@ -43,8 +43,8 @@ commands:
                                                        (`python -m ndd_trace export --help`)
 
 environment: NDD_TRACE_LOGS=recompiles,breaks (logs), NDD_TRACE_REPORT=path (JSON report),
-NDD_TRACE_CACHE_DIR=dir (warm starts), NDD_TRACE_DUMP=dir (every generated pipeline's source);
-docs/launching.md
+NDD_TRACE_CACHE_DIR=dir (warm starts), NDD_TRACE_DEBUG_DIR=dir (every generated pipeline's
+source and graph); docs/launching.md
 """
 
 

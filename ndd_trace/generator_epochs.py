@@ -61,7 +61,8 @@ class GeneratorEpochs:
         else:
             epoch = split.generator(*args, **kwargs)
         # the report's loader verdict: the consumer's wait for each item vs its own step
-        return waits.timed(epoch, self.__qualname__, str(self._stage.definition_loc()))
+        return waits.timed(epoch, self.__qualname__, str(self._stage.definition_loc()),
+                           waits.COMPILED_GENERATOR, self._stage.optimize)
 
     def _loop(self) -> Split | None:
         """The generator taken apart (None: its loop body runs in checked mode), at its first

@@ -28,7 +28,7 @@ LAYERS = [
     {"_dali.pipelines"},
     {"_dali.conditionals"},
     {"_dali"},
-    {"tracing.values", "tracing.effects"},
+    {"tracing.values", "tracing.effects", "tracing.reads"},
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},
     {"codegen.optimize"},
     {"codegen.lower"},

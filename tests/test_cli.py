@@ -24,6 +24,7 @@ def test_help_shows_the_commands(tmp_path):
     help_text = completed.stdout
     assert "python -m ndd_trace export module:function --out PATH" in help_text
     assert "-m module" in help_text and "--version" in help_text and "--report" in help_text
+    assert "NDD_TRACE_DEBUG_DIR=dir" in help_text and "NDD_TRACE_DUMP" not in help_text
     export_help = _python(["-m", "ndd_trace", "export", "--help"], tmp_path)
     assert export_help.returncode == 0 and "--format" in export_help.stdout
 

@@ -203,7 +203,7 @@ def test_logs_trace_recompile_break_and_build(caplog, batch):
     assert any("`test_logs_trace_recompile_break_and_build.<locals>.scaled` traced: 1 ndd calls"
                in m for m in by_channel["ndd_trace.trace"])
     recompile = by_channel["ndd_trace.recompiles"]
-    assert len(recompile) == 1 and "argument `size`: 8 -> 6" in recompile[0]
+    assert len(recompile) == 1 and "size: 8 -> 6" in recompile[0]
     assert any("reads `.shape`" in m for m in by_channel["ndd_trace.breaks"])
     assert any("transparent mode" in m for m in by_channel["ndd_trace.fallbacks"])
     assert any(m.startswith("built <ndd_trace:") and " ms" in m
@@ -256,7 +256,7 @@ def test_guards_print_floats_as_written():
     key_a = guards.build_key((0.1, 128.0), {}, guards.plan_for(lambda a, b: None), None, ("a", "b"))
     key_b = guards.build_key((0.1, 120.5), {}, guards.plan_for(lambda a, b: None), None, ("a", "b"))
     assert keys.explain_miss(key_b, key_a) == \
-        "argument `b`: 128.0 -> 120.5"
+        "b: 128.0 -> 120.5"
     assert "0x1" not in repr(key_a) and keys.show(key_a[0][1]) == "0.1"
 
     def freeze(value):
@@ -277,7 +277,7 @@ def test_float_miss_reason_of_a_compiled_function(batch):
     bright(batch, 1.5)
     bright(batch, 0.25)
     assert bright.last_miss_reason == \
-        "argument `factor`: 1.5 -> 0.25"
+        "factor: 1.5 -> 0.25"
 
 
 def test_report_tells_regions_at_one_line_apart(batch):

@@ -492,7 +492,7 @@ def test_a_changed_module_global_rebuilds(images, monkeypatch):
         lambda: monkeypatch.setitem(globals(), "THRESHOLD", 50),
         lambda: WIDTH.__setitem__(0, 11)])  # in place
     assert compiled.builds == 4
-    assert compiled.last_miss_reason.startswith("global `WIDTH`: [8] ->")
+    assert compiled.last_miss_reason == "WIDTH[0]: 8 -> 11"
 
 
 def test_a_changed_closure_variable_rebuilds(images):
@@ -510,7 +510,7 @@ def test_a_changed_closure_variable_rebuilds(images):
     compiled = assert_each_matches_eager(closure, images, mode="per_sample",
                                          changes=[lambda: None, change, change])
     assert compiled.builds == 3
-    assert "closure variable `size`" in compiled.last_miss_reason
+    assert compiled.last_miss_reason == "size: 11 -> 14"
 
 
 def test_a_changed_attribute_of_a_global_object_or_class_rebuilds(images, monkeypatch):
@@ -518,7 +518,7 @@ def test_a_changed_attribute_of_a_global_object_or_class_rebuilds(images, monkey
         lambda: None, lambda: monkeypatch.setattr(Settings, "angle", 30.0),
         lambda: monkeypatch.setattr(OPTIONS, "side", 6)])
     assert compiled.builds == 3
-    assert "global `OPTIONS`" in compiled.last_miss_reason
+    assert compiled.last_miss_reason == "OPTIONS.side: 12 -> 6"
 
 
 def test_a_changed_global_of_a_helper_rebuilds(images, monkeypatch):
@@ -530,7 +530,7 @@ def test_a_changed_global_of_a_helper_rebuilds(images, monkeypatch):
         lambda: monkeypatch.setitem(globals(), "resize_to_side", other_helper),
         lambda: monkeypatch.setitem(globals(), "SIDE", 3)])  # read by the new helper
     assert compiled.builds == 4
-    assert compiled.last_miss_reason.startswith("other_helper() reads global `SIDE`")
+    assert compiled.last_miss_reason == "other_helper() reads SIDE: 14 -> 3"
 
 
 def test_unchanged_globals_reuse_the_variant(images, monkeypatch):
@@ -545,7 +545,7 @@ def test_unchanged_globals_reuse_the_variant(images, monkeypatch):
                           run(compiled, images, seed=seed))
     assert compiled.builds == 2 and compiled.variants_held == 2
     explanation = ndd_trace.explain(compiled, images)
-    assert "global `THRESHOLD` == 45" in explanation.guards
+    assert "THRESHOLD == 45" in explanation.guards
 
 
 def test_export_reads_the_globals_current_values(images, monkeypatch, tmp_path):
@@ -575,7 +575,7 @@ def test_past_cache_limit_runs_the_eager_loop_and_says_so(images, monkeypatch):
         if threshold == 35:  # the third variant: not built
             assert [w.filename for w in record] == [__file__]
             assert "cache_limit" in str(record[0].message)
-            assert "global `THRESHOLD`: 40 -> 35" in str(record[0].message)
+            assert "last change: THRESHOLD: 40 -> 35; new variants" in str(record[0].message)
         else:
             assert not record
     assert compiled.builds == 2

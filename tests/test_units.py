@@ -104,19 +104,63 @@ def test_every_mode_holds_its_units_in_a_unit_cache():
         assert "factor" in function.last_miss_reason and "->" in function.last_miss_reason
 
 
-def test_every_generated_pipeline_is_written_to_the_dump_folder(tmp_path, monkeypatch):
-    """NDD_TRACE_DUMP=folder: each generated pipeline's source lands there, whole, and is the
-    code that runs (`entry.lowered.source`)."""
-    monkeypatch.setenv("NDD_TRACE_DUMP", str(tmp_path / "dump"))
+def test_every_generated_pipeline_and_its_graph_are_written_to_the_debug_dir(tmp_path,
+                                                                              monkeypatch):
+    """NDD_TRACE_DEBUG_DIR=folder: each generated pipeline's source lands there, whole, and is
+    the code that runs (`entry.lowered.source`), beside the graph it was generated from
+    (transparent mode's regions too)."""
+    monkeypatch.setenv("NDD_TRACE_DEBUG_DIR", str(tmp_path / "debug"))
+    monkeypatch.delenv("NDD_TRACE_DUMP", raising=False)
 
     def mirrored(images):
         return ndd.flip(images, horizontal=1)
 
     compiled = ndd_trace.compile(mirrored)
-    assert_same(mirrored(_images(2)), compiled(_images(2)))
-    written = list((tmp_path / "dump").iterdir())
-    assert len(written) == 1 and written[0].suffix == ".py" and "mirrored" in written[0].name
-    assert written[0].read_text() == compiled.entries[0].lowered.source
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the current name: no deprecation)
+        assert_same(mirrored(_images(2)), compiled(_images(2)))
+    written = sorted((tmp_path / "debug").iterdir())
+    assert [path.name.split(".", 1)[1] for path in written] == ["graph.txt", "py"], written
+    graph, source = written
+    assert "mirrored" in source.name and graph.name == source.stem + ".graph.txt"
+    assert source.read_text() == compiled.entries[0].lowered.source
+    text = graph.read_text()
+    assert text.startswith("graph mirrored") and "= flip[cpu](in0, horizontal=1)" in text
+    assert not [path for path in (tmp_path / "debug").iterdir() if path.name.startswith(".")]
+    ndd_trace.reset()  # (a region of this op may be held from an earlier test)
+    with ndd_trace.enabled():  # a transparent-mode region is a generated pipeline too
+        np.asarray(mirrored(_images(3)).torch())
+    assert len(list((tmp_path / "debug").iterdir())) == 4
+
+
+def test_ndd_trace_dump_still_works_and_says_once_that_it_is_deprecated(tmp_path, monkeypatch):
+    """NDD_TRACE_DUMP, the old name, writes to its folder for one more release, with a
+    FutureWarning once a process at the user's line; NDD_TRACE_DEBUG_DIR wins where both are
+    set."""
+    from ndd_trace.core import process_state
+
+    monkeypatch.setattr(process_state, "deprecations_warned", set())
+    monkeypatch.delenv("NDD_TRACE_DEBUG_DIR", raising=False)
+    monkeypatch.setenv("NDD_TRACE_DUMP", str(tmp_path / "old"))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for factor in (1.5, 2.5):
+            brighter = ndd_trace.compile(lambda images: ndd.brightness(images, brightness=2))
+            brighter(_images(factor)).evaluate()
+    said = [w for w in record if issubclass(w.category, FutureWarning)]
+    assert len(said) == 1, [str(w.message) for w in record]
+    assert "NDD_TRACE_DUMP is deprecated" in str(said[0].message)
+    assert f"set NDD_TRACE_DEBUG_DIR={str(tmp_path / 'old')!r} instead" in str(said[0].message)
+    assert said[0].filename == __file__
+    assert len(list((tmp_path / "old").glob("*.py"))) == 2
+    monkeypatch.setattr(process_state, "deprecations_warned", set())
+    monkeypatch.setenv("NDD_TRACE_DEBUG_DIR", str(tmp_path / "new"))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ndd_trace.compile(lambda images: ndd.flip(images, vertical=1))(_images(1)).evaluate()
+    assert ["ignored: NDD_TRACE_DEBUG_DIR=" in str(w.message) for w in record] == [True]
+    assert len(list((tmp_path / "new").glob("*.py"))) == 1
+    assert len(list((tmp_path / "old").glob("*.py"))) == 2
 
 
 def test_reset_forgets_everything_compiled(recwarn):

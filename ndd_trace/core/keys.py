@@ -4,7 +4,7 @@
     freeze(-0.0) != freeze(0.0)               # floats by their bits (float_key)
     freeze_arguments({"size": [224, 224]})    # an op's static arguments, in name order
     show(freeze([224, 224]))                  # '[224, 224]'
-    explain_miss(new_key, old_key)            # "argument `size`: 224 -> 256"
+    explain_miss(new_key, old_key)            # "size: 224 -> 256", "CFG.size: 48 -> 64"
 
 Guard keys (tracing/guards.py), op keys and region keys (ir.op_key) are all made by `freeze`;
 they differ only in their `KeyPolicy`: what an object that is not plain data stands for. The
@@ -211,7 +211,7 @@ def show(frozen: Any) -> str:
     if kind == "npscalar":
         return f"numpy {frozen[1]} {show(frozen[2])}"
     if kind == "ndarray":
-        return f"ndarray({frozen[1]}, shape={frozen[2]})"
+        return f"ndarray({np.dtype(frozen[1]).name}, shape={frozen[2]})"
     return repr(frozen)
 
 
@@ -247,7 +247,9 @@ def difference(old: Any, new: Any) -> str:
 
 
 def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
-    """Name the guard items that differ between two keys."""
+    """Name the guard items that differ between two keys, each as the user spells the part of
+    it that changed (`CFG.size: 48 -> 64`, `images.dtype: UINT8 -> FLOAT`); the one printer of
+    a miss (`last_miss_reason`, explain, the `recompiles` log, the cache_limit warning)."""
     if old_key is None:
         return "first call"
     old = dict(old_key)
@@ -257,8 +259,80 @@ def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
         if label not in old:
             changes.append(f"{label} is new")
         elif old[label] != new[label]:
-            changes.append(f"{label}: {difference(old[label], new[label])}")
+            changes.extend(changed(label, old[label], new[label]))
     for label in old:
         if label not in new:
             changes.append(f"{label} is gone")
+    if len(changes) > _CHANGES_SHOWN:
+        changes[_CHANGES_SHOWN:] = [f"and {len(changes) - _CHANGES_SHOWN} more"]
     return "; ".join(changes) or "no guard differs"
+
+
+_CHANGES_SHOWN = 4
+_HERE = "\0"  # where the expression goes in a step's template: "\0.size", "\0[0]"
+_NOT_SET = Shown(("not set",), "(not set)")
+
+
+def changed(expression: str, old: Any, new: Any) -> list[str]:
+    """Where two frozen values of `expression` differ, as `part: old -> new` texts, the part
+    spelled as the user writes it: `CFG.size`, `SIZES[1]`, `OPTIONS['size']`,
+    `helper.__defaults__[0]`, `scale.keywords['k']`, `args[0].shape`."""
+    if old == new:
+        return []
+    old_kind, old_parts = _parts(old)
+    new_kind, new_parts = _parts(new)
+    if old_kind is not None and old_kind == new_kind:
+        found = []
+        for step in {**old_parts, **new_parts}:
+            found.extend(changed(step.replace(_HERE, expression), old_parts.get(step, _NOT_SET),
+                                 new_parts.get(step, _NOT_SET)))
+        # a list or tuple with several items changed reads best whole: `[14, 14] -> [8, 8]`
+        if found and (len(found) == 1 or not isinstance(old_kind, tuple)
+                      or old_kind[0] not in ("list", "tuple")):
+            return found
+    return [f"{expression}: {_leaf_difference(old, new)}"]
+
+
+def _parts(frozen: Any) -> tuple[Any, dict[str, Any]]:
+    """A frozen value's kind (values of one kind pair their parts) and its parts, by the step
+    that reaches each (a template: `_HERE` is the value); (None, {}) for a value of no parts."""
+    if not isinstance(frozen, tuple) or not frozen or isinstance(frozen, Shown):
+        return None, {}
+    kind, rest = frozen[0], frozen[1:]
+    if kind in ("static", "data") and len(frozen) in (2, 3):
+        return kind, {_HERE: frozen[-1]}
+    if kind in ("list", "tuple") and len(rest) == 1 and isinstance(rest[0], tuple):
+        return (kind, len(rest[0])), {f"{_HERE}[{i}]": v for i, v in enumerate(rest[0])}
+    if kind == "dict" and len(rest) == 1:
+        return kind, {f"{_HERE}[{show(k)}]": v for k, v in rest[0]}
+    if kind in ("object", "class") and len(frozen) in (3, 4):
+        parts = {f"{_HERE}.{name}": value for name, value in frozen[2]}
+        for cls in frozen[3] if len(frozen) == 4 else ():  # class attributes read through it
+            for name, value in _parts(cls)[1].items():
+                parts.setdefault(name, value)
+        return (kind, frozen[1]), parts
+    if kind in ("Batch", "Tensor") and len(frozen) == 5:
+        return kind, {f"{_HERE}.{field}": Shown(("field", value), str(value) if field != "layout"
+                                                else repr(value))
+                      for field, value in zip(("device", "dtype", "ndim", "layout"), rest)}
+    if kind == "ndarray" and len(frozen) == 4:
+        return kind, {f"{_HERE}.dtype": Shown(("dtype", rest[0]), np.dtype(rest[0]).name),
+                      f"{_HERE}.shape": Shown(("shape", rest[1]), repr(rest[1]))}
+    if kind == "npscalar" and len(frozen) == 3:
+        return (kind, frozen[1]), {_HERE: frozen[2]}
+    if kind == "partial" and len(frozen) == 4:
+        return kind, dict(zip((f"{_HERE}.func", f"{_HERE}.args", f"{_HERE}.keywords"), rest))
+    if kind == "method" and len(frozen) == 3:
+        return kind, {f"{_HERE}.__func__": rest[0], f"{_HERE}.__self__": rest[1]}
+    if kind == "function" and len(frozen) == 4:
+        return (kind, rest[0]), {f"{_HERE}.__defaults__": rest[1],
+                                 f"{_HERE}.__kwdefaults__": rest[2]}
+    return None, {}
+
+
+def _leaf_difference(old: Any, new: Any) -> str:
+    if show(old) != show(new):
+        return difference(old, new)
+    if isinstance(old, tuple) and old[:1] == ("ndarray",):
+        return f"other values of the same dtype and shape ({_short(new)})"
+    return f"another object that reads the same ({_short(new)})"

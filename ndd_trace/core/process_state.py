@@ -25,6 +25,7 @@ log_handler: list = []  # the one handler printing the ndd_trace loggers (logs.p
 # types optree walks into, and types it does not (trees.py)
 container_types: set[type] = {tuple, list, dict}
 leaf_types: set[type] = {type(None), int, float, str, bool}
+deprecations_warned: set[str] = set()  # deprecated settings said once a process (units/build.py)
 
 # -- execution: the loader's waits and optimize's searches ---------------------------------------
 

@@ -106,7 +106,10 @@ class Report:
         return waits.chart(path, self.loops)
 
     def __str__(self) -> str:
-        lines = ["ndd_trace report (transparent mode)",
+        modes = {times.mode for times in self.loops}  # (the header names what ran)
+        if self.regions or self.eager_ops or self.ops_recorded or not modes:
+            modes.add(waits.TRANSPARENT)
+        lines = [f"ndd_trace report ({', '.join(sorted(modes, reverse=True))})",
                  f"  ndd calls recorded: {self.ops_recorded} "
                  f"({self.ops_replayed} from their call site's last call), "
                  f"run eagerly: {sum(self.eager_ops.values())}",

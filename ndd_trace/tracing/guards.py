@@ -1,25 +1,26 @@
 """Guards: the frozen cache key of a call, and an explanation of what changed on a miss.
 
     key = build_key(args, kwargs, plan)        # a tuple of (label, frozen value) pairs
-    explain_miss(new_key, old_key)             # "argument `size`: 224 -> 256"
+    keys.explain_miss(new_key, old_key)        # "size: 224 -> 256", "CFG.size: 48 -> 64"
     fast = FastGuard.of(args, plan, entry)     # the last call's key, checked without building
     fast.matches(args)                         # it: identities and data descriptions
 
 Batches and tensors contribute their kind, device, dtype, ndim and layout (not their data or batch
 size); other arguments, module globals and closure values the function reads contribute their
-value, frozen recursively (objects by their attributes), so a change re-traces. A per-sample
-function's keys (`baked=True`) differ in one point: only its Batches are fed, so every other
-argument, a Tensor included, contributes its value.
+value, frozen recursively (objects by their attributes; an object or class read only as
+`CFG.size` by those attributes), so a change re-traces. Labels spell what the user wrote:
+`size`, `args[0]`, `kwargs['k']`, `CFG.size`. A per-sample function's keys (`baked=True`) differ
+in one point: only its Batches are fed, so every other argument, a Tensor included, contributes
+its value.
 """
 
 from __future__ import annotations
 
 import builtins
 import dataclasses
-import dis
-import sys
 import enum
 import functools
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 
 from .. import _dali
 from ..core.keys import KeyPolicy, Shown, class_key, freeze, is_code, is_user_class
-from ..core.source import is_internal_file
+from . import reads
 
 _MAX_DEPTH = 4
 
@@ -170,10 +171,11 @@ class GuardPlan:
     # attributes read of the user's own modules (`config.SIZE`, a module global reads by
     # identity): (label prefix, module global's name, globals dict, attribute chain)
     module_attributes: tuple[tuple[str, str, dict, tuple[str, ...]], ...] = ()
-
-    @property
-    def global_names(self) -> tuple[str, ...]:
-        return tuple(name for _, name, _ in self.globals_read)
+    # names read only as `name.a.b` (never passed, stored or read bare): the chains read, by
+    # ("global", id(globals dict), name), ("cell", id(cell)) or ("argument", parameter)
+    chains: dict[tuple, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
+    # its parameters, as labels spell arguments: (positional, keyword-only, *args, **kwargs)
+    parameters: tuple = ((), (), None, None)
 
     def reads_as(self, other: GuardPlan | None) -> bool:
         """Whether `other` reads the same globals, cells and module attributes (its keys are
@@ -189,61 +191,6 @@ class GuardPlan:
 
 
 _MISSING = object()
-_LOAD_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
-
-
-def _global_loads(code: types.CodeType) -> set[str]:
-    """Names a code object (and the code nested in it) loads as globals: LOAD_GLOBAL only,
-    not attribute names, so `ndd.flip` does not guard a global called `flip`."""
-    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _LOAD_GLOBAL}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_loads(const)
-    return names
-
-
-def _is_user_function(value: Any) -> bool:
-    if not isinstance(value, types.FunctionType):
-        return False
-    filename = value.__code__.co_filename
-    return not filename.startswith("<") and "site-packages" not in filename and \
-        not is_internal_file(filename)
-
-
-_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
-
-
-def _module_attribute_loads(code: types.CodeType) -> set[tuple[str, tuple[str, ...]]]:
-    """(global name, attribute chain) of each `name.a.b` the code (and the code nested in it)
-    reads: a LOAD_GLOBAL followed by attribute loads."""
-    found = set()
-    instructions = list(dis.get_instructions(code))
-    for index, ins in enumerate(instructions):
-        if ins.opname not in _LOAD_GLOBAL:
-            continue
-        chain = []
-        for following in instructions[index + 1:]:
-            if following.opname not in _ATTRIBUTE_LOADS:
-                break
-            chain.append(following.argval)
-        if chain:
-            found.add((ins.argval, tuple(chain)))
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found |= _module_attribute_loads(const)
-    return found
-
-
-def _is_user_module(value: Any) -> bool:
-    """A module of the user's (a file of theirs, or one made at run time, `types.ModuleType`),
-    not a library's, the standard library's or a builtin one."""
-    if not isinstance(value, types.ModuleType):
-        return False
-    filename = getattr(value, "__file__", None) or ""
-    if not filename:
-        return value.__name__ not in sys.builtin_module_names
-    return "site-packages" not in filename and not filename.startswith(sys.prefix) and \
-        not filename.startswith(sys.base_prefix) and not is_internal_file(filename)
 
 
 def _chain_value(value: Any, chain: tuple[str, ...]) -> Any:
@@ -259,6 +206,8 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
     closure: list[tuple[str, Any]] = []
     attributes: dict[tuple, tuple[str, str, dict, tuple[str, ...]]] = {}
+    chains: dict[tuple, set[tuple[str, ...]]] = {}
+    bare: set[tuple] = set()  # (what `chains` is keyed by) read otherwise too
     seen: set[int] = set()
 
     def visit(fn: Any, prefix: str, depth: int) -> None:
@@ -268,57 +217,122 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
         seen.add(id(fn))
         code = fn.__code__
         namespace = fn.__globals__
-        for name in sorted(_global_loads(code)):
+        loaded, read, bare_names = reads.global_reads(code)
+        any_name = bool(loaded & reads.ANY_NAME)
+        for name in sorted(loaded):
             globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
             value = namespace.get(name, _MISSING)
             value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
-            if depth < max_depth and _is_user_function(value):
+            if depth < max_depth and reads.is_user_function(value):
                 visit(value, f"{value.__name__}() reads ", depth + 1)
-        for name, chain in sorted(_module_attribute_loads(code)):
-            if _is_user_module(namespace.get(name)):
+        for name, found in read.items():
+            chains.setdefault(("global", id(namespace), name), set()).update(found)
+            for chain in sorted(found) if reads.is_user_module(namespace.get(name)) else ():
                 attributes.setdefault((id(namespace), name, chain),
                                       (prefix, name, namespace, chain))
+        bare.update(("global", id(namespace), name)
+                    for name in (loaded if any_name else bare_names))
+        _, cell_chains, cell_bare = reads.cell_reads(code)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            closure.append((f"{prefix}closure variable `{name}`", cell))
+            closure.append((f"{prefix}{name}", cell))
+            chains.setdefault(("cell", id(cell)), set()).update(cell_chains.get(name, ()))
+            if name in cell_bare or any_name:
+                bare.add(("cell", id(cell)))
             try:
                 value = cell.cell_contents
             except ValueError:
                 continue
-            if depth < max_depth and _is_user_function(value):
+            if depth < max_depth and reads.is_user_function(value):
                 visit(value, f"{value.__name__}() reads ", depth + 1)
+        if depth == 0:  # the function's own parameters (not a captured one: a cell)
+            _, read, bare_names = reads.parameter_reads(code)
+            for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+                if name in code.co_cellvars or name in bare_names or any_name:
+                    bare.add(("argument", name))
+                chains[("argument", name)] = set(read.get(name, ()))
 
     visit(function, "", 0)
-    return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()))
+    code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+    return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()),
+                     {where: tuple(sorted(found)) for where, found in chains.items()
+                      if found and where not in bare},
+                     reads.parameters(code) if code is not None else ((), (), None, None))
+
+
+def _narrowed(value: Any) -> bool:
+    """Whether a value read only as `value.a.b` is keyed by those: a user's object or class."""
+    if isinstance(value, type):
+        return is_user_class(value)
+    return hasattr(value, "__dict__") and is_user_class(type(value)) and not is_code(value) \
+        and GUARDS.special(value, 0) is None
+
+
+_CODE_RUNS = object()  # reading the attribute runs code (a property, a method, __getattr__)
+
+
+def _plain_attribute(value: Any, name: str) -> Any:
+    """`value.name` where reading it runs none of the user's code (an attribute of the object's
+    own, a class's plain data): the value, _MISSING, or _CODE_RUNS."""
+    found = inspect.getattr_static(value, name, _MISSING)
+    if found is _MISSING:
+        return _CODE_RUNS if hasattr(type(value), "__getattr__") else _MISSING
+    return _CODE_RUNS if hasattr(type(found), "__get__") else found
+
+
+def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], Any]) -> list:
+    """The key items of a value the function reads: where it reads it only as `CFG.size` and
+    it is `_narrowed`, the attributes it reads (down to a value of another kind, or where one
+    runs code: a method, a property); else the value itself (`whole` makes its key)."""
+    items: dict[str, Any] = {}
+    for chain in chains if chains and _narrowed(value) else ((),):
+        at, current, depth = label, value, 0
+        for attribute in chain:
+            found = _plain_attribute(current, attribute) if _narrowed(current) else _CODE_RUNS
+            if found is _CODE_RUNS:
+                break
+            at, current, depth = f"{at}.{attribute}", found, depth + 1
+            if found is _MISSING:
+                break
+        if at == label:  # (read whole: what it reads through attributes is in it)
+            return [(label, whole(value))]
+        items[at] = ("missing",) if current is _MISSING else freeze(current, GUARDS, depth)
+    return list(items.items())
 
 
 def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
               batch_sizes: tuple | None = None, names: tuple[str, ...] = (),
               baked: bool = False) -> tuple:
-    """The guards of one call. `baked`: only Batch arguments are fed, every other argument is
-    part of the pipeline (a per-sample function's), keyed by its value."""
+    """The guards of one call, labelled as the user spells each (`size`, `args[0]`,
+    `kwargs['k']`, `CFG`, `CFG.size`). `baked`: only Batch arguments are fed, every other
+    argument is part of the pipeline (a per-sample function's), keyed by its value."""
     argument_key = _baked_argument_key if baked else _argument_key
+    positional, keyword_only, varargs, varkw = plan.parameters
+    names, chains = names or positional, plan.chains
     key: list[tuple[str, Any]] = []
     for index, value in enumerate(args):
-        label = f"argument `{names[index]}`" if index < len(names) else f"argument #{index}"
-        key.append((label, argument_key(value)))
+        label = names[index] if index < len(names) else \
+            f"{varargs or 'args'}[{index - len(names)}]"
+        key += _read(label, value, chains.get(("argument", label)), argument_key)
     for name in sorted(kwargs):
-        key.append((f"argument `{name}`", argument_key(kwargs[name])))
+        label = f"{varkw}[{name!r}]" if varkw and name not in keyword_only else name
+        key += _read(label, kwargs[name], chains.get(("argument", name)), argument_key)
+    frozen = functools.partial(freeze, policy=GUARDS)
     for prefix, name, namespace in plan.globals_read:
         value = namespace.get(name, _MISSING)
         if value is _MISSING:
             value = builtins.__dict__.get(name, _MISSING)
-        key.append((f"{prefix}global `{name}`",
-                    ("missing",) if value is _MISSING else freeze(value, GUARDS)))
+        key += [(f"{prefix}{name}", ("missing",))] if value is _MISSING else \
+            _read(f"{prefix}{name}", value, chains.get(("global", id(namespace), name)), frozen)
     for prefix, name, namespace, chain in plan.module_attributes:
         value = _chain_value(namespace.get(name), chain)
-        key.append((f"{prefix}global `{name}.{'.'.join(chain)}`",
+        key.append((f"{prefix}{name}.{'.'.join(chain)}",
                     ("missing",) if value is _MISSING else freeze(value, GUARDS)))
     for label, cell in plan.closure:
         try:
             value = cell.cell_contents
         except ValueError:
             value = None
-        key.append((label, freeze(value, GUARDS)))
+        key += _read(label, value, chains.get(("cell", id(cell))), frozen)
     if batch_sizes is not None:
         key.append(("batch size", batch_sizes))
     others = [namespace.get(name) for _, name, namespace in plan.globals_read

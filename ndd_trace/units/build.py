@@ -20,9 +20,10 @@ from typing import Any
 
 from ..codegen.lower import Lowered, lower
 from ..codegen.optimize import optimize as optimize_graph
-from ..core import logs
+from ..core import ledger, logs, process_state
 from ..core.files import write_atomic
 from ..core.ir import Graph, NodeKind
+from ..core.source import user_location
 from ..execution import tuning
 from ..execution.runtime import Executable, Options
 
@@ -36,25 +37,49 @@ class Program:
     optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied
 
 
-DUMP_ENV_VAR = "NDD_TRACE_DUMP"  # a folder: every generated pipeline's source is written there
+DEBUG_DIR_ENV_VAR = "NDD_TRACE_DEBUG_DIR"  # a folder: every generated pipeline is written there
+DEPRECATED_DUMP_ENV_VAR = "NDD_TRACE_DUMP"  # its name before (one release: warned once)
 
 
-def dump_source(lowered: Lowered) -> str | None:
-    """With NDD_TRACE_DUMP set to a folder, write `lowered`'s source there (`<name>_<n>.py`, as
-    torch.compile's TORCH_COMPILE_DEBUG keeps its graphs); the path written, or None."""
-    folder = os.environ.get(DUMP_ENV_VAR)
+def debug_dir() -> str | None:
+    """The folder NDD_TRACE_DEBUG_DIR names (or NDD_TRACE_DUMP, its deprecated name, said once
+    a process), or None."""
+    folder = os.environ.get(DEBUG_DIR_ENV_VAR)
+    old = os.environ.get(DEPRECATED_DUMP_ENV_VAR)
+    if old and DEPRECATED_DUMP_ENV_VAR not in process_state.deprecations_warned:
+        process_state.deprecations_warned.add(DEPRECATED_DUMP_ENV_VAR)
+        instead = (f"ignored: {DEBUG_DIR_ENV_VAR}={folder!r} is set" if folder
+                   else f"set {DEBUG_DIR_ENV_VAR}={old!r} instead")
+        ledger.warn(f"ndd_trace: {DEPRECATED_DUMP_ENV_VAR} is deprecated and goes in the next "
+                    f"release; {instead} (every generated pipeline's source and graph are "
+                    f"written there)", user_location(), FutureWarning)
+    return folder or old or None
+
+
+def dump_program(graph: Graph, lowered: Lowered) -> list[str]:
+    """With NDD_TRACE_DEBUG_DIR set to a folder, write there what a program was made of, as
+    torch.compile's TORCH_COMPILE_DEBUG keeps its graphs: `<name>.py`, the generated source
+    (what runs), and `<name>.graph.txt`, the graph it was generated from (after the passes and
+    optimize's rewrites, as `graph.format()` prints it). Each file is written whole; the paths
+    written (none where the variable is unset or a write failed: said, and the program runs)."""
+    folder = debug_dir()
     if not folder:
-        return None
+        return []
     name = re.sub(r"[^A-Za-z0-9_]+", "_", lowered.filename.strip("<>")).strip("_")
-    path = os.path.join(folder, f"{name}.py")
+    files = ((os.path.join(folder, f"{name}.py"), lowered.source),
+             (os.path.join(folder, f"{name}.graph.txt"), graph.format() + "\n"))
+    written = []
     try:
         os.makedirs(folder, exist_ok=True)
-        write_atomic(path, lowered.source)
+        for path, text in files:
+            write_atomic(path, text)
+            written.append(path)
     except OSError as error:  # a debugging aid: said, and the program runs on
-        logs.builds.warning("%s=%s: could not write %s (%s)", DUMP_ENV_VAR, folder, path, error)
-        return None
-    logs.builds.info("wrote %s", path)
-    return path
+        logs.builds.warning("%s=%s: could not write %s (%s)", DEBUG_DIR_ENV_VAR, folder,
+                            files[len(written)][0], error)
+    if written:
+        logs.builds.info("wrote %s", ", ".join(written))
+    return written
 
 
 def compile_graph(graph: Graph, options: Options, *, draws: list | None = None,
@@ -73,7 +98,7 @@ def compile_graph(graph: Graph, options: Options, *, draws: list | None = None,
         # batches, an op's results) as they are, user data as a copy made at the call (Feed)
         node.feed_in_place = node.is_batch and node.meta[0].device == "cpu"
     lowered = lower(graph, inline_constants=inline_constants)
-    dump_source(lowered)
+    dump_program(graph, lowered)
     executable = Executable(graph, lowered, draws or [], options, rng_objects or {},
                             before_build=before_build)
     executable.feed.cache_constants = cache_constants

@@ -1,0 +1,115 @@
+"""What a function's bytecode reads: the globals, closure variables and parameters it loads,
+each read bare or only through attribute chains (`CFG.size`), and which code and modules are the
+user's. The guard plan (guards.plan_for) is made from it.
+
+    found = global_reads(function.__code__)  # of `return ndd.resize(x, size=CFG.size)`:
+    found.loaded                             # {"ndd", "CFG"}
+    found.chains                             # {"ndd": {("resize",)}, "CFG": {("size",)}}
+    found.bare                               # set(): neither is passed on, stored or read whole
+    parameters(function.__code__)            # (("x",), (), None, None): *args, **kwargs: None
+
+Reading bytecode sees what the code does, not what it could do: a name given to a call, stored,
+captured by inner code or loaded without an attribute after it is read bare (its whole value
+counts), and a function that calls `globals()`, `locals()`, `vars()`, `eval` or `exec`
+(`ANY_NAME`) may read any name by its text.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import itertools
+import sys
+import types
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..core.source import is_internal_file
+
+ANY_NAME = frozenset({"globals", "locals", "vars", "eval", "exec"})  # read names by their text
+_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_GLOBAL_USES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
+_CELL_LOADS = frozenset({"LOAD_DEREF"})
+_CELL_USES = frozenset({"LOAD_CLOSURE", "STORE_DEREF", "DELETE_DEREF", "MAKE_CELL",
+                        "LOAD_FROM_DICT_OR_DEREF", "LOAD_CLASSDEREF"})
+_FAST_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
+
+
+class Reads(NamedTuple):
+    """The names a code object loads; per name loaded with attribute loads after it, their
+    chains (`CFG.size.x`: ("size", "x")); the names used otherwise too (bare)."""
+
+    loaded: set[str]
+    chains: dict[str, set[tuple[str, ...]]]
+    bare: set[str]
+
+
+def _reads(code: types.CodeType, loads: frozenset[str], uses: Callable[[str], bool],
+           nested: bool, found: Reads | None = None) -> Reads:
+    """How `code` (and, `nested`, the code nested in it) reads the names `loads` loads; an
+    opname `uses` takes uses its names otherwise (stores, captures)."""
+    found = found or Reads(set(), {}, set())
+    instructions = list(dis.get_instructions(code))
+    for index, ins in enumerate(instructions):
+        if ins.opname in loads:
+            found.loaded.add(ins.argval)
+            chain = tuple(following.argval for following in itertools.takewhile(
+                lambda i: i.opname in _ATTRIBUTE_LOADS, instructions[index + 1:]))
+            if chain:
+                found.chains.setdefault(ins.argval, set()).add(chain)
+            else:
+                found.bare.add(ins.argval)
+        elif uses(ins.opname):  # (3.13's LOAD_FAST_LOAD_FAST: two names)
+            names = ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+            found.bare.update(name for name in names if isinstance(name, str))
+    for const in code.co_consts if nested else ():
+        if isinstance(const, types.CodeType):
+            _reads(const, loads, uses, True, found)
+    return found
+
+
+def global_reads(code: types.CodeType) -> Reads:
+    """The globals `code` and the code nested in it read (LOAD_GLOBAL: not attribute names, so
+    `ndd.flip` is no read of a global `flip`)."""
+    return _reads(code, _GLOBAL_LOADS, _GLOBAL_USES.__contains__, True)
+
+
+def cell_reads(code: types.CodeType) -> Reads:
+    """The closure variables `code` and the code nested in it read."""
+    return _reads(code, _CELL_LOADS, _CELL_USES.__contains__, True)
+
+
+def parameter_reads(code: types.CodeType) -> Reads:
+    """The local names (parameters among them) `code` reads: a parameter inner code captures
+    is a cell (`code.co_cellvars`), read as such."""
+    return _reads(code, _FAST_LOADS, lambda op: "_FAST" in op and op not in _FAST_LOADS, False)
+
+
+def parameters(code: types.CodeType) -> tuple:
+    """A function's positional and keyword-only parameters, its `*args` and `**kwargs`."""
+    names, count = code.co_varnames, code.co_argcount + code.co_kwonlyargcount
+    varargs = names[count] if code.co_flags & inspect.CO_VARARGS else None
+    varkw = names[count + bool(varargs)] if code.co_flags & inspect.CO_VARKEYWORDS else None
+    return names[:code.co_argcount], names[code.co_argcount:count], varargs, varkw
+
+
+def is_user_function(value: Any) -> bool:
+    """A Python function of the user's files (not a library's, nor generated code)."""
+    if not isinstance(value, types.FunctionType):
+        return False
+    filename = value.__code__.co_filename
+    return not filename.startswith("<") and "site-packages" not in filename and \
+        not is_internal_file(filename)
+
+
+def is_user_module(value: Any) -> bool:
+    """A module of the user's (a file of theirs, or one made at run time, `types.ModuleType`),
+    not a library's, the standard library's or a builtin one."""
+    if not isinstance(value, types.ModuleType):
+        return False
+    filename = getattr(value, "__file__", None) or ""
+    if not filename:
+        return value.__name__ not in sys.builtin_module_names
+    return "site-packages" not in filename and not filename.startswith(sys.prefix) and \
+        not filename.startswith(sys.base_prefix) and not is_internal_file(filename)
