@@ -21,6 +21,23 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPROS, "*", "[0-9][0-9]_*.py")))
 
 # folder/script -> the issue that fixes it (issue 35: zero differences)
 NOT_FIXED_YET = {
+    "probe5/01_constant_user_data_error_moment.py": "issue 35",
+    "probe5/02_ordered_dict_moved_key_order.py": "issue 35",
+    "probe5/03_same_result_returned_twice.py": "issue 35",
+    "probe5/04_slots_object_attribute_stale.py": "issue 35",
+    "probe5/05_class_attribute_numpy_stale.py": "issue 35",
+    "probe5/06_method_replaced_on_class_stale.py": "issue 35",
+    "probe5/07_helper_code_reloaded_stale.py": "issue 35",
+    "probe5/08_wraps_decorator_global_stale.py": "issue 35",
+    "probe5/09_helper_in_user_module_stale.py": "issue 35",
+    "probe5/10_import_inside_function_stale.py": "issue 35",
+    "probe5/11_method_of_global_object_reads_global_stale.py": "issue 35",
+    "probe5/12_deepcopy_of_lazy_result.py": "issue 35",
+    # DALI's eager keeps an operator whose construction failed and fails differently next time
+    "probe5/13_failed_op_called_again_error_text.py": "issue 35: DALI's eager quirk",
+    "probe5/14_compiled_under_another_name_pickle.py": "issue 35: api.py pickles by name",
+    "probe5/15_empty_batch_transparent.py": "issue 35: transparent mode (modes/)",
+    "probe5/16_deepcopy_pickle_transparent.py": "issue 35: transparent mode (modes/)",
 }
 
 
