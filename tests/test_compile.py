@@ -625,3 +625,20 @@ def test_compiled_functions_pickle_by_reference_into_spawn_workers():
     local = ndd.compile(lambda x: x)
     with pytest.raises(pickle.PicklingError, match="at module level"):
         pickle.dumps(local)
+
+
+def test_an_ordered_dict_reordered_comes_back_in_its_order(batch):
+    """An OrderedDict whose keys were moved (`move_to_end`) comes back in its own order (found
+    by a new-user probe: optree read the order of the dict underneath, the insertion order)."""
+    import collections
+
+    def named(x):
+        out = collections.OrderedDict()
+        out["flipped"] = ndd.flip(x, horizontal=1)
+        out["doubled"] = x * 2
+        out["original"] = x
+        out.move_to_end("flipped")
+        out.move_to_end("original", last=False)
+        return out
+
+    assert_compiles_exactly(named, batch, calls=2)

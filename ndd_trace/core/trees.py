@@ -20,6 +20,7 @@ nothing from DALI.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 from collections.abc import Callable, Generator, Iterator
@@ -116,6 +117,16 @@ def _is_container(kind: type) -> bool:
 
 
 
+def _in_own_order(mapping: collections.OrderedDict) -> None:
+    """Store an OrderedDict's items in its own order: optree reads the order of the dict
+    underneath, which `move_to_end` does not change (the items, their order and the object
+    stay what the user sees)."""
+    if list(mapping) != list(dict.keys(mapping)):
+        items = list(mapping.items())
+        mapping.clear()
+        mapping.update(items)
+
+
 def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
     """The tree of `value`: `leaf(v)` gives the node of a leaf (None: not a leaf)."""
     nodes: list = []
@@ -131,6 +142,8 @@ def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
             return True
         if node is None:
             if _is_container(type(item)):
+                if isinstance(item, collections.OrderedDict):
+                    _in_own_order(item)
                 return False
             node = ("static", item)
         nodes.append(node)
