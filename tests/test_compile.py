@@ -642,3 +642,13 @@ def test_an_ordered_dict_reordered_comes_back_in_its_order(batch):
         return out
 
     assert_compiles_exactly(named, batch, calls=2)
+
+
+def test_a_result_returned_twice_is_one_object_as_eagerly(batch):
+    """`return y, y` (or `{"image": y, "all": [y, x]}`): eager returns one object in both
+    places, and so does the compiled function (found by a new-user probe: two Batches)."""
+    def twice(x):
+        y = ndd.flip(x, horizontal=1)
+        return y, y, {"image": y, "all": [y, x, x]}
+
+    assert_compiles_exactly(twice, batch, calls=2)
