@@ -8,8 +8,8 @@ import warnings
 
 import numpy as np
 import pytest
-from harness import (assert_compiles_exactly, assert_matches_eager, assert_runs_match, assert_same,
-                     run)
+from harness import (Step, assert_compiles_exactly, assert_matches_eager, assert_runs_match,
+                     assert_same, run)
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -652,3 +652,23 @@ def test_a_result_returned_twice_is_one_object_as_eagerly(batch):
         return y, y, {"image": y, "all": [y, x, x]}
 
     assert_compiles_exactly(twice, batch, calls=2)
+
+
+def _doubled(x):
+    return ndd.flip(x, horizontal=1) * 2
+
+
+def test_a_result_not_read_yet_deep_copies_as_eagerly(batch):
+    """`copy.deepcopy` of a compiled step's result not read yet raises eager's TypeError (found
+    by a new-user probe: a RecursionError, as the copy walked into the pipeline run)."""
+    import copy
+
+    def logged(step, x):
+        out = step(x)
+        try:
+            copy.deepcopy(out)
+        except TypeError as error:
+            return f"TypeError: {error}", out
+        return "copied", out
+
+    assert_matches_eager(logged, Step(_doubled), batch, modes=("step",))

@@ -29,7 +29,6 @@ NOT_FIXED_YET = {
     "probe5/09_helper_in_user_module_stale.py": "issue 35",
     "probe5/10_import_inside_function_stale.py": "issue 35",
     "probe5/11_method_of_global_object_reads_global_stale.py": "issue 35",
-    "probe5/12_deepcopy_of_lazy_result.py": "issue 35",
     # DALI's eager keeps an operator whose construction failed and fails differently next time
     "probe5/13_failed_op_called_again_error_text.py": "issue 35: DALI's eager quirk",
     "probe5/14_compiled_under_another_name_pickle.py": "issue 35: api.py pickles by name",
