@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
+import importlib
+import textwrap
 import warnings
 
 import numpy as np
@@ -397,3 +402,43 @@ def test_numpy_scalars_and_python_numbers_key_apart(batch):
         eager, result = scaled(batch, k), compiled(batch, k)
         assert_same(eager, result)
     assert compiled.cache_info().traces == 5
+
+
+# -- what a function reads, changed between calls (a new-user probe: each was silently stale) ---
+
+class _Slotted:
+    __slots__ = ("k", "__gain")
+
+    def __init__(self, k):
+        self.k = k
+        self.__gain = 1.0
+
+    def run(self, x):
+        return x * self.k * self.__gain
+
+    def set_gain(self, gain):
+        self.__gain = gain
+
+
+@dataclasses.dataclass(slots=True)
+class _SlottedSettings:
+    offset: float = 1.0
+
+
+SLOTTED_RUN = None
+
+
+def test_objects_with_slots_are_guarded_by_their_attributes(batch):
+    """A `__slots__` object (a global's bound method, an argument; private slots too) and a
+    `@dataclass(slots=True)`, changed in place between calls, re-trace."""
+    global SLOTTED_RUN
+    owner, settings = _Slotted(2.0), _SlottedSettings()
+    SLOTTED_RUN = owner.run
+
+    def call(x, settings):
+        return SLOTTED_RUN(x) + settings.offset
+
+    compiled = assert_each_matches_eager(call, batch, settings, changes=[
+        lambda: None, lambda: setattr(owner, "k", 3.0), lambda: owner.set_gain(0.5),
+        lambda: setattr(settings, "offset", 4.0), lambda: None], warn=None)
+    assert compiled.cache_info().traces == 4
