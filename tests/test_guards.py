@@ -442,3 +442,41 @@ def test_objects_with_slots_are_guarded_by_their_attributes(batch):
         lambda: None, lambda: setattr(owner, "k", 3.0), lambda: owner.set_gain(0.5),
         lambda: setattr(settings, "offset", 4.0), lambda: None], warn=None)
     assert compiled.cache_info().traces == 4
+
+
+class _Normalizer:
+    mean = np.array([1.0, 2.0, 3.0], np.float32)
+    scale = np.float32(2.0)
+    mode = None
+
+    def apply(self, x):
+        return (ndd.cast(x, dtype=ndd.float32) - self.mean) * self.scale
+
+
+class _Mode(enum.Enum):
+    TRAIN = 1
+    EVAL = 2
+
+
+def test_class_attributes_of_every_kind_and_methods_replaced_are_guarded(batch):
+    """Class attributes holding numpy values (rebound or written in place), enums or user
+    objects, and a method replaced on the class, re-trace."""
+    normalizer = _Normalizer()
+    saved = dict(vars(_Normalizer))
+
+    def call(x):
+        y = normalizer.apply(x)
+        return ndd.flip(y, horizontal=1) if _Normalizer.mode is _Mode.TRAIN else y
+
+    try:
+        compiled = assert_each_matches_eager(call, batch, changes=[
+            lambda: None, lambda: _Normalizer.mean.__setitem__(0, 5.0),
+            lambda: setattr(_Normalizer, "scale", np.float32(3.0)),
+            lambda: setattr(_Normalizer, "mode", _Mode.TRAIN),
+            lambda: setattr(_Normalizer, "apply", lambda self, x: x * self.scale),
+            lambda: None], warn=None)
+        assert compiled.cache_info().traces == 5
+    finally:
+        for name in ("mean", "scale", "mode", "apply"):
+            setattr(_Normalizer, name, saved[name])
+        _Normalizer.mean[0] = 1.0

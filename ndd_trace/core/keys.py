@@ -16,6 +16,7 @@ to a depth) and knows DALI's kinds. This module imports nothing from DALI.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import struct
 import types
@@ -126,7 +127,7 @@ def freeze(value: Any, policy: KeyPolicy = STATIC, depth: int = 0) -> Any:
             return policy.by_identity(value)
         attributes += [(name, getattr(value, name, _UNSET)) for name in slots]
         # what `value.x` may read: its own attributes (`__slots__` ones too), and its classes'
-        # plain data (the same rule as for a class read as a global), base classes included
+        # data (the same rule as for a class read as a global), base classes included
         return ("object", id(kind),
                 tuple((k, freeze(v, policy, depth + 1)) for k, v in attributes),
                 tuple(freeze(cls, policy, depth + 1) for cls in kind.__mro__
@@ -147,8 +148,13 @@ def freeze_arguments(arguments: dict[str, Any], policy: KeyPolicy = STATIC) -> t
                                       for name, value in arguments.items())))
 
 
-_PLAIN_DATA = (bool, int, float, str, list, tuple, dict, type(None))
 _UNSET = object()  # a `__slots__` attribute never set
+
+# what a class attribute holds that its key keeps by value (besides instances of user classes)
+_CLASS_DATA = (bool, int, float, str, bytes, complex, list, tuple, dict, set, frozenset,
+               type(None), np.generic, np.ndarray, enum.Enum)
+# and what it keeps by identity: its methods (a method replaced on the class changes it)
+_CLASS_CODE = (types.FunctionType, staticmethod, classmethod, property)
 
 
 def _slot_names(kind: type) -> tuple[str, ...]:
@@ -170,13 +176,18 @@ def _slot_names(kind: type) -> tuple[str, ...]:
     return tuple(names)
 
 
-
-
 def class_key(cls: type, policy: KeyPolicy, depth: int) -> tuple:
-    """A class read for its attributes (`Config.scale`): its plain data, and its identity."""
-    return ("class", id(cls), tuple(
-        (k, freeze(v, policy, depth + 1)) for k, v in vars(cls).items()
-        if not k.startswith("__") and isinstance(v, _PLAIN_DATA)))
+    """A class read for its attributes (`Config.scale`): its data (numbers, containers, numpy
+    values, enums, instances of user classes), its methods by identity, and its identity."""
+    items = []
+    for k, v in vars(cls).items():
+        if k.startswith("__"):
+            continue
+        if isinstance(v, _CLASS_CODE):
+            items.append((k, ("code", id(v))))
+        elif isinstance(v, _CLASS_DATA) or (not isinstance(v, type) and is_user_class(type(v))):
+            items.append((k, freeze(v, policy, depth + 1)))
+    return ("class", id(cls), tuple(items))
 
 
 def is_user_class(cls: type) -> bool:
