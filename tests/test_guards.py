@@ -480,3 +480,28 @@ def test_class_attributes_of_every_kind_and_methods_replaced_are_guarded(batch):
         for name in ("mean", "scale", "mode", "apply"):
             setattr(_Normalizer, name, saved[name])
         _Normalizer.mean[0] = 1.0
+
+
+def _augment(x):
+    return x * 2
+
+
+def _edited(x):
+    return x * 3
+
+
+def test_a_helper_whose_code_is_reloaded_retraces(batch):
+    """A helper's `__code__` replaced in place (IPython's autoreload, after the user edits its
+    file) re-traces."""
+    saved = _augment.__code__
+
+    def call(x):
+        return _augment(x)
+
+    try:
+        compiled = assert_each_matches_eager(call, batch, changes=[
+            lambda: None, lambda: setattr(_augment, "__code__", _edited.__code__),
+            lambda: None], warn=None)
+        assert compiled.cache_info().traces == 2
+    finally:
+        _augment.__code__ = saved

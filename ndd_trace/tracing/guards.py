@@ -53,12 +53,15 @@ class GuardPolicy(KeyPolicy):
                     freeze(value.args, self, depth + 1),
                     freeze(value.keywords, self, depth + 1))
         if isinstance(value, types.MethodType):  # a bound method reads its object's state
-            return ("method", self.by_identity(value.__func__),
+            return ("method", freeze(value.__func__, self, depth + 1),
                     freeze(value.__self__, self, depth + 1))
-        if isinstance(value, types.FunctionType) and (value.__defaults__ or value.__kwdefaults__):
-            return ("function", self.by_identity(value),
-                    freeze(value.__defaults__, self, depth + 1),
-                    freeze(value.__kwdefaults__, self, depth + 1))
+        if isinstance(value, types.FunctionType):
+            # by identity and its code (which a reload, IPython's autoreload, replaces in place)
+            function = Shown(("id", id(value), id(value.__code__)), self.named(value))
+            if value.__defaults__ or value.__kwdefaults__:
+                return ("function", function, freeze(value.__defaults__, self, depth + 1),
+                        freeze(value.__kwdefaults__, self, depth + 1))
+            return function
         if is_code(value) or hasattr(value, "cache_info"):
             # code is guarded by identity (a compiled function by its own cache, not its state)
             return self.by_identity(value)
@@ -361,8 +364,9 @@ class FastGuard:
         self.globals_read = globals_read  # (namespace, name, value or _MISSING, builtin value)
         self.cells = cells  # (cell, value)
         self.attributes = attributes  # (namespace, name, chain, value): module attributes
-        # the functions among them, which have no defaults as long as this guard holds
-        self.functions = tuple(value for value in (
+        # the functions among them, with their code: they have no defaults and keep their
+        # code as long as this guard holds
+        self.functions = tuple((value, value.__code__) for value in (
             *(value for kind, value in arguments if kind is None),
             *(value for _, _, value, _ in globals_read), *(value for _, value in cells),
             *(value for *_, value in attributes)) if isinstance(value, types.FunctionType))
@@ -432,7 +436,8 @@ class FastGuard:
         for namespace, name, chain, value in self.attributes:
             if _chain_value(namespace.get(name), chain) is not value:
                 return False
-        for function in self.functions:  # (defaults given since: the full key has them)
-            if function.__defaults__ is not None or function.__kwdefaults__ is not None:
+        for function, code in self.functions:  # (defaults given since: the full key has them)
+            if function.__defaults__ is not None or function.__kwdefaults__ is not None or \
+                    function.__code__ is not code:
                 return False
         return True
