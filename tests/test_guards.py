@@ -505,3 +505,38 @@ def test_a_helper_whose_code_is_reloaded_retraces(batch):
         assert compiled.cache_info().traces == 2
     finally:
         _augment.__code__ = saved
+
+
+WRAPPER_GAIN = 2.0
+
+
+def _scaled(function):
+    @functools.wraps(function)
+    def wrapper(x):
+        return function(x) * WRAPPER_GAIN
+    return wrapper
+
+
+@_scaled
+def _flipped(x):
+    return ndd.flip(x, horizontal=1)
+
+
+def _set_wrapper_gain(gain):
+    def change():
+        global WRAPPER_GAIN
+        WRAPPER_GAIN = gain
+    return change
+
+
+def test_what_a_users_wraps_decorator_reads_is_guarded(batch):
+    """The user's own `functools.wraps` decorator, on a helper or on the compiled function,
+    whose wrapper reads a global: a change re-traces (the guards looked behind `__wrapped__`
+    only)."""
+    def call(x):
+        return _flipped(x)
+
+    for function in (call, _flipped):
+        compiled = assert_each_matches_eager(function, batch, changes=[
+            _set_wrapper_gain(2.0), _set_wrapper_gain(3.0), lambda: None], warn=None)
+        assert compiled.cache_info().traces == 2

@@ -253,10 +253,16 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     seen: set[int] = set()
 
     def visit(fn: Any, prefix: str, depth: int) -> None:
-        fn = getattr(fn, "__wrapped__", fn)
-        if id(fn) in seen or not isinstance(fn, types.FunctionType):
+        if id(fn) in seen:
             return
         seen.add(id(fn))
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None:  # functools.wraps, a compiled helper: what it wraps, and
+            visit(wrapped, prefix, depth)  # a user's wrapper itself
+            if not _is_user_function(fn):
+                return
+        if not isinstance(fn, types.FunctionType):
+            return
         code = fn.__code__
         namespace = fn.__globals__
         for name in sorted(_global_loads(code)):
