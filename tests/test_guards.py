@@ -540,3 +540,35 @@ def test_what_a_users_wraps_decorator_reads_is_guarded(batch):
         compiled = assert_each_matches_eager(function, batch, changes=[
             _set_wrapper_gain(2.0), _set_wrapper_gain(3.0), lambda: None], warn=None)
         assert compiled.cache_info().traces == 2
+
+
+def _user_modules(tmp_path, monkeypatch, prefix):
+    """A settings module and a transforms module reading it, as a user's project has them."""
+    (tmp_path / f"{prefix}_settings.py").write_text("SIZE = 8\nGAIN = 2.0\n")
+    (tmp_path / f"{prefix}_transforms.py").write_text(textwrap.dedent(f"""\
+        import nvidia.dali.experimental.dynamic as ndd
+        import {prefix}_settings as settings
+
+
+        def resize(x):
+            return ndd.resize(x, size=[settings.SIZE, settings.SIZE])
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return (importlib.import_module(f"{prefix}_settings"),
+            importlib.import_module(f"{prefix}_transforms"))
+
+
+def test_modules_imported_inside_the_function_are_guarded(batch, tmp_path, monkeypatch):
+    """`import settings` or `from settings import GAIN` in the function's own body: what it
+    reads of them is guarded (at every call, through `sys.modules`)."""
+    settings, _ = _user_modules(tmp_path, monkeypatch, "imports_guarded")
+
+    def call(x):
+        import imports_guarded_settings as config
+        from imports_guarded_settings import GAIN
+        return ndd.resize(x, size=[config.SIZE, config.SIZE]) * GAIN
+
+    compiled = assert_each_matches_eager(call, batch, changes=[
+        lambda: None, lambda: setattr(settings, "SIZE", 6), lambda: setattr(settings, "GAIN", 3.0),
+        lambda: None], warn=None)
+    assert compiled.cache_info().traces == 3

@@ -29,6 +29,7 @@ import numpy as np
 from .. import _dali
 from ..core.keys import KeyPolicy, Shown, class_key, freeze, is_code, is_user_class
 from ..core.source import is_internal_file
+from .effects import imported_reads
 
 _MAX_DEPTH = 4
 
@@ -252,6 +253,11 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     attributes: dict[tuple, tuple[str, str, dict, tuple[str, ...]]] = {}
     seen: set[int] = set()
 
+    def helper(value: Any, depth: int) -> None:
+        value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
+        if depth < max_depth and _is_user_function(value):
+            visit(value, f"{value.__name__}() reads ", depth + 1)
+
     def visit(fn: Any, prefix: str, depth: int) -> None:
         if id(fn) in seen:
             return
@@ -267,22 +273,26 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
         namespace = fn.__globals__
         for name in sorted(_global_loads(code)):
             globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
-            value = namespace.get(name, _MISSING)
-            value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
-            if depth < max_depth and _is_user_function(value):
-                visit(value, f"{value.__name__}() reads ", depth + 1)
+            helper(namespace.get(name, _MISSING), depth)
         for name, chain in sorted(_module_attribute_loads(code)):
             if _is_user_module(namespace.get(name)):
                 attributes.setdefault((id(namespace), name, chain),
                                       (prefix, name, namespace, chain))
+        # modules the code imports itself (`from config import SIZE` in its body): read through
+        # sys.modules at every call (a module not imported yet reads as missing until it is)
+        for name, chain in sorted(imported_reads(code, namespace.get("__package__"))):
+            module = sys.modules.get(name)
+            if module is None or _is_user_module(module):
+                attributes.setdefault((id(sys.modules), name, chain),
+                                      (prefix, name, sys.modules, chain))
+                helper(_chain_value(module, chain), depth)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             closure.append((f"{prefix}closure variable `{name}`", cell))
             try:
                 value = cell.cell_contents
             except ValueError:
                 continue
-            if depth < max_depth and _is_user_function(value):
-                visit(value, f"{value.__name__}() reads ", depth + 1)
+            helper(value, depth)
 
     visit(function, "", 0)
     return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()))
