@@ -572,3 +572,16 @@ def test_modules_imported_inside_the_function_are_guarded(batch, tmp_path, monke
         lambda: None, lambda: setattr(settings, "SIZE", 6), lambda: setattr(settings, "GAIN", 3.0),
         lambda: None], warn=None)
     assert compiled.cache_info().traces == 3
+
+
+def test_helpers_of_the_users_modules_are_guarded(batch, tmp_path, monkeypatch):
+    """`transforms.resize(x)`, a helper of the user's module reading another module's value
+    (progressive resizing: `settings.SIZE` changed between epochs), re-traces."""
+    settings, transforms = _user_modules(tmp_path, monkeypatch, "helpers_guarded")
+
+    def call(x):
+        return transforms.resize(x)
+
+    compiled = assert_each_matches_eager(call, batch, changes=[
+        lambda: None, lambda: setattr(settings, "SIZE", 6), lambda: None], warn=None)
+    assert compiled.cache_info().traces == 2

@@ -29,7 +29,7 @@ import numpy as np
 from .. import _dali
 from ..core.keys import KeyPolicy, Shown, class_key, freeze, is_code, is_user_class
 from ..core.source import is_internal_file
-from .effects import imported_reads
+from .effects import attribute_reads, imported_reads
 
 _MAX_DEPTH = 4
 
@@ -278,6 +278,7 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
             if _is_user_module(namespace.get(name)):
                 attributes.setdefault((id(namespace), name, chain),
                                       (prefix, name, namespace, chain))
+                helper(_chain_value(namespace.get(name), chain), depth)  # `utils.augment(x)`
         # modules the code imports itself (`from config import SIZE` in its body): read through
         # sys.modules at every call (a module not imported yet reads as missing until it is)
         for name, chain in sorted(imported_reads(code, namespace.get("__package__"))):
@@ -293,6 +294,11 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
             except ValueError:
                 continue
             helper(value, depth)
+            for _, chain in sorted(attribute_reads(code, (name,))):  # as for a global
+                if chain and _is_user_module(value):
+                    attributes.setdefault((id(cell), name, chain),
+                                          (prefix, name, {name: value}, chain))
+                    helper(_chain_value(value, chain), depth)
 
     visit(function, "", 0)
     return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()))
