@@ -585,3 +585,50 @@ def test_helpers_of_the_users_modules_are_guarded(batch, tmp_path, monkeypatch):
     compiled = assert_each_matches_eager(call, batch, changes=[
         lambda: None, lambda: setattr(settings, "SIZE", 6), lambda: None], warn=None)
     assert compiled.cache_info().traces == 2
+
+
+OBJECT_GAIN = 2.0
+
+
+class _Augmenter:
+    def __init__(self):
+        self.k = OBJECT_GAIN
+
+    def run(self, x):
+        return x * OBJECT_GAIN
+
+    def __call__(self, x):
+        return x * OBJECT_GAIN
+
+    @property
+    def gain(self):
+        return OBJECT_GAIN
+
+
+AUGMENTER = _Augmenter()
+AUGMENTER_STEP = AUGMENTER.run
+
+
+def _set_object_gain(gain):
+    def change():
+        global OBJECT_GAIN
+        OBJECT_GAIN = gain
+    return change
+
+
+@pytest.mark.parametrize("use", ["bound method", "method", "call", "property", "class"])
+def test_what_code_reached_through_a_global_object_reads_is_guarded(batch, use):
+    """A global read by a method of a global object (bound, called on it, its `__call__`), a
+    property's getter, or the `__init__` of a class the function makes: a change re-traces."""
+    def call(x):
+        if use == "bound method":
+            return AUGMENTER_STEP(x)
+        if use == "method":
+            return AUGMENTER.run(x)
+        if use == "call":
+            return AUGMENTER(x)
+        return x * (AUGMENTER.gain if use == "property" else _Augmenter().k)
+
+    compiled = assert_each_matches_eager(call, batch, changes=[
+        _set_object_gain(2.0), _set_object_gain(3.0), lambda: None], warn=None)
+    assert compiled.cache_info().traces == 2

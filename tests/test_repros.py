@@ -21,7 +21,6 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPROS, "*", "[0-9][0-9]_*.py")))
 
 # folder/script -> the issue that fixes it (issue 35: zero differences)
 NOT_FIXED_YET = {
-    "probe5/11_method_of_global_object_reads_global_stale.py": "issue 35",
     # DALI's eager keeps an operator whose construction failed and fails differently next time
     "probe5/13_failed_op_called_again_error_text.py": "issue 35: DALI's eager quirk",
     "probe5/14_compiled_under_another_name_pickle.py": "issue 35: api.py pickles by name",

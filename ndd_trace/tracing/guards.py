@@ -246,6 +246,20 @@ def _chain_value(value: Any, chain: tuple[str, ...]) -> Any:
     return value
 
 
+def _class_attribute(value: Any, name: str) -> Any:
+    """The function behind attribute `name` of a user object or class: a method's, a
+    property's getter (None where it is no such thing)."""
+    kind = value if isinstance(value, type) else type(value)
+    if not is_user_class(kind):
+        return None
+    for cls in kind.__mro__:
+        if name in vars(cls):
+            found = vars(cls)[name]
+            found = found.fget if isinstance(found, property) else found
+            return getattr(found, "__func__", found)  # (staticmethod, classmethod)
+    return None
+
+
 def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     """Globals and closure cells `function` reads, following user helpers `max_depth` deep."""
     globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
@@ -255,6 +269,12 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
 
     def helper(value: Any, depth: int) -> None:
         value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
+        if isinstance(value, types.MethodType):  # a bound method: its function
+            value = value.__func__
+        elif isinstance(value, type):  # a class called: its __init__
+            value = _class_attribute(value, "__init__")
+        elif not isinstance(value, types.FunctionType):  # an object called: its __call__
+            value = _class_attribute(value, "__call__")
         if depth < max_depth and _is_user_function(value):
             visit(value, f"{value.__name__}() reads ", depth + 1)
 
@@ -279,6 +299,8 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                 attributes.setdefault((id(namespace), name, chain),
                                       (prefix, name, namespace, chain))
                 helper(_chain_value(namespace.get(name), chain), depth)  # `utils.augment(x)`
+            else:  # a method or property of a user object or class (`aug.run(x)`, `cfg.size`)
+                helper(_class_attribute(namespace.get(name), chain[0]), depth)
         # modules the code imports itself (`from config import SIZE` in its body): read through
         # sys.modules at every call (a module not imported yet reads as missing until it is)
         for name, chain in sorted(imported_reads(code, namespace.get("__package__"))):
@@ -299,6 +321,8 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                     attributes.setdefault((id(cell), name, chain),
                                           (prefix, name, {name: value}, chain))
                     helper(_chain_value(value, chain), depth)
+                elif chain:
+                    helper(_class_attribute(value, chain[0]), depth)
 
     visit(function, "", 0)
     return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()))
