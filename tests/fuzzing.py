@@ -10,11 +10,15 @@ are never blurred.
 
 A program is a DAG of steps over an input batch (random dtype, ragged HWC shapes, batch size
 1..5): unary operators with random valid arguments, arithmetic with constants, with per-sample
-random scalars and with earlier values, random ops with seeds, and every value returned. Used by tests/test_fuzz.py (small fixed budget) and benchmarks/fuzz.py (long runs).
+random scalars, with earlier values and with user data the program makes (`ndd.as_batch`), random
+ops with seeds, and every value returned (a tuple, one value twice, a reordered OrderedDict or
+nested containers). Used by tests/test_fuzz.py (small fixed budget) and benchmarks/fuzz.py
+(long runs).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import sys
@@ -47,6 +51,9 @@ def _unary_ops(draw: Callable) -> list[tuple[str, Callable]]:
     channel = (channel * 4).astype(const_dtype) if const_dtype == "int32" else \
         channel.astype(const_dtype)
     mean = np.array([draw(st.floats(0, 255, width=64)) for _ in range(3)])
+    # user data the function makes itself (eager runs the op given it at the call): 2 channels
+    # do not broadcast over 3, an error eager raises there
+    user = [np.full((1, 1, draw(st.sampled_from([3, 3, 2]))), k, np.float32)]
     return [
         (f"flip(h={horizontal}, v={vertical})",
          lambda x: ndd.flip(x, horizontal=horizontal, vertical=vertical)),
@@ -77,11 +84,15 @@ def _unary_ops(draw: Callable) -> list[tuple[str, Callable]]:
         ("reductions.sum(keep_dims)", lambda x: ndd.reductions.sum(x, axes=[0], keep_dims=True)),
         ("sqrt", lambda x: ndd.math.sqrt(ndd.cast(x, dtype=ndd.float32))),
         (f"* np.array({channel.tolist()}, {const_dtype})", lambda x: x * channel),
+        (f"+ ndd.as_batch([np.full({user[0].shape}, {k})] * n)",
+         lambda x: x + ndd.as_batch(user * x.batch_size)),
         (f"crop_mirror_normalize(mean=np.array({mean.tolist()}))",
          lambda x: ndd.crop_mirror_normalize(x, mean=mean, std=channel.astype(np.float64),
                                              output_layout="HWC")),
     ]
 
+
+STRUCTURES = ["tuple", "repeated", "ordered", "nested"]
 
 BINARY = [
     ("add", lambda a, b: a + b),
@@ -99,6 +110,9 @@ class Program:
     steps: list[tuple[str, Any, tuple[int, ...]]]  # (description, function, argument indices)
     outputs: tuple[int, ...]
     seed: int
+    # how the values are returned: a tuple, the last one twice (one object in two places), an
+    # OrderedDict reordered (`move_to_end`), or nested containers
+    structure: str = "tuple"
 
     @staticmethod
     def draw(data: Any, max_steps: int = 6) -> Program:
@@ -132,16 +146,26 @@ class Program:
         # Every value is returned: an unused failing call fails eager ndd only when a sync
         # happens to meet its asynchronous error, while compiled code prunes it.
         outputs = tuple(range(1, count))
-        return Program(inputs, steps, outputs, draw(st.integers(0, 2**31)))
+        return Program(inputs, steps, outputs, draw(st.integers(0, 2**31)),
+                       draw(st.sampled_from(STRUCTURES)))
 
     def function(self) -> Callable:
-        steps, outputs = self.steps, self.outputs
+        steps, outputs, structure = self.steps, self.outputs, self.structure
 
         def program(x):
             values = [x]
             for _, function, arguments in steps:
                 values.append(function(*(values[i] for i in arguments)))
-            return tuple(values[i] for i in outputs)
+            returned = tuple(values[i] for i in outputs)
+            if structure == "repeated":
+                return (*returned, returned[-1])
+            if structure == "ordered":
+                named = collections.OrderedDict((f"v{i}", values[i]) for i in outputs)
+                named.move_to_end(f"v{outputs[0]}")
+                return named
+            if structure == "nested":
+                return {"last": returned[-1], "all": [returned, {"first": returned[0]}]}
+            return returned
 
         return program
 
@@ -150,7 +174,8 @@ class Program:
                  f"{[a.shape for a in self.inputs]}"]
         for i, (name, _, arguments) in enumerate(self.steps, 1):
             lines.append(f"  v{i} = {name}({', '.join(f'v{a}' for a in arguments)})")
-        lines.append(f"  return {', '.join(f'v{i}' for i in self.outputs)}; seed {self.seed}")
+        lines.append(f"  return {', '.join(f'v{i}' for i in self.outputs)} ({self.structure}); "
+                     f"seed {self.seed}")
         return "\n".join(lines)
 
 

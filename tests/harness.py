@@ -12,7 +12,8 @@
 Every run starts from the same seed (`ndd.random.set_seed`, here only) and is compared with the
 eager run by `assert_same`, the one comparator: the values of every sample bit for bit, with
 their dtype, shape, layout and device; the structure and Python types of what was returned
-(tuple or list, dict key order, OrderedDict, namedtuples and dataclasses); the exception, its
+(tuple or list, dict key order, OrderedDict, namedtuples and dataclasses) and which of its
+Batches and Tensors are one object (`aliases`: `return y, y`); the exception, its
 type (ndd_trace may raise its own subclass of eager's, of the same name) and text, or with
 `errors="kind"` its built-in type alone, and the call and stage (the call itself, or consuming
 its result) it came at; and the default generator's state afterwards.
@@ -39,6 +40,7 @@ checked there); `assert_same` (observation logs the training loops and loop shap
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import inspect
@@ -329,6 +331,7 @@ class Run:
     args: tuple  # the arguments it was given (Fresh ones made; none kept for the eager run)
     steps: list  # the compiled Step arguments (and what a Compiler compiled)
     report: Any = None  # transparent mode's report, where the mode was transparent
+    aliases: list = dataclasses.field(default_factory=list)  # per call: `aliases(result)`
 
     @property
     def result(self) -> Any:
@@ -354,6 +357,29 @@ def per_sample_loop(function: Callable, *args: Any) -> Any:
     if isinstance(results[0], tuple):
         return tuple(ndd.batch([r[k] for r in results]) for k in range(len(results[0])))
     return ndd.batch(results)
+
+
+def aliases(value: Any) -> tuple:
+    """Which Batches and Tensors of a result are one object (`return y, y`): per such value, in
+    order, the position of its first occurrence."""
+    first: dict[int, int] = {}
+    pattern: list[int] = []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, (ndd.Batch, ndd.Tensor)):
+            pattern.append(first.setdefault(id(item), len(first)))
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            for field in dataclasses.fields(item):
+                walk(getattr(item, field.name))
+        elif isinstance(item, dict):
+            for child in item.values():
+                walk(child)
+        elif isinstance(item, (list, tuple, collections.deque)):
+            for child in item:
+                walk(child)
+
+    walk(value)
+    return tuple(pattern)
 
 
 def _consume(result: Any) -> Any:
@@ -410,6 +436,7 @@ def run(fn: Callable, *args: Any, mode: str = "eager", seed: int | None = 1234, 
     elif base == "per_sample":
         function = ndd_trace.compile(fn, per_sample=True, **options)
     results: list = []
+    shared: list = []  # per call: its result's aliases
     error = error_at = report = None
     if transparent:
         ndd_trace.reset_report()
@@ -424,7 +451,9 @@ def run(fn: Callable, *args: Any, mode: str = "eager", seed: int | None = 1234, 
                 else:
                     result = function(*made, **kwargs)
                 stage = "consume"
+                found = () if inspect.isgenerator(result) else aliases(result)
                 results.append(_consume(result))
+                shared.append(found)
             except Exception as caught:  # noqa: BLE001 (compared with the other runs')
                 if not stop_on_error:
                     results.append(caught)
@@ -439,7 +468,7 @@ def run(fn: Callable, *args: Any, mode: str = "eager", seed: int | None = 1234, 
     # next reader of the same (rewritten) files read other bytes (DALI 2.4, seen with
     # test_compiled_readers' files changed between epochs)
     kept = () if mode == "eager" else tuple(made)
-    return Run(mode, results, error, error_at, state, function, kept, steps, report)
+    return Run(mode, results, error, error_at, state, function, kept, steps, report, shared)
 
 
 def assert_runs_match(eager: Run, other: Run, errors: str = "exact", context: Any = "") -> None:
@@ -461,6 +490,9 @@ def assert_runs_match(eager: Run, other: Run, errors: str = "exact", context: An
                 f"raised differently ({label}):\neager: {eager.error!r}\n"
                 f"{other.mode}: {other.error!r}")
     assert_same(eager.results, other.results, label)
+    # (the per-sample loop batches each output anew: its reference has no aliases to compare)
+    assert eager.aliases == other.aliases or other.mode == "per_sample", (
+        f"other values are one object ({label}): {eager.aliases} != {other.aliases}")
     assert eager.rng == other.rng, f"the generator's state afterwards differs ({label})"
 
 
@@ -547,7 +579,7 @@ def seeded(seed: int):
     yield
 
 
-__all__ = ["MODES", "Compiler", "Data", "Fresh", "Run", "Step", "assert_compiles_exactly",
+__all__ = ["MODES", "Compiler", "Data", "Fresh", "Run", "Step", "aliases", "assert_compiles_exactly",
            "assert_each_matches_eager",
            "assert_matches_eager", "assert_runs_match", "assert_same", "builtin_kind",
            "first_difference", "observe", "per_sample_loop", "rng_state", "run", "seeded",

@@ -8,14 +8,23 @@ result must match eager's bit for bit.
 The things read (the families the guard holes of issue 35 came from): a global number, a global
 numpy scalar, a global list, a global `functools.partial`, a global bound method of an object,
 a helper's default argument, the compiled function's own defaults and keyword defaults, an
-object's attribute, a class attribute. The changes: rebind, change in place, swap a Python
-number for a numpy scalar of the same value, or nothing. Used by tests/test_fuzz.py.
+object's attribute, a class attribute; and those a new-user probe found stale: a `__slots__`
+object's attribute, a class's numpy attribute, a method replaced on its class, a helper's code
+reloaded in place, a global read by the user's own `functools.wraps` wrapper, by a helper of the
+user's module (`tools.scale(x)`), by a property, and a module imported in the function's body.
+The changes: rebind, change in place, swap a Python number for a numpy scalar of the same value,
+or nothing. The code is written to a file, as a user's is (helpers of `<string>` code are not
+the user's). Used by tests/test_fuzz.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import sys
+import tempfile
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -65,7 +74,7 @@ class Case:
 def _made(case: Case) -> tuple[Callable, Callable[[Any, bool], None]]:
     """The user's function for `case`, and `set(value, in_place)`, which changes what it reads
     as user code would."""
-    space: dict[str, Any] = {"ndd": ndd, "np": np}
+    space: dict[str, Any] = {"ndd": ndd, "np": np, "__name__": "mutationfuzz_user"}
     holder = _Holder()
     family = case.family
     if family == "global number":
@@ -114,7 +123,7 @@ def _made(case: Case) -> tuple[Callable, Callable[[Any, bool], None]]:
 
         def change(value, in_place):
             space["f"].__defaults__ = (value,)
-    else:  # "own keyword default"
+    elif family == "own keyword default":
         code = "def f(x, *, k=1.0):\n    return x * k\n"
 
         def change(value, in_place):
@@ -122,12 +131,94 @@ def _made(case: Case) -> tuple[Callable, Callable[[Any, bool], None]]:
                 space["f"].__kwdefaults__["k"] = value
             else:
                 space["f"].__kwdefaults__ = {"k": value}
-    exec(compile(code, f"<mutationfuzz {family}>", "exec"), space)
+    else:
+        code, change = _probed(family, space)
+    path = os.path.join(tempfile.gettempdir(), f"mutationfuzz_{family.replace(' ', '_')}.py")
+    with open(path, "w") as file:  # a file of the user's (its source and helpers are theirs)
+        file.write(code)
+    exec(compile(code, path, "exec"), space)
     return space["f"], change
 
 
+_SETTINGS = "mutationfuzz_settings"  # a module of the user's, made at run time
+
+
+def _settings_module() -> types.ModuleType:
+    module = sys.modules.get(_SETTINGS) or types.ModuleType(_SETTINGS)
+    module.K = 1.0
+    exec(compile("def scale(x):\n    return x * K\n", f"{_SETTINGS}.py", "exec"), vars(module))
+    sys.modules[_SETTINGS] = module
+    return module
+
+
+def _probed(family: str, space: dict) -> tuple[str, Callable[[Any, bool], None]]:
+    """The families a new-user probe found stale: the user's code, and its `change`."""
+    def set_k(value, in_place):
+        space["K"] = value
+    if family == "slots attribute":
+        code = ("class S:\n    __slots__ = ('k',)\n\n    def run(self, x):\n"
+                "        return x * self.k\n\nOBJ = S()\nOBJ.k = 1.0\nM = OBJ.run\n\n"
+                "def f(x):\n    return M(x)\n")
+
+        def change(value, in_place):
+            if in_place:
+                space["OBJ"].k = value
+            else:
+                space["OBJ"] = space["S"]()
+                space["OBJ"].k = value
+                space["M"] = space["OBJ"].run
+    elif family == "class numpy attribute":
+        code = ("class C:\n    arr = np.array([1.0], np.float32)\n\n"
+                "def f(x):\n    return x * C.arr[0]\n")
+
+        def change(value, in_place):
+            if in_place:
+                space["C"].arr[0] = value
+            else:
+                space["C"].arr = np.array([value])
+    elif family == "method replaced":
+        code = ("class C:\n    def run(self, x):\n        return x * 1.0\n\nOBJ = C()\n\n"
+                "def f(x):\n    return OBJ.run(x)\n")
+
+        def change(value, in_place):
+            space["C"].run = lambda self, x: x * value
+    elif family == "helper code reloaded":
+        code = "def helper(x):\n    return x * 1.0\n\ndef f(x):\n    return helper(x)\n"
+
+        def change(value, in_place):
+            made: dict = {"np": np}
+            exec(f"def helper(x):\n    return x * {value!r}\n", made)
+            space["helper"].__code__ = made["helper"].__code__
+    elif family == "wrapper global":
+        code = ("import functools\nK = 1.0\n\ndef scaled(function):\n"
+                "    @functools.wraps(function)\n    def wrapper(x):\n"
+                "        return function(x) * K\n    return wrapper\n\n"
+                "@scaled\ndef helper(x):\n    return ndd.flip(x, horizontal=1)\n\n"
+                "def f(x):\n    return helper(x)\n")
+        change = set_k
+    elif family == "module helper":
+        space["tools"] = _settings_module()
+        code = "def f(x):\n    return tools.scale(x)\n"
+
+        def change(value, in_place):
+            space["tools"].K = value
+    elif family == "imported in body":
+        _settings_module()
+        code = f"def f(x):\n    from {_SETTINGS} import K\n    return x * K\n"
+
+        def change(value, in_place):
+            sys.modules[_SETTINGS].K = value
+    else:  # "property"
+        code = ("K = 1.0\n\nclass C:\n    @property\n    def k(self):\n        return K\n\n"
+                "OBJ = C()\n\ndef f(x):\n    return x * OBJ.k\n")
+        change = set_k
+    return code, change
+
+
 FAMILIES = ["global number", "global list", "global partial", "global bound method",
-            "class attribute", "helper default", "own default", "own keyword default"]
+            "class attribute", "helper default", "own default", "own keyword default",
+            "slots attribute", "class numpy attribute", "method replaced", "helper code reloaded",
+            "wrapper global", "module helper", "imported in body", "property"]
 
 
 def check_case(case: Case, batch: Any) -> None:

@@ -8,8 +8,8 @@ import warnings
 
 import numpy as np
 import pytest
-from harness import (assert_compiles_exactly, assert_matches_eager, assert_runs_match, assert_same,
-                     run)
+from harness import (Step, assert_compiles_exactly, assert_matches_eager, assert_runs_match,
+                     assert_same, run)
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -625,3 +625,50 @@ def test_compiled_functions_pickle_by_reference_into_spawn_workers():
     local = ndd.compile(lambda x: x)
     with pytest.raises(pickle.PicklingError, match="at module level"):
         pickle.dumps(local)
+
+
+def test_an_ordered_dict_reordered_comes_back_in_its_order(batch):
+    """An OrderedDict whose keys were moved (`move_to_end`) comes back in its own order (found
+    by a new-user probe: optree read the order of the dict underneath, the insertion order)."""
+    import collections
+
+    def named(x):
+        out = collections.OrderedDict()
+        out["flipped"] = ndd.flip(x, horizontal=1)
+        out["doubled"] = x * 2
+        out["original"] = x
+        out.move_to_end("flipped")
+        out.move_to_end("original", last=False)
+        return out
+
+    assert_compiles_exactly(named, batch, calls=2)
+
+
+def test_a_result_returned_twice_is_one_object_as_eagerly(batch):
+    """`return y, y` (or `{"image": y, "all": [y, x]}`): eager returns one object in both
+    places, and so does the compiled function (found by a new-user probe: two Batches)."""
+    def twice(x):
+        y = ndd.flip(x, horizontal=1)
+        return y, y, {"image": y, "all": [y, x, x]}
+
+    assert_compiles_exactly(twice, batch, calls=2)
+
+
+def _doubled(x):
+    return ndd.flip(x, horizontal=1) * 2
+
+
+def test_a_result_not_read_yet_deep_copies_as_eagerly(batch):
+    """`copy.deepcopy` of a compiled step's result not read yet raises eager's TypeError (found
+    by a new-user probe: a RecursionError, as the copy walked into the pipeline run)."""
+    import copy
+
+    def logged(step, x):
+        out = step(x)
+        try:
+            copy.deepcopy(out)
+        except TypeError as error:
+            return f"TypeError: {error}", out
+        return "copied", out
+
+    assert_matches_eager(logged, Step(_doubled), batch, modes=("step",))

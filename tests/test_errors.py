@@ -624,3 +624,31 @@ def test_a_call_accepted_before_is_checked_again_for_other_data():
     after them accepted, as eagerly."""
     eager = assert_matches_eager(_resize_the_max_of_each, Compiler(), **THREE_WAYS)["eager"].result
     assert [moment for moment, _ in eager] == ["values"] * 3 + ["at call"] * 2 + ["values"]
+
+
+BACKGROUND = ndd.as_batch([np.zeros((4, 5, 2), np.uint8)] * 2, layout="HWC")  # 2 channels
+
+
+def _decodes_its_own_bytes(x):
+    noise = ndd.random.uniform(batch_size=x.batch_size, range=[0, 1])
+    junk = ndd.as_batch([np.frombuffer(b"not a jpeg" * 8, np.uint8)] * x.batch_size)
+    return ndd.decoders.image(junk), noise, ndd.random.coin_flip(batch_size=x.batch_size)
+
+
+def _adds_a_global_batch(x):
+    noise = ndd.random.uniform(batch_size=x.batch_size, range=[0, 1])
+    blended = ndd.flip(x, horizontal=1) + BACKGROUND  # 3 channels + 2: cannot broadcast
+    return blended, noise, ndd.random.coin_flip(batch_size=x.batch_size)
+
+
+@pytest.mark.parametrize("step", [_decodes_its_own_bytes, _adds_a_global_batch])
+def test_an_op_given_user_data_the_function_holds_raises_at_the_call(step):
+    """Data the function makes with `ndd.as_batch(arrays)`, or reads from a global made so:
+    eager runs the op given it at the call, and raises its error there (the op's own text; the
+    random op after it draws nothing), call after call; so does the compiled function
+    (found by a new-user probe: it raised at the first use, "An error happened during
+    asynchronous execution")."""
+    images = ndd.as_batch([np.zeros((4, 5, 3), np.uint8)] * 2, layout="HWC")
+    with _quiet_stderr():
+        assert_matches_eager(step, images, modes=("compiled", "transparent"), calls=3,
+                             stop_on_error=False, warn=None)

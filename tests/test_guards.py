@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
+import importlib
+import textwrap
 import threading
 import warnings
 
@@ -606,4 +611,235 @@ def test_self_and_closure_objects_are_keyed_by_the_attributes_read():
     state = np.random.get_state()[1].copy()
     key = guards.build_key((1,), {}, plan)
     assert np.array_equal(np.random.get_state()[1], state)  # the property did not run
-    assert [label for label, _ in key] == ["x", "augment"]  # keyed whole instead
+    labels = [label for label, _ in key]  # keyed whole instead (and the getter's reads)
+    assert labels[0] == "x" and labels[-1] == "augment" and "augment.drawn" not in labels
+
+
+# -- what a function reads, changed between calls (a new-user probe: each was silently stale) ---
+
+class _Slotted:
+    __slots__ = ("k", "__gain")
+
+    def __init__(self, k):
+        self.k = k
+        self.__gain = 1.0
+
+    def run(self, x):
+        return x * self.k * self.__gain
+
+    def set_gain(self, gain):
+        self.__gain = gain
+
+
+@dataclasses.dataclass(slots=True)
+class _SlottedSettings:
+    offset: float = 1.0
+
+
+SLOTTED_RUN = None
+
+
+def test_objects_with_slots_are_guarded_by_their_attributes(batch):
+    """A `__slots__` object (a global's bound method, an argument; private slots too) and a
+    `@dataclass(slots=True)`, changed in place between calls, re-trace."""
+    global SLOTTED_RUN
+    owner, settings = _Slotted(2.0), _SlottedSettings()
+    SLOTTED_RUN = owner.run
+
+    def call(x, settings):
+        return SLOTTED_RUN(x) + settings.offset
+
+    compiled = assert_each_matches_eager(call, batch, settings, changes=[
+        lambda: None, lambda: setattr(owner, "k", 3.0), lambda: owner.set_gain(0.5),
+        lambda: setattr(settings, "offset", 4.0), lambda: None], warn=None)
+    assert compiled.cache_info().traces == 4
+
+
+class _Normalizer:
+    mean = np.array([1.0, 2.0, 3.0], np.float32)
+    scale = np.float32(2.0)
+    mode = None
+
+    def apply(self, x):
+        return (ndd.cast(x, dtype=ndd.float32) - self.mean) * self.scale
+
+
+class _Mode(enum.Enum):
+    TRAIN = 1
+    EVAL = 2
+
+
+def test_class_attributes_of_every_kind_and_methods_replaced_are_guarded(batch):
+    """Class attributes holding numpy values (rebound or written in place), enums or user
+    objects, and a method replaced on the class, re-trace."""
+    normalizer = _Normalizer()
+    saved = dict(vars(_Normalizer))
+
+    def call(x):
+        y = normalizer.apply(x)
+        return ndd.flip(y, horizontal=1) if _Normalizer.mode is _Mode.TRAIN else y
+
+    try:
+        compiled = assert_each_matches_eager(call, batch, changes=[
+            lambda: None, lambda: _Normalizer.mean.__setitem__(0, 5.0),
+            lambda: setattr(_Normalizer, "scale", np.float32(3.0)),
+            lambda: setattr(_Normalizer, "mode", _Mode.TRAIN),
+            lambda: setattr(_Normalizer, "apply", lambda self, x: x * self.scale),
+            lambda: None], warn=None)
+        assert compiled.cache_info().traces == 5
+    finally:
+        for name in ("mean", "scale", "mode", "apply"):
+            setattr(_Normalizer, name, saved[name])
+        _Normalizer.mean[0] = 1.0
+
+
+def _augment(x):
+    return x * 2
+
+
+def _edited(x):
+    return x * 3
+
+
+def test_a_helper_whose_code_is_reloaded_retraces(batch):
+    """A helper's `__code__` replaced in place (IPython's autoreload, after the user edits its
+    file) re-traces."""
+    saved = _augment.__code__
+
+    def call(x):
+        return _augment(x)
+
+    try:
+        compiled = assert_each_matches_eager(call, batch, changes=[
+            lambda: None, lambda: setattr(_augment, "__code__", _edited.__code__),
+            lambda: None], warn=None)
+        assert compiled.cache_info().traces == 2
+    finally:
+        _augment.__code__ = saved
+
+
+WRAPPER_GAIN = 2.0
+
+
+def _scaled(function):
+    @functools.wraps(function)
+    def wrapper(x):
+        return function(x) * WRAPPER_GAIN
+    return wrapper
+
+
+@_scaled
+def _flipped(x):
+    return ndd.flip(x, horizontal=1)
+
+
+def _set_wrapper_gain(gain):
+    def change():
+        global WRAPPER_GAIN
+        WRAPPER_GAIN = gain
+    return change
+
+
+def test_what_a_users_wraps_decorator_reads_is_guarded(batch):
+    """The user's own `functools.wraps` decorator, on a helper or on the compiled function,
+    whose wrapper reads a global: a change re-traces (the guards looked behind `__wrapped__`
+    only)."""
+    def call(x):
+        return _flipped(x)
+
+    for function in (call, _flipped):
+        compiled = assert_each_matches_eager(function, batch, changes=[
+            _set_wrapper_gain(2.0), _set_wrapper_gain(3.0), lambda: None], warn=None)
+        assert compiled.cache_info().traces == 2
+
+
+def _user_modules(tmp_path, monkeypatch, prefix):
+    """A settings module and a transforms module reading it, as a user's project has them."""
+    (tmp_path / f"{prefix}_settings.py").write_text("SIZE = 8\nGAIN = 2.0\n")
+    (tmp_path / f"{prefix}_transforms.py").write_text(textwrap.dedent(f"""\
+        import nvidia.dali.experimental.dynamic as ndd
+        import {prefix}_settings as settings
+
+
+        def resize(x):
+            return ndd.resize(x, size=[settings.SIZE, settings.SIZE])
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return (importlib.import_module(f"{prefix}_settings"),
+            importlib.import_module(f"{prefix}_transforms"))
+
+
+def test_modules_imported_inside_the_function_are_guarded(batch, tmp_path, monkeypatch):
+    """`import settings` or `from settings import GAIN` in the function's own body: what it
+    reads of them is guarded (at every call, through `sys.modules`)."""
+    settings, _ = _user_modules(tmp_path, monkeypatch, "imports_guarded")
+
+    def call(x):
+        import imports_guarded_settings as config
+        from imports_guarded_settings import GAIN
+        return ndd.resize(x, size=[config.SIZE, config.SIZE]) * GAIN
+
+    compiled = assert_each_matches_eager(call, batch, changes=[
+        lambda: None, lambda: setattr(settings, "SIZE", 6), lambda: setattr(settings, "GAIN", 3.0),
+        lambda: None], warn=None)
+    assert compiled.cache_info().traces == 3
+
+
+def test_helpers_of_the_users_modules_are_guarded(batch, tmp_path, monkeypatch):
+    """`transforms.resize(x)`, a helper of the user's module reading another module's value
+    (progressive resizing: `settings.SIZE` changed between epochs), re-traces."""
+    settings, transforms = _user_modules(tmp_path, monkeypatch, "helpers_guarded")
+
+    def call(x):
+        return transforms.resize(x)
+
+    compiled = assert_each_matches_eager(call, batch, changes=[
+        lambda: None, lambda: setattr(settings, "SIZE", 6), lambda: None], warn=None)
+    assert compiled.cache_info().traces == 2
+
+
+OBJECT_GAIN = 2.0
+
+
+class _Augmenter:
+    def __init__(self):
+        self.k = OBJECT_GAIN
+
+    def run(self, x):
+        return x * OBJECT_GAIN
+
+    def __call__(self, x):
+        return x * OBJECT_GAIN
+
+    @property
+    def gain(self):
+        return OBJECT_GAIN
+
+
+AUGMENTER = _Augmenter()
+AUGMENTER_STEP = AUGMENTER.run
+
+
+def _set_object_gain(gain):
+    def change():
+        global OBJECT_GAIN
+        OBJECT_GAIN = gain
+    return change
+
+
+@pytest.mark.parametrize("use", ["bound method", "method", "call", "property", "class"])
+def test_what_code_reached_through_a_global_object_reads_is_guarded(batch, use):
+    """A global read by a method of a global object (bound, called on it, its `__call__`), a
+    property's getter, or the `__init__` of a class the function makes: a change re-traces."""
+    def call(x):
+        if use == "bound method":
+            return AUGMENTER_STEP(x)
+        if use == "method":
+            return AUGMENTER.run(x)
+        if use == "call":
+            return AUGMENTER(x)
+        return x * (AUGMENTER.gain if use == "property" else _Augmenter().k)
+
+    compiled = assert_each_matches_eager(call, batch, changes=[
+        _set_object_gain(2.0), _set_object_gain(3.0), lambda: None], warn=None)
+    assert compiled.cache_info().traces == 2

@@ -16,6 +16,7 @@ to a depth) and knows DALI's kinds. This module imports nothing from DALI.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import struct
 import types
@@ -117,15 +118,18 @@ def freeze(value: Any, policy: KeyPolicy = STATIC, depth: int = 0) -> Any:
                               for k, v in value.items()))
     if isinstance(value, (set, frozenset)):
         return ("set", frozenset(freeze(v, policy, depth + 1) for v in value))
-    if policy.by_attributes and (dataclasses.is_dataclass(value) or hasattr(value, "__dict__")):
+    slots = _slot_names(kind) if policy.by_attributes else ()
+    if policy.by_attributes and (dataclasses.is_dataclass(value) or hasattr(value, "__dict__")
+                                 or slots):
         try:
-            attributes = vars(value)
+            attributes = [*vars(value).items()] if hasattr(value, "__dict__") else []
         except TypeError:
             return policy.by_identity(value)
-        # what `value.x` may read: its own attributes, and its classes' plain data (the same
-        # rule as for a class read as a global), base classes included
+        attributes += [(name, getattr(value, name, _UNSET)) for name in slots]
+        # what `value.x` may read: its own attributes (`__slots__` ones too), and its classes'
+        # data (the same rule as for a class read as a global), base classes included
         return ("object", id(kind),
-                tuple((k, freeze(v, policy, depth + 1)) for k, v in attributes.items()),
+                tuple((k, freeze(v, policy, depth + 1)) for k, v in attributes),
                 tuple(freeze(cls, policy, depth + 1) for cls in kind.__mro__
                       if is_user_class(cls)))
     try:
@@ -144,14 +148,46 @@ def freeze_arguments(arguments: dict[str, Any], policy: KeyPolicy = STATIC) -> t
                                       for name, value in arguments.items())))
 
 
-_PLAIN_DATA = (bool, int, float, str, list, tuple, dict, type(None))
+_UNSET = object()  # a `__slots__` attribute never set
+
+# what a class attribute holds that its key keeps by value (besides instances of user classes)
+_CLASS_DATA = (bool, int, float, str, bytes, complex, list, tuple, dict, set, frozenset,
+               type(None), np.generic, np.ndarray, enum.Enum)
+# and what it keeps by identity: its methods (a method replaced on the class changes it)
+_CLASS_CODE = (types.FunctionType, staticmethod, classmethod, property)
+
+
+def _slot_names(kind: type) -> tuple[str, ...]:
+    """The `__slots__` attributes (as stored: private ones mangled) of a user class whose
+    instances compare by identity (or a dataclass): what such an object's state is. Empty for
+    anything else: a library's objects, and objects compared by value (keyed by their value)."""
+    if not is_user_class(kind) or (not dataclasses.is_dataclass(kind) and
+                                   kind.__eq__ is not object.__eq__ and kind.__hash__ is not None):
+        return ()
+    names: list[str] = []
+    for cls in kind.__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{cls.__name__.lstrip('_')}{name}"
+            names.append(name)
+    return tuple(names)
 
 
 def class_key(cls: type, policy: KeyPolicy, depth: int) -> tuple:
-    """A class read for its attributes (`Config.scale`): its plain data, and its identity."""
-    return ("class", id(cls), tuple(
-        (k, freeze(v, policy, depth + 1)) for k, v in vars(cls).items()
-        if not k.startswith("__") and isinstance(v, _PLAIN_DATA)))
+    """A class read for its attributes (`Config.scale`): its data (numbers, containers, numpy
+    values, enums, instances of user classes), its methods by identity, and its identity."""
+    items = []
+    for k, v in vars(cls).items():
+        if k.startswith("__"):
+            continue
+        if isinstance(v, _CLASS_CODE):
+            items.append((k, ("code", id(v))))
+        elif isinstance(v, _CLASS_DATA) or (not isinstance(v, type) and is_user_class(type(v))):
+            items.append((k, freeze(v, policy, depth + 1)))
+    return ("class", id(cls), tuple(items))
 
 
 def is_user_class(cls: type) -> bool:

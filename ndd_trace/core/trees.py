@@ -20,6 +20,7 @@ nothing from DALI.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 from collections.abc import Callable, Generator, Iterator
@@ -116,13 +117,30 @@ def _is_container(kind: type) -> bool:
 
 
 
+def _in_own_order(mapping: collections.OrderedDict) -> None:
+    """Store an OrderedDict's items in its own order: optree reads the order of the dict
+    underneath, which `move_to_end` does not change (the items, their order and the object
+    stay what the user sees)."""
+    if list(mapping) != list(dict.keys(mapping)):
+        items = list(mapping.items())
+        mapping.clear()
+        mapping.update(items)
+
+
 def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
-    """The tree of `value`: `leaf(v)` gives the node of a leaf (None: not a leaf)."""
+    """The tree of `value`: `leaf(v)` gives the node of a leaf (None: not a leaf); a leaf met
+    again (the same object) gets the node it got first, so that `unflatten` gives back one
+    object there too, as eager returns one."""
     nodes: list = []
     raised: list[BaseException] = []
+    seen: dict[int, tuple] = {}
 
     def is_leaf(item: Any) -> bool:
         if raised:
+            return True
+        node = seen.get(id(item))
+        if node is not None:
+            nodes.append(node)
             return True
         try:
             node = leaf(item)
@@ -131,8 +149,12 @@ def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
             return True
         if node is None:
             if _is_container(type(item)):
+                if isinstance(item, collections.OrderedDict):
+                    _in_own_order(item)
                 return False
             node = ("static", item)
+        else:
+            seen[id(item)] = node
         nodes.append(node)
         return True
 
@@ -144,9 +166,19 @@ def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
 
 
 def unflatten(tree: Tree, leaf: Callable[[tuple], Any]) -> Any:
-    """The value of `tree`, each leaf node given by `leaf(node)`."""
-    return optree.tree_unflatten(tree.spec, [
-        node[1] if node[0] == "static" else leaf(node) for node in tree.nodes])
+    """The value of `tree`, each leaf node given by `leaf(node)` (once per node: a leaf that
+    was one object is one object again)."""
+    made: dict[tuple, Any] = {}
+    leaves = []
+    for node in tree.nodes:
+        if node[0] == "static":
+            leaves.append(node[1])
+        elif node in made:
+            leaves.append(made[node])
+        else:
+            leaves.append(leaf(node))
+            made[node] = leaves[-1]
+    return optree.tree_unflatten(tree.spec, leaves)
 
 
 def map_leaves(value: Any, is_leaf: Callable[[Any], bool], visit: Callable[[tuple, Any], Any],

@@ -114,6 +114,15 @@ def unknown_inputs(node: Node) -> list[Node]:
     return unknown
 
 
+USER_DATA = ("a constant that wraps user data",)  # (an argument path: a tuple)
+
+
+def _given_user_data(path: Any, bound: dict) -> bool:
+    """Whether what an op reads as it is at `path` (an argument's, or `USER_DATA`) wraps user
+    data in this call (eager then runs the op at the call)."""
+    return path is USER_DATA or _dali.wraps_user_data(bound.get(path))
+
+
 def _cone(node: Node) -> set[Node]:
     """The ops `node` reads, directly or not."""
     seen: dict[int, Node] = {}
@@ -226,34 +235,44 @@ class Failures:
         validated = self._data_dependent if self._accepted else self._validated
         if not fed:
             return list(validated)
-        run = {id(node): node for node, path in fed if _dali.wraps_user_data(bound.get(path))}
+        run = {id(node): node for node, path in fed if _given_user_data(path, bound)}
         run.update((id(node), node) for node in validated)
         return list(run.values())
 
     def _raises_at(self, node: Node, failed: Node, error: BaseException, bound: dict) -> bool:
         """Whether eager raises the failure of op `failed` at the call of `node`."""
-        if any(op is node and _dali.wraps_user_data(bound.get(path))
+        if any(op is node and _given_user_data(path, bound)
                for op, path in self._fed_as_they_are or ()):
             return node is failed or failed in _cone(node)  # run at once, with what it reads
         if node is failed:  # checked at once: raises there if DALI rejects the call itself
             return bool(getattr(error, "at_call", False))
         return any(failed is read or failed in _cone(read) for read in unknown_inputs(node))
 
-    def _ops_fed_as_they_are(self) -> list[tuple[Node, tuple]]:
+    def _ops_fed_as_they_are(self) -> list[tuple[Node, Any]]:
         """(op, argument path) where the op reads a call argument without converting it (same
-        device, batch or sample as the call, no cast): what eager hands the op as it is."""
-        fed = []
+        device, batch or sample as the call, no cast): what eager hands the op as it is; (op,
+        `USER_DATA`) where it so reads a constant that wraps user data (an `ndd.as_batch(arrays)`
+        made in the function or held in a global), which eager runs at every call."""
+        fed: list[tuple[Node, Any]] = []
         for node in self.graph.nodes_of(NodeKind.OP):
             for index, ref in enumerate(node.inputs):
                 leaf = ref.node
                 if leaf.kind is NodeKind.INPUT and leaf.is_batch == node.is_batch and \
                         leaf.meta[ref.index].device == node.input_devices[index]:
                     fed.append((node, leaf.payload))
+                elif leaf.kind is NodeKind.CONSTANT and _dali.eager_reads_as_is(
+                        leaf.payload, node.is_batch) == node.input_devices[index]:
+                    fed.append((node, USER_DATA))
             for key, ref in node.arg_inputs.items():
                 leaf = ref.node
-                if leaf.kind is NodeKind.INPUT and key not in node.arg_casts and \
-                        leaf.is_batch == node.is_batch and leaf.meta[ref.index].device == "cpu":
+                if key in node.arg_casts:
+                    continue
+                if leaf.kind is NodeKind.INPUT and leaf.is_batch == node.is_batch and \
+                        leaf.meta[ref.index].device == "cpu":
                     fed.append((node, leaf.payload))
+                elif leaf.kind is NodeKind.CONSTANT and \
+                        _dali.eager_reads_as_is(leaf.payload, node.is_batch) == "cpu":
+                    fed.append((node, USER_DATA))
         return fed
 
     def rng_snapshots(self, bound: dict) -> list[tuple[Any, Any]]:

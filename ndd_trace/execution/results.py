@@ -140,6 +140,12 @@ class LazyOutput(LazyResult):
     def _batch_size(self) -> int:
         return self._run.batch_size
 
+    def __deepcopy__(self, memo: dict) -> Any:
+        # eager's pending result holds its invocation's lock, which copy.deepcopy cannot copy
+        # (this one holds a run, a pipeline and their threads: the same TypeError, not a walk
+        # through them that ends in a RecursionError)
+        raise TypeError("cannot pickle '_thread.lock' object")
+
     @property
     def invocation(self) -> Any:
         return self._run

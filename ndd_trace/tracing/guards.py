@@ -21,6 +21,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ import numpy as np
 from .. import _dali
 from ..core.keys import KeyPolicy, Shown, class_key, freeze, is_code, is_user_class
 from . import reads
+from .effects import imported_reads
 
 _MAX_DEPTH = 4
 
@@ -54,12 +56,15 @@ class GuardPolicy(KeyPolicy):
                     freeze(value.args, self, depth + 1),
                     freeze(value.keywords, self, depth + 1))
         if isinstance(value, types.MethodType):  # a bound method reads its object's state
-            return ("method", self.by_identity(value.__func__),
+            return ("method", freeze(value.__func__, self, depth + 1),
                     freeze(value.__self__, self, depth + 1))
-        if isinstance(value, types.FunctionType) and (value.__defaults__ or value.__kwdefaults__):
-            return ("function", self.by_identity(value),
-                    freeze(value.__defaults__, self, depth + 1),
-                    freeze(value.__kwdefaults__, self, depth + 1))
+        if isinstance(value, types.FunctionType):
+            # by identity and its code (which a reload, IPython's autoreload, replaces in place)
+            function = Shown(("id", id(value), id(value.__code__)), self.named(value))
+            if value.__defaults__ or value.__kwdefaults__:
+                return ("function", function, freeze(value.__defaults__, self, depth + 1),
+                        freeze(value.__kwdefaults__, self, depth + 1))
+            return function
         if is_code(value) or hasattr(value, "cache_info"):
             # code is guarded by identity (a compiled function by its own cache, not its state)
             return self.by_identity(value)
@@ -193,14 +198,6 @@ class GuardPlan:
 _MISSING = object()
 
 
-def _chain_value(value: Any, chain: tuple[str, ...]) -> Any:
-    for attribute in chain:
-        value = getattr(value, attribute, _MISSING)
-        if value is _MISSING:
-            break
-    return value
-
-
 def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     """Globals and closure cells `function` reads, following user helpers `max_depth` deep."""
     globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
@@ -210,28 +207,55 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     bare: set[tuple] = set()  # (what `chains` is keyed by) read otherwise too
     seen: set[int] = set()
 
+    def helper(value: Any, depth: int) -> None:
+        value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
+        if isinstance(value, types.MethodType):  # a bound method: its function
+            value = value.__func__
+        elif isinstance(value, type):  # a class called: its __init__
+            value = reads.class_attribute(value, "__init__")
+        elif not isinstance(value, types.FunctionType):  # an object called: its __call__
+            value = reads.class_attribute(value, "__call__")
+        if depth < max_depth and reads.is_user_function(value):
+            visit(value, f"{value.__name__}() reads ", depth + 1)
+
     def visit(fn: Any, prefix: str, depth: int) -> None:
-        fn = getattr(fn, "__wrapped__", fn)
-        if id(fn) in seen or not isinstance(fn, types.FunctionType):
+        if id(fn) in seen:
             return
         seen.add(id(fn))
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None:  # functools.wraps, a compiled helper: what it wraps, and
+            visit(wrapped, prefix, depth)  # a user's wrapper itself
+            if not reads.is_user_function(fn):
+                return
+        if not isinstance(fn, types.FunctionType):
+            return
         code = fn.__code__
         namespace = fn.__globals__
         loaded, read, bare_names = reads.global_reads(code)
         any_name = bool(loaded & reads.ANY_NAME)
         for name in sorted(loaded):
             globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
-            value = namespace.get(name, _MISSING)
-            value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
-            if depth < max_depth and reads.is_user_function(value):
-                visit(value, f"{value.__name__}() reads ", depth + 1)
+            helper(namespace.get(name, _MISSING), depth)
         for name, found in read.items():
             chains.setdefault(("global", id(namespace), name), set()).update(found)
-            for chain in sorted(found) if reads.is_user_module(namespace.get(name)) else ():
-                attributes.setdefault((id(namespace), name, chain),
-                                      (prefix, name, namespace, chain))
+            value = namespace.get(name)
+            for chain in sorted(found):
+                if reads.is_user_module(value):
+                    attributes.setdefault((id(namespace), name, chain),
+                                          (prefix, name, namespace, chain))
+                    helper(reads.chain_value(value, chain), depth)  # `utils.augment(x)`
+                else:  # a method or property of a user object or class (`aug.run(x)`)
+                    helper(reads.class_attribute(value, chain[0]), depth)
         bare.update(("global", id(namespace), name)
                     for name in (loaded if any_name else bare_names))
+        # modules the code imports itself (`from config import SIZE` in its body): read through
+        # sys.modules at every call (a module not imported yet reads as missing until it is)
+        for name, chain in sorted(imported_reads(code, namespace.get("__package__"))):
+            module = sys.modules.get(name)
+            if module is None or reads.is_user_module(module):
+                attributes.setdefault((id(sys.modules), name, chain),
+                                      (prefix, name, sys.modules, chain))
+                helper(reads.chain_value(module, chain), depth)
         _, cell_chains, cell_bare = reads.cell_reads(code)
         for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
             closure.append((f"{prefix}{name}", cell))
@@ -242,8 +266,14 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                 value = cell.cell_contents
             except ValueError:
                 continue
-            if depth < max_depth and reads.is_user_function(value):
-                visit(value, f"{value.__name__}() reads ", depth + 1)
+            helper(value, depth)
+            for chain in sorted(cell_chains.get(name, ())):  # as for a global
+                if reads.is_user_module(value):
+                    attributes.setdefault((id(cell), name, chain),
+                                          (prefix, name, {name: value}, chain))
+                    helper(reads.chain_value(value, chain), depth)
+                else:
+                    helper(reads.class_attribute(value, chain[0]), depth)
         if depth == 0:  # the function's own parameters (not a captured one: a cell)
             _, read, bare_names = reads.parameter_reads(code)
             for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
@@ -324,7 +354,7 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
         key += [(f"{prefix}{name}", ("missing",))] if value is _MISSING else \
             _read(f"{prefix}{name}", value, chains.get(("global", id(namespace), name)), frozen)
     for prefix, name, namespace, chain in plan.module_attributes:
-        value = _chain_value(namespace.get(name), chain)
+        value = reads.chain_value(namespace.get(name), chain)
         key.append((f"{prefix}{name}.{'.'.join(chain)}",
                     ("missing",) if value is _MISSING else freeze(value, GUARDS)))
     for label, cell in plan.closure:
@@ -387,8 +417,9 @@ class FastGuard:
         self.globals_read = globals_read  # (namespace, name, value or _MISSING, builtin value)
         self.cells = cells  # (cell, value)
         self.attributes = attributes  # (namespace, name, chain, value): module attributes
-        # the functions among them, which have no defaults as long as this guard holds
-        self.functions = tuple(value for value in (
+        # the functions among them, with their code: they have no defaults and keep their
+        # code as long as this guard holds
+        self.functions = tuple((value, value.__code__) for value in (
             *(value for kind, value in arguments if kind is None),
             *(value for _, _, value, _ in globals_read), *(value for _, value in cells),
             *(value for *_, value in attributes)) if isinstance(value, types.FunctionType))
@@ -427,7 +458,7 @@ class FastGuard:
             cells.append((cell, value))
         attributes = []
         for _, name, namespace, chain in plan.module_attributes:
-            value = _chain_value(namespace.get(name), chain)
+            value = reads.chain_value(namespace.get(name), chain)
             if not _same_object_same_guard(value):
                 return None
             attributes.append((namespace, name, chain, value))
@@ -456,9 +487,10 @@ class FastGuard:
             except ValueError:
                 return False
         for namespace, name, chain, value in self.attributes:
-            if _chain_value(namespace.get(name), chain) is not value:
+            if reads.chain_value(namespace.get(name), chain) is not value:
                 return False
-        for function in self.functions:  # (defaults given since: the full key has them)
-            if function.__defaults__ is not None or function.__kwdefaults__ is not None:
+        for function, code in self.functions:  # (defaults given since: the full key has them)
+            if function.__defaults__ is not None or function.__kwdefaults__ is not None or \
+                    function.__code__ is not code:
                 return False
         return True

@@ -24,6 +24,7 @@ import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from ..core.keys import is_user_class
 from ..core.source import is_internal_file
 
 ANY_NAME = frozenset({"globals", "locals", "vars", "eval", "exec"})  # read names by their text
@@ -113,3 +114,28 @@ def is_user_module(value: Any) -> bool:
         return value.__name__ not in sys.builtin_module_names
     return "site-packages" not in filename and not filename.startswith(sys.prefix) and \
         not filename.startswith(sys.base_prefix) and not is_internal_file(filename)
+
+
+_MISSING = object()
+
+
+def chain_value(value: Any, chain: tuple[str, ...]) -> Any:
+    for attribute in chain:
+        value = getattr(value, attribute, _MISSING)
+        if value is _MISSING:
+            break
+    return value
+
+
+def class_attribute(value: Any, name: str) -> Any:
+    """The function behind attribute `name` of a user object or class: a method's, a
+    property's getter (None where it is no such thing)."""
+    kind = value if isinstance(value, type) else type(value)
+    if not is_user_class(kind):
+        return None
+    for cls in kind.__mro__:
+        if name in vars(cls):
+            found = vars(cls)[name]
+            found = found.fget if isinstance(found, property) else found
+            return getattr(found, "__func__", found)  # (staticmethod, classmethod)
+    return None
