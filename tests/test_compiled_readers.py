@@ -14,7 +14,7 @@ import nvidia.dali.experimental.dynamic as ndd
 import pytest
 from conftest import subprocess_env
 from harness import Fresh, Step, assert_matches_eager
-from test_transparent_readers import (  # the same readers, augmentation and file changes
+from test_streams import (  # the same readers, augmentation and file changes
     _arrays, _augment, _epochs_between, _fresh_arrays, _fresh_photos, _photos, _reader, _truncate)
 
 import ndd_trace
@@ -243,7 +243,7 @@ def test_two_compiled_steps_on_one_reader(jpeg_dir):
     assert all(_ahead(step) > 0 for step in runs["step"].steps)
 
 
-# -- files changed between epochs, read by a compiled generator (see test_transparent_readers) --
+# -- files changed between epochs, read by a compiled generator (see test_streams) --
 
 
 def _decoded(reader):

@@ -43,7 +43,7 @@ def test_epochs_read_ahead_and_regions_run_ahead(jpeg_dir):
     assert _ahead(report) >= 8  # 12 steps: all but the first few ran ahead
     assert not report.eager_ops
     (reader, where), epochs = next(iter(report.readers.items()))
-    assert reader == "File" and epochs == 3 and "test_transparent_readers.py" in where
+    assert reader == "File" and epochs == 3 and "test_streams.py" in where
     assert report.as_dict()["regions"][0]["run_ahead"] == _ahead(report)
 
 
@@ -338,7 +338,7 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
     assert "ndd.decoders.image" in [getattr(error, "op_name", None) for error in causes]
     assert "ndd.decoders.image" in text
     decode_line = __import__("inspect").getsourcelines(_augment)[1] + 1
-    assert f"test_transparent_readers.py:{decode_line}" in text
+    assert f"test_streams.py:{decode_line}" in text
 
 
 def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
