@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from harness import assert_compiles_exactly, seeded
+from harness import Fresh, assert_compiles_exactly, assert_matches_eager, seeded
 
 import ndd_trace
 from ndd_trace.core import source
@@ -149,6 +149,73 @@ def test_constants_inline_exactly_or_fed():
     assert "fn.constant(idata=[0, 1, 2, 3, 4, 5], shape=[2, 3], dtype=types.INT32)" in \
         lowered.source
     assert [node.kind.value for node in lowered.external_sources] == ["input", "constant"]
+
+
+# numpy's default float dtype, as a mean or std computed with numpy has it: DALI's Constant holds
+# no doubles (found by a differential sweep of ordinary training scripts)
+_MEAN_F64 = np.array([100.0, 110.0, 120.0])          # exact in float32: written into the code
+_STD_F64 = np.array([58.395, 57.12, 57.375])         # not exact in float32: fed
+_WEIGHTS_F64 = np.array([[0.5, 0.25], [2.0, 4.0]])  # 2-D, exact
+
+
+def _normalize_f64(x):
+    a = ndd.crop_mirror_normalize(x, mean=_MEAN_F64, std=_STD_F64)
+    b = ndd.cast(x.slice[:2, :2, 0], dtype=ndd.float64) * _WEIGHTS_F64
+    return a, b - np.array([1.5, 3.0]), b + np.array([1e-300, 0.1])
+
+
+def test_float64_numpy_constants(uniform_batch):
+    """Found by a differential sweep of ordinary training scripts: it once gave a silently wrong
+    result."""
+    assert_compiles_exactly(_normalize_f64, uniform_batch, calls=2)
+
+
+def test_float64_numpy_constants_in_a_compiled_generator(jpeg_dir):
+    """Found by a differential sweep of ordinary training scripts: it once gave a silently wrong
+    result."""
+    def epochs(reader):
+        for jpegs, _ in reader.next_epoch(batch_size=4):
+            images = ndd.decoders.image(jpegs)
+            images = ndd.resize(images, size=[16, 16])
+            yield ndd.crop_mirror_normalize(images, mean=_MEAN_F64, std=_STD_F64)
+
+    runs = assert_matches_eager(epochs, Fresh(lambda: ndd.readers.File(file_root=str(jpeg_dir))),
+                                modes=("loop",))
+    steps = runs["eager"].result
+    assert len(steps) > 1 and all(a.dtype == np.float32 for s in steps for a in s.samples)
+
+
+def test_float64_numpy_constants_in_transparent_mode(uniform_batch):
+    """Found by a differential sweep of ordinary training scripts: it once gave a silently wrong
+    result."""
+    assert_matches_eager(_normalize_f64, uniform_batch, modes=("transparent",))
+
+
+@pytest.mark.gpu
+def test_float64_numpy_constants_on_the_gpu(uniform_batch):
+    """float64 numpy constants given to GPU ops as eager takes them: as a CPU argument input
+    (normalize's mean and std) and as a GPU tensor; a numpy array mixed into GPU arithmetic
+    raises eager's ValueError in both (it ran on the H200 before landing; its first version
+    mixed them and failed there, eagerly too).
+
+    Found by a differential sweep of ordinary training scripts: it once gave a silently wrong
+    result."""
+    def on_gpu(x, scale):
+        x = x.gpu()
+        normalized = ndd.crop_mirror_normalize(x, mean=_MEAN_F64, std=_STD_F64)
+        return normalized, ndd.cast(x, dtype=ndd.float64) * scale
+
+    assert_compiles_exactly(on_gpu, uniform_batch,
+                            ndd.as_tensor(np.array([0.5, 2.0, 4.0]), device="gpu"), calls=2)
+
+    def mixed(x):
+        return ndd.cast(x.gpu(), dtype=ndd.float64) * np.array([0.5, 2.0, 4.0])
+
+    with pytest.raises(ValueError, match="Cannot mix GPU and CPU inputs") as eager:
+        mixed(uniform_batch).evaluate()
+    with pytest.raises(ValueError) as compiled:
+        ndd.compile(mixed)(uniform_batch).evaluate()
+    assert str(compiled.value) == str(eager.value)
 
 
 def test_transparent_regions_feed_their_constants(batch):

@@ -17,6 +17,22 @@ import ndd_trace
 SIZE = 12
 
 
+def test_swallowed_graph_break_is_still_a_break(batch):
+    """A graph break caught by the user's own `except BaseException` still breaks the graph
+    (the function runs as eager runs it, with a warning), rather than tracing the `except`
+    branch as if it were the code (found in review: it once gave a silently wrong result)."""
+    def g(x):
+        try:
+            h = x.shape[0][0]
+        except BaseException:  # noqa: BLE001 (what a careless user writes)
+            h = 1
+        return ndd.crop(x, crop=(h, h))
+
+    with pytest.warns(ndd_trace.NddTraceWarning):
+        result = ndd.compile(g)(batch)
+    assert_same(g(batch), result)
+
+
 def test_compile_is_exposed_on_ndd():
     assert ndd.compile is ndd_trace.compile
 

@@ -39,6 +39,30 @@ def _python(arguments: list[str], cwd, **env: str) -> subprocess.CompletedProces
                           timeout=300, env=subprocess_env(**env))
 
 
+# -- a failed run, then the next call ------------------------------------------------------------
+
+def test_a_failed_earlier_run_does_not_break_the_next_call(jpeg_bytes):
+    """Found by review: a run that failed and was not consumed yet dropped the pipeline while
+    the next call was being fed ('NoneType' has no attribute ...). The next call must succeed,
+    and the failed result still raises when consumed."""
+    import numpy as np
+    from harness import assert_same
+
+    @ndd.compile
+    def decode(data):
+        return ndd.resize(ndd.decoders.image(data), size=[8, 8])
+
+    # copies (ndd.batch): data given as it is (ndd.as_batch) would fail at the call, as eagerly
+    good = ndd.batch(jpeg_bytes[:2])
+    bad = ndd.batch([np.frombuffer(b"\xff\xd8\xff not a jpeg" * 8, dtype=np.uint8)] * 2)
+    decode(good).evaluate()  # traced and built
+    failed = decode(bad)  # fails in the pipeline; not consumed yet
+    result = decode(good)
+    assert_same(ndd.resize(ndd.decoders.image(good), size=[8, 8]), result)
+    with pytest.raises(Exception):
+        failed.evaluate()
+
+
 # -- the program's output ------------------------------------------------------------------------
 
 LOGGING_SCRIPT = """\

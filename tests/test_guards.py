@@ -13,6 +13,106 @@ import ndd_trace
 from ndd_trace.tracing import guards
 
 
+@pytest.mark.parametrize("use", ["range", "divmod", "pos", "floor", "zeros", "slice", "format",
+                                 "round", "bit_length"])
+def test_batch_size_uses_in_python_specialize(use, images):
+    """The batch size used by Python (range, divmod, +n, math.floor, numpy, slicing, %-format,
+    round, bit_length) specializes the trace: each batch size gets its own Python values
+    (found in review: it once gave a silently wrong result)."""
+    import math
+
+    uses = {
+        "range": lambda n: len(range(n)), "divmod": lambda n: divmod(n, 3)[0],
+        "pos": lambda n: +n, "floor": lambda n: math.floor(n),
+        "zeros": lambda n: np.zeros(n).size, "slice": lambda n: len(([1] * 9)[:n]),
+        "format": lambda n: "%d" % n, "round": lambda n: round(n),
+        "bit_length": lambda n: n.bit_length(),
+    }
+
+    def f(x):
+        return ndd.flip(x), uses[use](x.batch_size)
+
+    compiled = ndd.compile(f)
+    for n in (4, 2, 3):
+        data = ndd.as_batch(images[:n], layout="HWC")
+        assert compiled(data)[1] == f(data)[1]
+
+
+def test_negative_zero_is_not_zero(batch):
+    """-0.0 after 0.0 re-traces (1 / (x * c) is -inf, not inf), though -0.0 == 0.0 (found in
+    review: it once gave a silently wrong result)."""
+    def g(x, c):
+        return 1.0 / (ndd.cast(x, dtype=ndd.float32) * c)
+
+    compiled = ndd.compile(g)
+    compiled(batch, 0.0)
+    assert_same(g(batch, -0.0), compiled(batch, -0.0))
+
+
+def test_dict_with_list_of_batches(images):
+    """A batch inside a list inside a dict is guarded like a top-level one: another layout
+    re-traces (found in review: it once gave a silently wrong result)."""
+    @ndd.compile
+    def f(inputs):
+        return ndd.flip(inputs["xs"][0], horizontal=1)
+
+    for layout in ["HWC", "CHW", "HWC"]:
+        data = ndd.as_batch([np.zeros((2, 2, 3), np.float32)] * 2, layout=layout)
+        assert f({"xs": [data]}).layout == layout
+    assert f.cache_info().traces == 2
+
+
+class ScaleByClass:
+    factor = 2.0
+
+
+def test_class_attribute_guard(batch):
+    """A class attribute read as a global, changed, re-traces (found in review: it once gave a
+    silently wrong result)."""
+    @ndd.compile
+    def f(x):
+        return ndd.cast(x, dtype=ndd.float32) * ScaleByClass.factor
+
+    f(batch)
+    ScaleByClass.factor = 3.0
+    try:
+        assert_same(ndd.cast(batch, dtype=ndd.float32) * 3.0, f(batch))
+    finally:
+        ScaleByClass.factor = 2.0
+    from harness import to_numpy
+
+    assert to_numpy(f(batch)) is not None
+
+
+def test_nan_and_infinite_static_arguments_keep_their_bits():
+    """A NaN's sign is part of the value DALI pads with: a compiled function called with
+    `nan` and then `-nan` (`inf - inf`) must not reuse the first trace (guards), a region must
+    not reuse the first pipeline (region keys), and the pipeline must build (NaN literals in
+    the generated code) rather than fall back. (rotate's `fill_value` is a fixed argument;
+    `pad`'s, a tensor argument, is passed as data when held in a variable, as eagerly.)
+
+    Found in review: it once gave a silently wrong result."""
+    import math
+
+    def pad(x, value):
+        return ndd.rotate(x, angle=45.0, fill_value=value, keep_size=True)
+
+    data = ndd.as_batch([np.zeros((4, 4, 1), np.float32)], layout="HWC")
+    compiled = ndd.compile(pad)
+    values = [math.nan, math.inf - math.inf, math.nan, math.inf, -math.inf, -0.0, 0.0]
+    ndd_trace.reset_report()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndd_trace.NddTraceWarning)  # no eager fallback
+        for value in values:
+            eager = np.asarray(pad(data, value).select(0).cpu()).view(np.uint32)
+            traced = np.asarray(compiled(data, value).select(0).cpu()).view(np.uint32)
+            with ndd_trace.enabled():
+                lazy = np.asarray(pad(data, value).select(0).cpu()).view(np.uint32)
+            assert eager.tolist() == traced.tolist() == lazy.tolist(), value
+    assert compiled.cache_info().fallbacks == 0
+    assert "fill_value=-nan" in str(ndd_trace.report())  # the regions say what tells them apart
+
+
 def test_global_defined_after_decoration_is_guarded(batch):
     global LATE_ANGLE
     late = ndd.compile(lambda x: ndd.rotate(x, angle=LATE_ANGLE))

@@ -76,6 +76,30 @@ def test_three_readers(jpeg_dir):
                          fresh_reader(jpeg_dir, shard_id=0, num_shards=1), **EPOCHS)
 
 
+def test_readers_of_different_lengths_zip_as_eager(tmp_path):
+    """zip() over readers of different lengths stops at the shortest, having taken one more
+    batch from the readers before it; the next epochs go on from there, as eagerly.
+
+    Found in review: it once gave a silently wrong result."""
+    from benchmarks._data import make_jpeg_dir
+
+    long_root = make_jpeg_dir(tmp_path / "long", n=13)
+    short_root = make_jpeg_dir(tmp_path / "short", n=8)
+
+    def two(a, c):
+        for (x, lx), (y, ly) in zip(a.next_epoch(batch_size=3), c.next_epoch(batch_size=3)):
+            yield lx * 10 + ly
+
+    def readers():
+        return ndd.readers.File(file_root=str(long_root)), \
+            ndd.readers.File(file_root=str(short_root))
+
+    def three_epochs(function, readers):
+        return [list(function(*readers)) for _ in range(3)]
+
+    assert_matches_eager(three_epochs, Step(two), Fresh(readers), modes=("step",))
+
+
 def test_break_and_resume_keeps_position(jpeg_dir):
     def consume(function, reader, stop):
         steps = []

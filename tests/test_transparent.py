@@ -313,6 +313,22 @@ def test_values_are_eager_batches_and_tensors(batch):
     assert eager["eager"].result[:3] == ["Batch", True, True]
 
 
+def test_lazy_tensor_fields():
+    """A lazy Tensor's fields (dtype, shape) and its data, read by ndd itself (`ndd.as_tensor`,
+    `ndd.batch` of lazy tensors), are eager's (found in review: it once gave a silently wrong
+    result)."""
+    t = ndd.as_tensor(np.arange(6, dtype=np.float32))
+    with ndd_trace.enabled():
+        u = t * 2
+        u.evaluate()
+        assert u.dtype == ndd.float32 and (t * 4).shape == (6,)
+        np.testing.assert_array_equal(np.asarray(ndd.as_tensor(t * 3)),
+                                      np.arange(6, dtype=np.float32) * 3)
+        stacked = ndd.batch([t * 3, t * 3 + 1])  # ndd copies the lazy tensors' fields
+        np.testing.assert_array_equal(np.asarray(ndd.as_tensor(stacked))[1],
+                                      np.arange(6, dtype=np.float32) * 3 + 1)
+
+
 def _bytes(batch) -> list[bytes]:
     return [sample.tobytes() for sample in to_numpy(batch)]
 
