@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from harness import Fresh, assert_compiles_exactly, assert_matches_eager, seeded
+from harness import Fresh, assert_compiles_exactly, assert_matches_eager, assert_same, seeded
 
 import ndd_trace
 from ndd_trace.core import source
@@ -133,6 +133,32 @@ def test_boolean_operators_keep_eager_types():
     x, y = (ndd.batch(values) for values in (_operands(np.bool_), _operands(np.bool_)[::-1]))
     assert_compiles_exactly(
         lambda a, b: (a * 2.5, a & b, a | True, a ^ b, a == b, a * b, a + 1), x, y)
+
+
+def _transparent(function, *args):
+    with ndd_trace.enabled():
+        result = function(*args)
+        result.evaluate()
+    return result
+
+
+@pytest.mark.parametrize("operation", [
+    lambda y: np.float32(0.5) * y,
+    lambda y: np.int32(3) + y,
+    lambda y: np.float64(2.0) - y,
+    lambda y: np.uint8(7) ** (y & 1),
+])
+def test_numpy_scalar_on_the_left_of_a_batch_operator(operation):
+    """A numpy scalar on the left of an operator (`np.float32(k) * value`) compiles whole and
+    gives eager's types, compiled and in transparent mode (found by an independent differential
+    fuzzer, ../shared/repros/fuzz/02: AttributeError under ndd_trace)."""
+    x = ndd.as_batch([np.array([1, 5, 3], np.int16), np.array([2, 4], np.int16)])
+
+    def f(x):
+        return operation(x >> 1)
+
+    assert_compiles_exactly(f, x)  # compiled whole, no warning
+    assert_same(f(x), _transparent(f, x))
 
 
 def test_constants_inline_exactly_or_fed():

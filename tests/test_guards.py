@@ -38,6 +38,33 @@ def test_batch_size_uses_in_python_specialize(use, images):
         assert compiled(data)[1] == f(data)[1]
 
 
+def test_batch_used_only_for_its_batch_size_gives_each_calls_size():
+    """A Batch argument used only for its batch size (`ndd.full(..., batch_size=x.batch_size)`):
+    each call's result has that call's size, compiled and in transparent mode, from one trace
+    (found by an independent differential fuzzer, ../shared/repros/fuzz/06: a later, smaller
+    batch gave a result of the old size)."""
+    def transparent(function, *args):
+        with ndd_trace.enabled():
+            result = function(*args)
+            result.evaluate()
+        return result
+
+    def full(x):
+        return ndd.full(np.float32(2.5), batch_size=x.batch_size, shape=[2])
+
+    def zeros(x):
+        return ndd.zeros(batch_size=x.batch_size, shape=[2])
+
+    for function in (full, zeros):
+        compiled = ndd.compile(function)
+        for n in [6, 5, 2, 6]:
+            x = ndd.as_batch([np.zeros((3,), np.uint8)] * n)
+            eager = function(x)
+            assert_same(eager, compiled(x))
+            assert_same(eager, transparent(function, x))
+        assert compiled.cache_info().traces == 1
+
+
 def test_negative_zero_is_not_zero(batch):
     """-0.0 after 0.0 re-traces (1 / (x * c) is -inf, not inf), though -0.0 == 0.0 (found in
     review: it once gave a silently wrong result)."""

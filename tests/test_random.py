@@ -4,11 +4,15 @@ state a compiled call draws (ndd_trace/_dali/random.py)."""
 
 from __future__ import annotations
 
+import random
+import threading
+import warnings
+
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
-from harness import assert_matches_eager, assert_same
+from harness import assert_matches_eager, assert_runs_match, assert_same, run
 
-import ndd_trace  # noqa: F401 (ndd.compile)
+import ndd_trace
 
 
 def test_one_value_random_op_among_batches(uniform_batch):
@@ -57,3 +61,78 @@ def test_state_draw_matches_eager_words_and_position():
     assert [int(w) for w in words] == [twin() for _ in range(7)]
     assert _dali.rng_position(rng) == (draws + 7, version)
     assert rng() == twin()
+
+
+def test_tracing_does_not_make_the_default_generator_before_eager_would():
+    """Tracing (and `explain`) does not create ndd's default generator, which seeds itself from
+    Python's `random`, before eager would: Python's draws after a call, and the generator's
+    later values, are eager's (found by an independent differential fuzzer,
+    ../shared/repros/fuzz/05)."""
+    batch = ndd.as_batch([np.zeros((2, 2, 3), np.uint8)], layout="HWC")
+
+    def step(x):
+        return ndd.flip(x, horizontal=1)  # no random op
+
+    def program(fn):
+        random.seed(0)
+        np.asarray(fn(batch).select(0))
+        drawn = random.random()  # Python-side randomness after the call
+        noise = ndd.random.uniform(range=[0, 1])  # the default generator, never seeded
+        return drawn, float(np.asarray(noise))
+
+    def in_a_new_thread(fn):  # (the default generator is per thread: a new one has none yet)
+        result = []
+        thread = threading.Thread(target=lambda: result.append(program(fn)))
+        thread.start()
+        thread.join()
+        return result[0]
+
+    compiled = ndd.compile(step)
+    assert in_a_new_thread(step) == in_a_new_thread(compiled)
+    assert compiled.cache_info().traces == 1
+
+    def explained():
+        random.seed(0)
+        ndd_trace.explain(ndd.compile(step), batch)
+        return random.random()
+
+    def plain():
+        random.seed(0)
+        return random.random()
+
+    result = []
+    for target in (explained, plain):
+        thread = threading.Thread(target=lambda t=target: result.append(t()))
+        thread.start()
+        thread.join()
+    assert result[0] == result[1]
+
+
+def _transparent(function, *args):
+    with ndd_trace.enabled():
+        result = function(*args)
+        result.evaluate()
+    return result
+
+
+def test_one_value_random_op_times_a_batch_of_one_then_larger():
+    """A random op without `batch_size` (one value a call) times a batch of one sample, then of
+    more: eager's values at every size, compiled and in transparent mode (found by an
+    independent differential fuzzer, ../shared/repros/fuzz/12: after a first call of batch size
+    1, larger batches drew per sample)."""
+    def f(x):
+        return ndd.random.uniform(range=[0, 1]) * x
+
+    def ones(n):
+        return ndd.as_batch([np.ones((2,), np.float32)] * n)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
+        compiled = ndd.compile(f)
+        for n in [1, 4, 1, 3]:
+            eager = run(f, ones(n), seed=7, warn=None)
+            for other in (compiled, lambda x: _transparent(f, x)):
+                assert_runs_match(eager, run(other, ones(n), seed=7, warn=None))
+    regions = [r for r in ndd_trace.report().regions if "uniform" in r.op_chain]
+    # batches of one sample: a pipeline; of more: a region of its own, run eagerly
+    assert {r.executable is None for r in regions} == {True, False}

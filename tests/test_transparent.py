@@ -329,6 +329,48 @@ def test_lazy_tensor_fields():
                                       np.arange(6, dtype=np.float32) * 3 + 1)
 
 
+def test_batch_proxies_have_no_array_protocol_where_batch_has_none():
+    """A Batch has no `__array__`, `__dlpack__` or `item`, and neither have the values a trace
+    or transparent mode hands the function (found by an independent differential fuzzer,
+    ../shared/repros/fuzz)."""
+    x = ndd.as_batch([np.zeros((2,), np.uint8)])
+    seen = {}
+
+    def f(x):
+        y = x + 1
+        seen["traced"] = [hasattr(y, name) for name in ("__array__", "__dlpack__", "item")]
+        return y
+
+    ndd.compile(f)(x)
+    with ndd_trace.enabled():
+        y = x + 1
+        seen["lazy"] = [hasattr(y, name) for name in ("__array__", "__dlpack__", "item")]
+    assert seen["traced"] == seen["lazy"] == [False, False, False]
+    assert [hasattr(x, name) for name in ("__array__", "__dlpack__", "item")] == [False] * 3
+
+
+def test_numpy_array_of_a_batch_is_an_object_array_as_eagerly():
+    """`np.asarray` of a Batch is eager's 0-d object array holding the Batch, compiled (a graph
+    break) and in transparent mode (found by an independent differential fuzzer,
+    ../shared/repros/fuzz)."""
+    x = ndd.as_batch([np.arange(18, dtype=np.uint8).reshape(2, 3, 3)], layout="HWC")
+
+    def f(x):
+        return np.asarray(ndd.flip(x, horizontal=1))
+
+    eager = f(x)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="numpy"):
+        compiled = ndd.compile(f)(x)
+    for result in (compiled, _transparent_value(f, x)):
+        assert result.dtype == eager.dtype == object and result.shape == eager.shape == ()
+        assert_same(eager.item(), result.item())
+
+
+def _transparent_value(function, *args):
+    with ndd_trace.enabled():
+        return function(*args)
+
+
 def _bytes(batch) -> list[bytes]:
     return [sample.tobytes() for sample in to_numpy(batch)]
 
