@@ -87,84 +87,6 @@ def test_larger_batch_rebuilds_without_retrace(images):
     assert flip.cache_info().traces == 1
 
 
-@pytest.mark.parametrize("change", ["dtype", "layout", "ndim", "kind", "static"])
-def test_guards_retrace_on_change(change, images):
-    @ndd.compile
-    def double(x, factor=2):
-        return x * factor
-
-    base = ndd.as_batch(images, layout="HWC")
-    double(base)
-    variants = {
-        "dtype": (ndd.as_batch([i.astype(np.float32) for i in images], layout="HWC"),),
-        "layout": (ndd.as_batch(images, layout="WHC"),),
-        "ndim": (ndd.as_batch([np.ascontiguousarray(i[..., 0]) for i in images]),),
-        "kind": (ndd.as_tensor(images[0]),),
-        "static": (base, 3),
-    }
-    args = variants[change]
-    assert_same(double.__wrapped__(*args), double(*args))
-    assert double.cache_info().traces == 2
-    assert double.last_miss_reason and "->" in double.last_miss_reason
-
-
-GLOBAL_SIZE = [10, 10]
-
-
-def test_global_and_closure_guards(batch):
-    global GLOBAL_SIZE
-    angle = 10.0
-
-    @ndd.compile
-    def transform(x):
-        return ndd.rotate(ndd.resize(x, size=GLOBAL_SIZE), angle=angle)
-
-    first = transform(batch)
-    assert first.shape[0][:2] != (14, 14)
-    GLOBAL_SIZE = [14, 14]
-    try:
-        second = transform(batch)
-        assert_same(transform.__wrapped__(batch), second)
-        assert "global `GLOBAL_SIZE`" in transform.last_miss_reason
-    finally:
-        GLOBAL_SIZE = [10, 10]
-    angle = 20.0
-    assert_same(transform.__wrapped__(batch), transform(batch))
-    assert "closure variable `angle`" in transform.last_miss_reason
-
-
-class Config:
-    def __init__(self):
-        self.size = 8
-
-
-CONFIG = Config()
-
-
-def test_object_attribute_guard(batch):
-    @ndd.compile
-    def resize(x):
-        return ndd.resize(x, size=[CONFIG.size, CONFIG.size])
-
-    resize(batch)
-    CONFIG.size = 9
-    try:
-        assert resize(batch).shape[0][:2] == (9, 9)
-    finally:
-        CONFIG.size = 8
-
-
-def test_batch_size_used_in_python_specializes(images):
-    @ndd.compile
-    def weighted(x):
-        return x * (x.batch_size + 1)
-
-    for n in (4, 3, 4):
-        data = ndd.as_batch(images[:n], layout="HWC")
-        assert_same(weighted.__wrapped__(data), weighted(data))
-    assert weighted.cache_info().traces == 2  # one trace per batch size; the repeat is a hit
-
-
 def test_recompilation_storm_warns_once_and_runs_eagerly(batch):
     @ndd.compile(cache_limit=3)
     def scaled(x, k):
@@ -361,21 +283,6 @@ def test_nested_compiled_functions_inline(batch):
         return inner(x) * 2
 
     assert_compiles_exactly(outer, batch)
-
-
-def test_method_compilation(batch):
-    class Augment:
-        def __init__(self, size):
-            self.size = size
-
-        @ndd.compile
-        def __call__(self, x):
-            return ndd.resize(x, size=[self.size, self.size])
-
-    aug = Augment(6)
-    assert aug(batch).shape[0][:2] == (6, 6)
-    aug.size = 7
-    assert aug(batch).shape[0][:2] == (7, 7)
 
 
 @pytest.mark.gpu
