@@ -1,4 +1,9 @@
-"""Regression tests for guard holes found in review: each once gave a stale or wrong result."""
+"""Guards (tracing/guards.py): what a compiled function's key holds, so that a call reuses a trace
+only where eager would compute the same thing: its arguments' kinds, types and layouts, the
+values it reads besides them (globals, closure variables, attributes, a helper's globals and
+defaults), the batch size where Python uses it, and values equal under `==` that eager tells
+apart; and what it leaves out (a reader, a compiled function it calls), so that nothing else
+re-traces."""
 
 from __future__ import annotations
 
@@ -34,29 +39,23 @@ def test_guards_retrace_on_change(change, images):
     assert double.last_miss_reason and "->" in double.last_miss_reason
 
 
-GLOBAL_SIZE = [10, 10]
-
-
-def test_global_and_closure_guards(batch):
-    global GLOBAL_SIZE
-    angle = 10.0
-
+def test_dict_with_list_of_batches(images):
+    """A batch inside a list inside a dict is guarded like a top-level one: another layout
+    re-traces (found in review: it once gave a silently wrong result)."""
     @ndd.compile
-    def transform(x):
-        return ndd.rotate(ndd.resize(x, size=GLOBAL_SIZE), angle=angle)
+    def f(inputs):
+        return ndd.flip(inputs["xs"][0], horizontal=1)
 
-    first = transform(batch)
-    assert first.shape[0][:2] != (14, 14)
-    GLOBAL_SIZE = [14, 14]
-    try:
-        second = transform(batch)
-        assert_same(transform.__wrapped__(batch), second)
-        assert "global `GLOBAL_SIZE`" in transform.last_miss_reason
-    finally:
-        GLOBAL_SIZE = [10, 10]
-    angle = 20.0
-    assert_same(transform.__wrapped__(batch), transform(batch))
-    assert "closure variable `angle`" in transform.last_miss_reason
+    for layout in ["HWC", "CHW", "HWC"]:
+        data = ndd.as_batch([np.zeros((2, 2, 3), np.float32)] * 2, layout=layout)
+        assert f({"xs": [data]}).layout == layout
+    assert f.cache_info().traces == 2
+# -- what a compiled function reads, changed between calls -------------------------------------
+
+GLOBAL_SIZE = [10, 10]
+HELPER_ANGLE = 10.0
+SCALE_PARTIAL = None
+SCALER = None
 
 
 class Config:
@@ -67,68 +66,186 @@ class Config:
 CONFIG = Config()
 
 
-def test_object_attribute_guard(batch):
-    @ndd.compile
-    def resize(x):
+class Factor:
+    value = 2.0
+
+
+def _helper_angle():
+    return HELPER_ANGLE
+
+
+def _helper_with_default(x, k=2.0):
+    return x * k
+
+
+def _scale(x, k):
+    return x * k
+
+
+class _Scaler:
+    def __init__(self):
+        self.k = 2.0
+
+    def run(self, x):
+        return x * self.k
+
+
+def _set_global(monkeypatch, name, value):
+    return lambda: monkeypatch.setitem(globals(), name, value)
+
+
+def _a_global_rebound(monkeypatch):
+    def resized(x):
+        return ndd.resize(x, size=GLOBAL_SIZE)
+
+    return resized, [lambda: None, _set_global(monkeypatch, "GLOBAL_SIZE", [14, 14]),
+                     _set_global(monkeypatch, "GLOBAL_SIZE", [14, 14])], "global `GLOBAL_SIZE`"
+
+
+def _a_global_defined_after_decoration(monkeypatch):
+    def rotated(x):
+        return ndd.rotate(x, angle=LATE_ANGLE)  # noqa: F821 (defined by the first change)
+
+    return rotated, [_set_global(monkeypatch, "LATE_ANGLE", 10.0),
+                     _set_global(monkeypatch, "LATE_ANGLE", 20.0)], "global `LATE_ANGLE`"
+
+
+def _a_global_read_by_a_helper(monkeypatch):
+    def rotated(x):
+        return ndd.rotate(x, angle=_helper_angle())
+
+    return rotated, [lambda: None, _set_global(monkeypatch, "HELPER_ANGLE", 25.0)], \
+        "_helper_angle() reads global `HELPER_ANGLE`"
+
+
+def _a_closure_variable(monkeypatch):
+    angle = 10.0
+
+    def rotated(x):
+        return ndd.rotate(x, angle=angle)
+
+    def change():
+        nonlocal angle
+        angle = 20.0
+
+    return rotated, [lambda: None, change], "closure variable `angle`"
+
+
+def _an_attribute_of_a_global_object(monkeypatch):
+    def resized(x):
         return ndd.resize(x, size=[CONFIG.size, CONFIG.size])
 
-    resize(batch)
-    CONFIG.size = 9
-    try:
-        assert resize(batch).shape[0][:2] == (9, 9)
-    finally:
-        CONFIG.size = 8
+    return resized, [lambda: None, lambda: monkeypatch.setattr(CONFIG, "size", 9)], None
 
 
-def test_batch_size_used_in_python_specializes(images):
-    @ndd.compile
-    def weighted(x):
-        return x * (x.batch_size + 1)
+def _a_class_attribute(monkeypatch):
+    def scaled(x):
+        return ndd.cast(x, dtype=ndd.float32) * Factor.value
 
-    for n in (4, 3, 4):
-        data = ndd.as_batch(images[:n], layout="HWC")
-        assert_same(weighted.__wrapped__(data), weighted(data))
-    assert weighted.cache_info().traces == 2  # one trace per batch size; the repeat is a hit
+    return scaled, [lambda: None, lambda: monkeypatch.setattr(Factor, "value", 3.0)], None
 
 
-def test_method_compilation(batch):
-    class Augment:
-        def __init__(self, size):
-            self.size = size
+def _a_global_partial(monkeypatch):
+    import functools
 
-        @ndd.compile
-        def __call__(self, x):
-            return ndd.resize(x, size=[self.size, self.size])
+    def call(x):
+        return SCALE_PARTIAL(x)
 
-    aug = Augment(6)
-    assert aug(batch).shape[0][:2] == (6, 6)
-    aug.size = 7
-    assert aug(batch).shape[0][:2] == (7, 7)
+    def bind(k):
+        return _set_global(monkeypatch, "SCALE_PARTIAL", functools.partial(_scale, k=k))
+
+    return call, [bind(2.0), bind(3.0), bind(3.0)], "global `SCALE_PARTIAL`"
 
 
-@pytest.mark.parametrize("use", ["range", "divmod", "pos", "floor", "zeros", "slice", "format",
-                                 "round", "bit_length"])
-def test_batch_size_uses_in_python_specialize(use, images):
-    """The batch size used by Python (range, divmod, +n, math.floor, numpy, slicing, %-format,
-    round, bit_length) specializes the trace: each batch size gets its own Python values
-    (found in review: it once gave a silently wrong result)."""
+def _a_global_bound_method(monkeypatch):
+    owner = _Scaler()
+    monkeypatch.setitem(globals(), "SCALER", owner.run)
+
+    def call(x):
+        return SCALER(x)
+
+    def set_k(k):
+        return lambda: setattr(owner, "k", k)
+
+    return call, [set_k(2.0), set_k(3.0), set_k(3.0)], None
+
+
+def _a_helpers_defaults(monkeypatch):
+    def call(x):
+        return _helper_with_default(x)
+
+    def defaults(value):
+        return lambda: monkeypatch.setattr(_helper_with_default, "__defaults__", value)
+
+    return call, [lambda: None, defaults((3.0,)), defaults((2.0,))], None
+
+
+# each: the function, the changes made before each of its calls (one trace for the first call,
+# one more where a change changed what it reads), and the miss reason's words
+READS = {
+    "a global rebound": _a_global_rebound,
+    "a global defined after decoration": _a_global_defined_after_decoration,
+    "a global read by a helper": _a_global_read_by_a_helper,
+    "a closure variable": _a_closure_variable,
+    "an attribute of a global object": _an_attribute_of_a_global_object,
+    "a class attribute": _a_class_attribute,
+    "a global functools.partial": _a_global_partial,
+    "a global bound method's object": _a_global_bound_method,
+    "a helper's defaults": _a_helpers_defaults,
+}
+
+
+@pytest.mark.parametrize("case", READS)
+def test_what_the_function_reads_changed_between_calls_retraces(case, batch, monkeypatch):
+    """A value a compiled function reads besides its arguments (a global, a closure variable,
+    an attribute, a helper's global or defaults), changed before a call: that call re-traces,
+    gives eager's result, and says why (`last_miss_reason`); a call after no change, or after
+    a change to an equal value, hits the cache. Found in review (a class attribute, a global
+    defined after decoration, a global a helper reads) and in issue 35 (a global
+    functools.partial, a global bound method's object, a helper's defaults): each once gave a
+    stale result, silently."""
+    function, changes, reason = READS[case](monkeypatch)
+    compiled = assert_each_matches_eager(function, batch, changes=changes, warn=None)
+    assert compiled.cache_info().traces == 2
+    if reason is not None:
+        assert reason in compiled.last_miss_reason
+
+
+# -- the batch size -----------------------------------------------------------------------------
+
+def _floor(number):
     import math
 
-    uses = {
-        "range": lambda n: len(range(n)), "divmod": lambda n: divmod(n, 3)[0],
-        "pos": lambda n: +n, "floor": lambda n: math.floor(n),
-        "zeros": lambda n: np.zeros(n).size, "slice": lambda n: len(([1] * 9)[:n]),
-        "format": lambda n: "%d" % n, "round": lambda n: round(n),
-        "bit_length": lambda n: n.bit_length(),
-    }
+    return math.floor(number)
 
+
+BATCH_SIZE_USES = {
+    "range": lambda x: len(range(x.batch_size)), "divmod": lambda x: divmod(x.batch_size, 3)[0],
+    "pos": lambda x: +x.batch_size, "floor": lambda x: _floor(x.batch_size),
+    "zeros": lambda x: np.zeros(x.batch_size).size,
+    "slice": lambda x: len(([1] * 9)[:x.batch_size]), "format": lambda x: "%d" % x.batch_size,
+    "round": lambda x: round(x.batch_size), "bit_length": lambda x: x.batch_size.bit_length(),
+    "arithmetic": lambda x: x * (x.batch_size + 1),
+    "an op's argument": lambda x: ndd.random.uniform(batch_size=x.batch_size,
+                                                     shape=x.batch_size),
+}
+
+
+@pytest.mark.parametrize("use", BATCH_SIZE_USES)
+def test_batch_size_used_by_python_specializes(use, images):
+    """The batch size used by Python (range, divmod, +n, math.floor, numpy, slicing, %-format,
+    round, bit_length, arithmetic on a batch) or given as an op's argument other than
+    `batch_size` specializes the trace: one trace per batch size, each with its own values; a
+    size seen before hits the cache (found in review: the Python uses once gave a silently
+    wrong result)."""
     def f(x):
-        return ndd.flip(x), uses[use](x.batch_size)
+        return ndd.flip(x), BATCH_SIZE_USES[use](x)
 
     compiled = ndd.compile(f)
-    for n in (4, 2, 3):
+    for n in (4, 2, 3, 4):
         data = ndd.as_batch(images[:n], layout="HWC")
-        assert compiled(data)[1] == f(data)[1]
+        assert_runs_match(run(f, data, seed=1), run(compiled, data, seed=1, warn=None))
+    assert compiled.cache_info().traces == 3
 
 
 def test_batch_used_only_for_its_batch_size_gives_each_calls_size():
@@ -158,122 +275,58 @@ def test_batch_used_only_for_its_batch_size_gives_each_calls_size():
         assert compiled.cache_info().traces == 1
 
 
-def test_negative_zero_is_not_zero(batch):
-    """-0.0 after 0.0 re-traces (1 / (x * c) is -inf, not inf), though -0.0 == 0.0 (found in
-    review: it once gave a silently wrong result)."""
-    def g(x, c):
-        return 1.0 / (ndd.cast(x, dtype=ndd.float32) * c)
+# -- values equal under `==` that eager tells apart ------------------------------------------------
 
-    compiled = ndd.compile(g)
-    compiled(batch, 0.0)
-    assert_same(g(batch, -0.0), compiled(batch, -0.0))
+def _fill(x, value):
+    return ndd.rotate(x, angle=45.0, fill_value=value, keep_size=True)
 
 
-def test_dict_with_list_of_batches(images):
-    """A batch inside a list inside a dict is guarded like a top-level one: another layout
-    re-traces (found in review: it once gave a silently wrong result)."""
-    @ndd.compile
-    def f(inputs):
-        return ndd.flip(inputs["xs"][0], horizontal=1)
-
-    for layout in ["HWC", "CHW", "HWC"]:
-        data = ndd.as_batch([np.zeros((2, 2, 3), np.float32)] * 2, layout=layout)
-        assert f({"xs": [data]}).layout == layout
-    assert f.cache_info().traces == 2
+def _reciprocal(x, value):
+    return 1.0 / (x * value)
 
 
-class ScaleByClass:
-    factor = 2.0
+@pytest.mark.parametrize("use", [_fill, _reciprocal], ids=["fixed argument", "arithmetic"])
+def test_signed_zeros_and_nans_keep_their_bits(use):
+    """A NaN's sign is part of the value DALI pads with, and -0.0 after 0.0 makes 1 / (x * c)
+    -inf, not inf: a compiled function called with `nan` and then `-nan` (`inf - inf`), or 0.0
+    and then -0.0, must not reuse the first trace (guards), a region must not reuse the first
+    pipeline (region keys), and the pipeline must build (NaN literals in the generated code)
+    rather than fall back. (rotate's `fill_value` is a fixed argument; `pad`'s, a tensor
+    argument, is passed as data when held in a variable, as eagerly.)
 
-
-def test_class_attribute_guard(batch):
-    """A class attribute read as a global, changed, re-traces (found in review: it once gave a
-    silently wrong result)."""
-    @ndd.compile
-    def f(x):
-        return ndd.cast(x, dtype=ndd.float32) * ScaleByClass.factor
-
-    f(batch)
-    ScaleByClass.factor = 3.0
-    try:
-        assert_same(ndd.cast(batch, dtype=ndd.float32) * 3.0, f(batch))
-    finally:
-        ScaleByClass.factor = 2.0
-    from harness import to_numpy
-
-    assert to_numpy(f(batch)) is not None
-
-
-def test_nan_and_infinite_static_arguments_keep_their_bits():
-    """A NaN's sign is part of the value DALI pads with: a compiled function called with
-    `nan` and then `-nan` (`inf - inf`) must not reuse the first trace (guards), a region must
-    not reuse the first pipeline (region keys), and the pipeline must build (NaN literals in
-    the generated code) rather than fall back. (rotate's `fill_value` is a fixed argument;
-    `pad`'s, a tensor argument, is passed as data when held in a variable, as eagerly.)
-
-    Found in review: it once gave a silently wrong result."""
+    Found in review: each once gave a silently wrong result."""
     import math
 
-    def pad(x, value):
-        return ndd.rotate(x, angle=45.0, fill_value=value, keep_size=True)
-
     data = ndd.as_batch([np.zeros((4, 4, 1), np.float32)], layout="HWC")
-    compiled = ndd.compile(pad)
+    compiled = ndd.compile(use)
     values = [math.nan, math.inf - math.inf, math.nan, math.inf, -math.inf, -0.0, 0.0]
     ndd_trace.reset_report()
     with warnings.catch_warnings():
         warnings.simplefilter("error", ndd_trace.NddTraceWarning)  # no eager fallback
         for value in values:
-            eager = np.asarray(pad(data, value).select(0).cpu()).view(np.uint32)
+            eager = np.asarray(use(data, value).select(0).cpu()).view(np.uint32)
             traced = np.asarray(compiled(data, value).select(0).cpu()).view(np.uint32)
             with ndd_trace.enabled():
-                lazy = np.asarray(pad(data, value).select(0).cpu()).view(np.uint32)
+                lazy = np.asarray(use(data, value).select(0).cpu()).view(np.uint32)
             assert eager.tolist() == traced.tolist() == lazy.tolist(), value
     assert compiled.cache_info().fallbacks == 0
-    assert "fill_value=-nan" in str(ndd_trace.report())  # the regions say what tells them apart
+    if use is _fill:
+        assert "fill_value=-nan" in str(ndd_trace.report())  # what tells the regions apart
 
 
-def test_global_defined_after_decoration_is_guarded(batch):
-    global LATE_ANGLE
-    late = ndd.compile(lambda x: ndd.rotate(x, angle=LATE_ANGLE))
-    LATE_ANGLE = 10.0
-    late(batch)
-    LATE_ANGLE = 20.0
-    assert_same(ndd.rotate(batch, angle=20.0), late(batch))
+def test_method_compilation(batch):
+    class Augment:
+        def __init__(self, size):
+            self.size = size
 
+        @ndd.compile
+        def __call__(self, x):
+            return ndd.resize(x, size=[self.size, self.size])
 
-HELPER_ANGLE = 10.0
-
-
-def _helper_angle():
-    return HELPER_ANGLE
-
-
-def test_globals_read_by_helpers_are_guarded(batch):
-    global HELPER_ANGLE
-
-    @ndd.compile
-    def rotated(x):
-        return ndd.rotate(x, angle=_helper_angle())
-
-    rotated(batch)
-    HELPER_ANGLE = 25.0
-    try:
-        assert_same(ndd.rotate(batch, angle=25.0), rotated(batch))
-        assert "_helper_angle() reads global `HELPER_ANGLE`" in rotated.last_miss_reason
-    finally:
-        HELPER_ANGLE = 10.0
-
-
-def test_batch_size_as_other_argument_specializes(images):
-    @ndd.compile
-    def per_sample_count(x):
-        return ndd.random.uniform(batch_size=x.batch_size, shape=x.batch_size)
-
-    for n in (4, 2):
-        data = ndd.as_batch(images[:n], layout="HWC")
-        assert_runs_match(run(per_sample_count.__wrapped__, data, seed=1),
-                          run(per_sample_count, data, seed=1, warn=None))
+    aug = Augment(6)
+    assert aug(batch).shape[0][:2] == (6, 6)
+    aug.size = 7
+    assert aug(batch).shape[0][:2] == (7, 7)
 
 
 flip = None  # a global whose name is also an attribute the function reads (`ndd.flip`)
@@ -523,58 +576,6 @@ def test_class_attributes_read_through_an_argument_are_guarded(batch):
         _BaseSettings.angle = 0.0
 
 
-# -- what a function reads, changed between calls (issue 35: each was silently stale) --------------
-
-def _scale(x, k):
-    return x * k
-
-
-SCALE_PARTIAL = None
-SCALER = None
-
-
-def test_a_global_partial_rebound_or_with_other_keywords_retraces(batch):
-    import functools
-
-    def call(x):
-        return SCALE_PARTIAL(x)
-
-    def bind(k):
-        def change():
-            global SCALE_PARTIAL
-            SCALE_PARTIAL = functools.partial(_scale, k=k)
-        return change
-
-    compiled = assert_each_matches_eager(call, batch, changes=[bind(2.0), bind(3.0), bind(3.0)],
-                                         warn=None)
-    assert compiled.cache_info().traces == 2
-    assert "global `SCALE_PARTIAL`" in compiled.last_miss_reason
-
-
-class _Scaler:
-    def __init__(self):
-        self.k = 2.0
-
-    def run(self, x):
-        return x * self.k
-
-
-def test_a_global_bound_method_is_guarded_through_its_object(batch):
-    global SCALER
-    owner = _Scaler()
-    SCALER = owner.run
-
-    def call(x):
-        return SCALER(x)
-
-    def set_k(k):
-        return lambda: setattr(owner, "k", k)
-
-    compiled = assert_each_matches_eager(call, batch, changes=[set_k(2.0), set_k(3.0), set_k(3.0)],
-                                         warn=None)
-    assert compiled.cache_info().traces == 2
-
-
 def test_changed_defaults_of_the_compiled_function_are_used_as_eager_uses_them(batch):
     def f(x, m=[2.0]):  # noqa: B006 (a mutable default, as users write them)
         return x * m[0]
@@ -591,21 +592,6 @@ def test_changed_defaults_of_the_compiled_function_are_used_as_eager_uses_them(b
         change()
         assert_same(f(batch), compiled_f(batch))
         assert_same(h(batch), compiled_h(batch))
-
-
-def _helper_with_default(x, k=2.0):
-    return x * k
-
-
-def test_changed_defaults_of_a_helper_retrace(batch):
-    def call(x):
-        return _helper_with_default(x)
-
-    compiled = assert_each_matches_eager(call, batch, changes=[
-        lambda: None,
-        lambda: setattr(_helper_with_default, "__defaults__", (3.0,)),
-        lambda: setattr(_helper_with_default, "__defaults__", (2.0,))], warn=None)
-    assert compiled.cache_info().traces == 2
 
 
 def test_numpy_scalars_and_python_numbers_key_apart(batch):
