@@ -67,6 +67,46 @@ def test_golden_pipeline_def(batch):
     assert _normalized(entry.lowered.source) == GOLDEN
 
 
+GOLDEN_GRAPH = """\
+graph golden:
+  in0 = input x: batch<cpu, UINT8, ndim=3, layout='HWC'>
+  v1 = resize[cpu](in0, size=[8, 8])
+  rng2 = random_state(('default',))
+  v3 = random.coin_flip[cpu](_random_state=rng2)
+  v4 = crop_mirror_normalize[cpu](v1, mirror=v3, mean=[0.0], std=[255.0])
+  return v4"""
+
+
+GOLDEN_CODE = """\
+import nvidia.dali as dali
+from nvidia.dali import fn, pipeline_def, types
+
+
+@pipeline_def
+def golden_pipeline():
+    x = fn.external_source(name='x', device='cpu', no_copy=True, dtype=types.UINT8, ndim=3, layout='HWC')
+    small = fn.resize(x, size=[8, 8])  # LOC
+    flip_state = fn.external_source(name='flip_state', device='cpu', no_copy=True, dtype=types.UINT32, ndim=1)  # LOC
+    flip = fn.random.coin_flip(_random_state=flip_state)  # LOC
+    crop_mirror_normalize = fn.crop_mirror_normalize(small, mean=[0.0], std=[255.0], mirror=flip)  # LOC
+    return (crop_mirror_normalize,)
+"""
+
+
+def test_golden_graph_and_code(batch):
+    def golden(x):
+        small = ndd.resize(x, size=[8, 8])
+        flip = ndd.random.coin_flip(batch_size=x.batch_size)
+        return ndd.crop_mirror_normalize(small, mirror=flip, mean=[0.0], std=[255.0])
+
+    entry = ndd_trace.compile(golden).trace((batch,), {})
+    assert entry.graph.format(with_locations=False) == GOLDEN_GRAPH
+    import re
+
+    code = re.sub(r"  # \S+:\d+", "  # LOC", entry.lowered.source)
+    assert code == GOLDEN_CODE
+
+
 def test_comments_point_at_user_lines(batch):
     entry = ndd_trace.compile(golden).trace((batch,), {})
     line = golden.__code__.co_firstlineno + 1

@@ -1,4 +1,5 @@
-"""Cache and guards, graph breaks, errors at the user's line, explain, golden text."""
+"""The compiled function: its decorator forms and options, its cache, graph breaks and what runs
+then, explain, outputs and hand-offs (torch, nested compiled functions, pickling)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,36 @@ def test_swallowed_graph_break_is_still_a_break(batch):
     with pytest.warns(ndd_trace.NddTraceWarning):
         result = ndd.compile(g)(batch)
     assert_same(g(batch), result)
+
+
+def test_rng_reseed_break_points_at_the_function(batch):
+    def reseeds(x):
+        ndd.random.set_seed(1)
+        return x + ndd.cast(ndd.random.uniform(batch_size=x.batch_size), dtype=ndd.uint8)
+
+    compiled = ndd.compile(reseeds)
+    with pytest.warns(ndd_trace.NddTraceWarning) as caught:
+        result = compiled(batch)
+    assert caught[0].filename == __file__
+    assert_same(reseeds(batch), result)
+
+
+def test_mixed_batch_sizes_warn_and_fullgraph_raises(images):
+    def combine(a, b):
+        return ndd.flip(a), ndd.flip(b)
+
+    a = ndd.as_batch(images, layout="HWC")
+    b = ndd.as_batch(images[:3], layout="HWC")
+    with pytest.warns(ndd_trace.NddTraceWarning, match=r"\[3, 4\]"):
+        assert_same(combine(a, b), ndd.compile(combine)(a, b))
+    with pytest.raises(ndd_trace.GraphBreakError):
+        ndd.compile(combine, fullgraph=True)(a, b)
+
+
+def test_recompiling_applies_new_options(batch):
+    first = ndd.compile(lambda x: ndd.flip(x))
+    second = ndd.compile(first, fullgraph=True)
+    assert second.fullgraph and second is not first
 
 
 def test_compile_is_exposed_on_ndd():
@@ -158,46 +189,6 @@ def test_reader_inside_function_runs_eagerly(jpeg_dir):
     assert labels.batch_size == 4
 
 
-def test_user_exception_propagates_unchanged(batch):
-    def failing(x):
-        ndd.flip(x)
-        raise KeyError("user problem")
-
-    compiled = ndd.compile(failing)
-    with pytest.raises(KeyError, match="user problem"):
-        compiled(batch)
-    assert compiled.cache_info().entries == 0
-    with pytest.raises(KeyError):
-        compiled(batch)
-
-
-def test_invalid_argument_error_names_argument(batch):
-    @ndd.compile
-    def bad(x):
-        return ndd.resize(x, size=[8, 8], interp_type="not-an-interp")
-
-    with pytest.raises(Exception) as info:
-        bad(batch)
-    assert "interp_type" in str(info.value) + "".join(getattr(info.value, "__notes__", []))
-    assert "test_compile.py" in "".join(info.value.__notes__)
-    # still usable afterwards, eagerly and compiled
-    assert_same(ndd.flip(batch), ndd.compile(lambda x: ndd.flip(x))(batch))
-
-
-def test_runtime_error_points_at_user_line():
-    corrupt = ndd.as_batch([np.frombuffer(b"\xff\xd8\xff\xe0not a jpeg", dtype=np.uint8)] * 2)
-
-    @ndd.compile
-    def decode(data):
-        return ndd.decoders.image(data)  # DECODE-LINE
-
-    with pytest.raises(ndd_trace.PipelineError) as info:
-        decode(corrupt).evaluate()
-    frame = traceback.extract_tb(info.tb)[-1]
-    assert frame.filename == __file__ and "DECODE-LINE" in frame.line
-    assert info.value.op_name == "ndd.decoders.image"
-
-
 def test_explain_report_and_code(batch):
     @ndd.compile
     def preprocess(x):
@@ -210,45 +201,6 @@ def test_explain_report_and_code(batch):
     assert "graph preprocess" in text and "guards" in text
     assert explanation.breaks == []
     assert preprocess.cache_info().traces == 0  # explaining does not fill the cache
-
-
-GOLDEN_GRAPH = """\
-graph golden:
-  in0 = input x: batch<cpu, UINT8, ndim=3, layout='HWC'>
-  v1 = resize[cpu](in0, size=[8, 8])
-  rng2 = random_state(('default',))
-  v3 = random.coin_flip[cpu](_random_state=rng2)
-  v4 = crop_mirror_normalize[cpu](v1, mirror=v3, mean=[0.0], std=[255.0])
-  return v4"""
-
-GOLDEN_CODE = """\
-import nvidia.dali as dali
-from nvidia.dali import fn, pipeline_def, types
-
-
-@pipeline_def
-def golden_pipeline():
-    x = fn.external_source(name='x', device='cpu', no_copy=True, dtype=types.UINT8, ndim=3, layout='HWC')
-    small = fn.resize(x, size=[8, 8])  # LOC
-    flip_state = fn.external_source(name='flip_state', device='cpu', no_copy=True, dtype=types.UINT32, ndim=1)  # LOC
-    flip = fn.random.coin_flip(_random_state=flip_state)  # LOC
-    crop_mirror_normalize = fn.crop_mirror_normalize(small, mean=[0.0], std=[255.0], mirror=flip)  # LOC
-    return (crop_mirror_normalize,)
-"""
-
-
-def test_golden_graph_and_code(batch):
-    def golden(x):
-        small = ndd.resize(x, size=[8, 8])
-        flip = ndd.random.coin_flip(batch_size=x.batch_size)
-        return ndd.crop_mirror_normalize(small, mirror=flip, mean=[0.0], std=[255.0])
-
-    entry = ndd_trace.compile(golden).trace((batch,), {})
-    assert entry.graph.format(with_locations=False) == GOLDEN_GRAPH
-    import re
-
-    code = re.sub(r"  # \S+:\d+", "  # LOC", entry.lowered.source)
-    assert code == GOLDEN_CODE
 
 
 def test_torch_handoff(batch):

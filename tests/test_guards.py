@@ -371,43 +371,6 @@ def test_defaults_are_bound(batch):
     assert resized.cache_info().traces == 1
 
 
-def test_lambda_runtime_error_names_op_and_line(batch):
-    compiled = ndd.compile(lambda x: ndd.crop(x, crop=(100, 100)))
-    with pytest.raises(ndd_trace.PipelineError) as info:
-        compiled(batch).evaluate()
-    assert info.value.op_name == "ndd.crop" and info.value.loc is not None
-
-
-def test_rng_reseed_break_points_at_the_function(batch):
-    def reseeds(x):
-        ndd.random.set_seed(1)
-        return x + ndd.cast(ndd.random.uniform(batch_size=x.batch_size), dtype=ndd.uint8)
-
-    compiled = ndd.compile(reseeds)
-    with pytest.warns(ndd_trace.NddTraceWarning) as caught:
-        result = compiled(batch)
-    assert caught[0].filename == __file__
-    assert_same(reseeds(batch), result)
-
-
-def test_mixed_batch_sizes_warn_and_fullgraph_raises(images):
-    def combine(a, b):
-        return ndd.flip(a), ndd.flip(b)
-
-    a = ndd.as_batch(images, layout="HWC")
-    b = ndd.as_batch(images[:3], layout="HWC")
-    with pytest.warns(ndd_trace.NddTraceWarning, match=r"\[3, 4\]"):
-        assert_same(combine(a, b), ndd.compile(combine)(a, b))
-    with pytest.raises(ndd_trace.GraphBreakError):
-        ndd.compile(combine, fullgraph=True)(a, b)
-
-
-def test_recompiling_applies_new_options(batch):
-    first = ndd.compile(lambda x: ndd.flip(x))
-    second = ndd.compile(first, fullgraph=True)
-    assert second.fullgraph and second is not first
-
-
 SCALE = 1
 
 
