@@ -28,6 +28,36 @@ def test_one_value_random_op_among_batches(uniform_batch):
                          warn="ignore")
 
 
+def _transparent(function, *args):
+    with ndd_trace.enabled():
+        result = function(*args)
+        result.evaluate()
+    return result
+
+
+def test_one_value_random_op_times_a_batch_of_one_then_larger():
+    """A random op without `batch_size` (one value a call) times a batch of one sample, then of
+    more: eager's values at every size, compiled and in transparent mode (found by an
+    independent differential fuzzer, ../shared/repros/fuzz/12: after a first call of batch size
+    1, larger batches drew per sample)."""
+    def f(x):
+        return ndd.random.uniform(range=[0, 1]) * x
+
+    def ones(n):
+        return ndd.as_batch([np.ones((2,), np.float32)] * n)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
+        compiled = ndd.compile(f)
+        for n in [1, 4, 1, 3]:
+            eager = run(f, ones(n), seed=7, warn=None)
+            for other in (compiled, lambda x: _transparent(f, x)):
+                assert_runs_match(eager, run(other, ones(n), seed=7, warn=None))
+    regions = [r for r in ndd_trace.report().regions if "uniform" in r.op_chain]
+    # batches of one sample: a pipeline; of more: a region of its own, run eagerly
+    assert {r.executable is None for r in regions} == {True, False}
+
+
 def test_same_rng_in_two_slots_then_different_generators(uniform_batch):
     """One generator given for two parameters, then two generators: the second call does not
     reuse the first's trace, and each generator is left where eager leaves it (found in review:
@@ -108,31 +138,3 @@ def test_tracing_does_not_make_the_default_generator_before_eager_would():
     assert result[0] == result[1]
 
 
-def _transparent(function, *args):
-    with ndd_trace.enabled():
-        result = function(*args)
-        result.evaluate()
-    return result
-
-
-def test_one_value_random_op_times_a_batch_of_one_then_larger():
-    """A random op without `batch_size` (one value a call) times a batch of one sample, then of
-    more: eager's values at every size, compiled and in transparent mode (found by an
-    independent differential fuzzer, ../shared/repros/fuzz/12: after a first call of batch size
-    1, larger batches drew per sample)."""
-    def f(x):
-        return ndd.random.uniform(range=[0, 1]) * x
-
-    def ones(n):
-        return ndd.as_batch([np.ones((2,), np.float32)] * n)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
-        compiled = ndd.compile(f)
-        for n in [1, 4, 1, 3]:
-            eager = run(f, ones(n), seed=7, warn=None)
-            for other in (compiled, lambda x: _transparent(f, x)):
-                assert_runs_match(eager, run(other, ones(n), seed=7, warn=None))
-    regions = [r for r in ndd_trace.report().regions if "uniform" in r.op_chain]
-    # batches of one sample: a pipeline; of more: a region of its own, run eagerly
-    assert {r.executable is None for r in regions} == {True, False}

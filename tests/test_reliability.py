@@ -16,8 +16,8 @@ import weakref
 import numpy as np
 import pytest
 from conftest import ROOT, subprocess_env
-from harness import (assert_compiles_exactly, assert_runs_match, assert_same, observe, run,
-                     to_numpy)
+from harness import (Fresh, Step, assert_compiles_exactly, assert_matches_eager,
+                     assert_runs_match, assert_same, observe, run, to_numpy)
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -146,29 +146,29 @@ def test_non_contiguous_input_fails_like_eager(images):
 
 
 def test_user_buffers_are_read_at_the_call():
-    """A compiled call reads its inputs when called, as eager does: a caller that reuses its
-    numpy buffers right after the call still gets the values they held then (found in review:
-    it once gave a silently wrong result)."""
-    arrays = [np.full((16, 16, 3), 1, np.float32) for _ in range(4)]
-    compiled = ndd.compile(lambda t: t * 2)
-    for _ in range(5):
-        for a in arrays:
-            a[...] = 1
-        result = compiled(ndd.as_batch(arrays, layout="HWC"))
-        for a in arrays:
-            a[...] = 5  # the caller reuses its buffers right after the call
-        assert float(np.asarray(result.select(3)).ravel()[-1]) == 2.0
+    """Eager ndd reads its inputs when called: a caller that refills its numpy buffers right
+    after a call (or mutates an array an ndd.Tensor aliases) before consuming the results gets
+    the values the buffers held at the call, from a compiled step called in its loop and in
+    transparent mode (found in review: compiled, it once gave a silently wrong result)."""
+    def scenario(buffers, double):
+        results = []
+        for step in range(3):
+            for buffer in buffers:
+                buffer[...] = step + 1
+            results.append(double(ndd.as_batch(buffers, layout="HWC")))
+            results.append(ndd.math.abs(buffers[0]) * 2)
+            for buffer in buffers:
+                buffer[...] = 5  # the caller reuses its buffers right after the call
+        view = ndd.as_tensor(buffers[0])
+        results.append(view + 1)
+        buffers[0][...] = 9
+        return results
 
-
-def test_larger_batch_than_built_rebuilds(images):
-    @ndd.compile
-    def flip(x):
-        return ndd.flip(x)
-
-    for n in (1, 2, 4, 3):
-        data = ndd.as_batch(images[:n], layout="HWC")
-        assert_same(ndd.flip(data), flip(data))
-    assert flip.cache_info().traces == 1
+    runs = assert_matches_eager(
+        scenario, Fresh(lambda: [np.full((16, 16, 3), 1, np.float32) for _ in range(4)]),
+        Step(lambda t: t * 2), modes=("step", "transparent"))
+    doubled = runs["eager"].result[0::2][:3]
+    assert [float(value.samples[3].ravel()[-1]) for value in doubled] == [2.0, 4.0, 6.0]
 
 
 def test_threads_get_their_own_default_generators(batch):

@@ -157,25 +157,6 @@ def test_regions_keyed_by_the_fed_data_layout():
                                   perm=[1, 0, 2]), result)
 
 
-def test_user_buffers_are_read_at_the_call():
-    """Eager ndd reads its inputs when called; a script that refills one numpy buffer (or
-    mutates an array an ndd.Tensor aliases) before consuming must see the same values."""
-    def body(buffer):
-        results = []
-        for i in range(3):
-            buffer[:] = i
-            results.append(ndd.math.abs(buffer) * 2)
-        view = ndd.as_tensor(buffer)
-        results.append(view + 1)
-        buffer[:] = 9
-        return results
-
-    eager = body(np.ones((2, 3), np.float32))
-    with ndd_trace.enabled():
-        lazy = body(np.ones((2, 3), np.float32))
-        assert_same(eager, lazy)
-
-
 def test_deferred_eval_mode_records_one_region(batch):
     """While ndd_trace is enabled, `with ndd.EvalMode.deferred:` means what it says: the calls
     are recorded and run as one cached pipeline when consumed (sync modes stay eager)."""
