@@ -178,6 +178,21 @@ def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
     assert reader.get_metadata()["epoch_size"] == 16
 
 
+def test_get_metadata_after_a_streamed_epoch_in_transparent_mode(jpeg_dir):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def drive():
+        reader = ndd.readers.File(file_root=str(jpeg_dir), max_batch_size=4)
+        sizes = []
+        for _ in range(2):
+            sizes.append(reader.get_metadata()["epoch_size"])
+            for jpegs, _ in reader.next_epoch(batch_size=4):
+                np.asarray(ndd.as_tensor(ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])))
+        return sizes
+
+    runs = assert_matches_eager(drive, modes=("transparent",), seed=None, warn="quiet")
+    assert runs["eager"].result == [16, 16]
+
+
 def test_sample_epochs_stay_eager_and_are_reported(jpeg_dir):
     def scenario(reader):
         return [ndd.decoders.image(jpeg) for jpeg, _ in reader.next_epoch()]
