@@ -1,8 +1,9 @@
 """Faults do not poison state: after a corrupt file, a compiled loop goes on as the eager loop does.
 
-Each scenario runs a reader loop eagerly and through a compiled generator, with a truncated JPEG
-among real photos, and compares what the consumer sees step by step: the steps that decode, the
-values, the step that raises (and the exception type), and the loops of later epochs.
+Each scenario runs a reader loop eagerly and through a compiled generator (or transparent mode),
+with a truncated JPEG among real photos, and compares what the consumer sees step by step: the
+steps that decode, the values, the step that raises (and the exception, its type and text), and
+the loops of later epochs.
 """
 
 from __future__ import annotations
@@ -59,17 +60,14 @@ def _consume(generator_function, reader, epochs, skip_errors):
 
 
 @pytest.mark.parametrize("skip_errors", [False, True], ids=["error-ends-epoch", "skip-bad-batch"])
-def test_corrupt_file_in_compiled_loop(corrupt_dir, skip_errors):
+def test_corrupt_file_in_a_reader_loop(corrupt_dir, skip_errors):
+    """From a compiled generator and in transparent mode: the consumer meets the corrupt
+    batch's error at its step, the loop ends its epoch there or skips the batch, and the next
+    epochs go on as eagerly."""
     reader = Fresh(lambda: ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=3))
     runs = assert_matches_eager(_consume, Step(_body), reader, epochs=3, skip_errors=skip_errors,
-                                modes=("step",), seed=7)  # the generator's state after, too
+                                modes=("step", "transparent"), seed=7)  # the generator's state
     assert ("error", "RuntimeError") in [e[:2] for e in runs["eager"].result]
-
-
-def test_corrupt_file_in_transparent_reader_loop(corrupt_dir):
-    reader = Fresh(lambda: ndd.readers.File(file_root=corrupt_dir, random_shuffle=True, seed=3))
-    assert_matches_eager(_consume, _body, reader, epochs=2, skip_errors=True,
-                         modes=("transparent",), seed=7)
 
 
 def test_reader_used_eagerly_first_then_compiled_goes_on_after_errors(corrupt_dir):
