@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c 'import nvidia.dali as d, torch; print("DALI", d.__version__, "torch", torch.__version__)'
 if [ -z "${BENCH_ONLY:-}" ]; then  # the new differential tests first (~20 s)
-    python3 -m pytest -q tests/test_compiled_readers.py -p no:cacheprovider 2>&1 | tail -3 \
+    python3 -m pytest -q tests/test_streams.py -p no:cacheprovider 2>&1 | tail -3 \
         | tee "$OUT/compiled_readers_tests.log"
 fi
 case " $PARTS " in *" small "*)

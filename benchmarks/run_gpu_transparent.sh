@@ -10,7 +10,7 @@ nvidia-smi -L
 python3 -c 'import nvidia.dali as d, torch; print("DALI", d.__version__, "torch", torch.__version__)'
 if [ -z "${BENCH_ONLY:-}" ]; then
     python3 -m pytest -q -rs -m gpu tests -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/gpu_tests.log"
-    python3 -m pytest -q tests/test_transparent_readers.py tests/test_transparent.py \
+    python3 -m pytest -q tests/test_streams.py tests/test_transparent.py \
         tests/test_loops.py -p no:cacheprovider 2>&1 | tail -4 | tee "$OUT/transparent_tests.log"
 fi
 for train in 0 2; do

@@ -75,3 +75,9 @@ def images():
 @pytest.fixture
 def batch(images):
     return ndd.as_batch(images, layout="HWC")
+
+
+@pytest.fixture
+def uniform_batch():
+    """4 copies of one 4x4x3 uint8 image (HWC)."""
+    return ndd.as_batch([np.arange(48, dtype=np.uint8).reshape(4, 4, 3)] * 4, layout="HWC")

@@ -466,7 +466,7 @@ def run(fn: Callable, *args: Any, mode: str = "eager", seed: int | None = 1234, 
         ndd_trace.reset_report()
     # the eager run keeps no argument alive: an eager File reader alive past its run makes the
     # next reader of the same (rewritten) files read other bytes (DALI 2.4, seen with
-    # test_compiled_readers' files changed between epochs)
+    # test_streams' files changed between epochs, read by a compiled generator)
     kept = () if mode == "eager" else tuple(made)
     return Run(mode, results, error, error_at, state, function, kept, steps, report, shared)
 

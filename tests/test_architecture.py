@@ -446,6 +446,97 @@ def test_class_budget():
     assert not over, f"classes over {MAX_CLASS_LINES} lines: {over}"
 
 
+# -- tests organised by behaviour, each behaviour with one home (issue 32) -----------------------
+
+# Words that name where tests came from (a review, a fuzzer's findings, a list of bugs, the
+# mismatches a corpus found, reduced) rather than what they check.
+PROVENANCE = ("regression", "fuzz_cases", "known_difference", "review", "found", "bug", "reduced",
+              "issue", "session", "misc")
+
+# A test file named by a mode: its name, the harness's mode (tests/harness.py MODES).
+MODE_FILES = {
+    "compile": "compiled",  # a compiled function: decorator, options, cache, graph breaks
+    "loops": "loop",  # compiled generators over readers
+    "transparent": "transparent",  # transparent mode: its values, scripts, eval modes
+}
+
+# A test file named by a behaviour no module is named after: its name, the page (or file) that
+# documents the behaviour, and the behaviour, in a line.
+BEHAVIOURS = {
+    "architecture": ("README.md", "the layers point down and each concept has one home"),
+    "argument_split": ("docs/tracing.md", "numbers and lists for tensor arguments, as eager"),
+    "bench_ddp": ("benchmarks/bench_ddp.py", "the DDP benchmark's shards and its launcher"),
+    "cli": ("docs/launching.md", "`python -m ndd_trace`: help, version, logs' channels"),
+    "conformance": ("docs/transparent.md", "DALI's documented dynamic mode, unchanged"),
+    "dali_surface": ("README.md", "every private DALI name the adapter uses, with its reason"),
+    "docs": ("docs/index.md", "every page's code runs, the site builds"),
+    "ecosystem": ("docs/launching.md", "launchers, NDD_TRACE=1, per-rank reports, logging"),
+    "examples": ("examples/preprocess.py", "the examples run as documented"),
+    "faults": ("docs/guide.md", "a corrupt file fails its step; the loop goes on as eager's"),
+    "fuzz": ("benchmarks/fuzz.py", "random ndd programs: the fuzzer finds nothing"),
+    "lightning": ("docs/pytorch.md", "Lightning over a compiled loop, resumed mid-epoch"),
+    "loop_fuzz": ("benchmarks/fuzz_loops.py", "random loops, consumers: the fuzzer finds nothing"),
+    "names": ("docs/debugging.md", "any name in user code gives generated code that runs"),
+    "ops": ("docs/limitations.md", "every operator of the namespace, eager's bits compiled"),
+    "portable_paths": ("docs/export.md", "generated code names files as the project does"),
+    "reliability": ("docs/limitations.md", "bad inputs, threads, memory, exit, trusted files"),
+    "repros": ("docs/limitations.md", "../shared/repros' scripts print SAME"),
+    "setup": ("README.md", "the set-up commands and .ci/run agree"),
+    "training_loops": ("docs/guide.md", "a corpus of training loops, every mode as eager"),
+    "transparent_replay": ("docs/transparent.md", "call-site replay, step by step as eager"),
+    "typing": ("docs/typing.md", "mypy and pyright see a compiled function's types"),
+    "warm_start": ("docs/warm-start.md", "NDD_TRACE_CACHE_DIR: later processes start warm"),
+}
+
+
+def _test_file_names() -> list[str]:
+    """The names of tests/test_<name>.py."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    return sorted(name[len("test_"):-len(".py")] for name in os.listdir(folder)
+                  if name.startswith("test_") and name.endswith(".py"))
+
+
+def test_no_test_file_is_named_by_where_its_tests_came_from():
+    """A file named by provenance (test_regressions: "found in review"; test_fuzz_cases: "found
+    by the fuzzer"; test_known_differences) gathers tests of unrelated behaviours, and so each of
+    them gets a second home beside its own file (f7fb7da: guards tested in test_guards,
+    test_compile and test_regressions; float64 constants three times in test_regressions). A
+    test lives in the file of the behaviour it checks; its story goes in its docstring ("found
+    by the fuzzer: ..."). The fuzzers' own files (test_fuzz, test_loop_fuzz: "the fuzzer finds
+    nothing") and test_repros (../shared/repros run as tests) are behaviours, and pass."""
+    named = [name for name in _test_file_names() if any(word in name for word in PROVENANCE)]
+    assert not named, f"test files named by provenance: {named}"
+    tests = [f"{name}: {node.name}" for name in _test_file_names()
+             for node in _parse(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                             f"test_{name}.py")).body
+             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+             and node.name[len("test_"):].startswith(PROVENANCE)]
+    assert not tests, f"tests named by provenance: {tests}"
+
+
+def test_each_test_file_names_a_module_a_mode_or_a_documented_behaviour():
+    """tests/test_<name>.py is named after a module or folder of ndd_trace (test_guards:
+    tracing/guards.py, test_units: units/), a mode (MODE_FILES, one of the harness's), or a
+    behaviour listed in BEHAVIOURS with the page that documents it: where a test goes follows
+    from what it checks. Every entry of the lists names a file that exists."""
+    import harness
+
+    root = os.path.dirname(PACKAGE)
+    package = {part for module in _modules() for part in module.split(".")} - {"__init__"}
+    unnamed = [name for name in _test_file_names()
+               if name not in package and name not in MODE_FILES and name not in BEHAVIOURS]
+    assert not unnamed, (f"test files named by no module, mode or listed behaviour: {unnamed} "
+                         "(move their tests to the file of what they check, or list the "
+                         "behaviour in BEHAVIOURS with its page)")
+    assert set(MODE_FILES.values()) <= set(harness.MODES)
+    stale = sorted((set(MODE_FILES) | set(BEHAVIOURS)) - set(_test_file_names()))
+    assert not stale, f"listed, but no tests/test_<name>.py: {stale}"
+    undocumented = [name for name, (page, _) in BEHAVIOURS.items()
+                    if not os.path.exists(os.path.join(root, page))]
+    assert not undocumented, f"behaviours whose page is missing: {undocumented}"
+    assert not set(BEHAVIOURS) & package and not set(MODE_FILES) & package
+
+
 # -- one differential harness (I10) --------------------------------------------------------------
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
+from harness import assert_same, to_numpy
 
 import ndd_trace
 
@@ -112,3 +113,26 @@ def test_list_argument_as_eager_passes_it(case):
             assert traced[0] == "raised" and issubclass(traced[1], eager[1]), (eager, traced)
         else:
             assert traced == eager
+
+
+def test_list_parameter_for_a_tensor_argument_as_in_eager(uniform_batch):
+    """A list passed in through a parameter is a per-call tensor argument eagerly (DALI's call
+    site analysis), so a compiled function feeds it as data too: a 2x3 matrix works, a flat
+    one is rejected by DALI, and a literal at the call is a construction argument.
+
+    Found in review: it once gave a silently wrong result."""
+    def warp(x, matrix, size):
+        moved = ndd.warp_affine(x, matrix=matrix)
+        return ndd.resize(ndd.warp_affine(moved, matrix=[1.0, 0, 0, 0, 1, 0]), size=size)
+
+    compiled = ndd.compile(warp)
+    for matrix, size in [([[1.0, 0, 1], [0, 1, 2]], [3, 5]), ([[1.0, 0, 2], [0, 1, 1]], (2, 2)),
+                         ([[1.0, 0, 2], [0, 1, 1]], (2, 2))]:
+        eager = to_numpy(warp(uniform_batch, matrix, size))
+        traced = to_numpy(compiled(uniform_batch, matrix, size))
+        assert_same(eager, traced)
+    with pytest.raises(RuntimeError, match="Affine mapping parameters"):
+        to_numpy(warp(uniform_batch, [1.0, 0, 1, 0, 1, 2], [3, 5]))
+    with pytest.raises(RuntimeError, match="Affine mapping parameters"):
+        to_numpy(compiled(uniform_batch, [1.0, 0, 1, 0, 1, 2], [3, 5]))
+    assert compiled.cache_info().fallbacks == 0

@@ -39,6 +39,79 @@ def _python(arguments: list[str], cwd, **env: str) -> subprocess.CompletedProces
                           timeout=300, env=subprocess_env(**env))
 
 
+# -- errors at the user's line, and the next call -----------------------------------------------
+
+def test_a_failed_earlier_run_does_not_break_the_next_call(jpeg_bytes):
+    """Found by review: a run that failed and was not consumed yet dropped the pipeline while
+    the next call was being fed ('NoneType' has no attribute ...). The next call must succeed,
+    and the failed result still raises when consumed."""
+    import numpy as np
+    from harness import assert_same
+
+    @ndd.compile
+    def decode(data):
+        return ndd.resize(ndd.decoders.image(data), size=[8, 8])
+
+    # copies (ndd.batch): data given as it is (ndd.as_batch) would fail at the call, as eagerly
+    good = ndd.batch(jpeg_bytes[:2])
+    bad = ndd.batch([np.frombuffer(b"\xff\xd8\xff not a jpeg" * 8, dtype=np.uint8)] * 2)
+    decode(good).evaluate()  # traced and built
+    failed = decode(bad)  # fails in the pipeline; not consumed yet
+    result = decode(good)
+    assert_same(ndd.resize(ndd.decoders.image(good), size=[8, 8]), result)
+    with pytest.raises(Exception):
+        failed.evaluate()
+
+
+def test_user_exception_propagates_unchanged(batch):
+    def failing(x):
+        ndd.flip(x)
+        raise KeyError("user problem")
+
+    compiled = ndd.compile(failing)
+    with pytest.raises(KeyError, match="user problem"):
+        compiled(batch)
+    assert compiled.cache_info().entries == 0
+    with pytest.raises(KeyError):
+        compiled(batch)
+
+
+def test_invalid_argument_error_names_argument(batch):
+    @ndd.compile
+    def bad(x):
+        return ndd.resize(x, size=[8, 8], interp_type="not-an-interp")
+
+    with pytest.raises(Exception) as info:
+        bad(batch)
+    assert "interp_type" in str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert "test_errors.py" in "".join(info.value.__notes__)
+    # still usable afterwards, eagerly and compiled
+    from harness import assert_same
+
+    assert_same(ndd.flip(batch), ndd.compile(lambda x: ndd.flip(x))(batch))
+
+
+def test_runtime_error_points_at_user_line():
+    corrupt = ndd.as_batch([np.frombuffer(b"\xff\xd8\xff\xe0not a jpeg", dtype=np.uint8)] * 2)
+
+    @ndd.compile
+    def decode(data):
+        return ndd.decoders.image(data)  # DECODE-LINE
+
+    with pytest.raises(ndd_trace.PipelineError) as info:
+        decode(corrupt).evaluate()
+    frame = traceback.extract_tb(info.tb)[-1]
+    assert frame.filename == __file__ and "DECODE-LINE" in frame.line
+    assert info.value.op_name == "ndd.decoders.image"
+
+
+def test_lambda_runtime_error_names_op_and_line(batch):
+    compiled = ndd.compile(lambda x: ndd.crop(x, crop=(100, 100)))
+    with pytest.raises(ndd_trace.PipelineError) as info:
+        compiled(batch).evaluate()
+    assert info.value.op_name == "ndd.crop" and info.value.loc is not None
+
+
 # -- the program's output ------------------------------------------------------------------------
 
 LOGGING_SCRIPT = """\

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
+import training_config
 from harness import Fresh, Step, assert_matches_eager, assert_runs_match, observe, run
 
 import ndd_trace
@@ -74,6 +76,30 @@ def test_three_readers(jpeg_dir):
     assert_matches_eager(three_readers, fresh_reader(jpeg_dir),
                          fresh_reader(jpeg_dir, random_shuffle=True, seed=7),
                          fresh_reader(jpeg_dir, shard_id=0, num_shards=1), **EPOCHS)
+
+
+def test_readers_of_different_lengths_zip_as_eager(tmp_path):
+    """zip() over readers of different lengths stops at the shortest, having taken one more
+    batch from the readers before it; the next epochs go on from there, as eagerly.
+
+    Found in review: it once gave a silently wrong result."""
+    from benchmarks._data import make_jpeg_dir
+
+    long_root = make_jpeg_dir(tmp_path / "long", n=13)
+    short_root = make_jpeg_dir(tmp_path / "short", n=8)
+
+    def two(a, c):
+        for (x, lx), (y, ly) in zip(a.next_epoch(batch_size=3), c.next_epoch(batch_size=3)):
+            yield lx * 10 + ly
+
+    def readers():
+        return ndd.readers.File(file_root=str(long_root)), \
+            ndd.readers.File(file_root=str(short_root))
+
+    def three_epochs(function, readers):
+        return [list(function(*readers)) for _ in range(3)]
+
+    assert_matches_eager(three_epochs, Step(two), Fresh(readers), modes=("step",))
 
 
 def test_break_and_resume_keeps_position(jpeg_dir):
@@ -297,6 +323,133 @@ def test_plain_function_with_reader_loop_runs_regions_and_reports(jpeg_dir):
     assert sum(report.readers.values()) == 2 and not report.eager_ops
 
 
+def test_compiled_function_returning_a_generator(jpeg_dir):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def epoch(reader):
+        for _, labels in reader.next_epoch(batch_size=4):
+            yield labels
+
+    def batches(reader):
+        return epoch(reader)
+
+    def drive(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        return [len(list(function(reader))) for _ in range(2)]
+
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == [4, 4]
+
+
+def test_loop_target_rebound_in_the_body(jpeg_dir):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def batches(reader):
+        for _, labels in reader.next_epoch(batch_size=4):
+            labels = labels + 1
+            yield labels
+
+    def drive(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
+
+    assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
+
+
+@pytest.mark.parametrize("kind", ["generator", "function"])
+def test_compiled_functools_partial(jpeg_dir, kind):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    import functools
+
+    def batches(reader, offset):
+        for _, labels in reader.next_epoch(batch_size=4):
+            yield labels + offset
+
+    def shifted(labels, offset):
+        return labels + offset
+
+    def drive(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        if kind == "generator":
+            return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
+        return [np.asarray(ndd.as_tensor(function(labels))).tolist()
+                for _, labels in reader.next_epoch(batch_size=4)]
+
+    bound = functools.partial(batches if kind == "generator" else shifted, offset=3)
+    assert_matches_eager(drive, Step(bound), modes=("step",), seed=None, warn="quiet")
+
+
+def test_value_sent_into_the_generator(jpeg_dir):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def batches(reader, log):
+        for _, labels in reader.next_epoch(batch_size=4):
+            sent = yield labels
+            log.append(sent)
+
+    def drive(function):
+        log: list = []
+        epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
+        next(epoch)
+        with contextlib.suppress(StopIteration):
+            for value in range(10):
+                epoch.send(value)
+        return log
+
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None,
+                                warn="ignore")  # (checked mode's notice)
+    assert runs["eager"].result == [0, 1, 2, 3]
+
+
+def test_exception_thrown_into_the_generator(jpeg_dir):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def batches(reader, log):
+        for _, labels in reader.next_epoch(batch_size=4):
+            try:
+                yield labels
+            except ValueError as error:
+                log.append(str(error))
+
+    def drive(function):
+        log: list = []
+        epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
+        next(epoch)
+        try:
+            epoch.throw(ValueError("skip"))
+        except ValueError as error:
+            log.append(("raised", str(error)))
+        return log, len(list(epoch))
+
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None,
+                                warn="ignore")  # (checked mode's notice)
+    assert runs["eager"].result == (["skip"], 2)
+
+
+@pytest.mark.parametrize("kind", ["generator", "step"])
+def test_module_attribute_changed_between_calls(jpeg_dir, kind):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def resized(jpegs):
+        return ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
+
+    def batches(reader):
+        for jpegs, _ in reader.next_epoch(batch_size=4):
+            yield ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
+
+    def drive(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        widths = []
+        try:
+            for size in (10, 14):
+                training_config.IMAGE_SIZE = size
+                epoch = function(reader) if kind == "generator" else (
+                    function(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4))
+                widths += [np.asarray(ndd.as_tensor(images)).shape[2] for images in epoch]
+        finally:
+            training_config.IMAGE_SIZE = 12
+        return widths
+
+    function = batches if kind == "generator" else resized
+    runs = assert_matches_eager(drive, Step(function), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == [10] * 4 + [14] * 4
+
+
 def _es_items(count=5, batch=4, seed=0):
     rng = np.random.default_rng(seed)
     return [ndd.as_batch([rng.integers(0, 255, (8, 8, 3), dtype=np.uint8) for _ in range(batch)],
@@ -342,3 +495,54 @@ def test_external_source_zipped_with_reader(jpeg_dir):
     # two loops written differently (an eager source call, a captured one): the same values
     assert_runs_match(run(run_loop, eager_loop, seed=None),
                       run(run_loop, ndd_trace.compile(compiled_loop), seed=None, warn=None))
+
+
+def test_compiled_step_inside_a_capture_mode_loop():
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def scale(weights):
+        return weights * 2.0
+
+    def drive(step):
+        source = ndd.ExternalSource([ndd.as_batch([np.full((2,), i, np.float32)] * 4)
+                                     for i in range(3)])
+        return [np.asarray(ndd.as_tensor(step(w))) for w in source.captured(batch_size=4)]
+
+    runs = assert_matches_eager(drive, Step(scale), modes=("step",), seed=None, warn="quiet")
+    assert len(runs["eager"].result) == 3
+
+
+def test_external_source_item_prefetched_by_capture_mode(jpeg_dir):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def batches(reader, source):
+        for _, extra in zip(reader.next_epoch(batch_size=4), source.captured(batch_size=4)):
+            yield ndd.flip(extra, horizontal=1)
+
+    def drive(function):
+        reader = ndd.readers.File(file_root=str(jpeg_dir))
+        source = ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 4,
+                                                  layout="HWC") for i in range(20)],
+                                    cycle="quiet")
+        return [[int(np.asarray(ndd.as_tensor(x)).ravel()[0]) for x in function(reader, source)]
+                for _ in range(2)]
+
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == [[0, 1, 2, 3], [5, 6, 7, 8]]  # DALI drops item 4, prefetched
+
+
+def test_two_capture_mode_loops_open_at_once():
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def batches(source):
+        for extra in source.captured(batch_size=2):
+            yield ndd.flip(extra, horizontal=1)
+
+    def drive(function):
+        sources = [ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 2,
+                                                    layout="HWC") for i in range(3)])
+                   for _ in range(2)]
+        try:
+            return [len(pair) for pair in zip(function(sources[0]), function(sources[1]))]
+        except RuntimeError as error:
+            return str(error)
+
+    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
+    assert runs["eager"].result == "Only one capture-mode loop can be active at a time"

@@ -16,8 +16,8 @@ import weakref
 import numpy as np
 import pytest
 from conftest import ROOT, subprocess_env
-from harness import (assert_compiles_exactly, assert_runs_match, assert_same, observe, run,
-                     to_numpy)
+from harness import (Fresh, Step, assert_compiles_exactly, assert_matches_eager,
+                     assert_runs_match, assert_same, observe, run, to_numpy)
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -65,6 +65,59 @@ def test_empty_batch_runs_eagerly():
     assert plus_one.cache_info().fallbacks == 1
 
 
+def _child(code: str, *arguments: str) -> subprocess.CompletedProcess:
+    script = f"import sys\nsys.path.insert(0, {ROOT!r})\n" + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True,
+                          text=True, timeout=120, env=subprocess_env())
+
+
+def test_empty_samples_into_gaussian_blur_and_laplacian_run_eagerly_without_crashing():
+    """gaussian_blur and laplacian given samples with no elements: the calls run eagerly (empty
+    samples, as eager returns them), warned and reported at the user's line, and the process
+    lives (found by an independent differential fuzzer, ../shared/repros/fuzz/07: SIGSEGV)."""
+    completed = _child("""
+        import warnings
+        import numpy as np
+        import nvidia.dali.experimental.dynamic as ndd
+        import ndd_trace
+
+        def blur(x):
+            return ndd.gaussian_blur(x, window_size=3)
+
+        def edges(x):  # (empty samples an op made have a null data pointer: eager crashes too)
+            return ndd.flip(ndd.laplacian(x, window_size=3), horizontal=1)
+
+        def results(fn, xs, transparent=False):
+            out = []
+            for x in xs:
+                if transparent:
+                    ndd_trace.enable()
+                y = fn(x)
+                out.append([(s.shape, s.tobytes()) for s in (np.asarray(t) for t in y)])
+                ndd_trace.disable()
+            return out
+
+        for function, layout, shapes in [(blur, "HW", [(3, 3), (1, 0), (3, 3)]),
+                                         (edges, "HWC", [(4, 4, 3), (1, 0, 3), (4, 4, 3)])]:
+            xs = [ndd.as_batch([np.full(shape, 9, np.uint8)] * 7, layout=layout)
+                  for shape in shapes]
+            eager = results(function, xs)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                compiled = ndd.compile(function)
+                assert results(compiled, xs) == eager
+            assert any("no elements" in str(w.message) for w in caught), caught
+            assert compiled.cache_info().traces == 1
+            assert results(function, xs, transparent=True) == eager
+        eager_calls = ndd_trace.report().eager_ops
+        assert any("no elements" in reason and where.startswith("<string>:")
+                   for (_, reason, where) in eager_calls), eager_calls
+        print("SAME")
+    """)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "SAME" in completed.stdout
+
+
 def test_numpy_torch_none_and_unhashable_static_arguments(batch):
     torch = pytest.importorskip("torch")
 
@@ -92,15 +145,30 @@ def test_non_contiguous_input_fails_like_eager(images):
     assert "Strided" in str(eager.value) or "stride" in str(eager.value).lower()
 
 
-def test_larger_batch_than_built_rebuilds(images):
-    @ndd.compile
-    def flip(x):
-        return ndd.flip(x)
+def test_user_buffers_are_read_at_the_call():
+    """Eager ndd reads its inputs when called: a caller that refills its numpy buffers right
+    after a call (or mutates an array an ndd.Tensor aliases) before consuming the results gets
+    the values the buffers held at the call, from a compiled step called in its loop and in
+    transparent mode (found in review: compiled, it once gave a silently wrong result)."""
+    def scenario(buffers, double):
+        results = []
+        for step in range(3):
+            for buffer in buffers:
+                buffer[...] = step + 1
+            results.append(double(ndd.as_batch(buffers, layout="HWC")))
+            results.append(ndd.math.abs(buffers[0]) * 2)
+            for buffer in buffers:
+                buffer[...] = 5  # the caller reuses its buffers right after the call
+        view = ndd.as_tensor(buffers[0])
+        results.append(view + 1)
+        buffers[0][...] = 9
+        return results
 
-    for n in (1, 2, 4, 3):
-        data = ndd.as_batch(images[:n], layout="HWC")
-        assert_same(ndd.flip(data), flip(data))
-    assert flip.cache_info().traces == 1
+    runs = assert_matches_eager(
+        scenario, Fresh(lambda: [np.full((16, 16, 3), 1, np.float32) for _ in range(4)]),
+        Step(lambda t: t * 2), modes=("step", "transparent"))
+    doubled = runs["eager"].result[0::2][:3]
+    assert [float(value.samples[3].ravel()[-1]) for value in doubled] == [2.0, 4.0, 6.0]
 
 
 def test_threads_get_their_own_default_generators(batch):
@@ -190,6 +258,55 @@ def test_process_with_running_compiled_loop_exits_promptly(jpeg_dir):
                                timeout=120, env=subprocess_env())
     assert completed.returncode == 0, completed.stderr
     assert "consumed one batch" in completed.stdout
+
+
+@pytest.mark.parametrize("mode", ["compiled", "transparent"])
+def test_process_exits_after_pipeline_runs_fail_part_way_through_a_batch(mode):
+    """Runs that fail part-way through a batch (a per-channel `mean` on a 1-channel sample):
+    eager's errors at eager's calls, and the process exits (found by an independent
+    differential fuzzer, ../shared/repros/fuzz/13: it never exited, DALI's executor hung)."""
+    completed = _child("""
+        import warnings
+        import numpy as np
+        import nvidia.dali.experimental.dynamic as ndd
+        import ndd_trace
+
+        warnings.simplefilter("ignore")
+        MEAN = [1.0, 2.0, 3.0]
+
+        def f(x):
+            return ndd.crop_mirror_normalize(x, mean=MEAN, std=[2.0])
+
+        def outcomes(fn, transparent):
+            g = np.random.default_rng(0)
+            seen = []
+            for _ in range(6):
+                x = ndd.as_batch([g.normal(size=(int(g.integers(1, 4)), int(g.integers(0, 4)),
+                                                  int(g.integers(0, 3)))).astype(np.float32)
+                                  for _ in range(6)], layout="CHW")
+                if transparent:
+                    ndd_trace.enable()
+                try:
+                    out = fn(x)
+                    out.evaluate()
+                    seen.append([np.asarray(t).tobytes() for t in out])
+                except RuntimeError as error:
+                    seen.append(type(error).__name__)
+                finally:
+                    ndd_trace.disable()
+            return seen
+
+        eager = outcomes(f, False)
+        compiled = ndd.compile(f)
+        mine = outcomes(compiled if sys.argv[1] == "compiled" else f, sys.argv[1] != "compiled")
+        assert mine == eager, (mine, eager)
+        assert eager.count("RuntimeError") >= 4, eager
+        if sys.argv[1] == "compiled":
+            assert "failed 3 times" in compiled.entries[0].eager_reason
+        print("END OF SCRIPT", flush=True)
+    """, mode)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "END OF SCRIPT" in completed.stdout
 
 
 def test_exception_during_trace_leaves_no_tracing_state(batch):

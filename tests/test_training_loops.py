@@ -30,8 +30,7 @@ import nvidia.dali.experimental.dynamic as ndd
 import pytest
 import training_config
 import training_programs as programs
-from harness import (Step, assert_matches_eager, assert_runs_match, assert_same, observe, rng_state,
-                     run)
+from harness import assert_runs_match, assert_same, observe, rng_state, run
 
 import ndd_trace
 from benchmarks._data import make_jpeg_dir
@@ -150,14 +149,30 @@ def file_reader(root: Path, seed: int = 1, **options: Any) -> Any:
     return ndd.readers.File(file_root=str(root), random_shuffle=True, seed=seed, **options)
 
 
-def modes(**xfails: str) -> list:
-    """The three modes as parameters, `mode=reason` marking a known mismatch."""
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=xfails[name]))
-            if name in xfails else name for name in MODES]
+# The scenarios, by name: each is run eagerly and in every mode by test_scenario.
+SCENARIOS: dict[str, tuple[Callable[[Mode, Data], list], str | None, dict[str, str]]] = {}
+
+
+def scenario(name: str, path: str | None = None, **xfails: str) -> Callable:
+    """A scenario of the corpus, run by `test_scenario` as `test_scenario[name-mode]` in each
+    mode: `path`, the path its compiled generators take in mode "generator" (None: not
+    checked); `mode=reason`, a known mismatch (a strict xfail)."""
+    def register(function: Callable[[Mode, Data], list]) -> Callable[[Mode, Data], list]:
+        assert name not in SCENARIOS, name
+        SCENARIOS[name] = (function, path, xfails)
+        return function
+    return register
+
+
+def _scenarios() -> list:
+    return [pytest.param(name, mode, id=f"{name}-{mode}", marks=[
+        pytest.mark.xfail(strict=True, reason=xfails[mode])] if mode in xfails else [])
+        for name, (_, _, xfails) in SCENARIOS.items() for mode in MODES]
 
 
 # -- progressive resizing ----------------------------------------------------------------------
 
+@scenario("progressive_resizing_by_argument", "compiled loop")
 def progressive_argument(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.sized_batches)
@@ -170,11 +185,7 @@ def progressive_argument(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_progressive_resizing_by_argument(data, mode):
-    run_modes(progressive_argument, data, mode, "compiled loop")
-
-
+@scenario("progressive_resizing_by_global", "compiled loop")
 def progressive_global(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.global_sized_batches)
@@ -190,11 +201,7 @@ def progressive_global(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_progressive_resizing_by_global(data, mode):
-    run_modes(progressive_global, data, mode, "compiled loop")
-
-
+@scenario("loop_body_written_in_the_generator", "compiled loop")
 def inline_body(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.inline_batches)
@@ -206,13 +213,9 @@ def inline_body(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_loop_body_written_in_the_generator(data, mode):
-    run_modes(inline_body, data, mode, "compiled loop")
-
-
 # -- loader classes ----------------------------------------------------------------------------
 
+@scenario("lightning_style_loader", "compiled loop")
 def lightning_loader(mode: Mode, data: Data) -> list:
     record = Record()
     loader_class = mode.loader(programs.ImageLoader, "batches")
@@ -226,11 +229,7 @@ def lightning_loader(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_lightning_style_loader(data, mode):
-    run_modes(lightning_loader, data, mode, "compiled loop")
-
-
+@scenario("loader_whose_iter_is_the_generator", "compiled loop")
 def iter_is_the_generator(mode: Mode, data: Data) -> list:
     record = Record()
     log: list = []
@@ -245,13 +244,9 @@ def iter_is_the_generator(mode: Mode, data: Data) -> list:
     return record.finish(log, loader.epoch)
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_loader_whose_iter_is_the_generator(data, mode):
-    run_modes(iter_is_the_generator, data, mode, "compiled loop")
-
-
 # -- early stop --------------------------------------------------------------------------------
 
+@scenario("early_stop_then_new_epoch", "compiled loop")
 def early_stop(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.sized_batches)
@@ -267,11 +262,7 @@ def early_stop(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_early_stop_then_new_epoch(data, mode):
-    run_modes(early_stop, data, mode, "compiled loop")
-
-
+@scenario("epochs_cut_by_islice", "compiled loop")
 def sliced_epochs(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.sized_batches)
@@ -283,11 +274,7 @@ def sliced_epochs(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_epochs_cut_by_islice(data, mode):
-    run_modes(sliced_epochs, data, mode, "compiled loop")
-
-
+@scenario("generator_returns_mid_epoch")
 def generator_returns(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.limited_batches)
@@ -299,11 +286,7 @@ def generator_returns(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_generator_returns_mid_epoch(data, mode):
-    run_modes(generator_returns, data, mode)
-
-
+@scenario("stop_flag_set_by_the_trainer")
 def stop_flag(mode: Mode, data: Data) -> list:
     record = Record()
 
@@ -323,13 +306,9 @@ def stop_flag(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_stop_flag_set_by_the_trainer(data, mode):
-    run_modes(stop_flag, data, mode)
-
-
 # -- random draws between and around steps -----------------------------------------------------
 
+@scenario("mixup_draws_between_steps", "compiled loop")
 def mixup(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.sized_batches)
@@ -345,11 +324,7 @@ def mixup(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_mixup_draws_between_steps(data, mode):
-    run_modes(mixup, data, mode, "compiled loop")
-
-
+@scenario("two_views_of_each_batch", "compiled loop")
 def two_view(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.contrastive_batches)
@@ -361,11 +336,7 @@ def two_view(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_two_views_of_each_batch(data, mode):
-    run_modes(two_view, data, mode, "compiled loop")
-
-
+@scenario("per_iteration_schedule_of_python_numbers")
 def per_iteration_schedule(mode: Mode, data: Data) -> list:
     """More distinct Python arguments than the compile cache holds (cache_limit)."""
     record = Record()
@@ -377,11 +348,7 @@ def per_iteration_schedule(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_per_iteration_schedule_of_python_numbers(data, mode):
-    run_modes(per_iteration_schedule, data, mode)
-
-
+@scenario("one_step_function_called_twice_a_batch", "compiled loop")
 def step_called_twice(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.twice_called_batches)
@@ -395,11 +362,7 @@ def step_called_twice(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_one_step_function_called_twice_a_batch(data, mode):
-    run_modes(step_called_twice, data, mode, "compiled loop")
-
-
+@scenario("reseed_between_epochs", "compiled loop")
 def reseed_each_epoch(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.sized_batches)
@@ -413,11 +376,7 @@ def reseed_each_epoch(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_reseed_between_epochs(data, mode):
-    run_modes(reseed_each_epoch, data, mode, "compiled loop")
-
-
+@scenario("generator_reseeds_before_its_loop")
 def generator_reseeds(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.seeded_batches)
@@ -429,11 +388,7 @@ def generator_reseeds(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_generator_reseeds_before_its_loop(data, mode):
-    run_modes(generator_reseeds, data, mode)
-
-
+@scenario("explicit_random_generator", "compiled loop")
 def explicit_rng(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.rng_batches)
@@ -447,11 +402,7 @@ def explicit_rng(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_explicit_random_generator(data, mode):
-    run_modes(explicit_rng, data, mode, "compiled loop")
-
-
+@scenario("shuffle_after_epoch_and_partial_last_batch", "compiled loop")
 def shuffle_after_epoch(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.sized_batches)
@@ -463,13 +414,9 @@ def shuffle_after_epoch(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_shuffle_after_epoch_and_partial_last_batch(data, mode):
-    run_modes(shuffle_after_epoch, data, mode, "compiled loop")
-
-
 # -- code around the loop ----------------------------------------------------------------------
 
+@scenario("try_finally_and_with_around_the_loop", "compiled loop")
 def try_finally_with(mode: Mode, data: Data) -> list:
     record = Record()
     log: list = []
@@ -491,11 +438,7 @@ def try_finally_with(mode: Mode, data: Data) -> list:
     return record.finish(log)
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_try_finally_and_with_around_the_loop(data, mode):
-    run_modes(try_finally_with, data, mode, "compiled loop")
-
-
+@scenario("side_effects_before_and_after_the_loop", "compiled loop")
 def before_and_after(mode: Mode, data: Data) -> list:
     record = Record()
     log: list = []
@@ -512,11 +455,7 @@ def before_and_after(mode: Mode, data: Data) -> list:
     return record.finish(log)
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_side_effects_before_and_after_the_loop(data, mode):
-    run_modes(before_and_after, data, mode, "compiled loop")
-
-
+@scenario("progress_logged_inside_the_loop")
 def progress_logging(mode: Mode, data: Data) -> list:
     record = Record()
     log: list = []
@@ -529,11 +468,7 @@ def progress_logging(mode: Mode, data: Data) -> list:
     return record.finish(log)
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_progress_logged_inside_the_loop(data, mode):
-    run_modes(progress_logging, data, mode)
-
-
+@scenario("generator_yields_its_step_counter")
 def yields_the_step(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.numbered_batches)
@@ -545,11 +480,7 @@ def yields_the_step(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_generator_yields_its_step_counter(data, mode):
-    run_modes(yields_the_step, data, mode)
-
-
+@scenario("nested_helper_generators")
 def nested_generators(mode: Mode, data: Data) -> list:
     record = Record()
     delegating = mode.generator(programs.delegating_batches)
@@ -564,11 +495,7 @@ def nested_generators(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_nested_helper_generators(data, mode):
-    run_modes(nested_generators, data, mode)
-
-
+@scenario("new_reader_every_epoch", "compiled loop")
 def fresh_reader_each_epoch(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.sized_batches)
@@ -580,11 +507,7 @@ def fresh_reader_each_epoch(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_new_reader_every_epoch(data, mode):
-    run_modes(fresh_reader_each_epoch, data, mode, "compiled loop")
-
-
+@scenario("train_and_validation_epochs_alternate", "compiled loop")
 def train_and_validate(mode: Mode, data: Data) -> list:
     record = Record()
     train = mode.generator(programs.sized_batches)
@@ -600,11 +523,7 @@ def train_and_validate(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_train_and_validation_epochs_alternate(data, mode):
-    run_modes(train_and_validate, data, mode, "compiled loop")
-
-
+@scenario("outputs_kept_across_epochs_read_at_the_end", "compiled loop")
 def held_outputs(mode: Mode, data: Data) -> list:
     """Outputs kept across steps and epochs and read at the end (a metric over the epoch)."""
     batches = mode.generator(programs.sized_batches)
@@ -618,11 +537,7 @@ def held_outputs(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_outputs_kept_across_epochs_read_at_the_end(data, mode):
-    run_modes(held_outputs, data, mode, "compiled loop")
-
-
+@scenario("peeked_batches_before_training", "compiled loop")
 def peek_one_batch(mode: Mode, data: Data) -> list:
     """`next(iter(loader))` for a shape check before training; one peek kept open."""
     record = Record()
@@ -641,11 +556,7 @@ def peek_one_batch(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_peeked_batches_before_training(data, mode):
-    run_modes(peek_one_batch, data, mode, "compiled loop")
-
-
+@scenario("epochs_run_by_a_prefetch_thread", "compiled loop")
 def prefetch_thread(mode: Mode, data: Data) -> list:
     """A background thread runs the epochs (a hand-written prefetcher); the trainer draws
     from its own generator as it consumes."""
@@ -680,11 +591,7 @@ def prefetch_thread(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_epochs_run_by_a_prefetch_thread(data, mode):
-    run_modes(prefetch_thread, data, mode, "compiled loop")
-
-
+@scenario("config_dict_edited_between_epochs", "compiled loop")
 def config_between_epochs(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.config_batches)
@@ -701,11 +608,7 @@ def config_between_epochs(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_config_dict_edited_between_epochs(data, mode):
-    run_modes(config_between_epochs, data, mode, "compiled loop")
-
-
+@scenario("config_module_edited_between_epochs", "compiled loop")
 def config_module(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.configured_batches)
@@ -721,11 +624,7 @@ def config_module(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_config_module_edited_between_epochs(data, mode):
-    run_modes(config_module, data, mode, "compiled loop")
-
-
+@scenario("config_dict_edited_within_an_epoch")
 def config_within_epochs(mode: Mode, data: Data) -> list:
     """A per-iteration schedule: the trainer edits the config after every step."""
     record = Record()
@@ -742,11 +641,7 @@ def config_within_epochs(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_config_dict_edited_within_an_epoch(data, mode):
-    run_modes(config_within_epochs, data, mode)
-
-
+@scenario("global_changed_within_an_epoch")
 def global_within_epochs(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.global_sized_batches)
@@ -762,11 +657,7 @@ def global_within_epochs(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_global_changed_within_an_epoch(data, mode):
-    run_modes(global_within_epochs, data, mode)
-
-
+@scenario("hyperparameters_scheduled_every_step")
 def hyperparameter_schedule(mode: Mode, data: Data) -> list:
     """A scheduler object's fields, read as `hparams.size` by the body, updated every step."""
     record = Record()
@@ -783,11 +674,7 @@ def hyperparameter_schedule(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_hyperparameters_scheduled_every_step(data, mode):
-    run_modes(hyperparameter_schedule, data, mode)
-
-
+@scenario("batch_size_changed_between_epochs")
 def batch_size_changed(mode: Mode, data: Data) -> list:
     """A last epoch asked with another batch size: eager's ValueError, at the same step."""
     record = Record()
@@ -805,11 +692,7 @@ def batch_size_changed(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_batch_size_changed_between_epochs(data, mode):
-    run_modes(batch_size_changed, data, mode)
-
-
+@scenario("invalid_size_from_the_schedule")
 def invalid_size(mode: Mode, data: Data) -> list:
     """A schedule that yields an invalid crop size: the error, type and text, then recovery."""
     record = Record()
@@ -827,11 +710,7 @@ def invalid_size(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_invalid_size_from_the_schedule(data, mode):
-    run_modes(invalid_size, data, mode)
-
-
+@scenario("generator_under_torch_no_grad")
 def no_grad_generator(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.no_grad_batches)
@@ -842,11 +721,7 @@ def no_grad_generator(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_generator_under_torch_no_grad(data, mode):
-    run_modes(no_grad_generator, data, mode)
-
-
+@scenario("labels_cast_in_the_loop_body", "compiled loop")
 def labels_cast(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.int64_label_batches)
@@ -863,11 +738,7 @@ def labels_cast(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_labels_cast_in_the_loop_body(data, mode):
-    run_modes(labels_cast, data, mode, "compiled loop")
-
-
+@scenario("generator_bound_with_functools_partial")
 def partial_generator(mode: Mode, data: Data) -> list:
     """The generator's settings bound with functools.partial before compiling."""
     import functools
@@ -887,11 +758,7 @@ def partial_generator(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_generator_bound_with_functools_partial(data, mode):
-    run_modes(partial_generator, data, mode)
-
-
+@scenario("sizes_sent_into_the_generator")
 def curriculum(mode: Mode, data: Data) -> list:
     """The trainer sends the next size into the running epoch (`batches.send(size)`)."""
     record = Record()
@@ -910,11 +777,7 @@ def curriculum(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_sizes_sent_into_the_generator(data, mode):
-    run_modes(curriculum, data, mode)
-
-
+@scenario("compiled_decorator_returning_the_generator")
 def decorated_generator(mode: Mode, data: Data) -> list:
     """`@ndd.compile` over the user's own decorator, which returns the generator."""
     record = Record()
@@ -928,11 +791,7 @@ def decorated_generator(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_compiled_decorator_returning_the_generator(data, mode):
-    run_modes(decorated_generator, data, mode)
-
-
+@scenario("compiled_iter_returning_the_generator")
 def compiled_iter(mode: Mode, data: Data) -> list:
     """The loader's `__iter__` (which returns `self.batches()`) is what the user compiled."""
     record = Record()
@@ -945,13 +804,9 @@ def compiled_iter(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_compiled_iter_returning_the_generator(data, mode):
-    run_modes(compiled_iter, data, mode)
-
-
 # -- several sources ---------------------------------------------------------------------------
 
+@scenario("zip_of_two_readers", "compiled loop")
 def zip_same_length(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.paired_batches)
@@ -965,11 +820,7 @@ def zip_same_length(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_zip_of_two_readers(data, mode):
-    run_modes(zip_same_length, data, mode, "compiled loop")
-
-
+@scenario("zip_of_readers_of_different_lengths")
 def zip_different_lengths(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.paired_batches)
@@ -982,17 +833,13 @@ def zip_different_lengths(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_zip_of_readers_of_different_lengths(data, mode):
-    run_modes(zip_different_lengths, data, mode)
-
-
 def _weights(count: int) -> list:
     rng = np.random.default_rng(count)
     return [ndd.as_batch([rng.uniform(0.5, 1.5, (1, 1, 1)).astype(np.float32)
                           for _ in range(programs.BATCH_SIZE)]) for _ in range(count)]
 
 
+@scenario("zip_with_external_source", "DALI's capture mode")
 def zip_external_source(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.weighted_batches)
@@ -1005,11 +852,7 @@ def zip_external_source(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_zip_with_external_source(data, mode):
-    run_modes(zip_external_source, data, mode, "DALI's capture mode")
-
-
+@scenario("zip_with_external_source_that_ends_first")
 def external_source_ends_first(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.weighted_batches)
@@ -1023,11 +866,7 @@ def external_source_ends_first(mode: Mode, data: Data) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_zip_with_external_source_that_ends_first(data, mode):
-    run_modes(external_source_ends_first, data, mode)
-
-
+@scenario("callable_external_source_and_a_break", "DALI's capture mode")
 def source_pulled_by_the_loop(mode: Mode, data: Data) -> list:
     """A callable ExternalSource logging its pulls; the trainer breaks out of the first epoch
     (how many items were pulled, and which the next epoch gets, are eager capture mode's)."""
@@ -1053,11 +892,6 @@ def source_pulled_by_the_loop(mode: Mode, data: Data) -> list:
     return record.finish(pulls)
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_callable_external_source_and_a_break(data, mode):
-    run_modes(source_pulled_by_the_loop, data, mode, "DALI's capture mode")
-
-
 def _masks(count: int) -> list:
     rng = np.random.default_rng(count)
     return [ndd.as_batch([rng.integers(0, 3, (20, 24, 1), dtype=np.uint8)
@@ -1065,6 +899,7 @@ def _masks(count: int) -> list:
             for _ in range(count)]
 
 
+@scenario("segmentation_masks_from_an_external_source", "DALI's capture mode")
 def segmentation(mode: Mode, data: Data) -> list:
     record = Record()
     batches = mode.generator(programs.segmentation_batches)
@@ -1077,11 +912,6 @@ def segmentation(mode: Mode, data: Data) -> list:
             if epoch == 1 and step == 1:
                 break
     return record.finish()
-
-
-@pytest.mark.parametrize("mode", modes())
-def test_segmentation_masks_from_an_external_source(data, mode):
-    run_modes(segmentation, data, mode, "DALI's capture mode")
 
 
 # -- shards: two ranks in one process ----------------------------------------------------------
@@ -1115,14 +945,13 @@ def sharded(sharding: str) -> Callable[[Mode, Data], list]:
     return scenario
 
 
-@pytest.mark.parametrize("sharding", SHARDINGS)
-@pytest.mark.parametrize("mode", modes())
-def test_two_ranks_in_one_process(data, mode, sharding):
-    run_modes(sharded(sharding), data, mode, "compiled loop")
+for _sharding in SHARDINGS:
+    scenario(f"two_ranks_in_one_process_{_sharding}", "compiled loop")(sharded(_sharding))
 
 
 # -- a corrupt file ----------------------------------------------------------------------------
 
+@scenario("corrupt_jpeg_fails_its_step_and_the_loop_goes_on", "compiled loop")
 def corrupt_jpeg(mode: Mode, data: Data, text: bool = False) -> list:
     """A truncated JPEG: its batch fails where the trainer uses it, the next ones go on. The
     errors are recorded by type and step (`text`: and their message)."""
@@ -1148,18 +977,17 @@ def corrupt_jpeg(mode: Mode, data: Data, text: bool = False) -> list:
     return record.finish()
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_corrupt_jpeg_fails_its_step_and_the_loop_goes_on(data, mode):
-    run_modes(corrupt_jpeg, data, mode, "compiled loop")
-
-
+@scenario("corrupt_jpeg_error_text_is_eagers")
 def corrupt_jpeg_text(mode: Mode, data: Data) -> list:
     return corrupt_jpeg(mode, data, text=True)
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_corrupt_jpeg_error_text_is_eagers(data, mode):
-    run_modes(corrupt_jpeg_text, data, mode)
+@pytest.mark.parametrize("name, mode", _scenarios())
+def test_scenario(data, name, mode):
+    """Each scenario above, run eagerly (once) and in `mode`: what the trainer observes is the
+    eager run's (`run_modes`)."""
+    function, path, _ = SCENARIOS[name]
+    run_modes(function, data, mode, path)
 
 
 # -- checkpoints -------------------------------------------------------------------------------
@@ -1265,258 +1093,3 @@ def mixed_modes(epoch_modes: list[str], data: Data) -> list:
 def test_one_reader_every_mode_in_turn(data):
     eager = run(mixed_modes, ["eager"] * len(MIXED_EPOCHS), data, seed=46, warn="quiet")
     assert_runs_match(eager, run(mixed_modes, MIXED_EPOCHS, data, seed=46, warn="quiet"))
-
-
-# -- the mismatches found above, reduced -------------------------------------------------------
-
-def _decode_epochs(reader_root: Path, run_step: Callable, epochs: int = 2) -> list:
-    reader = ndd.readers.File(file_root=str(reader_root))
-    out = []
-    for _ in range(epochs):
-        for jpegs, _ in reader.next_epoch(batch_size=4):
-            try:
-                out.append(int(np.asarray(ndd.as_tensor(run_step(jpegs))).sum()))
-            except RuntimeError as error:
-                out.append((type(error).__name__, str(error)))
-    return out
-
-
-def _decode(jpegs):
-    return ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])
-
-
-def test_reduced_get_metadata_after_a_streamed_epoch_in_transparent_mode(jpeg_dir):
-    def drive():
-        reader = ndd.readers.File(file_root=str(jpeg_dir), max_batch_size=4)
-        sizes = []
-        for _ in range(2):
-            sizes.append(reader.get_metadata()["epoch_size"])
-            for jpegs, _ in reader.next_epoch(batch_size=4):
-                np.asarray(ndd.as_tensor(_decode(jpegs)))
-        return sizes
-
-    runs = assert_matches_eager(drive, modes=("transparent",), seed=None, warn="quiet")
-    assert runs["eager"].result == [16, 16]
-
-
-def test_reduced_compiled_step_inside_a_capture_mode_loop():
-    def scale(weights):
-        return weights * 2.0
-
-    def drive(step):
-        source = ndd.ExternalSource([ndd.as_batch([np.full((2,), i, np.float32)] * 4)
-                                     for i in range(3)])
-        return [np.asarray(ndd.as_tensor(step(w))) for w in source.captured(batch_size=4)]
-
-    runs = assert_matches_eager(drive, Step(scale), modes=("step",), seed=None, warn="quiet")
-    assert len(runs["eager"].result) == 3
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_reduced_decode_error_text(data, mode):
-    def decoded(reader):
-        for jpegs, _ in reader.next_epoch(batch_size=4):
-            yield _decode(jpegs)
-
-    def generator_epochs(reader_root, decoded):
-        reader = ndd.readers.File(file_root=str(reader_root))
-        observed = []
-        for _ in range(2):
-            for images in decoded(reader):
-                try:
-                    observed.append(int(np.asarray(ndd.as_tensor(images)).sum()))
-                except RuntimeError as error:
-                    observed.append((type(error).__name__, str(error)))
-        return observed
-
-    eager = run(_decode_epochs, data.bad_dir, _decode, seed=None, warn="quiet")
-    if mode == "generator":  # the same epochs, from a compiled generator
-        observed = run(generator_epochs, data.bad_dir, Step(decoded), mode="step", seed=None,
-                       warn="quiet")
-    else:
-        observed = run(_decode_epochs, data.bad_dir, Step(_decode), mode=mode, seed=None,
-                       warn="quiet")
-    assert_runs_match(eager, observed)
-    assert ("RuntimeError", "An error happened during asynchronous execution") in eager.result
-
-
-def test_reduced_compiled_function_returning_a_generator(jpeg_dir):
-    def epoch(reader):
-        for _, labels in reader.next_epoch(batch_size=4):
-            yield labels
-
-    def batches(reader):
-        return epoch(reader)
-
-    def drive(function):
-        reader = ndd.readers.File(file_root=str(jpeg_dir))
-        return [len(list(function(reader))) for _ in range(2)]
-
-    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
-    assert runs["eager"].result == [4, 4]
-
-
-def test_reduced_loop_target_rebound_in_the_body(jpeg_dir):
-    def batches(reader):
-        for _, labels in reader.next_epoch(batch_size=4):
-            labels = labels + 1
-            yield labels
-
-    def drive(function):
-        reader = ndd.readers.File(file_root=str(jpeg_dir))
-        return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
-
-    assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
-
-
-@pytest.mark.parametrize("kind", ["generator", "function"])
-def test_reduced_compiled_functools_partial(jpeg_dir, kind):
-    import functools
-
-    def batches(reader, offset):
-        for _, labels in reader.next_epoch(batch_size=4):
-            yield labels + offset
-
-    def shifted(labels, offset):
-        return labels + offset
-
-    def drive(function):
-        reader = ndd.readers.File(file_root=str(jpeg_dir))
-        if kind == "generator":
-            return [np.asarray(ndd.as_tensor(labels)).tolist() for labels in function(reader)]
-        return [np.asarray(ndd.as_tensor(function(labels))).tolist()
-                for _, labels in reader.next_epoch(batch_size=4)]
-
-    bound = functools.partial(batches if kind == "generator" else shifted, offset=3)
-    assert_matches_eager(drive, Step(bound), modes=("step",), seed=None, warn="quiet")
-
-
-def test_reduced_external_source_item_prefetched_by_capture_mode(jpeg_dir):
-    def batches(reader, source):
-        for _, extra in zip(reader.next_epoch(batch_size=4), source.captured(batch_size=4)):
-            yield ndd.flip(extra, horizontal=1)
-
-    def drive(function):
-        reader = ndd.readers.File(file_root=str(jpeg_dir))
-        source = ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 4,
-                                                  layout="HWC") for i in range(20)],
-                                    cycle="quiet")
-        return [[int(np.asarray(ndd.as_tensor(x)).ravel()[0]) for x in function(reader, source)]
-                for _ in range(2)]
-
-    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
-    assert runs["eager"].result == [[0, 1, 2, 3], [5, 6, 7, 8]]  # DALI drops item 4, prefetched
-
-
-def test_reduced_two_capture_mode_loops_open_at_once():
-    def batches(source):
-        for extra in source.captured(batch_size=2):
-            yield ndd.flip(extra, horizontal=1)
-
-    def drive(function):
-        sources = [ndd.ExternalSource([ndd.as_batch([np.full((1, 1, 1), i, np.uint8)] * 2,
-                                                    layout="HWC") for i in range(3)])
-                   for _ in range(2)]
-        try:
-            return [len(pair) for pair in zip(function(sources[0]), function(sources[1]))]
-        except RuntimeError as error:
-            return str(error)
-
-    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
-    assert runs["eager"].result == "Only one capture-mode loop can be active at a time"
-
-
-def test_reduced_decode_error_in_a_capture_mode_loop(data):
-    def batches(reader, source):
-        for extra, (jpegs, _) in zip(source.captured(batch_size=4),
-                                     reader.next_epoch(batch_size=4)):
-            yield ndd.cast(_decode(jpegs), dtype=ndd.float32) * extra
-
-    def drive(function):
-        reader = ndd.readers.File(file_root=str(data.bad_dir))
-        source = ndd.ExternalSource([ndd.as_batch([np.ones((1, 1, 1), np.float32)] * 4)
-                                     for _ in range(4)], cycle="raise")
-        seen = []
-        try:
-            for images in function(reader, source):
-                try:
-                    np.asarray(ndd.as_tensor(images))
-                    seen.append("ok")
-                except RuntimeError:
-                    seen.append("failed at use")
-        except RuntimeError:
-            seen.append("raised by the loop")
-        return seen
-
-    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None, warn="quiet")
-    assert runs["eager"].result == ["ok", "raised by the loop"]
-
-
-def test_reduced_value_sent_into_the_generator(jpeg_dir):
-    def batches(reader, log):
-        for _, labels in reader.next_epoch(batch_size=4):
-            sent = yield labels
-            log.append(sent)
-
-    def drive(function):
-        log: list = []
-        epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
-        next(epoch)
-        with contextlib.suppress(StopIteration):
-            for value in range(10):
-                epoch.send(value)
-        return log
-
-    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None,
-                                warn="ignore")  # (checked mode's notice)
-    assert runs["eager"].result == [0, 1, 2, 3]
-
-
-def test_reduced_exception_thrown_into_the_generator(jpeg_dir):
-    def batches(reader, log):
-        for _, labels in reader.next_epoch(batch_size=4):
-            try:
-                yield labels
-            except ValueError as error:
-                log.append(str(error))
-
-    def drive(function):
-        log: list = []
-        epoch = function(ndd.readers.File(file_root=str(jpeg_dir)), log)
-        next(epoch)
-        try:
-            epoch.throw(ValueError("skip"))
-        except ValueError as error:
-            log.append(("raised", str(error)))
-        return log, len(list(epoch))
-
-    runs = assert_matches_eager(drive, Step(batches), modes=("step",), seed=None,
-                                warn="ignore")  # (checked mode's notice)
-    assert runs["eager"].result == (["skip"], 2)
-
-
-@pytest.mark.parametrize("kind", ["generator", "step"])
-def test_reduced_module_attribute_changed_between_calls(jpeg_dir, kind):
-    def resized(jpegs):
-        return ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
-
-    def batches(reader):
-        for jpegs, _ in reader.next_epoch(batch_size=4):
-            yield ndd.resize(ndd.decoders.image(jpegs), size=[training_config.IMAGE_SIZE] * 2)
-
-    def drive(function):
-        reader = ndd.readers.File(file_root=str(jpeg_dir))
-        widths = []
-        try:
-            for size in (10, 14):
-                training_config.IMAGE_SIZE = size
-                epoch = function(reader) if kind == "generator" else (
-                    function(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4))
-                widths += [np.asarray(ndd.as_tensor(images)).shape[2] for images in epoch]
-        finally:
-            training_config.IMAGE_SIZE = 12
-        return widths
-
-    function = batches if kind == "generator" else resized
-    runs = assert_matches_eager(drive, Step(function), modes=("step",), seed=None, warn="quiet")
-    assert runs["eager"].result == [10] * 4 + [14] * 4

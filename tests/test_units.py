@@ -18,6 +18,80 @@ def _images(value: int) -> ndd.Batch:
     return ndd.as_batch([np.full((8, 8, 3), value, np.uint8)] * 2, layout="HWC")
 
 
+def _transparent(function, *args):
+    with ndd_trace.enabled():
+        result = function(*args)
+        result.evaluate()
+    return result
+
+
+def _threads() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_region_pipelines_are_bounded_and_freed_least_recently_run_first(monkeypatch):
+    """Transparent mode's region pipelines are live pipelines: past the LRU's limit the least
+    recently run is freed (its threads too) and built again when run again (found by an
+    independent differential fuzzer, ../shared/repros/fuzz/11: one more pipeline and ~5 more
+    OS threads per new region, without bound)."""
+    from ndd_trace.modes import lazy
+
+    monkeypatch.setattr(LIVE_PIPELINES, "limit", 3)
+    lazy.reset_report()
+    images = ndd.as_batch([np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)] * 2,
+                          layout="HWC")
+
+    def step(fill):  # (a fixed argument: a new region per value)
+        return ndd.rotate(images, angle=30.0, fill_value=fill)
+
+    counts = []
+    for _ in range(2):  # the second pass runs regions whose pipelines were freed
+        for i in range(8):
+            assert_same(step(0.5 * i), _transparent(step, 0.5 * i))
+            counts.append(_threads())
+    assert max(counts[4:]) <= counts[3], counts  # no more threads past 3 regions
+    report = ndd_trace.report()
+    assert len(report.regions) == 8 and report.releases == 16 - 3
+    assert "pipelines freed as the least recently run: 13" in str(report)
+    assert report.as_dict()["pipelines_released"] == 13
+    lazy.reset_report()
+
+
+def test_a_site_that_keeps_changing_runs_eagerly_past_its_limit(monkeypatch):
+    """A call site whose fixed argument changes at every call gets `site_limit` regions, then
+    runs eagerly, reported at the user's line: past `cache_limit` a compiled function's calls
+    make no more pipelines or threads (found by an independent differential fuzzer,
+    ../shared/repros/fuzz/11: a recompilation storm grew them without bound)."""
+    from ndd_trace.modes import lazy
+    from ndd_trace.units.cache import REGIONS
+
+    monkeypatch.setattr(REGIONS, "site_limit", 4)
+    lazy.reset_report()
+    # a copy: user data as it is would run its op at the call, as a region of its own
+    images = ndd.batch([np.zeros((16, 16, 3), np.uint8)] * 2, layout="HWC")
+
+    def step(images, fill):  # (a fixed argument: a new region per value)
+        return ndd.rotate(ndd.flip(images, horizontal=1), angle=30.0, fill_value=fill)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndd_trace.NddTraceWarning)
+        compiled = ndd.compile(step, cache_limit=2)
+        counts = []
+        for i in range(12):  # past cache_limit: transparent mode, a new region per value
+            assert_same(step(images, 0.25 * i), compiled(images, 0.25 * i))
+            counts.append(_threads())
+    assert max(counts[6:]) <= counts[5], counts  # 2 entries + 4 regions, then no more
+    report = ndd_trace.report()
+    assert len(report.regions) == 4
+    (chain, reason, where), count = next(iter(report.eager_ops.items()))
+    assert chain == "flip[cpu] -> rotate[cpu]" and count == 12 - 2 - 4
+    assert "keep changing" in reason and where.endswith(f"test_units.py:"
+                                                  f"{step.__code__.co_firstlineno + 1}")
+    lazy.reset_report()
+
+
 def test_compiled_functions_past_the_live_limit_free_their_pipelines_and_rebuild(monkeypatch):
     """Past the LRU's limit, the least recently run entry's pipeline is freed; calling it again
     builds it again, with eager's values."""

@@ -1,16 +1,27 @@
-"""Transparent mode's reader loops: the reader reads ahead in its own pipeline, the regions fed
-by its batches run ahead speculatively; everything must equal the plain eager loop."""
+"""A reader's stream (ahead/streams.py), in every mode that makes one: the reader reads ahead in
+its own pipeline, and what its batches feed runs ahead on them, checked; everything must equal
+the plain eager loop, bit for bit.
+
+Transparent mode's reader loops stream from their first epoch, the regions fed by their batches
+run ahead speculatively. A compiled step called from the user's eager reader loop (the README
+pattern): once the step is fed a reader's batch, that reader streams from the next step (the
+rest of that epoch, then every later one) and the step runs ahead on the batches read ahead."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from harness import Fresh, assert_matches_eager, assert_runs_match, observe, run
+from conftest import subprocess_env
+from harness import Fresh, Step, assert_matches_eager, assert_runs_match, observe, run
 
 import ndd_trace
+from ndd_trace.ahead.streams import stream_of
 
 
 def _reader(root, **kwargs):
@@ -30,51 +41,65 @@ def _ahead(report):
     return sum(region.ahead for region in report.regions)
 
 
-def test_epochs_read_ahead_and_regions_run_ahead(jpeg_dir):
-    def scenario(reader):
+def _ahead_of(compiled):
+    return sum(entry.executable.ahead for entry in compiled.entries if entry.executable)
+
+
+def test_epochs_read_ahead_and_what_they_feed_runs_ahead(jpeg_dir):
+    """Transparent mode: the reader streams from its first epoch and the regions its batches
+    feed run ahead. A compiled step fed a reader's batches: that reader streams from the step
+    after the first it fed, and the step runs ahead on the batches read ahead."""
+    def scenario(reader, step):
         out = []
-        for _ in range(3):
+        for _ in range(4):
             for jpegs, labels in reader.next_epoch(batch_size=4):
-                out.append((np.asarray(_augment(jpegs).torch()), np.asarray(labels.torch())))
+                out.append((np.asarray(step(jpegs).torch()), np.asarray(labels.torch())))
         return out
 
-    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
-                                  modes=("transparent",))["transparent"].report
-    assert _ahead(report) >= 8  # 12 steps: all but the first few ran ahead
+    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                                modes=("transparent", "step"))
+    report = runs["transparent"].report
+    assert _ahead(report) >= 8  # 16 steps: all but the first few ran ahead
     assert not report.eager_ops
     (reader, where), epochs = next(iter(report.readers.items()))
-    assert reader == "File" and epochs == 3 and "test_transparent_readers.py" in where
+    assert reader == "File" and epochs == 4 and "test_streams.py" in where
     assert report.as_dict()["regions"][0]["run_ahead"] == _ahead(report)
+    compiled, reader = runs["step"].steps[0], runs["step"].args[0]
+    assert stream_of(reader) is not None  # fed to a compiled step: streams from its 2nd step
+    assert _ahead_of(compiled) >= 6  # 15 streamed steps: all but the first few ran ahead
+    assert compiled.cache_info().traces == 1
 
 
 def test_break_then_next_epoch_continues_like_eager(jpeg_dir):
-    def scenario(reader):
+    def scenario(reader, step):
         out = []
-        for stop in (2, None, 1, None):
-            for step, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=3)):
-                out.append(_augment(jpegs))
+        for stop in (2, None, 1, None, 0, None):
+            for index, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=3)):
+                out.append(step(jpegs))
                 out.append(labels)
-                if step == stop:
+                if index == stop:
                     break
         return out
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), modes=("transparent",))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                         modes=("transparent", "step"))
 
 
 def test_reseed_and_extra_draws_between_steps(jpeg_dir):
-    def scenario(reader):
+    def scenario(reader, step):
         out = []
-        for epoch in range(3):
+        for epoch in range(4):
             ndd.random.set_seed(100 + epoch % 2)
-            for step, (jpegs, _) in enumerate(reader.next_epoch(batch_size=2)):
-                if step == 2:  # a draw the runs launched ahead did not foresee
+            for index, (jpegs, _) in enumerate(reader.next_epoch(batch_size=2)):
+                if index == 2:  # a draw the runs launched ahead did not foresee
                     out.append(np.asarray(ndd.random.uniform(batch_size=2, range=[0, 1]).torch()))
-                out.append(np.asarray(_augment(jpegs).torch()))
+                out.append(np.asarray(step(jpegs).torch()))
         return out
 
-    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
-                                  modes=("transparent",))["transparent"].report
-    assert _ahead(report) > 0
+    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                                modes=("transparent", "step"))
+    assert _ahead(runs["transparent"].report) > 0
+    assert _ahead_of(runs["step"].steps[0]) > 0
 
 
 def test_body_changing_every_step(jpeg_dir):
@@ -93,29 +118,27 @@ def test_body_changing_every_step(jpeg_dir):
 
 
 def test_values_consumed_after_the_loop(jpeg_dir):
-    def scenario(reader):
-        pending = [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
-        pending += [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
-        return pending
+    def scenario(reader, step):
+        return [step(jpegs) for _ in range(3) for jpegs, _ in reader.next_epoch(batch_size=4)]
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), modes=("transparent",))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                         modes=("transparent", "step"))
 
 
 def test_zip_of_readers_with_different_lengths(jpeg_dir):
     def make():
         return _reader(jpeg_dir), _reader(jpeg_dir, seed=3, num_shards=2, shard_id=1)
 
-    def scenario(readers):
+    def scenario(readers, step):
         first, second = readers
         out = []
         for _ in range(3):  # zip pulls one extra batch from `first`, as eagerly
-            for (a, _), (b, _) in zip(first.next_epoch(batch_size=3),
-                                      second.next_epoch(batch_size=3)):
-                out.append(ndd.resize(ndd.decoders.image(a), size=[8, 8]))
-                out.append(ndd.resize(ndd.decoders.image(b), size=[8, 8]))
+            for (a, _), (b, labels) in zip(first.next_epoch(batch_size=3),
+                                           second.next_epoch(batch_size=3)):
+                out += [step(a), step(b), labels]
         return out
 
-    assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
+    assert_matches_eager(scenario, Fresh(make), Step(_augment), modes=("transparent", "step"))
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -124,12 +147,12 @@ def test_zip_of_readers_with_different_lengths(jpeg_dir):
     {"random_shuffle": False, "pad_last_batch": True},
 ])
 def test_shards_and_padding(jpeg_dir, kwargs):
-    def scenario(reader):
-        return [[np.asarray(labels.torch()), ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])]
+    def scenario(reader, step):
+        return [[np.asarray(labels.torch()), step(jpegs)]
                 for _ in range(4) for jpegs, labels in reader.next_epoch(batch_size=3)]
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir, **kwargs)),
-                         modes=("transparent",))
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir, **kwargs)), Step(_augment),
+                         modes=("transparent", "step"))
 
 
 def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
@@ -155,6 +178,21 @@ def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
     assert reader.get_metadata()["epoch_size"] == 16
 
 
+def test_get_metadata_after_a_streamed_epoch_in_transparent_mode(jpeg_dir):
+    """Reduced from a mismatch the training-loop corpus (tests/test_training_loops.py) found."""
+    def drive():
+        reader = ndd.readers.File(file_root=str(jpeg_dir), max_batch_size=4)
+        sizes = []
+        for _ in range(2):
+            sizes.append(reader.get_metadata()["epoch_size"])
+            for jpegs, _ in reader.next_epoch(batch_size=4):
+                np.asarray(ndd.as_tensor(ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])))
+        return sizes
+
+    runs = assert_matches_eager(drive, modes=("transparent",), seed=None, warn="quiet")
+    assert runs["eager"].result == [16, 16]
+
+
 def test_sample_epochs_stay_eager_and_are_reported(jpeg_dir):
     def scenario(reader):
         return [ndd.decoders.image(jpeg) for jpeg, _ in reader.next_epoch()]
@@ -165,31 +203,42 @@ def test_sample_epochs_stay_eager_and_are_reported(jpeg_dir):
 
 
 def test_streamed_reader_refuses_sample_epochs_as_eager(jpeg_dir):
-    def scenario():
+    """Samples from a reader that gave batch epochs: eager's own RuntimeError, at the first
+    step, whether the reader streams or not."""
+    def scenario(step):
         reader = _reader(jpeg_dir)
-        for _ in reader.next_epoch(batch_size=4):
-            pass
-        epoch = reader.next_epoch()
+        for _ in range(2):
+            for jpegs, _ in reader.next_epoch(batch_size=4):
+                step(jpegs)
+        epoch = reader.next_epoch()  # nothing raises yet
         with pytest.raises(RuntimeError) as raised:
             next(iter(epoch))
         return type(raised.value), str(raised.value)
 
-    with ndd_trace.enabled():
-        streamed = scenario()
-    assert streamed == scenario()
+    assert_matches_eager(scenario, Step(_augment), modes=("transparent", "step"), seed=None)
 
 
 def test_checkpointing_reader_stays_eager(jpeg_dir):
-    def scenario(reader):
-        return [labels for _, labels in reader.next_epoch(batch_size=4)]
+    """A reader made with `enable_checkpointing=True` does not stream: its state (`get_state`)
+    stays exactly eager's, and transparent mode reports why."""
+    def scenario(reader, step):
+        out = []
+        for _ in range(2):
+            for index, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=4)):
+                out += [step(jpegs), labels]
+                if index == 1:
+                    out.append(str(reader.get_state()))
+        return out
 
     def make():
         return _reader(jpeg_dir, enable_checkpointing=True)
 
-    report = assert_matches_eager(scenario, Fresh(make),
-                                  modes=("transparent",))["transparent"].report
+    runs = assert_matches_eager(scenario, Fresh(make), Step(_augment),
+                                modes=("transparent", "step"))
+    report = runs["transparent"].report
     assert any("checkpointing" in reason for (_, reason, _) in report.eager_ops)
     assert not report.readers
+    assert stream_of(runs["step"].args[0]) is None
 
 
 def test_batch_size_mismatch_raises_like_eager(jpeg_dir):
@@ -338,7 +387,7 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
     assert "ndd.decoders.image" in [getattr(error, "op_name", None) for error in causes]
     assert "ndd.decoders.image" in text
     decode_line = __import__("inspect").getsourcelines(_augment)[1] + 1
-    assert f"test_transparent_readers.py:{decode_line}" in text
+    assert f"test_streams.py:{decode_line}" in text
 
 
 def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
@@ -359,6 +408,100 @@ def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
     report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
                                   modes=("transparent",))["transparent"].report
     assert _ahead(report) > 0
+
+
+# -- a compiled step's reader loop: the reader streams once it has fed a compiled step -----------
+
+def test_the_first_epoch_streams_from_its_second_step(jpeg_dir):
+    """The switch happens inside the epoch that first fed the step: its remaining batches come
+    from the stream (the reader's operator moved there where it stood), as eager gives them,
+    and its shard advances once, at the epoch's end."""
+    def scenario(reader, step):
+        out = []
+        for epoch_steps in (None, 2, None):  # a whole epoch, one left by a break, a whole one
+            for index, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=2)):
+                out.append((np.asarray(step(jpegs).torch()), np.asarray(labels.torch())))
+                if index == epoch_steps:
+                    break
+        return out
+
+    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                                modes=("step",))
+    compiled, reader = runs["step"].steps[0], runs["step"].args[0]
+    assert stream_of(reader) is not None
+    assert _ahead_of(compiled) >= 3
+    compiled = ndd.compile(_augment)
+    reader = _reader(jpeg_dir)
+    for jpegs, _ in reader.next_epoch(batch_size=2):  # one epoch: it streams from its 2nd step
+        np.asarray(compiled(jpegs).torch())
+    assert stream_of(reader) is not None and _ahead_of(compiled) >= 2
+
+
+def test_reader_not_fed_to_a_compiled_step_stays_eager(jpeg_dir):
+    compiled = ndd.compile(_augment)
+    reader = _reader(jpeg_dir)
+    for _ in range(2):
+        for _jpegs, labels in reader.next_epoch(batch_size=4):
+            np.asarray(labels.torch())
+    assert stream_of(reader) is None
+    del compiled
+
+
+def test_explicit_rng_argument(jpeg_dir):
+    def step(jpegs, rng):
+        images = ndd.resize(ndd.decoders.image(jpegs), size=[12, 12])
+        return ndd.flip(images, horizontal=ndd.random.coin_flip(batch_size=images.batch_size,
+                                                                 rng=rng))
+
+    def scenario(reader, function):
+        rng = ndd.random.RNG(seed=5)
+        return [function(jpegs, rng) for _ in range(3)
+                for jpegs, _ in reader.next_epoch(batch_size=4)] + [rng()]
+
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(step), modes=("step",))
+
+
+def test_two_readers_in_one_call(jpeg_dir):
+    def step(a, b):
+        return ndd.resize(ndd.decoders.image(a), size=[8, 8]) + \
+            ndd.resize(ndd.decoders.image(b), size=[8, 8])
+
+    def scenario(readers, function):
+        first, second = readers
+        return [function(a, b) for _ in range(4)
+                for (a, _), (b, _) in zip(first.next_epoch(batch_size=4),
+                                          second.next_epoch(batch_size=4))]
+
+    assert_matches_eager(scenario, Fresh(lambda: (_reader(jpeg_dir), _reader(jpeg_dir, seed=9))),
+                         Step(step), modes=("step",))
+
+
+def test_transparent_mode_and_compiled_steps_together(jpeg_dir):
+    def scenario(reader, step):
+        out = []
+        for epoch in range(3):
+            with ndd_trace.enabled() if epoch == 1 else _nothing():
+                for jpegs, _ in reader.next_epoch(batch_size=4):
+                    out.append(np.asarray(step(jpegs).torch()))
+        return out
+
+    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                         modes=("step",))
+
+
+def test_two_compiled_steps_on_one_reader(jpeg_dir):
+    """Two functions with equal guard keys fed the same batches: each uses its own runs."""
+    def flip(jpegs):
+        images = ndd.resize(ndd.decoders.image(jpegs), size=[10, 10])
+        return ndd.flip(images, horizontal=ndd.random.coin_flip(batch_size=images.batch_size))
+
+    def scenario(reader, first, second):
+        return [[first(jpegs), second(jpegs)] for _ in range(4)
+                for jpegs, _ in reader.next_epoch(batch_size=4)]
+
+    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+                                Step(flip), modes=("step",), seed=3)
+    assert all(_ahead_of(step) > 0 for step in runs["step"].steps)
 
 
 # -- files changed between epochs -------------------------------------------------------------
@@ -416,21 +559,31 @@ def _truncate(path, size):
         file.truncate(size)
 
 
+def _decoded(reader):
+    for jpegs, labels in reader.next_epoch(batch_size=4):
+        yield ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]), labels
+
+
+def _doubled(reader):
+    for (arrays,) in reader.next_epoch(batch_size=4):
+        yield arrays * 2
+
+
 @pytest.mark.parametrize("shape", [(6, 5), (3, 11)], ids=["same-size", "other-size"])
 def test_files_rewritten_in_place_between_epochs(tmp_path, shape):
     """Arrays re-rendered in place before each epoch: each epoch reads what was written for it,
-    as eagerly (the stream had read the next epoch ahead, before the rewrite)."""
+    as eagerly (the stream had read the next epoch ahead, before the rewrite), in transparent
+    mode and from a compiled generator."""
     root = tmp_path / "arrays"
 
-    def scenario(reader):
-        return _epochs_between(lambda: (ndd.math.abs(arrays)
-                                        for (arrays,) in reader.next_epoch(batch_size=4)),
+    def scenario(reader, batches):
+        return _epochs_between(lambda: batches(reader),
                                lambda epoch: _arrays(root, epoch, range(5, 16), shape))
 
-    def make():
-        return ndd.readers.Numpy(file_root=str(_fresh_arrays(root)))
-
-    assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
+    runs = assert_matches_eager(scenario, Fresh(lambda: ndd.readers.Numpy(
+        file_root=str(_fresh_arrays(root)))), Step(_doubled), modes=("transparent", "step"))
+    compiled, reader = runs["step"].steps[0], runs["step"].args[0]
+    assert stream_of(reader) is not None and compiled.cache_info().traces == 1
 
 
 @pytest.mark.xfail(strict=False, reason="a race seen once, in the full CPU suite only (2026-12-03): "
@@ -458,24 +611,24 @@ def test_files_rewritten_in_place_between_epochs_shuffled(tmp_path):
     assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
 
 
-@pytest.mark.parametrize("position", [9, 8], ids=["in-its-batch", "first-of-its-batch"])
+@pytest.mark.parametrize("position", [9, 8, 15], ids=["in-its-batch", "first-of-its-batch",
+                                                      "last"])
 def test_file_deleted_between_epochs(jpeg_dir, tmp_path, position):
     """A photo deleted between epochs: eager's reader fails on it at the step whose loading
     reads it (the step before its batch for a batch's first sample: DALI loads one sample
-    ahead), with DALI's own error, then at every later step; so does the loop here."""
+    ahead), with DALI's own error (its type and text), then at every later step; so does the
+    loop here, in transparent mode and from a compiled generator."""
     root = tmp_path / "photos"
 
-    def scenario(reader):
+    def scenario(reader, batches):
         victim = _photos(root)[position]
-        return _epochs_between(
-            lambda: (ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])
-                     for jpegs, _ in reader.next_epoch(batch_size=4)),
-            lambda epoch: victim.unlink() if epoch == 1 else None)
+        return _epochs_between(lambda: batches(reader),
+                               lambda epoch: victim.unlink() if epoch == 1 else None)
 
     def make():
         return ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root)))
 
-    assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
+    assert_matches_eager(scenario, Fresh(make), Step(_decoded), modes=("transparent", "step"))
 
 
 def test_file_truncated_between_epochs(jpeg_dir, tmp_path):
@@ -495,3 +648,82 @@ def test_file_truncated_between_epochs(jpeg_dir, tmp_path):
         return ndd.readers.File(file_root=str(_fresh_photos(jpeg_dir, root)))
 
     assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
+
+def test_generator_fails_on_an_array_truncated_between_epochs(tmp_path):
+    """An array file cut short: eager's reader error (the data it cannot read), at its step."""
+    root = tmp_path / "arrays"
+
+    def scenario(reader, batches):
+        return _epochs_between(lambda: batches(reader),
+                               lambda epoch: _truncate(root / "010.npy", 140) if epoch == 1
+                               else None)
+
+    def make():
+        return ndd.readers.Numpy(file_root=str(_fresh_arrays(root)))
+
+    assert_matches_eager(scenario, Fresh(make), Step(_doubled), modes=("step",))
+
+
+def test_step_called_from_an_eager_loop_reads_files_changed_between_epochs(jpeg_dir, tmp_path):
+    """The README pattern (the reader streams from its second epoch): a photo replaced by
+    another of a different size, then one deleted, as eagerly."""
+    root = tmp_path / "photos"
+
+    def change(epoch):
+        photos = _photos(root)
+        if epoch == 1:
+            photos[11].write_bytes(photos[3].read_bytes())  # the same file, rewritten
+        else:
+            photos[13].unlink()
+
+    def scenario(reader, step):
+        return _epochs_between(lambda: (np.asarray(step(jpegs).torch())
+                                        for jpegs, _ in reader.next_epoch(batch_size=4)),
+                               change, epochs=4)
+
+    def make():
+        return _reader(_fresh_photos(jpeg_dir, root), random_shuffle=False)
+
+    assert_matches_eager(scenario, Fresh(make), Step(_augment), modes=("step",))
+
+
+def test_files_cut_short_between_epochs_do_not_kill_the_process(tmp_path):
+    """Every array cut short between epochs (eager ndd, which maps the next epoch's first files
+    as an epoch ends, dies of SIGBUS here): a compiled generator and transparent mode raise the
+    reader's error instead (the stream reads files into memory)."""
+    script = textwrap.dedent('''
+        import os, sys
+        import numpy as np
+        import nvidia.dali.experimental.dynamic as ndd
+        import ndd_trace
+
+        def doubled(reader):
+            for (arrays,) in reader.next_epoch(batch_size=4):
+                yield arrays * 2
+
+        def run(batches, root):
+            os.makedirs(root)
+            for index in range(16):
+                np.save(os.path.join(root, f"{index:03d}.npy"),
+                        np.full((128, 128), index, np.float32))
+            reader = ndd.readers.Numpy(file_root=root)
+            seen = []
+            for epoch in range(3):
+                if epoch == 1:
+                    for name in os.listdir(root):  # past the first page of each file
+                        os.truncate(os.path.join(root, name), 200)
+                try:
+                    for batch in batches(reader):
+                        seen.append(len(batch.tensors))
+                except RuntimeError:
+                    seen.append("error")
+            return seen
+
+        print(run(ndd.compile(doubled), sys.argv[1] + "/compiled"))
+        with ndd_trace.enabled():
+            print(run(doubled, sys.argv[1] + "/transparent"))
+    ''')
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split("\n")[:2] == ["[4, 4, 4, 4, 'error', 'error']"] * 2, result.stdout

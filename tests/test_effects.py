@@ -1,0 +1,118 @@
+"""A compiled function's Python side effects (tracing/effects.py): a call known to be impure
+(print, next, random, time, logging, numpy.random, a global container appended to) runs in
+transparent mode, its Python at every call, and says so at the user's line; pure Python stays
+compiled."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import random
+
+import numpy as np
+import nvidia.dali.experimental.dynamic as ndd
+import pytest
+from harness import assert_compiles_exactly, assert_same
+
+import ndd_trace
+
+
+# A compiled function's Python runs at its trace only: a call known to be impure (print, next,
+# random, time, logging, numpy.random) would run once, silently. It runs in transparent mode
+# instead, its Python at every call (found by a differential sweep of ordinary training scripts).
+_effects_counter = None
+
+
+def _step_with_effects(x, printed):
+    k = next(_effects_counter)
+    printed.append(k)  # (a list the caller sees: the guards alone would re-trace every call)
+    if random.random() < 0.5:  # the torchvision idiom: a Python coin for a flip
+        x = ndd.flip(x, horizontal=1)
+    return ndd.cast(x, dtype=ndd.float32) * float(np.random.uniform(0.5, 1.5)), k
+
+
+def _effects_run(function, x, calls=6):
+    global _effects_counter
+    _effects_counter = itertools.count()
+    random.seed(7)
+    np.random.seed(7)
+    printed: list = []
+    outputs = [function(x, printed) for _ in range(calls)]
+    return outputs, printed, random.random(), np.random.random()
+
+
+def test_python_effects_in_a_compiled_function_run_at_every_call(uniform_batch):
+    """Found by a differential sweep of ordinary training scripts: it once gave a silently wrong
+    result."""
+    eager = _effects_run(_step_with_effects, uniform_batch)
+    compiled = ndd.compile(_step_with_effects)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="calls `next`.*transparent mode") as seen:
+        result = _effects_run(compiled, uniform_batch)
+    assert seen[0].filename == __file__  # at the user's line of the call
+    assert_same(eager[0], result[0])
+    assert eager[1:] == result[1:]  # the counter's values, the RNG states after
+    text = str(ndd_trace.explain(compiled, uniform_batch, []))
+    assert "calls `next`" in text and "test_effects.py:" in text
+
+
+def test_python_effects_in_a_helper_are_found(uniform_batch):
+    """Found by a differential sweep of ordinary training scripts: it once gave a silently wrong
+    result."""
+    import logging
+    log = logging.getLogger("ndd_trace.tests.effects")
+
+    def augment(x):
+        log.debug("augmenting")
+        return ndd.flip(x, horizontal=1)
+
+    def step(x):
+        return augment(x)
+
+    with pytest.raises(ndd_trace.GraphBreakError, match="calls `augment`, which calls "
+                       "`log.debug`"):
+        ndd.compile(step, fullgraph=True)(uniform_batch)
+    with pytest.warns(ndd_trace.NddTraceWarning):
+        assert_same(step(uniform_batch), ndd.compile(step)(uniform_batch))
+
+
+_SETTINGS = {"scale": 2.0}
+_effects_log = collections.deque(maxlen=100)  # guarded by identity only: a change goes unseen
+
+
+def _log_step(message):
+    _effects_log.append(message)
+
+
+def test_a_global_deque_appended_to_by_a_helper(uniform_batch):
+    """Found by a differential sweep of ordinary training scripts: it once gave a silently wrong
+    result."""
+    def step(x):
+        _log_step("step")
+        return ndd.flip(x, horizontal=1)
+
+    _effects_log.clear()
+    eager = [step(uniform_batch) for _ in range(3)]
+    assert len(_effects_log) == 3
+    _effects_log.clear()
+    compiled = ndd.compile(step)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="calls `_log_step`, which calls "
+                      "`_effects_log.append`"):
+        results = [compiled(uniform_batch) for _ in range(3)]
+    assert len(_effects_log) == 3
+    assert_same(eager, results)
+
+
+def test_pure_python_in_a_compiled_function_stays_compiled(uniform_batch):
+    """Found by a differential sweep of ordinary training scripts: it once gave a silently wrong
+    result."""
+    def helper(x, size):
+        return ndd.resize(x, size=[size, size])
+
+    def step(x, size=3):
+        scale = float(np.mean(np.array([1.0, 2.0]))) * _SETTINGS.get("scale", 1.0)
+        assert ",".join(["a", "b"]) and sorted([2, 1])
+        outs = [ndd.flip(v, horizontal=1) for v in (x, x)]
+        return ndd.cast(helper(outs[0], size), dtype=ndd.float32) * scale, len(outs), \
+            x.batch_size
+
+    assert_compiles_exactly(step, uniform_batch, calls=3)  # (NddTraceWarnings are errors: no break)
