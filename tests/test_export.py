@@ -202,13 +202,17 @@ def test_command_line(batch, tmp_path):
     assert ROOT  # the child found this checkout through PYTHONPATH
 
 
-def test_per_sample_function_serialized_round_trip(batch, tmp_path):
-    @ndd.compile(per_sample=True)
-    def shrink_big(image):
-        if image.shape[0] > 45:
-            return ndd.resize(image, size=[8, 8])
-        return ndd.resize(ndd.flip(image, horizontal=1), size=[8, 8])
+def _shrink_big(image):
+    if image.shape[0] > 45:
+        return ndd.resize(image, size=[8, 8])
+    return ndd.resize(ndd.flip(image, horizontal=1), size=[8, 8])
 
+
+def test_per_sample_function_round_trips(batch, tmp_path):
+    """Its pipeline is the shared graph lowered: serialized, or a standalone module, its
+    branches spelled as DALI's conditional splits and merges; with random ops, serialized
+    only."""
+    shrink_big = ndd.compile(_shrink_big, per_sample=True)
     expected = to_numpy([shrink_big(batch)])
     exported = ndd_trace.export(shrink_big, batch, path=str(tmp_path / "shrink.dali"),
                                 format="serialized")
@@ -225,22 +229,10 @@ def test_per_sample_function_serialized_round_trip(batch, tmp_path):
         np.savez("out.npz", **{f"out0__{i}": np.array(out[i]) for i in range(len(out))})
     """), str(tmp_path))
     assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
-
-
-def test_per_sample_function_as_a_module(batch, tmp_path):
-    """Its pipeline is the shared graph lowered: a standalone module, its branches spelled as
-    DALI's conditional splits and merges; with random ops, serialized only."""
-    @ndd.compile(per_sample=True)
-    def shrink_big(image):
-        if image.shape[0] > 45:
-            return ndd.resize(image, size=[8, 8])
-        return ndd.resize(ndd.flip(image, horizontal=1), size=[8, 8])
-
-    expected = to_numpy([shrink_big(batch)])
     exported = ndd_trace.export(shrink_big, batch, path=str(tmp_path / "shrink.py"))
     assert "fn._conditional.split(" in exported.source and exported.inputs == ["image"]
-    run_module("shrink.py", str(tmp_path), "--save", "out.npz")
-    assert_same(expected, _saved(str(tmp_path / "out.npz"), 1))
+    run_module("shrink.py", str(tmp_path), "--save", "module_out.npz")
+    assert_same(expected, _saved(str(tmp_path / "module_out.npz"), 1))
 
     @ndd.compile(per_sample=True)
     def maybe_flip(image):
