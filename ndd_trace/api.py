@@ -19,6 +19,7 @@ import functools
 import importlib
 import inspect
 import pickle
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
@@ -366,14 +367,19 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
 
 
 def _reference_to(compiled: CompiledFunction) -> tuple:
-    """How `compiled` pickles: by its module and qualified name (PicklingError where that names
-    another object)."""
-    if _by_reference(compiled.__module__, compiled.__qualname__) is not compiled:
-        raise pickle.PicklingError(
-            f"cannot pickle {compiled!r}: it is not the object at {compiled.__module__}."
-            f"{compiled.__qualname__} (compile it where it is defined, at module level, or pass "
-            "the plain function and compile it in the worker)")
-    return _by_reference, (compiled.__module__, compiled.__qualname__)
+    """How `compiled` pickles: by its module and qualified name, or by the module-level name it
+    is bound to (`augment = ndd.compile(preprocess)`: `augment`, as `augment = preprocess`
+    pickles its function); PicklingError where neither names it."""
+    if _by_reference(compiled.__module__, compiled.__qualname__) is compiled:
+        return _by_reference, (compiled.__module__, compiled.__qualname__)
+    module = sys.modules.get(compiled.__module__)
+    for name, value in list(vars(module).items()) if module is not None else ():
+        if value is compiled:
+            return _by_reference, (compiled.__module__, name)
+    raise pickle.PicklingError(
+        f"cannot pickle {compiled!r}: it is not the object at {compiled.__module__}."
+        f"{compiled.__qualname__}, nor bound to a name of that module (compile it where it is "
+        "defined, at module level, or pass the plain function and compile it in the worker)")
 
 
 def _by_reference(module: str, qualname: str) -> Any:

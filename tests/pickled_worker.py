@@ -11,6 +11,13 @@ def flipped(x):
     return ndd.flip(x, horizontal=1) * 2
 
 
+def _mirrored(x):
+    return ndd.flip(x, vertical=1)
+
+
+mirrored = ndd.compile(_mirrored)  # compiled without a decorator, under another name
+
+
 def run_in_worker(function, values):
     """What a spawn worker does with a compiled function it was sent: call it on its data."""
     batch = ndd.as_batch([np.asarray(v, dtype=np.uint8) for v in values], layout="HWC")

@@ -487,6 +487,13 @@ def test_compiled_functions_pickle_by_reference_into_spawn_workers():
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         result, traces = pool.apply(pickled_worker.run_in_worker, (pickled_worker.flipped, values))
     assert result == eager and traces == 1
+    # `mirrored = ndd.compile(_mirrored)`: by the name it is bound to, as `mirrored = _mirrored`
+    # pickles its function (found by a new-user probe: PicklingError)
+    assert pickle.loads(pickle.dumps(pickled_worker.mirrored)) is pickled_worker.mirrored
+    eager, _ = pickled_worker.run_in_worker(pickled_worker._mirrored, values)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        result, _ = pool.apply(pickled_worker.run_in_worker, (pickled_worker.mirrored, values))
+    assert result == eager
 
     local = ndd.compile(lambda x: x)
     with pytest.raises(pickle.PicklingError, match="at module level"):

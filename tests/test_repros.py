@@ -23,9 +23,6 @@ SCRIPTS = sorted(glob.glob(os.path.join(REPROS, "*", "[0-9][0-9]_*.py")))
 NOT_FIXED_YET = {
     # DALI's eager keeps an operator whose construction failed and fails differently next time
     "probe5/13_failed_op_called_again_error_text.py": "issue 35: DALI's eager quirk",
-    "probe5/14_compiled_under_another_name_pickle.py": "issue 35: api.py pickles by name",
-    "probe5/15_empty_batch_transparent.py": "issue 35: transparent mode (modes/)",
-    "probe5/16_deepcopy_pickle_transparent.py": "issue 35: transparent mode (modes/)",
 }
 
 

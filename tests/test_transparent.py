@@ -377,3 +377,40 @@ def test_numbers_held_in_variables_are_passed_as_eager_passes_them(batch):
 
     eager = assert_matches_eager(steps, modes=("transparent",), seed=None, warn=None)
     assert eager["eager"].result[1][0] == "RuntimeError"
+
+
+@pytest.mark.parametrize("call", ["add", "cat", "random"])
+def test_empty_batches_run_as_eager_runs_them(call):
+    """A call on an empty batch (every sample filtered out) is eager ndd's own: its error (an
+    IndexError for `x + x`, a RuntimeError for `cat`, a ValueError for a random op's batch size)
+    where eager raises it (found by a new-user probe: empty Batches came back)."""
+    def step(x):
+        if call == "add":
+            out = x + x
+        elif call == "cat":
+            out = ndd.cat(x, x, axis=0)
+        else:
+            out = ndd.rotate(x, angle=ndd.random.uniform(batch_size=x.batch_size, range=[0, 9]))
+        return [np.asarray(sample) for sample in out]
+
+    assert_matches_eager(step, ndd.as_batch([], dtype=ndd.uint8), modes=("transparent",),
+                         warn="ignore")
+
+
+def test_pending_values_copy_and_pickle_as_eager_ones_fail():
+    """`copy.deepcopy` and `pickle.dumps` of a value not run yet fail as eager's pending result
+    does: the invocation's lock, DALI's operator class (found by a new-user probe: other types
+    and texts, an `except pickle.PicklingError` missed one)."""
+    import copy
+    import pickle
+
+    def copied(x, operation):
+        try:
+            operation(ndd.flip(x, horizontal=1) * 2)
+        except Exception as error:  # noqa: BLE001 (compared below)
+            return type(error).__name__, str(error)[:60]
+        return "copied"
+
+    images = ndd.as_batch([np.zeros((4, 5, 3), np.uint8)] * 2, layout="HWC")  # user data
+    for operation in (copy.deepcopy, pickle.dumps):
+        assert_matches_eager(copied, images, operation, modes=("transparent",), warn="ignore")

@@ -262,6 +262,9 @@ class LazyTracer(Tracer):
         if reason is not None:  # run outside the handler: eager's error has no internal context
             return self._eager(original, inputs, kwargs, name, reason)
         node = node_of(result)
+        if node.is_batch and node.batch_size is not None and int(node.batch_size) == 0:
+            # eager ndd runs (and fails) such calls its own way; a pipeline runs no empty batch
+            return self._eager(original, inputs, kwargs, name, "an empty batch")
         if validated_at_call(node) and not self._accepts(node):
             return self._eager(original, inputs, kwargs, name, "DALI rejects the call, given "
                                "the real metadata of its inputs")

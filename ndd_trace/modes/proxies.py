@@ -14,6 +14,7 @@ the messages naming the type are eager's.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from .. import _dali
@@ -84,19 +85,22 @@ class LazyValue(LazyResult):
     def invocation(self) -> LazyValue:
         return self
 
-    @property
-    def index(self) -> int:
-        return self.ref.index
+    def __deepcopy__(self, memo: dict) -> Any:
+        return self._not_copied()
 
-    @property
-    def _invocation(self) -> LazyValue:
-        """ndd's `InvocationResult._invocation`: the call record, here the handle itself."""
-        return self
+    def __reduce_ex__(self, protocol: int) -> Any:
+        return self._not_copied(protocol)
 
-    @property
-    def _results(self) -> list | None:
-        """ndd's `Invocation._results`: None until the call has run, then its outputs."""
-        return self.ref.node.state.results
+    def _not_copied(self, protocol: int | None = None) -> Any:
+        """`copy.deepcopy` and `pickle` fail as on eager's result: pending, on its invocation
+        (a pickle meets DALI's operator class first, which may not pickle: eager's
+        PicklingError; then the invocation's lock); run, on its data (a TensorList)."""
+        if not self.pending:
+            data = type(self.tracer.materialize(self.ref))
+            raise TypeError(f"cannot pickle '{data.__module__}.{data.__name__}' object")
+        if protocol is not None:
+            pickle.dumps(self.ref.node.op_class, protocol)
+        raise TypeError("cannot pickle '_thread.lock' object")
 
 
 def lazy_value(tracer: Any, ref: Ref, is_batch: bool) -> Any:
