@@ -85,6 +85,20 @@ class LazyValue(LazyResult):
     def invocation(self) -> LazyValue:
         return self
 
+    @property
+    def index(self) -> int:
+        return self.ref.index
+
+    @property
+    def _invocation(self) -> LazyValue:
+        """ndd's `InvocationResult._invocation`: the call record, here the handle itself."""
+        return self
+
+    @property
+    def _results(self) -> list | None:
+        """ndd's `Invocation._results`: None until the call has run, then its outputs."""
+        return self.ref.node.state.results
+
     def __deepcopy__(self, memo: dict) -> Any:
         return self._not_copied()
 
