@@ -196,9 +196,10 @@ class UnitCache:
                     return unit, Found.NOT_KEPT
                 self.ledger.counters.traces += 1
                 self.units[key] = unit
-            else:
+                self.last_key = key
+            else:  # (its key: made again where the guards' plan changed while it was made)
                 self.units[unit.key] = unit
-            self.last_key = key
+                self.last_key = unit.key
             return unit, Found.NEW
 
     def get(self, key: tuple) -> Unit | None:
