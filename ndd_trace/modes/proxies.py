@@ -106,12 +106,10 @@ class LazyValue(LazyResult):
         return self._not_copied(protocol)
 
     def _not_copied(self, protocol: int | None = None) -> Any:
-        """`copy.deepcopy` and `pickle` fail as on eager's result: pending, on its invocation
-        (a pickle meets DALI's operator class first, which may not pickle: eager's
-        PicklingError; then the invocation's lock); run, on its data (a TensorList)."""
-        if not self.pending:
-            data = type(self.tracer.materialize(self.ref))
-            raise TypeError(f"cannot pickle '{data.__module__}.{data.__name__}' object")
+        """`copy.deepcopy` and `pickle` fail as on eager's result not read yet, whether or not
+        this one's region ran (ahead, or for another value): a pickle meets DALI's operator
+        class first (which may not pickle: eager's PicklingError), then the invocation's lock.
+        (A value read is a Batch holding its TensorList, which fails first, as eagerly.)"""
         if protocol is not None:
             pickle.dumps(self.ref.node.op_class, protocol)
         raise TypeError("cannot pickle '_thread.lock' object")
