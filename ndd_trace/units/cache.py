@@ -209,10 +209,11 @@ class UnitCache:
         self.units[key] = unit
 
     def drop(self, key: tuple) -> None:
-        """Forget `key`'s unit (a failed one, replaced)."""
+        """Forget `key`'s unit (a failed one, replaced), its pipeline closed."""
         unit = self.units.pop(key, None)
         if unit is not None:
             LIVE_PIPELINES.forget(unit)
+            unit.close()
         self._fast = None
 
     def last(self) -> Unit | None:

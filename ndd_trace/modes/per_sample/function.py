@@ -46,7 +46,11 @@ class _RunFailed(Exception):
 
 
 class _EagerCall(Exception):
-    """Internal: this call runs as the eager per-sample loop (the variant says why)."""
+    """Internal: this call runs as the eager per-sample loop (`variant` says why)."""
+
+    def __init__(self, variant: _Variant):
+        super().__init__(variant.eager_reason)
+        self.variant = variant
 
 
 def _eager_loop(reason: str, loc: SourceLoc | None) -> Verdict:
@@ -245,8 +249,8 @@ class PerSampleFunction:
                 outputs = self._run(variant, args, batch_size)
             except _RunFailed as failure:
                 return self._after_failed_run(variant.key, args, failure)
-            except _EagerCall:  # the generators are untouched: the loop draws as it would
-                self._warn_eager(variant)
+            except _EagerCall as call:  # the generators are untouched: the loop draws as it would
+                self._warn_eager(call.variant)
                 return self.eager(*args)
         batches = [_dali.wrap_batch(output) for output in outputs]
         return trees.unflatten(definition.output_tree, lambda node: batches[node[1]])
@@ -279,16 +283,11 @@ class PerSampleFunction:
             if runs == _MAX_RUNS:  # more runs would cost more than the eager loop
                 self.runs += runs
                 site = definition.random_sites[stream.last_settled]
-                self._cache.drop(variant.key)
-                variant.close()
-                variant.executable = variant.definition = None
-                variant.verdict = _eager_loop(
+                raise _EagerCall(self._retire(variant.key, _eager_loop(
                     f"did not find in {runs} pipeline runs which samples call random op "
                     f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
                     "through pipeline ops, which cannot be evaluated before the run; each run "
-                    "settles at least one more sample)", site.loc)
-                self._cache.store(variant.key, variant)
-                raise _EagerCall()
+                    "settles at least one more sample)", site.loc)))
         stream.commit()
         self.last_runs = runs
         self.runs += runs
@@ -300,18 +299,22 @@ class PerSampleFunction:
         run failed on values fed for a wrong guess of the paths (stand-ins for random ops the
         guess skipped, or whose per-sample arguments were not known yet): the function runs
         as the eager loop from now on, and says so."""
-        unit = self._cache.get(key)
         self._cache.drop(key)
-        if unit is not None:
-            unit.close()
         result = self.eager(*args)
-        variant = _Variant(key=key, verdict=_eager_loop(
+        summary = _dali.pipeline_failure(_reported(failure.error)).summary()
+        self._warn_eager(self._retire(key, _eager_loop(
             "ran its pipeline on values fed for a guess of its samples' paths (stand-ins for "
             "random ops not known before the run), and the run failed where the eager loop "
-            f"does not ({_dali.pipeline_failure(_reported(failure.error)).summary()})", user_location()))
-        self._cache.store(key, variant)
-        self._warn_eager(variant)
+            f"does not ({summary})", user_location())))
         return result
+
+    def _retire(self, key: tuple, verdict: Verdict) -> _Variant:
+        """From now on `key`'s calls run as the eager per-sample loop, for `verdict`'s reason
+        (its pipeline, if any, closed)."""
+        self._cache.drop(key)
+        variant = _Variant(key=key, verdict=verdict)
+        self._cache.store(key, variant)
+        return variant
 
     def eager(self, *args: Any) -> Any:
         """The eager per-sample loop: the function on each sample, results gathered into
