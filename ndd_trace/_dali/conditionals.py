@@ -237,8 +237,8 @@ class DefinedOp:
     feed_name: str | None = None
 
 
-# DALI's bookkeeping among an op's arguments: its API module and name, and its trace of the
-# definition's stack (a DataNode's origin), none of them the op's own
+# DALI's bookkeeping among an op's arguments (its API module and name, its instance name; the
+# `_origin_stack_*` trace of the definition's stack is left out too): none of them the op's own
 _BOOKKEEPING = ("_module", "_display_name", "name")
 
 

@@ -32,12 +32,13 @@ from .streams import can_stream, reader_epoch, stream_of
 # Calling a compiled function is the opt-in. While compiled functions exist, eager batch epochs
 # are watched (their batches remembered weakly, nothing else changes). Once a compiled function
 # is fed a batch of a reader's eager epoch, the rest of that epoch and the reader's later batch
-# epochs go through a ReaderStream, exactly as in transparent mode (the same operator, read ahead by a worker
-# thread; epoch lengths, breaks and shards as eagerly; checkpointing readers, readers with
-# tensor arguments or owned by a compiled loop stay eager). The compiled function is then run
-# ahead on the batches read ahead by the same Speculator as transparent mode's regions: a
-# launched run is used only if the call is fed exactly what was predicted (the same reader
-# batch object, bit-equal random states, the same constants); otherwise the call runs as usual.
+# epochs go through a ReaderStream, exactly as in transparent mode (the same operator, read
+# ahead by a worker thread; epoch lengths, breaks and shards as eagerly; checkpointing readers,
+# readers with tensor arguments or owned by a compiled loop stay eager). The compiled function
+# is then run ahead on the batches read ahead by the same Speculator as transparent mode's
+# regions: a launched run is used only if the call is fed exactly what was predicted (the same
+# reader batch object, bit-equal random states, the same constants); otherwise the call runs as
+# usual.
 
 
 

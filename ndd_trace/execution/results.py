@@ -98,6 +98,12 @@ class LazyResult:
     def _batch_size(self) -> int:
         raise NotImplementedError
 
+    def __deepcopy__(self, memo: dict) -> Any:
+        # eager's pending result holds its invocation's lock, which copy.deepcopy cannot copy
+        # (this one holds a run or a recorded call, a pipeline and their threads: the same
+        # TypeError, not a walk through them that ends in a RecursionError)
+        raise TypeError("cannot pickle '_thread.lock' object")
+
     def value(self, ctx: Any = None) -> Any:
         data = self._data()
         return data if self.is_batch else data[0]
@@ -139,12 +145,6 @@ class LazyOutput(LazyResult):
 
     def _batch_size(self) -> int:
         return self._run.batch_size
-
-    def __deepcopy__(self, memo: dict) -> Any:
-        # eager's pending result holds its invocation's lock, which copy.deepcopy cannot copy
-        # (this one holds a run, a pipeline and their threads: the same TypeError, not a walk
-        # through them that ends in a RecursionError)
-        raise TypeError("cannot pickle '_thread.lock' object")
 
     @property
     def invocation(self) -> Any:

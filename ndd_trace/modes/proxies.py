@@ -99,20 +99,13 @@ class LazyValue(LazyResult):
         """ndd's `Invocation._results`: None until the call has run, then its outputs."""
         return self.ref.node.state.results
 
-    def __deepcopy__(self, memo: dict) -> Any:
-        return self._not_copied()
-
     def __reduce_ex__(self, protocol: int) -> Any:
-        return self._not_copied(protocol)
-
-    def _not_copied(self, protocol: int | None = None) -> Any:
-        """`copy.deepcopy` and `pickle` fail as on eager's result not read yet, whether or not
-        this one's region ran (ahead, or for another value): a pickle meets DALI's operator
-        class first (which may not pickle: eager's PicklingError), then the invocation's lock.
+        """Pickling fails as on eager's result not read yet, whether or not this one's region
+        ran (ahead, or for another value): it meets DALI's operator class first (which may not
+        pickle: eager's PicklingError), then the invocation's lock (as `__deepcopy__` does).
         (A value read is a Batch holding its TensorList, which fails first, as eagerly.)"""
-        if protocol is not None:
-            pickle.dumps(self.ref.node.op_class, protocol)
-        raise TypeError("cannot pickle '_thread.lock' object")
+        pickle.dumps(self.ref.node.op_class, protocol)
+        return self.__deepcopy__({})
 
 
 def lazy_value(tracer: Any, ref: Ref, is_batch: bool) -> Any:
