@@ -60,9 +60,17 @@ def test_verdict_of_a_compiled_loop(jpeg_dir, sleep, bottleneck):
         f"data loading is {times.share:.0%} of the step (per step: median {median:.0%}, "
         f"p90 {p90:.0%}): ")
     if bottleneck:  # it only converts its batches: it waits for nothing but data
-        assert times.grade == "severe" and "the loader is the bottleneck" in times.verdict()
+        # the grade is GRADES' for the share measured (how far past 10% depends on the
+        # machine's load: no timed bound here), and the verdict says it
+        _, grade, phrase = next(g for g in reversed(waits.GRADES) if times.share >= g[0])
+        assert times.grade == grade and grade in ("partial", "severe"), times.lines()
+        assert phrase in times.verdict()
         assert f"would make the loop {times.speedup:.2f}x as fast" in times.verdict()
-        assert times.advice()[0].startswith("`@ndd.compile(optimize=True)`")
+        # a deeper queue first where the waits came in bursts (median under 10%, p90 over)
+        bursts = median < waits.BOTTLENECK_SHARE <= p90 and times.share < 0.5
+        first = "a deeper queue" if bursts else "`@ndd.compile(optimize=True)`"
+        assert times.advice()[0].startswith(first), times.advice()
+        assert any(tip.startswith("`@ndd.compile(optimize=True)`") for tip in times.advice())
     else:
         assert times.grade in ("negligible", "minor") and not times.advice()
         assert "the loader is not the bottleneck" in times.verdict()
