@@ -15,7 +15,7 @@ import traceback
 import numpy as np
 import pytest
 from conftest import subprocess_env
-from harness import Compiler, assert_matches_eager
+from harness import Compiler, Step, assert_matches_eager
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -725,3 +725,28 @@ def test_an_op_given_user_data_the_function_holds_raises_at_the_call(step):
     with _quiet_stderr():
         assert_matches_eager(step, images, modes=("compiled", "transparent"), calls=3,
                              stop_on_error=False, warn=None)
+
+
+def _transpose_rejected(images):
+    """A call DALI rejects when it builds the operator (`perm` is no permutation)."""
+    return ndd.transpose(images, perm=[0, 0, 1])
+
+
+def _texts_of_two_rejected_calls(step):
+    images = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    texts = []
+    for _ in range(2):
+        try:
+            step(images).evaluate()
+        except RuntimeError as error:
+            texts.append(str(error).splitlines()[0])
+    return texts
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35: eager ndd keeps the operator whose construction "
+                   "failed (DALI's operator cache), and its second call fails adding num_threads again")
+def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
+    """Eager's second error reads 'Argument with name "num_threads" already exists'; ndd_trace
+    repeats the first one (found by a new-user probe as probe5/13)."""
+    assert_matches_eager(_texts_of_two_rejected_calls, Step(_transpose_rejected),
+                         modes=("step", "transparent"), warn="ignore")
