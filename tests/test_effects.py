@@ -116,3 +116,36 @@ def test_pure_python_in_a_compiled_function_stays_compiled(uniform_batch):
             x.batch_size
 
     assert_compiles_exactly(step, uniform_batch, calls=3)  # (NddTraceWarnings are errors: no break)
+
+
+# a function whose source Python cannot show (`python -c`, exec'd text): its bytecode is read
+_NO_SOURCE = '''
+def pick_flip(x):
+    op = random.choice(FLIPS)
+    return op(x)
+'''
+
+
+def _without_source():
+    namespace = {"random": random, "ndd": ndd,
+                 "FLIPS": [lambda x: ndd.flip(x, horizontal=1), lambda x: ndd.flip(x, vertical=1),
+                           lambda x: ndd.transpose(x, perm=[1, 0, 2])]}
+    exec(compile(_NO_SOURCE, "<string>", "exec"), namespace)  # noqa: S102 (as `python -c` does)
+    return namespace["pick_flip"]
+
+
+def _six_picks(step, x):
+    random.seed(3)
+    return [step(x) for _ in range(6)], random.random()
+
+
+def test_python_effects_in_a_function_without_source_are_found(uniform_batch):
+    """Found by this project's own probe: under `python -c` (no source to read) a Python
+    `random.choice` went unseen, and the first call's pick came back at every call."""
+    from harness import Step, assert_matches_eager
+    assert_matches_eager(_six_picks, Step(_without_source()), uniform_batch, modes=("step",),
+                         warn="ignore")
+    compiled = ndd.compile(_without_source())
+    with pytest.warns(ndd_trace.NddTraceWarning, match="calls `random.choice`"):
+        compiled(uniform_batch)
+    assert compiled.cache_info().fallbacks == 1

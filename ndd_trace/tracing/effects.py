@@ -207,14 +207,59 @@ def _find_effect_in(function: Any, depth: int) -> Finding | None:
     try:
         tree = source_tree(function)
     except SyntaxError:
-        return None
-    if tree is None:
-        return None
+        tree = None
+    if tree is None:  # `python -c`, exec'd strings: read the bytecode instead
+        return _find_effect_in_code(function, depth)
     node, filename, first = tree
     try:
         _EffectFinder(function, depth).find(node.body)
     except Unprovable as problem:
         return Finding(problem.reason, source_loc(filename, first, problem.node, function))
+    return None
+
+
+_FREE_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF"})
+
+
+def _free_name_chains(code: types.CodeType) -> list[tuple[str, list[str], int | None]]:
+    """Each free name and the attributes read off it (`random.choice`), with its line, in the
+    code and the code nested in it (lambdas, comprehensions)."""
+    local = {*code.co_varnames, *code.co_cellvars}
+    chains: list[tuple[str, list[str], int | None]] = []
+    current: tuple[str, list[str], int | None] | None = None
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _ATTRIBUTES and current is not None:
+            current[1].append(instruction.argval)
+            continue
+        if current is not None:
+            chains.append(current)
+            current = None
+        if instruction.opname in _FREE_LOADS and instruction.argval not in local:
+            line = instruction.positions.lineno if instruction.positions else None
+            current = (instruction.argval, [], line)
+    if current is not None:
+        chains.append(current)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            chains.extend(_free_name_chains(constant))
+    return chains
+
+
+def _find_effect_in_code(function: Any, depth: int) -> Finding | None:
+    """find_effect without the source: every free name's attribute chain the bytecode reads
+    (called or not: a reference counts, which errs toward transparent mode) is checked as a
+    callee would be."""
+    finder = _EffectFinder(function, depth)
+    code = function.__code__
+    for root, attrs, line in _free_name_chains(code):
+        known, value = finder._callee(root, attrs)
+        if not known or not callable(value):
+            continue
+        try:
+            finder.check_callee(value, ".".join([root, *attrs]), None)
+        except Unprovable as problem:
+            loc = SourceLoc(code.co_filename, line or code.co_firstlineno, function.__name__)
+            return Finding(problem.reason, loc)
     return None
 
 
