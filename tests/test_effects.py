@@ -149,3 +149,27 @@ def test_python_effects_in_a_function_without_source_are_found(uniform_batch):
     with pytest.warns(ndd_trace.NddTraceWarning, match="calls `random.choice`"):
         compiled(uniform_batch)
     assert compiled.cache_info().fallbacks == 1
+
+
+def _torch_picks(x):
+    import torch
+    if torch.rand(()).item() < 0.5:  # torch's idiom for a coin: another value at each call
+        x = ndd.flip(x, horizontal=1)
+    return ndd.cast(x, dtype=ndd.float32) * float(torch.randint(1, 4, ()).item())
+
+
+def _six_torch_picks(step, x):
+    import torch
+    torch.manual_seed(5)
+    return [step(x) for _ in range(6)], torch.rand(()).item()
+
+
+def test_torch_random_draws_in_a_compiled_function_run_at_every_call(uniform_batch):
+    """torch.rand / torch.randint deciding what a step does: each call draws anew, as eagerly
+    (once documented as frozen at the trace)."""
+    from harness import Step, assert_matches_eager
+    assert_matches_eager(_six_torch_picks, Step(_torch_picks), uniform_batch, modes=("step",),
+                         warn="ignore")
+    compiled = ndd.compile(_torch_picks)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="calls `torch.rand`"):
+        compiled(uniform_batch)
