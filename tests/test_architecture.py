@@ -624,3 +624,99 @@ def test_one_differential_harness():
                             f"{seeded_runs}"
     assert not readers, f"the generator's state read outside tests/harness.py: {readers}"
     assert not defined, f"the harness's names defined outside tests/harness.py: {defined}"
+
+
+# -- state kept in its homes, class bodies and counters included (issue 32, item 6) -------------
+
+# Constructors of numbers the process keeps counting between calls (itertools.count).
+_COUNTERS = {"count"}
+
+
+def _state_made(value: ast.expr) -> str | None:
+    """What kind of state `value` makes, or None: a mutable container (a display, a
+    comprehension or a constructor of `_MUTABLE`: locks and thread-locals too) or a counter."""
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return "container"
+    name = _called(value)
+    return "container" if name in _MUTABLE else "counter" if name in _COUNTERS else None
+
+
+def _self_stores(function: ast.AST) -> list[ast.AST]:
+    """The values a method stores in an attribute of `self` (`self.x = v`, `self.x += v`)."""
+    stores = []
+    for node in ast.walk(function):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                    target.value.id == "self":
+                stores.append(node if isinstance(node, ast.AugAssign) else node.value)
+    return stores
+
+
+def _stateful_classes(modules: dict[str, str]) -> set[str]:
+    """ndd_trace's classes whose instances change after they are made: a method other than
+    `__init__` stores in `self`, `__init__` stores a container, lock, thread-local or counter,
+    a dataclass not frozen has fields, or a base is such a class, a container or a
+    thread-local (`class _Scope(threading.local)`)."""
+    classes = {node.name: node for path in modules.values() for node in ast.walk(_parse(path))
+               if isinstance(node, ast.ClassDef)}
+    stateful = set()
+    for name, node in classes.items():
+        frozen = any(isinstance(d, ast.Call) and any(k.arg == "frozen" and
+                                                     getattr(k.value, "value", False)
+                                                     for k in d.keywords)
+                     for d in node.decorator_list)
+        dataclass = any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                stores = _self_stores(item)
+                if item.name != "__init__" and stores or any(
+                        value is not None and not isinstance(value, ast.AugAssign)
+                        and _state_made(value) for value in stores):
+                    stateful.add(name)
+            elif dataclass and not frozen and isinstance(item, ast.AnnAssign):
+                stateful.add(name)
+    bases = {name: {ast.unparse(base).split(".")[-1] for base in node.bases}
+             for name, node in classes.items()}
+    grown = True
+    while grown:
+        grown = False
+        for name in set(classes) - stateful:
+            if bases[name] & (stateful | _MUTABLE):
+                stateful.add(name)
+                grown = True
+    return stateful
+
+
+def test_no_class_level_or_instance_state_outside_its_homes():
+    """I8, extended: outside core/process_state.py, units/cache.py and the adapter, no class
+    body keeps a mutable container, lock, thread-local or counter (a class attribute is module
+    state by another name), and no module keeps a counter (itertools.count) or an instance of
+    one of ndd_trace's classes that changes (a thread-local subclass, a registry) (3a38351:
+    errors.py's `GraphBreakSignal.raised = threading.local()`, per_sample/conditions.py's
+    `scope = _Scope()`, lower.py's and per_sample/rewrite.py's `_counter = itertools.count()`).
+    Instances that do not change (a key policy, a frozen value) are constants, and pass."""
+    modules = _modules()
+    stateful = _stateful_classes(modules)
+    found = []
+    for module, path in modules.items():
+        if module in _STATE_HOMES or module.split(".")[0] == "_dali":
+            continue
+        tree = _parse(path)
+        bodies = [(None, tree.body)] + [(node.name, node.body) for node in ast.walk(tree)
+                                        if isinstance(node, ast.ClassDef)]
+        for owner, body in bodies:
+            for node in body:
+                if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                    continue
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if [ast.unparse(target) for target in targets] in (["__all__"], ["__slots__"]):
+                    continue
+                kind = _state_made(node.value) or (
+                    "an instance that changes" if _called(node.value) in stateful else None)
+                if kind is None or owner is None and kind == "container":
+                    continue  # (module-level containers: test_mutable_state_has_three_homes)
+                where = f"{owner}." if owner else ""
+                found.append(f"{module}:{node.lineno} {where}{ast.unparse(targets[0])}: {kind}")
+    assert not found, found

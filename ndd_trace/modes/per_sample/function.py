@@ -25,7 +25,6 @@ from ...execution.runtime import Options
 from ...units.build import compile_graph
 from ...units.cache import LIVE_PIPELINES, CacheInfo, Found, UnitCache
 from ...units.unit import Unit
-from .conditions import scope
 from .definition import Definition, EagerLoop
 from .graph import trace
 from .random_stream import RandomStream
@@ -162,7 +161,7 @@ class PerSampleFunction:
     def _traced(self, args: tuple, batch_size: int, num_threads: int | None = None,
                 observe: bool = True) -> tuple[Graph, Definition]:
         """`_trace`, raising our own error where DALI's AutoGraph wrapped it."""
-        scope.raised = None
+        process_state.per_sample_scope.raised = None
         try:
             options = self._options(batch_size)
             if num_threads:
@@ -170,6 +169,7 @@ class PerSampleFunction:
             return trace(self._function, self._converted, self._parameters, args, options,
                          observe)
         except Exception as error:
+            scope = process_state.per_sample_scope
             raised, scope.raised = scope.raised, None
             if raised is not None and raised is not error:
                 raise raised from None  # ours, wrapped by DALI's AutoGraph
