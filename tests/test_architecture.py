@@ -720,3 +720,47 @@ def test_no_class_level_or_instance_state_outside_its_homes():
                 where = f"{owner}." if owner else ""
                 found.append(f"{module}:{node.lineno} {where}{ast.unparse(targets[0])}: {kind}")
     assert not found, found
+
+
+# -- the README's layout names every module, after a glossary (issue 32, item 7) ----------------
+
+# The concept names the code uses, each defined once by the glossary that opens the layout.
+GLOSSARY = ("graph", "key", "guard", "program", "executable", "unit", "unit cache", "entry",
+            "region", "variant", "stream", "run", "verdict", "ledger")
+
+
+def _readme_layout() -> str:
+    """README.md's layout section: from `## Layout` to the next section."""
+    with open(os.path.join(os.path.dirname(PACKAGE), "README.md")) as file:
+        readme = file.read()
+    layout = readme[readme.index("\n## Layout\n"):]
+    end = layout.find("\n## ", 1)
+    return layout if end < 0 else layout[:end]
+
+
+def test_the_readme_layout_names_every_module_after_a_glossary():
+    """The layout section opens with a glossary, a table defining each of GLOSSARY once, and
+    then names every module of ndd_trace in its folder's row (`spelling.py`, or `base` in the
+    adapter's; a package by its folder, `per_sample/`) (3a38351: core/spelling.py and
+    execution/building.py were in no row; the glossary had no run and no verdict)."""
+    layout = _readme_layout()
+    glossary = layout[:layout.index("| folder | owns |")]
+    defined = [line.split("|")[1].strip() for line in glossary.splitlines()
+               if line.startswith("| ") and not line.startswith("| word ")]
+    assert sorted(defined) == sorted(GLOSSARY), \
+        f"the glossary defines {defined}, not each of {GLOSSARY} once"
+    rows = {line.split("`")[1]: line for line in layout.splitlines()
+            if line.startswith("| `ndd_trace/")}
+    unnamed = []
+    for module, path in sorted(_modules().items()):
+        folder = _folder(module)
+        row = rows.get(f"ndd_trace/{folder}/" if folder else "ndd_trace/", "")
+        name = os.path.basename(path)[:-3]
+        if name == "__init__" and module != "__init__":
+            name = f"{module.split('.')[-1]}/"
+            found = f"`{name}`" in row or module == folder  # a folder: the row itself
+        else:
+            found = f"`{name}.py`" in row or f"`{name}`" in row
+        if not found:
+            unnamed.append(f"{module} ({os.path.relpath(path, os.path.dirname(PACKAGE))})")
+    assert not unnamed, f"modules the README's layout section does not name: {unnamed}"
