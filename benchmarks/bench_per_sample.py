@@ -93,11 +93,11 @@ def main() -> None:
     for _ in range(options.warmup):
         eager_loop(batch).evaluate()
         compiled(batch).evaluate()
-    runs_before = compiled.runs
+    runs_before = compiled.run_count
     medians = timed({"eager": lambda: eager_loop(batch), "compiled": lambda: compiled(batch)},
                     options.steps)
     eager_s, compiled_s = medians["eager"], medians["compiled"]
-    runs = (compiled.runs - runs_before) / options.steps
+    runs = (compiled.run_count - runs_before) / options.steps
     print(f"batch {options.batch_size}, {options.device}, median of {options.steps} rounds "
           f"(results equal to the eager loop, checked)")
     print(f"eager per-sample loop: {eager_s * 1e3:8.2f} ms/batch "

@@ -351,11 +351,13 @@ def _compiling(options: dict, steps: list) -> Callable:
 
 
 def per_sample_loop(function: Callable, *args: Any) -> Any:
-    """The eager reference of a per-sample function: called on each sample, batched."""
+    """The eager reference of a per-sample function: called on each sample, batched (a tuple's
+    outputs each, in a tuple of the function's type: a namedtuple stays one)."""
     results = [function(*[a.select(i) if isinstance(a, ndd.Batch) else a for a in args])
                for i in range(args[0].batch_size)]
     if isinstance(results[0], tuple):
-        return tuple(ndd.batch([r[k] for r in results]) for k in range(len(results[0])))
+        outputs = [ndd.batch([r[k] for r in results]) for k in range(len(results[0]))]
+        return type(results[0])(*outputs) if hasattr(results[0], "_fields") else tuple(outputs)
     return ndd.batch(results)
 
 

@@ -9,8 +9,8 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from harness import (assert_each_matches_eager, assert_runs_match, assert_same, rng_state, run,
-                     seeded)
+from harness import (assert_each_matches_eager, assert_matches_eager, assert_runs_match,
+                     assert_same, rng_state, run, seeded)
 
 import ndd_trace
 from ndd_trace.modes.per_sample import PerSampleError
@@ -182,7 +182,8 @@ def make_images(batch_size, seed=0):
 @pytest.mark.parametrize("batch_size", [1, 3, 8, 17])
 def test_headline_random_op_in_branch_compiles(batch_size):
     compiled = check(headline, make_images(batch_size), seeds=range(5))
-    assert compiled.last_runs == 1  # the coin flips are known before the run
+    # the coin flips are known before the run (last_runs: its former name, documented)
+    assert compiled.last_run_count == compiled.last_runs == 1
 
 
 def test_random_ops_in_nested_branches_elif_and_both_branches(images):
@@ -201,7 +202,7 @@ def test_random_ops_in_nested_branches_elif_and_both_branches(images):
         return ndd.resize(image, size=[12, 12]), extra, flip
 
     compiled = check(nested, images, seeds=range(6))
-    assert compiled.last_runs == 1
+    assert compiled.last_run_count == 1
 
 
 def test_random_op_in_branch_on_a_data_predicate(images):
@@ -213,7 +214,7 @@ def test_random_op_in_branch_on_a_data_predicate(images):
         return ndd.resize(image, size=[16, 16])
 
     compiled = check(by_size, images)
-    assert compiled.last_runs <= 2  # the first run tells the paths, the second is exact
+    assert compiled.last_run_count <= 2  # the first run tells the paths, the second is exact
 
 
 def test_predicate_computed_in_the_pipeline_from_random_values(images):
@@ -234,7 +235,7 @@ def test_predicate_computed_in_the_pipeline_from_random_values(images):
                 actual = compiled(batch)  # (here: the warning's line is checked below)
             assert_same(expected.result, actual)
             assert rng_state() == expected.rng
-    assert compiled.runs > 2  # the re-runs are exercised, then the eager loop takes over
+    assert compiled.run_count > 2  # the re-runs are exercised, then the eager loop takes over
     line = hidden.__code__.co_firstlineno + 4  # the random op whose callers were not guessable
     assert [(w.filename, w.lineno) for w in record
             if issubclass(w.category, ndd_trace.NddTraceWarning)] == [(__file__, line)]
@@ -253,7 +254,7 @@ def test_random_ops_in_logical_operators_and_after_return(images):
     compiled = check(logic, images, seeds=range(6))
     # `and`, `or`, `not` of random values are guessed in Python; the height of the flipped
     # image is known after a first run only
-    assert compiled.runs <= 2 * 6
+    assert compiled.run_count <= 2 * 6
 
 
 def test_random_ops_with_per_sample_arguments():
@@ -268,7 +269,7 @@ def test_random_ops_with_per_sample_arguments():
 
     for batch_size in (1, 5, 9):
         compiled = check(data_arguments, make_images(batch_size, seed=batch_size))
-        assert compiled.last_runs == 2  # the first run gives the arguments
+        assert compiled.last_run_count == 2  # the first run gives the arguments
 
 
 def test_random_ops_in_conditional_expressions_and_python_loops(images):
@@ -283,7 +284,7 @@ def test_random_ops_in_conditional_expressions_and_python_loops(images):
         return image, extra
 
     compiled = check(loops, images, 3, seeds=range(4))
-    assert compiled.runs == 4
+    assert compiled.run_count == compiled.runs == 4  # (runs: its former name, documented)
 
 
 def test_two_batch_arguments(images):
@@ -324,7 +325,7 @@ def test_sweep_of_seeds_and_batch_sizes():
             actual = run(compiled, images, seed=seed)
         assert_runs_match(expected, actual)
         assert str(side.state) == side_state
-        assert compiled.last_runs <= 2  # the jitter's mean is known after a first run
+        assert compiled.last_run_count <= 2  # the jitter's mean is known after a first run
 
 
 def test_explicit_generators_and_state_afterwards(images):
@@ -596,13 +597,8 @@ def test_namedtuple_outputs_come_back_as_namedtuples(images):
             return Pair(ndd.flip(image, horizontal=1), ndd.resize(image, size=[4, 4]))
         return Pair(image, ndd.resize(image, size=[4, 4]))
 
-    compiled = ndd.compile(pair, per_sample=True)
-    result = compiled(images)
-    assert isinstance(result, Pair)
-    for i, image in enumerate(images):
-        expected = pair(image)
-        np.testing.assert_array_equal(np.asarray(result.flipped.select(i)), np.asarray(expected.flipped))
-        np.testing.assert_array_equal(np.asarray(result.small.select(i)), np.asarray(expected.small))
+    runs = assert_matches_eager(pair, images, modes=("per_sample",))
+    assert runs["per_sample"].result.type is Pair  # (the per-sample loop's outputs, batched)
 
 
 def test_explain_shows_the_pipeline_that_runs(images):

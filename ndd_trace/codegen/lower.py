@@ -27,7 +27,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import itertools
 import linecache
 import math
 import re
@@ -38,12 +37,11 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
+from ..core import process_state
 from ..core.errors import ExportError
 from ..core.ir import Graph, Node, NodeKind, Ref
 from ..core.keys import float_key
 from ..core.source import NameTable, one_line, register_source, unparse
-
-_counter = itertools.count()
 
 # DataNode operators and the expression names they give DALI's arithmetic operator
 # (nvidia/dali/data_node.py): writing the operator reproduces the same expression descriptor.
@@ -484,7 +482,7 @@ def lower(graph: Graph, *, inline_constants: bool = False, random_states: str = 
     lines.append("    " + _unparse(ast.Return(value=outputs)))
     source = "\n".join(lines) + "\n"
 
-    filename = f"<ndd_trace:{safe_name}#{next(_counter)}>"
+    filename = f"<ndd_trace:{safe_name}#{next(process_state.lowered_sources)}>"
     register_source(filename, source)
     namespace: dict[str, Any] = {"consts": emitter.consts}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our generated code)

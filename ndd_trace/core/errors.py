@@ -11,7 +11,6 @@ Every error names what failed, where (the user's ``file:line``), why, and what t
 from __future__ import annotations
 
 import copyreg
-import threading
 from typing import Any
 
 from . import process_state
@@ -158,14 +157,13 @@ for _builtin in _EAGER_TYPES:
 
 class GraphBreakSignal(BaseException):
     """Internal signal: abort the trace. A BaseException so user `except Exception` misses it;
-    a bare `except:` could still swallow it, so every instance is also noted in `raised`."""
-
-    raised = threading.local()  # .breaks: list while a trace collects them
+    a bare `except:` could still swallow it, so every instance is also noted in
+    `process_state.graph_breaks_raised`."""
 
     def __init__(self, reason: str, loc: SourceLoc | None):
         super().__init__(reason)
         self.reason = reason
         self.loc = loc
-        breaks = getattr(GraphBreakSignal.raised, "breaks", None)
+        breaks = getattr(process_state.graph_breaks_raised, "breaks", None)
         if breaks is not None:
             breaks.append(self)

@@ -1,7 +1,8 @@
 """What the process remembers between calls, in one place: every module-level dict, set, weak
-set, lock and thread-local of ndd_trace lives here, named for what it holds, except the units and
-their live pipelines (units/cache.py) and what the adapter learned of DALI (_dali/). The modules
-that own a behaviour read and write its state here (tests/test_architecture.py keeps it so, I8).
+set, lock, thread-local and counter of ndd_trace lives here, named for what it holds, except the
+units and their live pipelines (units/cache.py) and what the adapter learned of DALI (_dali/).
+The modules that own a behaviour read and write its state here (tests/test_architecture.py keeps
+it so, I8).
 
 No DALI and no types of the layers above: plain containers, filled by their owners.
 """
@@ -9,6 +10,7 @@ No DALI and no types of the layers above: plain containers, filled by their owne
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import weakref
 from typing import Any
@@ -26,6 +28,13 @@ log_handler: list = []  # the one handler printing the ndd_trace loggers (logs.p
 container_types: set[type] = {tuple, list, dict}
 leaf_types: set[type] = {type(None), int, float, str, bool}
 deprecations_warned: set[str] = set()  # deprecated settings said once a process (units/build.py)
+# .breaks: every GraphBreakSignal raised while a trace collects them, else None (errors.py)
+graph_breaks_raised = threading.local()
+
+# -- codegen: the numbers that make generated files' names unique in the process --------------
+
+lowered_sources = itertools.count()  # <ndd_trace:name#N>, a lowered pipeline (lower.py)
+rewritten_sources = itertools.count()  # <ndd_trace per-sample:name#N> (per_sample/rewrite.py)
 
 # -- execution: the loader's waits and optimize's searches ---------------------------------------
 
@@ -58,6 +67,17 @@ loop_describing = threading.local()  # .active: loop.py is describing a generato
 compiled_objects: weakref.WeakSet = weakref.WeakSet()  # every compiled function (ndd_trace.reset)
 nodes_seated: weakref.WeakSet = weakref.WeakSet()  # readers a nodes.Loop counts the epochs of
 reports_registered: set[str] = set()  # report paths written at exit (launch.py)
+
+
+class PerSampleScope(threading.local):
+    """This thread's per-sample pipeline being defined, and the PerSampleError (or EagerLoop)
+    raised in it, which DALI's AutoGraph re-raises wrapped (per_sample/conditions.py)."""
+
+    definition: Any = None
+    raised: Exception | None = None
+
+
+per_sample_scope = PerSampleScope()
 
 
 class TransparentCounts:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _dali
-from ..core import logs, passes
+from ..core import logs, passes, process_state
 from ..core.ledger import Ledger, Runs, Verdict
 from ..core.errors import GraphBreakError, GraphBreakSignal
 from ..core.ir import NodeKind
@@ -222,7 +222,7 @@ class TraceStage:
             rngs.append(rng)
         before = [(rng, _dali.rng_snapshot(rng)) for rng in rngs]
         entry = Entry(key=key)
-        GraphBreakSignal.raised.breaks = swallowed = []
+        process_state.graph_breaks_raised.breaks = swallowed = []
         try:
             with tracer.active():
                 result = self._function(*traced_args, **traced_kwargs)
@@ -241,7 +241,7 @@ class TraceStage:
                 raise
             return None
         finally:
-            GraphBreakSignal.raised.breaks = None
+            process_state.graph_breaks_raised.breaks = None
         if any(_dali.rng_snapshot(rng) != snapshot for rng, snapshot in before) or (
                 python_random is not None and _dali.existing_default_rng() is not None):
             self._restore(before, python_random)

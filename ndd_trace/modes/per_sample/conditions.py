@@ -8,34 +8,26 @@ becomes a DALI predicate, and where it can, carries a Python guess of its value 
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
 from ... import _dali
+from ...core import process_state
 from ...core.errors import PerSampleError
 from ...core.source import SourceLoc
-
-
-class _Scope(threading.local):
-    definition: Any = None
-    raised: Exception | None = None
-
-
-scope = _Scope()
 
 
 def noted_error(message: str, loc: SourceLoc | None = None) -> PerSampleError:
     """The PerSampleError to raise, noted in this thread's scope: DALI's AutoGraph re-raises it
     wrapped, and it is unwrapped where caught."""
     error = PerSampleError(message, loc)
-    scope.raised = error
+    process_state.per_sample_scope.raised = error
     return error
 
 
 def _loc(lineno: int) -> SourceLoc | None:
-    definition = scope.definition
+    definition = process_state.per_sample_scope.definition
     if definition is None:
         return None
     return SourceLoc(definition.filename, lineno, definition.name)
@@ -123,7 +115,7 @@ class _Shape:
     def __init__(self, node: Any, lineno: int):
         self._node = _dali.shape_node(node)
         self._lineno = lineno
-        definition = scope.definition
+        definition = process_state.per_sample_scope.definition
         self._argument = definition.input_keys.get(_dali.node_key(node)) \
             if definition is not None else None
 
@@ -152,7 +144,7 @@ def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> A
                 "for every sample; keep per-sample branches to ndd ops on local variables",
                 _loc(lineno))
         predicate = _dali.cast_node(value.node, "BOOL")
-        definition = scope.definition
+        definition = process_state.per_sample_scope.definition
         if definition is not None and value.python is not None:
             python = value.python
             definition.predicates[_dali.node_key(predicate)] = \
@@ -183,7 +175,7 @@ def _ndd_attribute(value: Any, name: str, lineno: int) -> Any:
     if name == "shape":
         return _Shape(value, lineno)
     if name == "item":
-        definition = scope.definition
+        definition = process_state.per_sample_scope.definition
         site = definition.site_keys.get(_dali.node_key(value)) if definition else None
         python = (lambda sample: sample.item(site)) if site is not None else None
         return lambda: Item(_dali.scalar_node(value), lineno, python)

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _dali
+from ...core import process_state
 from ...core.source import SourceLoc, is_internal_file, user_frame
-from .conditions import Item, Sample, Unknown, noted_error, scope
+from .conditions import Item, Sample, Unknown, noted_error
 
 
 class EagerLoop(Exception):
@@ -23,7 +24,7 @@ class EagerLoop(Exception):
         super().__init__(reason)
         self.reason = reason
         self.loc = loc
-        scope.raised = self
+        process_state.per_sample_scope.raised = self
 
 
 SAMPLE_INDEX = "_ndd_sample_index"  # the input of sample indices (who reaches a random op)

@@ -25,7 +25,6 @@ from ...execution.runtime import Options
 from ...units.build import compile_graph
 from ...units.cache import LIVE_PIPELINES, CacheInfo, Found, UnitCache
 from ...units.unit import Unit
-from .conditions import scope
 from .definition import Definition, EagerLoop
 from .graph import trace
 from .random_stream import RandomStream
@@ -84,8 +83,10 @@ class PerSampleFunction:
         self.converted_source = self._converted.source
         self._lock = threading.RLock()
         self.builds = 0
-        self.runs = 0  # pipeline runs so far (more than calls where paths were guessed wrong)
-        self.last_runs = 0
+        # pipeline runs so far (more than calls where paths were guessed wrong), and the last
+        # call's (`runs`, `last_runs`: their documented names before; `Runs` is how units run)
+        self.run_count = 0
+        self.last_run_count = 0
         # every call run as the eager per-sample loop, counted, kept and warned (once a site)
         self.ledger = ledger.Ledger(self.__qualname__, warning)
         process_state.compiled_objects.add(self)  # (ndd_trace.reset clears its cache)
@@ -116,6 +117,16 @@ class PerSampleFunction:
         settings = self._settings()
         return _dali.pipeline_options(batch_size, settings["num_threads"],
                                       settings["device_id"], 1)
+
+    @property
+    def runs(self) -> int:
+        """`run_count`, by its former (documented) name."""
+        return self.run_count
+
+    @property
+    def last_runs(self) -> int:
+        """`last_run_count`, by its former (documented) name."""
+        return self.last_run_count
 
     @property
     def cache_limit(self) -> float:
@@ -162,7 +173,7 @@ class PerSampleFunction:
     def _traced(self, args: tuple, batch_size: int, num_threads: int | None = None,
                 observe: bool = True) -> tuple[Graph, Definition]:
         """`_trace`, raising our own error where DALI's AutoGraph wrapped it."""
-        scope.raised = None
+        process_state.per_sample_scope.raised = None
         try:
             options = self._options(batch_size)
             if num_threads:
@@ -170,6 +181,7 @@ class PerSampleFunction:
             return trace(self._function, self._converted, self._parameters, args, options,
                          observe)
         except Exception as error:
+            scope = process_state.per_sample_scope
             raised, scope.raised = scope.raised, None
             if raised is not None and raised is not error:
                 raise raised from None  # ours, wrapped by DALI's AutoGraph
@@ -268,7 +280,7 @@ class PerSampleFunction:
         if definition.index_node is not None:
             bound[("sample_index",)] = _dali.wrap_batch(_dali.sample_indices(batch_size))
         observed = None
-        for runs in itertools.count(1):
+        for run_count in itertools.count(1):
             values, guessed = stream.assign(observed)
             for index, batch in enumerate(values):
                 bound[("random", index)] = _dali.wrap_batch(batch)
@@ -283,17 +295,17 @@ class PerSampleFunction:
             if observed == guessed:
                 break
             stream.settle(guessed, observed)
-            if runs == _MAX_RUNS:  # more runs would cost more than the eager loop
-                self.runs += runs
+            if run_count == _MAX_RUNS:  # more runs would cost more than the eager loop
+                self.run_count += run_count
                 site = definition.random_sites[stream.last_settled]
                 raise _EagerCall(self._retire(variant.key, _eager_loop(
-                    f"did not find in {runs} pipeline runs which samples call random op "
+                    f"did not find in {run_count} pipeline runs which samples call random op "
                     f"`ndd.{_dali.op_path(site.op_class)}` (a branch condition on random values "
                     "through pipeline ops, which cannot be evaluated before the run; each run "
                     "settles at least one more sample)", site.loc)))
         stream.commit()
-        self.last_runs = runs
-        self.runs += runs
+        self.last_run_count = run_count
+        self.run_count += run_count
         return outputs[:definition.num_outputs]
 
     def _after_failed_run(self, key: tuple, args: tuple, failure: _RunFailed) -> Any:

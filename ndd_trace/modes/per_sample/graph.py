@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _dali
-from ...core import trees
+from ...core import process_state, trees
 from ...core.ir import Graph, Ref, TensorMeta
 from ...core.passes import eliminate_dead_code
 from ...core.source import SourceLoc
-from .conditions import Item, noted_error, scope
+from .conditions import Item, noted_error
 from .definition import SAMPLE_INDEX, Definition, call_location, handler, logical_guess
 
 
@@ -133,13 +133,13 @@ def trace(function: Callable, converted: Any, parameters: list[str], args: tuple
         defined[:] = outputs(converted.function(*make_inputs()))
         return tuple(defined)
 
-    previous = scope.definition
-    scope.definition = definition
+    previous = process_state.per_sample_scope.definition
+    process_state.per_sample_scope.definition = definition
     try:
         with _dali.intercept(functools.partial(handler, definition)), \
                 _dali.logical_hooks(functools.partial(logical_guess, definition)), \
                 _dali.defined_ops(recorder.add):
             _dali.conditional_pipeline(pipeline_definition, **options)
     finally:
-        scope.definition = previous
+        process_state.per_sample_scope.definition = previous
     return recorder.finish(tuple(defined)), definition

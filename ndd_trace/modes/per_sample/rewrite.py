@@ -9,16 +9,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import itertools
 import textwrap
 import types
 from collections.abc import Callable
 from typing import Any
 
+from ...core import process_state
 from ...core.source import SourceLoc, register_source, unparse
 from .conditions import RUNTIME_HELPERS, noted_error
-
-_counter = itertools.count()
 
 _ATTRIBUTES = frozenset({"shape", "item", "dtype", "ndim", "layout", "tolist", "torch", "evaluate",
                          "cpu", "gpu", "select", "batch_size", "size"})
@@ -164,7 +162,7 @@ def convert(function: Callable) -> Converted:
     for printed, original in zip(ast.walk(ast.parse(text)), ast.walk(module)):
         if isinstance(printed, ast.stmt) and hasattr(original, "lineno"):
             user_lines.setdefault(printed.lineno, original.lineno)
-    filename = f"<ndd_trace per-sample:{code.co_name}#{next(_counter)}>"
+    filename = f"<ndd_trace per-sample:{code.co_name}#{next(process_state.rewritten_sources)}>"
     register_source(filename, text)
     scratch: dict[str, Any] = {}
     exec(compile(text, filename, "exec"), scratch)  # noqa: S102 (the rewritten function)
