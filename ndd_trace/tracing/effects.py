@@ -20,6 +20,7 @@ import dataclasses
 import dis
 import importlib.util
 import inspect
+import sys
 import textwrap
 import types
 from typing import Any
@@ -28,7 +29,14 @@ from ..core.source import SourceLoc
 
 # modules whose functions are pure computations (their random/time submodules are not)
 PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools")
-IMPURE_MODULES = ("numpy.random", "random", "time", "os", "sys", "logging")
+IMPURE_MODULES = ("numpy.random", "random", "time", "os", "sys", "logging", "torch.random",
+                  "torch.distributions")
+# torch's draws are C functions of `torch` (and tensors' methods, of `torch._C`), beside its
+# pure computations
+_TORCH_DRAWS = frozenset({"rand", "rand_like", "randint", "randint_like", "randn", "randn_like",
+                          "randperm", "normal", "bernoulli", "multinomial", "poisson", "seed",
+                          "manual_seed", "uniform_", "normal_", "random_", "bernoulli_",
+                          "exponential_", "geometric_", "cauchy_", "log_normal_"})
 # builtins whose call is an effect, or gives another value at each call
 _EFFECT_BUILTINS = frozenset({"print", "next", "input", "open", "exec", "eval", "setattr",
                               "delattr", "breakpoint"})
@@ -109,9 +117,21 @@ class Resolver:
         self.closure = dict(zip(code.co_freevars,
                                 (c.cell_contents for c in function.__closure__ or ()
                                  if _cell_filled(c))))
+        # names the body binds by importing (`import torch` in it): read through sys.modules
+        self.imported = _imported_names(code, self.globals.get("__package__"))
 
     def _resolve(self, name: str) -> tuple[bool, Any]:
-        """(known, value) of a free name: a closure cell, a global or a builtin."""
+        """(known, value) of a free name: a closure cell, a global or a builtin, or a name the
+        body imports (a module imported already)."""
+        if name in self.imported:
+            module, chain = self.imported[name]
+            value = sys.modules.get(module)
+            for attr in chain if value is not None else ():
+                try:
+                    value = inspect.getattr_static(value, attr)
+                except AttributeError:
+                    return False, None
+            return value is not None, value
         if name in self.closure:
             return True, self.closure[name]
         if name in self.globals:
@@ -169,7 +189,7 @@ class _EffectFinder(Resolver):
 
     def check_effect(self, call: ast.Call, local: set[str]) -> None:
         chain = self._chain(call.func)
-        if chain is None or chain[0] in local:
+        if chain is None or (chain[0] in local and chain[0] not in self.imported):
             return  # a value of its own, or an argument's: left to the guards
         known, value = self._callee(*chain)
         if known:
@@ -184,7 +204,7 @@ class _EffectFinder(Resolver):
         if module in _CONTAINER_MODULES and name in _MUTATORS:
             raise Unprovable(f"calls `{what}`, which changes a Python object at every call",
                              node)
-        if module.startswith(_EFFECT_MODULES):
+        if module.startswith(_EFFECT_MODULES) or (module in ("torch", "torch._C") and name in _TORCH_DRAWS):
             raise Unprovable(f"calls `{what}`, which gives other values or effects at each "
                              "call", node)
         if isinstance(value, types.FunctionType) and not module.startswith(PURE_MODULES) \
@@ -221,10 +241,12 @@ def _find_effect_in(function: Any, depth: int) -> Finding | None:
 _FREE_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF"})
 
 
-def _free_name_chains(code: types.CodeType) -> list[tuple[str, list[str], int | None]]:
-    """Each free name and the attributes read off it (`random.choice`), with its line, in the
-    code and the code nested in it (lambdas, comprehensions)."""
-    local = {*code.co_varnames, *code.co_cellvars}
+def _free_name_chains(code: types.CodeType, imported: dict) -> list[tuple[str, list[str],
+                                                                         int | None]]:
+    """Each free name (or name the body imports) and the attributes read off it
+    (`random.choice`), with its line, in the code and the code nested in it (lambdas,
+    comprehensions)."""
+    local = {*code.co_varnames, *code.co_cellvars} - set(imported)
     chains: list[tuple[str, list[str], int | None]] = []
     current: tuple[str, list[str], int | None] | None = None
     for instruction in dis.get_instructions(code):
@@ -234,14 +256,15 @@ def _free_name_chains(code: types.CodeType) -> list[tuple[str, list[str], int | 
         if current is not None:
             chains.append(current)
             current = None
-        if instruction.opname in _FREE_LOADS and instruction.argval not in local:
+        if (instruction.opname in _FREE_LOADS or instruction.opname == "LOAD_FAST") \
+                and instruction.argval not in local:
             line = instruction.positions.lineno if instruction.positions else None
             current = (instruction.argval, [], line)
     if current is not None:
         chains.append(current)
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
-            chains.extend(_free_name_chains(constant))
+            chains.extend(_free_name_chains(constant, imported))
     return chains
 
 
@@ -251,7 +274,7 @@ def _find_effect_in_code(function: Any, depth: int) -> Finding | None:
     callee would be."""
     finder = _EffectFinder(function, depth)
     code = function.__code__
-    for root, attrs, line in _free_name_chains(code):
+    for root, attrs, line in _free_name_chains(code, finder.imported):
         known, value = finder._callee(root, attrs)
         if not known or not callable(value):
             continue
