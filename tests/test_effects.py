@@ -173,3 +173,64 @@ def test_torch_random_draws_in_a_compiled_function_run_at_every_call(uniform_bat
     compiled = ndd.compile(_torch_picks)
     with pytest.warns(ndd_trace.NddTraceWarning, match="calls `torch.rand`"):
         compiled(uniform_batch)
+
+
+# -- what a new-user probe found (each gave the first call's value at every call) ----------------
+
+_STEP = 0
+
+
+def _count_steps(x):
+    global _STEP
+    _STEP += 1  # a step counter kept in a global
+    return x + _STEP
+
+
+def _three_counted(step, x):
+    global _STEP
+    _STEP = 0
+    return [step(x) for _ in range(3)], _STEP
+
+
+def _appends_to_its_default(x, seen=[]):  # noqa: B006 (the mutable default is the point)
+    seen.append(1)
+    return x * len(seen)
+
+
+def _reads_a_file(x, path):
+    with open(path) as file:
+        return x * int(file.read())
+
+
+def test_a_global_the_function_assigns_is_assigned_at_every_call(uniform_batch):
+    from harness import Step, assert_matches_eager
+    assert_matches_eager(_three_counted, Step(_count_steps), uniform_batch, modes=("step",),
+                         warn="ignore")
+    with pytest.warns(ndd_trace.NddTraceWarning, match="assigns `_STEP`"):
+        ndd.compile(_count_steps)(uniform_batch)
+
+
+def test_an_argument_changed_in_place_is_changed_at_every_call(uniform_batch):
+    from harness import Step, assert_matches_eager
+
+    def three(step, x):
+        _appends_to_its_default.__defaults__[0].clear()
+        return [step(x) for _ in range(3)], list(_appends_to_its_default.__defaults__[0])
+
+    assert_matches_eager(three, Step(_appends_to_its_default), uniform_batch, modes=("step",),
+                         warn="ignore")
+
+
+def test_open_is_a_call_with_effects(uniform_batch, tmp_path):
+    from harness import Fresh, Step, assert_matches_eager
+    path = tmp_path / "gain.txt"
+
+    def three(step, x):
+        values = []
+        for gain in (1, 2, 3):
+            path.write_text(str(gain))
+            values.append(step(x, str(path)))
+        return values
+
+    assert_matches_eager(three, Step(_reads_a_file), uniform_batch, modes=("step",),
+                         warn="ignore")

@@ -176,6 +176,24 @@ def _module_of(value: Any) -> str:
     return getattr(owner if isinstance(owner, type) else type(owner), "__module__", "") or ""
 
 
+def _parameters(code: types.CodeType) -> tuple[str, ...]:
+    """The function's parameters (*args and **kwargs included)."""
+    count = code.co_argcount + code.co_kwonlyargcount + \
+        bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return code.co_varnames[:count]
+
+
+def _stored_free_name(code: types.CodeType) -> str | None:
+    """The first global or nonlocal name the code assigns or deletes (`global STEP; STEP += 1`),
+    or None."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") or (
+                instruction.opname in ("STORE_DEREF", "DELETE_DEREF")
+                and instruction.argval in code.co_freevars):
+            return instruction.argval
+    return None
+
+
 class _EffectFinder(Resolver):
     """Finds a call known to be impure in a compiled function's Python (find_effect)."""
 
@@ -184,11 +202,24 @@ class _EffectFinder(Resolver):
         local = {*code.co_varnames, *code.co_cellvars}
         for statement in body:
             for node in ast.walk(statement):
+                if isinstance(node, (ast.Global, ast.Nonlocal)):
+                    self.check_stores(node)
                 if isinstance(node, ast.Call):
                     self.check_effect(node, local)
 
+    def check_stores(self, node: ast.AST | None) -> None:
+        """A global or nonlocal name the function assigns: eager assigns it at every call."""
+        name = _stored_free_name(self.function.__code__)
+        if name is not None:
+            raise Unprovable(f"assigns `{name}` (global or nonlocal), as eager does at every "
+                             "call", node)
+
     def check_effect(self, call: ast.Call, local: set[str]) -> None:
         chain = self._chain(call.func)
+        if chain is not None and chain[0] in _parameters(self.function.__code__) and \
+                chain[1] and chain[1][-1] in _MUTATORS:
+            raise Unprovable(f"calls `{snippet(call.func)}`, which may change its argument "
+                             f"`{chain[0]}` at every call", call)
         if chain is None or (chain[0] in local and chain[0] not in self.imported):
             return  # a value of its own, or an argument's: left to the guards
         known, value = self._callee(*chain)
@@ -199,7 +230,7 @@ class _EffectFinder(Resolver):
         value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
         module = _module_of(value)
         name = getattr(value, "__name__", "")
-        if module == "builtins" and name in _EFFECT_BUILTINS:
+        if (module == "builtins" or value is builtins.open) and name in _EFFECT_BUILTINS:
             raise Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
         if module in _CONTAINER_MODULES and name in _MUTATORS:
             raise Unprovable(f"calls `{what}`, which changes a Python object at every call",
@@ -274,6 +305,10 @@ def _find_effect_in_code(function: Any, depth: int) -> Finding | None:
     callee would be."""
     finder = _EffectFinder(function, depth)
     code = function.__code__
+    stored = _stored_free_name(code)
+    if stored is not None:
+        return Finding(f"assigns `{stored}` (global or nonlocal), as eager does at every call",
+                       SourceLoc(code.co_filename, code.co_firstlineno, function.__name__))
     for root, attrs, line in _free_name_chains(code, finder.imported):
         known, value = finder._callee(root, attrs)
         if not known or not callable(value):
