@@ -14,6 +14,7 @@ from harness import (Step, assert_compiles_exactly, assert_matches_eager, assert
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
+from ndd_trace.core.ledger import VerdictKind
 
 SIZE = 12
 
@@ -426,7 +427,8 @@ def test_explain_and_cache_info_read_the_ledger(batch):
     info = shaped.cache_info()
     assert info.fallbacks == 3 == len(shaped.ledger.verdicts)
     verdict = shaped.ledger.verdicts[-1]
-    assert verdict.reason.startswith("graph break:") and verdict.loc is not None
+    assert verdict.kind is VerdictKind.GRAPH_BREAK and verdict.loc is not None
+    assert verdict.reason.startswith("graph break:")  # (the text the user reads)
     assert [str(w.filename) for w in caught if "cannot be compiled whole" in str(w.message)] \
         == [verdict.loc.filename]
     text = str(ndd_trace.explain(shaped, batch))

@@ -54,7 +54,7 @@ class _EagerCall(Exception):
 
 
 def _eager_loop(reason: str, loc: SourceLoc | None) -> Verdict:
-    return Verdict(reason, loc, Runs.PER_SAMPLE_LOOP)
+    return Verdict.eager_variant(reason, loc, Runs.PER_SAMPLE_LOOP)
 
 
 @dataclasses.dataclass(eq=False)
@@ -67,7 +67,7 @@ class _Variant(Unit):
 
     @property
     def eager_loc(self) -> SourceLoc | None:
-        return self.verdict.loc if self.verdict is not None else None
+        return self.verdict.loc
 
 
 class PerSampleFunction:
