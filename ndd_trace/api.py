@@ -306,8 +306,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
 
     def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         note, error = self._stage.take_failure()
-        self._ledger.count(Verdict(f"tracing raised {type(error).__name__}: {error}",
-                                   innermost_user_loc(error), self._notices.runs()))
+        self._ledger.count(Verdict.eager_call(f"tracing raised {type(error).__name__}: {error}",
+                                              innermost_user_loc(error), self._notices.runs()))
         with _noted(note):
             result = self._function(*args, **kwargs)
         # Eager succeeded where tracing failed: this variant runs eagerly from now on, and says so.
@@ -332,7 +332,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
             retired = executable.retired
             if retired is not None:
                 # its failed pipelines cannot be freed: it stops making new ones
-                entry.verdict = Verdict(retired, user_location(), self._notices.runs())
+                entry.verdict = Verdict.eager_variant(retired, user_location(),
+                                                      self._notices.runs())
                 self._ledger.record(
                     entry.verdict, once=False, stacklevel=2,
                     log=f"not compiled whole from now on: {retired}",
@@ -341,8 +342,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                 return self._fallback(args, kwargs)
             if executable.builds == 0:
                 # The pipeline could not be built: this variant runs eagerly from now on.
-                entry.verdict = Verdict(f"pipeline build failed: {error}",
-                                        getattr(error, "loc", None), Runs.EAGER)
+                entry.verdict = Verdict.eager_variant(f"pipeline build failed: {error}",
+                                                      getattr(error, "loc", None), Runs.EAGER)
                 self._ledger.record(
                     entry.verdict, once=False, stacklevel=2,
                     log=f"pipeline build failed, runs eagerly: {error}",
@@ -360,7 +361,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         """This one call runs eagerly (the variant stays compiled): warned once at the user's
         line, counted as a fallback and logged."""
         self._ledger.record(
-            Verdict(reason, user_location(), Runs.EAGER), stacklevel=2,
+            Verdict.eager_call(reason, user_location(), Runs.EAGER), stacklevel=2,
             log=f"this call runs eagerly: {reason}",
             warning=f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: {reason}{why}")
         return self._function(*args, **kwargs)

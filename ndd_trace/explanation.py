@@ -116,21 +116,24 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         return Explanation(compiled.__qualname__, "", "", guard_lines, [],
                            f"tracing raised {error!r}; the eager call runs instead",
                            compiled.cache_info(), 0, compiled.last_miss_reason)
+    # the entry the cache holds for this key runs the calls (the one traced here does not): its
+    # code, tuning and verdict (recorded when it was traced or at a run) are what explain says
+    held = compiled.held_entry(entry.key)
+    shown = held or entry
     return Explanation(
         function_name=compiled.__qualname__,
         graph=entry.graph_text,
-        code=_code(compiled.held_entry(entry.key) or entry),
+        code=_code(shown),
         guards=guard_lines,
-        breaks=list(entry.breaks),
-        eager_reason=entry.eager_reason,
+        breaks=list(shown.breaks),
+        eager_reason=shown.eager_reason,
         cache=compiled.cache_info(),
         num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
-        path=entry.runs.value,
+        path=shown.path,
         optimize=compiled.optimize,
         optimizations=[str(applied) for applied in entry.optimizations],
-        # the entry the cache holds for this key runs the calls (the one traced here does not)
-        tuning=_tuning(compiled.held_entry(entry.key)),
+        tuning=_tuning(held),
         recorded=list(compiled.ledger.verdicts),
     )
 
@@ -144,10 +147,10 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
     first step of an epoch: nothing runs here)."""
     split = compiled.loop()
     if split is None:
-        record = compiled.loop_break
-        return Explanation(compiled.__qualname__, "", "", [], [record], f"graph break: {record}",
-                           compiled.cache_info(), 0, None,
-                           path=(Runs.CAPTURE_MODE if record.captures else Runs.CHECKED_LOOP).value)
+        verdict = compiled.loop_verdict
+        return Explanation(compiled.__qualname__, "", "", [], [compiled.loop_break],
+                           verdict.reason, compiled.cache_info(), 0, None,
+                           path=verdict.runs.value)
     loop = "\n".join([
         "the generator, as it runs:", textwrap.indent(split.generator_source, "    "), "",
         f"its loop body ({split.body_loc}), compiled:",
@@ -165,7 +168,7 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         cache=compiled.cache_info(), num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
         path=_LOOP_PATH if not entry.eager else
-        f"{Runs.CHECKED_LOOP.value} ({entry.runs.value})", loop=loop,
+        f"{Runs.CHECKED_LOOP.value} ({entry.path})", loop=loop,
         optimize=compiled.optimize,
         optimizations=[str(applied) for applied in entry.optimizations], tuning=_tuning(entry),
         recorded=list(compiled.ledger.verdicts))

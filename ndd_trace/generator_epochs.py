@@ -44,17 +44,21 @@ class GeneratorEpochs:
         self._split: Split | None | bool = False
         self._step: Any = None  # its loop body, a CompiledFunction
         self._loop_break: GraphBreakRecord | None = None
+        self._loop_entry: Entry | None = None  # its loop body's break, where it is not compiled
+
+    @property
+    def loop_verdict(self) -> Verdict | None:
+        """The verdict each epoch of a compiled generator records where its loop body is not
+        compiled (None: it is)."""
+        return self._loop_entry.verdict if self._loop_entry is not None else None
 
     def _epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
         """A compiled generator call: the generator's own Python, its loop body compiled
         (loop.py); or, where the body cannot be compiled, each step in checked mode."""
         split = self._loop()
         if split is None:
-            self._ledger.count(Verdict(f"graph break: {self._loop_break}",
-                                       self._loop_break.loc if self._loop_break else None,
-                                       Runs.CAPTURE_MODE if self._loop_break is not None and
-                                       self._loop_break.captures else Runs.CHECKED_LOOP))
-            if self._loop_break is not None and self._loop_break.captures:
+            self._ledger.count(self._loop_entry.verdict)
+            if self._loop_break.captures:
                 epoch = self._function(*args, **kwargs)  # DALI's capture mode runs its loop
             else:
                 epoch = self._fallback_epoch(args, kwargs)
@@ -73,18 +77,21 @@ class GeneratorEpochs:
             apart = (time.perf_counter() - started) * 1000
             logs.trace.info("`%s`: generator taken apart in %.1f ms", self.__qualname__, apart,
                             extra={"ndd_trace_ms": {"apart": apart}})
-            if isinstance(found, Finding) and found.captures:
+            if isinstance(found, Finding):
                 self._split = None
-                self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
-                self._cache.store(("capture mode",), self._stage.break_entry(
-                    Entry(key=("capture mode",)), self._loop_break, Runs.CAPTURE_MODE))
-            elif isinstance(found, Finding):
-                self._split = None
-                self._loop_break = GraphBreakRecord(
-                    f"its loop body's Python may not do the same at every step ({found.reason});"
-                    " each step runs its Python in checked mode", found.loc)
-                self._cache.store(("checked loop",), self._stage.break_entry(
-                    Entry(key=("checked loop",)), self._loop_break, Runs.CHECKED_LOOP))
+                if found.captures:
+                    self._loop_break = GraphBreakRecord(found.reason, found.loc, captures=True)
+                    runs, key = Runs.CAPTURE_MODE, ("capture mode",)
+                else:
+                    self._loop_break = GraphBreakRecord(
+                        f"its loop body's Python may not do the same at every step "
+                        f"({found.reason}); each step runs its Python in checked mode", found.loc)
+                    runs, key = Runs.CHECKED_LOOP, ("checked loop",)
+                # its verdict, set before a GraphBreakError under fullgraph=True, is what each
+                # epoch records
+                self._loop_entry = Entry(key=key)
+                self._cache.store(key, self._stage.break_entry(self._loop_entry,
+                                                               self._loop_break, runs))
             else:
                 self._step = type(self)(
                     found.step, fullgraph=self.fullgraph, num_threads=self._num_threads,

@@ -809,3 +809,44 @@ def test_eager_and_ndd_trace_are_compared_by_the_harness():
                     any(_called(node) in _NUMPY_COMPARATORS for node in nodes):
                 found.append(f"{name}:{function.name}")
     assert not found, f"eager and ndd_trace compared by hand, outside tests/harness.py: {found}"
+
+
+def _verdict_text(node: ast.AST) -> bool:
+    """`x.eager_reason`, or the `.reason` of a verdict (`verdict.reason`, `entry.verdict.reason`,
+    `ledger.verdicts[-1].reason`): a verdict's text."""
+    if not isinstance(node, ast.Attribute):
+        return False
+    if node.attr == "eager_reason":
+        return True
+    owner = node.value.value if isinstance(node.value, ast.Subscript) else node.value
+    name = owner.attr if isinstance(owner, ast.Attribute) else \
+        owner.id if isinstance(owner, ast.Name) else ""
+    return node.attr == "reason" and "verdict" in name
+
+
+def test_verdicts_are_made_in_the_ledger_and_read_by_kind():
+    """Issue 32: a verdict (compiled, eager for this variant, eager for this call, graph break)
+    is made only by its kind's constructor in core/ledger.py, which decides its kind and text
+    together, and no module tells a verdict's kind from its text (the parent of this check:
+    `Verdict(...)` built in 16 places across 6 modules, a graph break only a "graph break: "
+    prefix on its reason, built again as text by explain)."""
+    kind_words = ("compiled", "eager for this", "graph break")  # (core.ledger.VerdictKind's)
+    made, read_as_text = [], []
+    for module, path in _modules().items():
+        for node in ast.walk(_parse(path)):
+            if module != "core.ledger" and _called(node) == "Verdict":
+                made.append(f"{module}:{node.lineno}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("startswith", "endswith") and (
+                    _verdict_text(node.func.value) or any(
+                        isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                        and arg.value.startswith(kind_words) for arg in node.args)):
+                read_as_text.append(f"{module}:{node.lineno}")
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and (
+                    any(_verdict_text(side) for side in node.comparators) or (
+                        isinstance(node.left, ast.Constant) and isinstance(node.left.value, str)
+                        and node.left.value.startswith(kind_words))):
+                read_as_text.append(f"{module}:{node.lineno}")
+    assert not made, f"Verdict(...) made outside core/ledger.py: {made}"
+    assert not read_as_text, f"a verdict's kind read from its text: {read_as_text}"

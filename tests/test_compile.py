@@ -14,6 +14,7 @@ from harness import (Step, assert_compiles_exactly, assert_matches_eager, assert
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
+from ndd_trace.core.ledger import VerdictKind
 
 SIZE = 12
 
@@ -426,7 +427,8 @@ def test_explain_and_cache_info_read_the_ledger(batch):
     info = shaped.cache_info()
     assert info.fallbacks == 3 == len(shaped.ledger.verdicts)
     verdict = shaped.ledger.verdicts[-1]
-    assert verdict.reason.startswith("graph break:") and verdict.loc is not None
+    assert verdict.kind is VerdictKind.GRAPH_BREAK and verdict.loc is not None
+    assert verdict.reason.startswith("graph break:")  # (the text the user reads)
     assert [str(w.filename) for w in caught if "cannot be compiled whole" in str(w.message)] \
         == [verdict.loc.filename]
     text = str(ndd_trace.explain(shaped, batch))
@@ -533,15 +535,17 @@ def _doubled(x):
 
 def test_a_result_not_read_yet_deep_copies_as_eagerly(batch):
     """`copy.deepcopy` of a compiled step's result not read yet raises eager's TypeError (found
-    by a new-user probe: a RecursionError, as the copy walked into the pipeline run)."""
+    by a new-user probe: a RecursionError, as the copy walked into the pipeline run). Its text
+    is not compared: eager's depends on whether its own run has finished by then (the pending
+    invocation's lock, or the TensorList it left), which a loaded machine changes."""
     import copy
 
     def logged(step, x):
         out = step(x)
         try:
             copy.deepcopy(out)
-        except TypeError as error:
-            return f"TypeError: {error}", out
+        except TypeError:
+            return "TypeError", out
         return "copied", out
 
     assert_matches_eager(logged, Step(_doubled), batch, modes=("step",))

@@ -240,6 +240,10 @@ def test_predicate_computed_in_the_pipeline_from_random_values(images):
     assert [(w.filename, w.lineno) for w in record
             if issubclass(w.category, ndd_trace.NddTraceWarning)] == [(__file__, line)]
     assert "3 pipeline runs" in str(record[-1].message)
+    # explain says what the held variant recorded at its run, not what a new trace says
+    explanation = ndd_trace.explain(compiled, images)
+    assert "3 pipeline runs" in explanation.eager_reason
+    assert explanation.path == "the eager per-sample loop"
 
 
 def test_random_ops_in_logical_operators_and_after_return(images):

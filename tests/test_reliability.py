@@ -303,6 +303,10 @@ def test_process_exits_after_pipeline_runs_fail_part_way_through_a_batch(mode):
         assert eager.count("RuntimeError") >= 4, eager
         if sys.argv[1] == "compiled":
             assert "failed 3 times" in compiled.entries[0].eager_reason
+            # explain says what the held entry recorded at its run, not what a new trace says
+            x = ndd.as_batch([np.ones((3, 2, 2), np.float32)] * 6, layout="CHW")
+            assert f"not compiled whole ({compiled.entries[0].eager_reason})" in \
+                str(ndd_trace.explain(compiled, x))
         print("END OF SCRIPT", flush=True)
     """, mode)
     assert completed.returncode == 0, completed.stderr[-3000:]

@@ -1,15 +1,17 @@
 """The one sink of what ndd_trace decides and tells its user: verdicts, counters, warnings.
 
     ledger = Ledger("preprocess")
-    ledger.record(Verdict("pipeline build failed: ...", loc, Runs.EAGER), warning="...")
+    ledger.record(Verdict.eager_variant("pipeline build failed: ...", loc), warning="...")
     ledger.counters.hits                                            # what cache_info() reads
     ledger.verdicts[-1]                                             # what explain reads
     warn("ndd_trace: `f` cannot be compiled whole: ...", loc)     # at the user's file:line
 
-A unit (a compiled function's entry, a transparent-mode region, a per-sample variant) that does
-not run as compiled holds a `Verdict`: why, where (the user's line) and how it runs instead, in
-one vocabulary (`Runs`). Every call that does not run as compiled is recorded in its owner's
-ledger, which counts it, logs it and warns once at the user's line.
+Every unit (a compiled function's entry, a transparent-mode region, a per-sample variant) holds
+a `Verdict`: its kind (`VerdictKind`: compiled, eager for this variant, eager for this call, a
+graph break), why, where (the user's line) and how its calls run (`Runs`). Verdicts are made
+here only, by one constructor per kind, which decides the kind and its text together. Every call
+that does not run as compiled is recorded in its owner's ledger, which counts it, logs it and
+warns once at the user's line.
 
 A warning names the user's line where one is known (`warnings.warn_explicit` at `loc`), so the
 user sees their own code in it, not ndd_trace's; without one it is attributed `stacklevel`
@@ -41,14 +43,51 @@ class Runs(enum.Enum):
     PER_SAMPLE_LOOP = "the eager per-sample loop"
 
 
+class VerdictKind(enum.Enum):
+    """What a verdict decides."""
+
+    COMPILED = "compiled"  # the unit's calls run as compiled
+    EAGER_VARIANT = "eager for this variant"  # its unit's calls run otherwise from now on
+    EAGER_CALL = "eager for this call"  # this one call runs otherwise; its unit stays compiled
+    GRAPH_BREAK = "graph break"  # its unit's trace broke: its calls run otherwise
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """Why a unit (every call of it) or one call does not run as compiled, where, and how it
-    runs instead."""
+    """How a unit (every call of it) or one call runs: as compiled, or not (its kind), why,
+    where (the user's line) and how it runs instead. Made by the constructor of its kind."""
 
-    reason: str
+    kind: VerdictKind
+    reason: str = ""
     loc: SourceLoc | None = None
     runs: Runs = Runs.EAGER
+
+    @classmethod
+    def compiled(cls, runs: Runs = Runs.ONE_PIPELINE) -> Verdict:
+        """The unit's calls run as compiled, as `runs` says (one pipeline, a compiled loop)."""
+        return cls(VerdictKind.COMPILED, "", None, runs)
+
+    @classmethod
+    def eager_variant(cls, reason: str, loc: SourceLoc | None, runs: Runs = Runs.EAGER
+                      ) -> Verdict:
+        """Every call of this unit (its guard key) runs as `runs` says, from now on."""
+        return cls(VerdictKind.EAGER_VARIANT, reason, loc, runs)
+
+    @classmethod
+    def eager_call(cls, reason: str, loc: SourceLoc | None, runs: Runs = Runs.EAGER) -> Verdict:
+        """This one call runs as `runs` says; its unit stays as it was."""
+        return cls(VerdictKind.EAGER_CALL, reason, loc, runs)
+
+    @classmethod
+    def graph_break(cls, what: str, loc: SourceLoc | None, runs: Runs) -> Verdict:
+        """The unit's trace broke (`what`: the break, with its line): its calls run as `runs`
+        says."""
+        return cls(VerdictKind.GRAPH_BREAK, f"graph break: {what}", loc, runs)
+
+    @property
+    def eager(self) -> bool:
+        """Whether the calls it covers do not run as compiled."""
+        return self.kind is not VerdictKind.COMPILED
 
     def __str__(self) -> str:
         return self.reason

@@ -213,7 +213,7 @@ class LazyTracer(Tracer):
             reason = "operator object called directly"
         if reason is not None:
             name = f"{type(obj).__name__}.next_epoch" if kind is None else type(obj).__name__
-            REGIONS.ledger.tally(name, Verdict(reason, user_location()))
+            REGIONS.ledger.tally(name, Verdict.eager_call(reason, user_location()))
         if kind is None and has_epoch_wrapper(obj):  # an eager epoch, through its wrapper
             epoch = _dali.unwatched(_dali.Reader, "next_epoch")(obj, *args, **kwargs)
             return epoch_of(obj, epoch, args, kwargs)
@@ -315,7 +315,7 @@ class LazyTracer(Tracer):
     @_dali.plumbing
     def _eager(self, original: Any, inputs: tuple, kwargs: dict, name: str, reason: str) -> Any:
         loc = user_location()
-        REGIONS.ledger.tally(name, Verdict(reason, loc))
+        REGIONS.ledger.tally(name, Verdict.eager_call(reason, loc))
         logs.transparent.debug("ndd.%s at %s runs eagerly: %s", name, loc or "?", reason)
         for value in (*inputs, *kwargs.values()):
             if is_lazy(value):  # run here, not in the worker thread an eager call may use

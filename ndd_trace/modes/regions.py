@@ -112,7 +112,8 @@ class RegionRunner:
                 if region.executable.builds and retired is None:
                     raise
                 region.executable = None  # the pipeline cannot be built: interpret from now on
-                region.verdict = Verdict(retired or "pipeline build failed", region.loc)
+                region.verdict = Verdict.eager_variant(retired or "pipeline build failed",
+                                                       region.loc)
                 logs.fallbacks.info("region at %s: %s, interpreted eagerly", region.loc or "?",
                                     region.eager_reason)
                 outputs = None
@@ -151,8 +152,8 @@ class RegionRunner:
         executable = region.executable
         if not executable.feed.feeds_empty_sample(leaves=leaves):
             return False
-        REGIONS.ledger.tally(region.op_chain, Verdict(executable.feed.empty_sample_reason,
-                                                       region.loc))
+        REGIONS.ledger.tally(region.op_chain, Verdict.eager_call(
+            executable.feed.empty_sample_reason, region.loc))
         logs.fallbacks.debug("region at %s runs eagerly: %s", region.loc or "?",
                              executable.feed.empty_sample_reason)
         return True
@@ -166,7 +167,7 @@ class RegionRunner:
         if REGIONS.site_has_room(site):
             return True
         chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
-        REGIONS.ledger.tally(chain, Verdict(site_full(), loc))
+        REGIONS.ledger.tally(chain, Verdict.eager_call(site_full(), loc))
         logs.fallbacks.debug("region at %s: %s", site, site_full())
         return False
 
@@ -176,11 +177,12 @@ class RegionRunner:
         started = time.perf_counter()
         if mixed_batch_sizes:
             return Region(key=key, loc=loc, num_ops=len(region_ops),
-                          verdict=Verdict("batches of different sizes, or a one-value random "
-                                          "op among batches, in one region", loc))
+                          verdict=Verdict.eager_variant("batches of different sizes, or a "
+                                                        "one-value random op among batches, in "
+                                                        "one region", loc))
         if not site_has_room:
             return Region(key=key, loc=loc, num_ops=len(region_ops),
-                          verdict=Verdict(site_full(), loc))
+                          verdict=Verdict.eager_variant(site_full(), loc))
         graph = region_view(region_ops, target, clone=True).graph
         program = compile_graph(graph, self.options, optimize=self.optimize,
                                 cache_constants=False, runs_ahead=runs_ahead)

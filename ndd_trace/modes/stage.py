@@ -60,8 +60,8 @@ class Notices:
         """A call made in a loop DALI's capture mode records: its ndd calls run as written, for
         capture mode to record and run as a pipeline (as without ndd_trace); said once a site."""
         self.ledger.record(
-            Verdict("called in DALI's capture mode, whose pipeline runs its calls",
-                    user_location(), Runs.CAPTURE_MODE),
+            Verdict.eager_call("called in DALI's capture mode, whose pipeline runs its calls",
+                               user_location(), Runs.CAPTURE_MODE),
             warning=f"ndd_trace: `{self._name}` is called in a loop DALI's capture mode "
                     "records (source.captured(...) or next_epoch(capture=True)): its ndd calls "
                     "run as written, and capture mode runs them as a pipeline", stacklevel=2)
@@ -73,7 +73,8 @@ class Notices:
     def past_limit(self, limit: int, reason: str | None) -> None:
         """Past cache_limit: recorded and logged each time, warned once."""
         self.ledger.record(
-            Verdict(f"past cache_limit ({limit}): {reason}", user_location(), self.runs()),
+            Verdict.eager_variant(f"past cache_limit ({limit}): {reason}", user_location(),
+                                  self.runs()),
             log=f"past cache_limit ({limit}), this variant is not compiled: {reason}",
             warning=(f"`{self._name}` was traced {limit} times (cache_limit); "
                      f"last change: {reason}. New variants are not compiled: "
@@ -134,8 +135,7 @@ class TraceStage:
         """`entry`, made one that runs as `runs` says (transparent mode by default) for the
         graph break `record`; under fullgraph=True, GraphBreakError at the break instead."""
         entry.breaks.append(record)
-        entry.runs = runs or self._notices.runs()
-        entry.verdict = Verdict(f"graph break: {record}", record.loc, entry.runs)
+        entry.verdict = Verdict.graph_break(str(record), record.loc, runs or self._notices.runs())
         logs.breaks.info("`%s`: graph break at %s: %s", self._name, record.loc or "?",
                          record.reason)
         if self.fullgraph:
@@ -297,7 +297,7 @@ class TraceStage:
             entry.graph_text += f"\n\nas traced, before {removed}:\n" + traced
         entry.output_tree = tracer.output_tree
         entry.lowered = program.lowered
-        entry.runs = self.runs
+        entry.verdict = Verdict.compiled(self.runs)
         # the times a cache of traces kept across processes could save (the build it cannot)
         times = {"trace": (traced_at - tracer.started) * 1000,
                  "code": (time.perf_counter() - traced_at) * 1000}

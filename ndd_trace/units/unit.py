@@ -1,9 +1,9 @@
 """A compiled unit, what every mode caches: its key, its executable (or none) and its verdict
-(None: its calls run as compiled). Entries (a compiled function's), regions (transparent mode's)
-and variants (a per-sample function's) are units with their own fields.
+(compiled, or why its calls run otherwise). Entries (a compiled function's), regions
+(transparent mode's) and variants (a per-sample function's) are units with their own fields.
 
     entry = Entry(key=key, graph=graph, executable=program.executable)
-    entry.eager                  # whether its calls run eagerly (entry.verdict says why)
+    entry.eager                  # whether its calls run otherwise (entry.verdict says why)
     entry.release()              # free its pipeline (built again when it runs again)
 
 Also here: the data arguments of a call (`bind_data`), read by every front end.
@@ -19,7 +19,7 @@ from .. import _dali
 from ..codegen.lower import Lowered
 from ..core import trees
 from ..core.ir import Graph, NodeKind, Ref
-from ..core.ledger import Runs, Verdict
+from ..core.ledger import Verdict
 from ..execution.results import LazyOutput
 from ..execution.runtime import Executable
 from ..tracing.trace import GraphBreakRecord
@@ -28,22 +28,22 @@ from ..tracing.trace import GraphBreakRecord
 @dataclasses.dataclass(eq=False)
 class Unit:
     """What the cache holds: a key, an executable (None: not built, or runs eagerly) and the
-    verdict on its calls (None: they run as compiled)."""
+    verdict on its calls (compiled until decided otherwise)."""
 
     key: tuple = ()
     executable: Executable | None = None
-    verdict: Verdict | None = None
+    verdict: Verdict = dataclasses.field(default_factory=Verdict.compiled)
     num_ops: int = 0
     optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied, in order
     releases: int = 0  # times its pipeline was freed as the least recently run (rebuilt on use)
 
     @property
     def eager(self) -> bool:
-        return self.verdict is not None
+        return self.verdict.eager
 
     @property
     def eager_reason(self) -> str | None:
-        return self.verdict.reason if self.verdict is not None else None
+        return self.verdict.reason if self.verdict.eager else None
 
     def release(self) -> bool:
         """Free its pipeline once its runs in flight are done; whether there was one."""
@@ -68,7 +68,6 @@ class Entry(Unit):
     output_tree: Any = None
     static_batch_size: int | None = None
     breaks: list[GraphBreakRecord] = dataclasses.field(default_factory=list)
-    runs: Runs = Runs.ONE_PIPELINE  # how its calls run
 
     def call_batch_size(self, bound: dict, sizes: set[int]) -> tuple[int, str | None, str]:
         """This call's batch size, and why its pipeline cannot run it (None: it can), with what
@@ -110,7 +109,7 @@ class Entry(Unit):
     @property
     def path(self) -> str:
         """How its calls run, as explain says it ("one pipeline", "transparent mode", ...)."""
-        return self.runs.value
+        return self.verdict.runs.value
 
 
 def _is_data(value: Any) -> bool:

@@ -53,7 +53,7 @@ class _EagerCall(Exception):
 
 
 def _eager_loop(reason: str, loc: SourceLoc | None) -> Verdict:
-    return Verdict(reason, loc, Runs.PER_SAMPLE_LOOP)
+    return Verdict.eager_variant(reason, loc, Runs.PER_SAMPLE_LOOP)
 
 
 @dataclasses.dataclass(eq=False)
@@ -66,7 +66,7 @@ class _Variant(Unit):
 
     @property
     def eager_loc(self) -> SourceLoc | None:
-        return self.verdict.loc if self.verdict is not None else None
+        return self.verdict.loc
 
 
 class PerSampleFunction:
@@ -201,12 +201,15 @@ class PerSampleFunction:
     def describe(self, args: tuple) -> tuple[str, str, int, str | None]:
         """What a call with these arguments runs, defined now and run nothing: (its graph's
         text, its generated pipeline, its number of nodes, why it runs as the eager
-        per-sample loop instead, or None)."""
+        per-sample loop instead, or None: the held variant's verdict, where one is held, which a
+        run may have decided)."""
+        held = self._cache.get(self.guard_key(args))
+        recorded = held.eager_reason if held is not None else None
         try:
             graph, _ = self._traced(args, self._batch_size(args), observe=True)
         except EagerLoop as reason:
-            return "", "", 0, reason.reason
-        return graph.format(), lower(graph).source, len(graph.nodes), None
+            return "", "", 0, recorded or reason.reason
+        return graph.format(), lower(graph).source, len(graph.nodes), recorded
 
     def _variant(self, args: tuple, batch_size: int) -> _Variant:
         """This call's variant: the last one if its fast guard matches, else its key's (built
