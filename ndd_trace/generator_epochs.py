@@ -98,10 +98,15 @@ class GeneratorEpochs:
                     device_id=self._device_id, prefetch_queue_depth=self.prefetch_queue_depth,
                     cache_limit=self.cache_limit, fallback=self.fallback,
                     optimize=self.optimize)
-                self._step._stage.runs = Runs.COMPILED_LOOP
+                self._step._run_as_loop_body()
                 found.step_cell.cell_contents = StepCall(self._step)
                 self._split = found
         return self._split
+
+    def _run_as_loop_body(self) -> None:
+        """Its compiled entries run as another compiled generator's loop body (that
+        generator's `_loop` makes this function of its body and calls this on it)."""
+        self._stage.runs = Runs.COMPILED_LOOP
 
     def _fallback_epoch(self, args: tuple, kwargs: dict) -> Iterator[Any]:
         """The generator version: transparent mode around each step only, so the consumer's own

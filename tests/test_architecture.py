@@ -850,3 +850,58 @@ def test_verdicts_are_made_in_the_ledger_and_read_by_kind():
                 read_as_text.append(f"{module}:{node.lineno}")
     assert not made, f"Verdict(...) made outside core/ledger.py: {made}"
     assert not read_as_text, f"a verdict's kind read from its text: {read_as_text}"
+
+
+# `x._name` a module may use though it defines no `_name`: public APIs spelled with an underscore
+FOREIGN_PRIVATES_ALLOWED = {
+    "_replace": "a NamedTuple's copy with changes (TensorMeta._replace), public despite the `_`",
+    "sys._getframe": "CPython's documented way to the caller's frame (the user's line)",
+}
+
+
+def _names_a_module_defines(tree: ast.Module) -> set[str]:
+    """The `_names` a module defines: its functions and classes, class attributes, and the
+    attributes its methods assign on `self` (or `cls`)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):  # (assigned in its body, not in its methods)
+            names.update(target.id for statement in node.body if not isinstance(
+                statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                for target in ast.walk(statement)
+                if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+    return {name for name in names if name.startswith("_")}
+
+
+def test_no_module_reaches_into_another_modules_objects():
+    """I6 (objects): a module reads, calls or writes `obj._name` only on `self`, `cls` or
+    `super()`, or where it defines `_name` itself; another module's objects are used through
+    their public names. The adapter (`_dali/`), which exists to reach into DALI's objects, is
+    exempt (3a38351: transparent mode's call sites called `tracer._ref_of`, `_rng_slot`,
+    `_proxy`, ...; the reader streams took `executable._lock`; the speculator compared
+    `run._executable`; a compiled generator set `self._step._stage.runs`; the tracer read
+    `value._tracer`, `_ref`, `_meta` of values.py's traced values)."""
+    found = []
+    for module, path in _modules().items():
+        if module == "_dali" or module.startswith("_dali."):
+            continue
+        tree = _parse(path)
+        own = _names_a_module_defines(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or \
+                    node.attr.startswith("__") or node.attr in own:
+                continue
+            receiver = node.value
+            if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls") or \
+                    isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name) and \
+                    receiver.func.id == "super":
+                continue
+            spelled = ast.unparse(node)
+            if node.attr in FOREIGN_PRIVATES_ALLOWED or spelled in FOREIGN_PRIVATES_ALLOWED:
+                continue
+            found.append(f"{module}:{node.lineno}: {spelled}")
+    assert not found, f"another module's private names used on its objects: {sorted(found)}"

@@ -178,7 +178,7 @@ class Speculator:
         launch = self._launch_for(key, observation)
         if launch is None:
             return None
-        if (executable is None or launch.run._executable is executable) and \
+        if (executable is None or launch.run.executable is executable) and \
                 all(fed_as_eager(leaf.kind, leaf.value, fed)
                     for leaf, fed in zip(observation.leaves, launch.fed)):
             try:
@@ -200,7 +200,7 @@ class Speculator:
         if launch is None:
             return None
         run = launch.run
-        if run._executable is executable and run.error is None and \
+        if run.executable is executable and run.error is None and \
                 all(fed_as_eager(leaf.kind, leaf.value, fed)
                     for leaf, fed in zip(observation.leaves, launch.fed)):
             self._patterns[(key, observation.shape)].hits += 1

@@ -91,7 +91,7 @@ class StreamFiles:
         kills the process (SIGBUS), and the files of all that was read are noted as the script's
         code between epochs begins (`_note_file_states`)."""
         if not self._threaded:
-            with self.executable._lock:
+            with self.executable.lock:
                 while self._in_flight and self._in_flight[0].error is None:
                     try:
                         batches = fetch_run(self._in_flight[0])

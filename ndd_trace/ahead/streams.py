@@ -138,7 +138,7 @@ class ReaderStream(StreamFiles):
                     self._failed is None
                 return self._ready[count - self.count] if ready else None
         if not self._threaded:
-            with self.executable._lock:
+            with self.executable.lock:
                 while len(self._ready) <= count - self.count:
                     _schedule(self.executable, self._in_flight, len(self._ready), self._times,
                               max(self._read_limit, count + 1))
@@ -210,7 +210,7 @@ def _schedule(executable: Executable, in_flight: list[PendingRun], ready: int,
               times: ReadTimes, limit: int) -> None:
     """Schedule reader runs until `ready` batches and those in flight make READ_AHEAD (none for
     batch numbers from `limit` on)."""
-    with executable._lock:
+    with executable.lock:
         while ready + len(in_flight) < READ_AHEAD and times.scheduled < limit:
             when = time.time_ns()
             run = executable.launch([], executable.max_batch_size)

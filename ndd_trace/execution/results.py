@@ -45,6 +45,11 @@ class PendingRun:
         self.fetched: tuple | None = None  # (seconds waited, when, thread) once fetched
         self.used = False  # its outputs were asked for (the tuner counts consumer steps)
 
+    @property
+    def executable(self) -> Any:  # a runtime.Executable
+        """The executable this run was launched on."""
+        return self._executable
+
     def result(self) -> tuple:
         """The run's outputs; its error (the operator's own, as eager raises it at the call)
         raised as eager raises it at the first use of a result."""

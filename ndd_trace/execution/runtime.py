@@ -60,6 +60,12 @@ class Executable(SettingsSwap):
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
         self._prepared = None  # other settings, being built (building.SettingsSwap.prepare)
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The (reentrant) lock its runs are scheduled, fetched and released under: a reader
+        stream holds it across launches and fetches that must stay in order."""
+        return self._lock
+
     # -- building ------------------------------------------------------------------------------
 
     def _build(self, batch_size: int) -> None:

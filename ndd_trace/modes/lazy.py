@@ -127,27 +127,27 @@ class LazyTracer(Tracer):
 
     # -- recording -----------------------------------------------------------------------------
 
-    def _proxy(self, ref: Ref, meta: TensorMeta, is_batch: bool) -> Any:
+    def proxy(self, ref: Ref, meta: TensorMeta, is_batch: bool) -> Any:
         """An ndd.Batch/Tensor whose data is `ref`'s, run when read (eager's own types)."""
         value, handle = lazy_value(self, ref, is_batch)
         ref.node.state.proxies.append(weakref.ref(handle))
         return value
 
-    def _recorded_device(self, value: Any) -> str | None:
+    def recorded_device(self, value: Any) -> str | None:
         handle = lazy_handle(value)
-        return handle.meta.device if handle is not None else super()._recorded_device(value)
+        return handle.meta.device if handle is not None else super().recorded_device(value)
 
-    def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+    def ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
         handle = lazy_handle(value)
         if handle is not None:
             if handle.pending and handle.tracer is self:
                 return handle.ref
             data = handle.tracer.materialize(handle.ref)
             concrete = _dali.wrap_batch(data) if handle.is_batch else _dali.wrap_tensor(data)
-            return super()._constant_ref(concrete, is_batch, loc)
-        return super()._ref_of(value, is_batch, loc)
+            return super().constant_ref(concrete, is_batch, loc)
+        return super().ref_of(value, is_batch, loc)
 
-    def _tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
+    def tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
         """A number or list eager ndd passes as a per-call tensor argument, converted as ndd
         converts it (for a batch, the Batch ndd broadcasts it to). Kept per value and batch
         size: a loop passes the same value every step (`mean=MEAN`), and the conversion, the
@@ -167,12 +167,12 @@ class LazyTracer(Tracer):
                 self._owned.add(id(converted))  # (alive while in _converted)
         return converted
 
-    def _constant_ref(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+    def constant_ref(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
         """User data is copied when the call is recorded, as eager ndd reads it then (a loop
         that refills one numpy buffer must not change pending results); batches handed out
         by a read-ahead reader are the pipeline's own and used as they are, and so are the
-        tensor arguments converted here (`_tensor_argument`)."""
-        ref = super()._constant_ref(value, is_batch, loc)
+        tensor arguments converted here (`tensor_argument`)."""
+        ref = super().constant_ref(value, is_batch, loc)
         if id(value) in self._owned:
             if ref.node.meta[0].device == "cpu":
                 ref.node.feed_in_place = True
@@ -219,7 +219,7 @@ class LazyTracer(Tracer):
             return epoch_of(obj, epoch, args, kwargs)
         return None
 
-    def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
+    def rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
         return ("pending", _dali.resolve_rng(rng))
 
     @_dali.plumbing

@@ -156,16 +156,15 @@ class CallSites:
                     return None
         if (batch_size is not None) != is_batch:
             return None
-        refs = [tracer._ref_of(value, is_batch, loc) for value in inputs]
+        refs = [tracer.ref_of(value, is_batch, loc) for value in inputs]
         if any(ref.node.meta[ref.index] != meta for ref, meta in zip(refs, site.input_metas)):
             return None  # (constants made for the inputs are left unused)
-        if batch_size is not None:
-            tracer._note_static_batch_size(int(batch_size), loc)
+        tracer.note_call_mode(batch_size, site.is_random, loc)
         arg_inputs = {}
         for key in site.arg_metas:
             if key in site.converted:  # the same value (its token): converted as recorded
-                value = tracer._tensor_argument(op_class, key, kwargs[key], batch_size)
-                arg_inputs[key] = tracer._ref_of(value, is_batch, loc)
+                value = tracer.tensor_argument(op_class, key, kwargs[key], batch_size)
+                arg_inputs[key] = tracer.ref_of(value, is_batch, loc)
             else:
                 arg_inputs[key] = lazy_handle(kwargs[key]).ref
         if site.instance is not None:
@@ -174,17 +173,7 @@ class CallSites:
                 key = _dali.eager_instance_key_for_batch(key, int(batch_size or 1))
             _dali.keep_eager_instance(op_class, key, init_args)
         if site.is_random:
-            if not is_batch:
-                tracer.sample_random_ops.append(loc)
-            state = tracer.graph.add_random_state(tracer._rng_slot(kwargs.get("rng"), loc), loc)
+            state = tracer.graph.add_random_state(tracer.rng_slot(kwargs.get("rng"), loc), loc)
             arg_inputs["_random_state"] = Ref(state, 0)
-        new = tracer.graph.add_op(**fields, op_class=op_class, batch_size=batch_size,
-                                  inputs=refs, arg_inputs=arg_inputs)
-        tracer.num_ops += 1
-        results = [tracer._proxy(Ref(new, i), new.meta[i], new.is_batch)
-                   for i in range(new.num_outputs)]
-        if new.num_outputs == 1:
-            return results[0]
-        if new.output_names is None:
-            return tuple(results)
-        return dict(zip(new.output_names, results))
+        return tracer.record_op(**fields, op_class=op_class, batch_size=batch_size, inputs=refs,
+                                arg_inputs=arg_inputs)

@@ -31,7 +31,7 @@ from ..core.ir import Graph, Node, Ref, TensorMeta
 from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc, raise_at, user_location
 from .values import (SymbolicBatchSize, TracedBatch, TracedTensor, graph_break,
-                     is_concrete_data, is_traced)
+                     is_concrete_data, is_traced, traced_meta, traced_ref, tracer_of)
 
 
 @dataclasses.dataclass
@@ -121,6 +121,19 @@ def inference_metas(input_metas: list[TensorMeta], input_devices: list[str],
     return inputs, args
 
 
+def _find_culprit(op_class: type, backend: str, static: dict, input_metas: list,
+                  arg_metas: dict) -> str | None:
+    """The static argument whose removal makes DALI accept the call, if there is one."""
+    for key in static:
+        reduced = {k: v for k, v in static.items() if k != key}
+        try:
+            _dali.infer_metadata(op_class, backend, reduced, input_metas, arg_metas)
+        except Exception:
+            continue
+        return key
+    return None
+
+
 class Tracer:
     """Records ndd operator calls of one function call into a Graph."""
 
@@ -185,9 +198,9 @@ class Tracer:
             "its position); write the loop in a generator function decorated with "
             "@ndd.compile to compile it", loc)
 
-    # -- recording -----------------------------------------------------------------------------
+    # -- recording: hooks a subclass overrides (LazyTracer, transparent mode's) ---------------
 
-    def _constant_ref(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+    def constant_ref(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
         """Concrete data met while tracing becomes a constant fed to the pipeline every call."""
         with _dali.eager_inside_trace():
             if not is_concrete_data(value):
@@ -195,29 +208,29 @@ class Tracer:
             value = value.evaluate()
             meta = _dali.meta_of(value)
         if isinstance(value, _dali.Batch):
-            self._note_static_batch_size(value.batch_size, loc)
+            self.static_batch_sizes.add(int(value.batch_size))
         node = self.graph.add_constant(value, meta, isinstance(value, _dali.Batch), loc)
         return Ref(node, 0)
 
-    def _ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+    def ref_of(self, value: Any, is_batch: bool, loc: SourceLoc | None) -> Ref:
+        """The edge a call reads for an input or data argument: a value this tracer recorded,
+        or concrete data as a constant."""
         if is_traced(value):
-            if value._tracer is not self:
+            if tracer_of(value) is not self:
                 raise_at(ValueError(
                     "a traced value from another compiled call is used here; traced values "
                     "cannot escape their function (return them instead)"), loc)
-            return value._ref
-        return self._constant_ref(value, is_batch, loc)
+            return traced_ref(value)
+        return self.constant_ref(value, is_batch, loc)
 
-    def _tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
+    def tensor_argument(self, op_class: type, key: str, value: Any, batch_size: Any) -> Any:
         """A number or list eager ndd passes as a per-call tensor argument, converted as it
         converts it (a sample; the pipeline broadcasts it over a batch of any size)."""
         with _dali.eager_inside_trace():
             return _dali.tensor_argument(op_class, key, value)
 
-    def _note_static_batch_size(self, batch_size: int, loc: SourceLoc | None) -> None:
-        self.static_batch_sizes.add(int(batch_size))
-
-    def _rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
+    def rng_slot(self, rng: Any, loc: SourceLoc | None) -> tuple:
+        """Where a random op's generator comes from, as its random-state node records it."""
         if rng is None:
             return ("default",)
         _dali.resolve_rng(rng)  # validates the type, with ndd's own message
@@ -231,9 +244,37 @@ class Tracer:
             "global or closure value, nor the default generator (an RNG created inside the "
             "function restarts every call); pass it as an argument", loc)
 
-    def _recorded_device(self, value: Any) -> str | None:
+    def recorded_device(self, value: Any) -> str | None:
         """The device type of a value this trace recorded (None for any other)."""
-        return value._meta.device if is_traced(value) else None
+        return traced_meta(value).device if is_traced(value) else None
+
+    def proxy(self, ref: Ref, meta: TensorMeta, is_batch: bool) -> Any:
+        """The value the traced code holds for output `ref` of a recorded call."""
+        cls = TracedBatch if is_batch else TracedTensor
+        return cls(self, ref, meta)
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def note_call_mode(self, batch_size: Any, is_random: bool, loc: SourceLoc | None) -> None:
+        """Note a recorded call's mode: its batch size where it is a number, and a random op
+        called in sample mode (`batch_size` None), which a graph of batches cannot use."""
+        if batch_size is not None and not isinstance(batch_size, SymbolicBatchSize):
+            self.static_batch_sizes.add(int(batch_size))
+        if is_random and batch_size is None:
+            self.sample_random_ops.append(loc)
+
+    def record_op(self, **fields: Any) -> Any:
+        """Add an op node (`Graph.add_op`'s fields) and count it; its outputs as proxies shaped
+        like ndd's own result: one value, a tuple, or a dict by output name."""
+        node = self.graph.add_op(**fields)
+        self.num_ops += 1
+        results = [self.proxy(Ref(node, i), node.meta[i], node.is_batch)
+                   for i in range(node.num_outputs)]
+        if node.num_outputs == 1:
+            return results[0]
+        if node.output_names is None:
+            return tuple(results)
+        return dict(zip(node.output_names, results))
 
     def _metas(self, refs: list[Ref]) -> list[TensorMeta]:
         return [ref.node.meta[ref.index] for ref in refs]
@@ -273,12 +314,9 @@ class Tracer:
                                            f"({', '.join(map(str, sizes))}), which ndd rejects at "
                                            "the call", loc)
         is_batch = batch_size is not None
-        if is_batch and not isinstance(batch_size, SymbolicBatchSize):
-            self._note_static_batch_size(int(batch_size), loc)
-        if is_random and not is_batch:
-            self.sample_random_ops.append(loc)
+        self.note_call_mode(batch_size, is_random, loc)
 
-        known_devices = tuple(self._recorded_device(value) for value in inputs)
+        known_devices = tuple(self.recorded_device(value) for value in inputs)
         if None in known_devices:
             known_devices = None
         try:
@@ -287,7 +325,7 @@ class Tracer:
             error.add_note(f"in ndd.{name}(...) called at {loc}")
             raise_at(error, loc)
 
-        refs = [self._ref_of(value, is_batch, loc) for value in inputs]
+        refs = [self.ref_of(value, is_batch, loc) for value in inputs]
         input_devices = []
         for index, ref in enumerate(refs):
             actual = ref.node.meta[ref.index].device
@@ -304,7 +342,7 @@ class Tracer:
                 # (a variable's, a parameter's) as a per-call tensor argument: so does recording
                 split = split or _dali.eager_split(op_class, call_frame, raw_kwargs)
                 if key in split.call_args:
-                    value = self._tensor_argument(op_class, key, value, batch_size)
+                    value = self.tensor_argument(op_class, key, value, batch_size)
             plain = _dali.decay_plain(value)
             if plain is not _dali.NOT_PLAIN:  # numbers and strings: the fast path
                 static[key] = plain
@@ -313,7 +351,7 @@ class Tracer:
             value = _resolve_symbols(value, f"passes the batch size as `{key}=`")
             if is_traced(value) or is_concrete_data(value) or (
                     _is_array_like(value) and _dali.is_tensor_argument(op_class, key)):
-                ref = self._ref_of(value, is_batch, loc)
+                ref = self.ref_of(value, is_batch, loc)
                 arg_inputs[key] = ref
                 expected = _dali.argument_dtype(op_class, key)
                 if expected is not None and ref.node.meta[ref.index].dtype != expected:
@@ -328,7 +366,7 @@ class Tracer:
 
         random_state = None
         if is_random:
-            random_state = self.graph.add_random_state(self._rng_slot(rng, loc), loc)
+            random_state = self.graph.add_random_state(self.rng_slot(rng, loc), loc)
 
         input_metas, arg_metas = inference_metas(
             self._metas(refs), input_devices,
@@ -343,7 +381,7 @@ class Tracer:
             num_outputs, output_names, metas = _dali.infer_metadata(
                 op_class, backend, static, input_metas, arg_metas, frozen)
         except Exception as error:
-            culprit = self._find_culprit(op_class, backend, static, input_metas, arg_metas)
+            culprit = _find_culprit(op_class, backend, static, input_metas, arg_metas)
             named = f"argument `{culprit}`={static[culprit]!r} of " if culprit else ""
             self.failure_note = (f"ndd_trace: DALI rejects {named}ndd.{name}(...) "
                                  f"called at {loc} ({type(error).__name__}: {error})")
@@ -351,36 +389,12 @@ class Tracer:
 
         if random_state is not None:
             arg_inputs["_random_state"] = Ref(random_state, 0)
-        node = self.graph.add_op(
-            name, _dali.schema_name(op_class), op_class=op_class, batch_size=batch_size,
-            backend=backend, inputs=refs,
-            input_devices=input_devices, arg_inputs=arg_inputs, arg_casts=arg_casts,
-            static=static, frozen_static=frozen, num_outputs=num_outputs,
-            output_names=output_names, meta=metas, is_batch=is_batch, loc=loc)
-        self.num_ops += 1
-        results = [self._proxy(Ref(node, i), metas[i], is_batch) for i in range(num_outputs)]
-        if num_outputs == 1:
-            return results[0]
-        if output_names is None:
-            return tuple(results)
-        return dict(zip(output_names, results))
-
-    @staticmethod
-    def _find_culprit(op_class: type, backend: str, static: dict, input_metas: list,
-                      arg_metas: dict) -> str | None:
-        """The static argument whose removal makes DALI accept the call, if there is one."""
-        for key in static:
-            reduced = {k: v for k, v in static.items() if k != key}
-            try:
-                _dali.infer_metadata(op_class, backend, reduced, input_metas, arg_metas)
-            except Exception:
-                continue
-            return key
-        return None
-
-    def _proxy(self, ref: Ref, meta: TensorMeta, is_batch: bool) -> Any:
-        cls = TracedBatch if is_batch else TracedTensor
-        return cls(self, ref, meta)
+        return self.record_op(
+            name=name, schema=_dali.schema_name(op_class), op_class=op_class,
+            batch_size=batch_size, backend=backend, inputs=refs, input_devices=input_devices,
+            arg_inputs=arg_inputs, arg_casts=arg_casts, static=static, frozen_static=frozen,
+            num_outputs=num_outputs, output_names=output_names, meta=metas, is_batch=is_batch,
+            loc=loc)
 
     # -- outputs -------------------------------------------------------------------------------
 
@@ -390,9 +404,9 @@ class Tracer:
 
         def leaf(value: Any) -> tuple | None:
             if is_traced(value):
-                if value._tracer is not self:
+                if tracer_of(value) is not self:
                     raise graph_break("returns a traced value of another compiled call")
-                outputs.append(value._ref)
+                outputs.append(traced_ref(value))
                 return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
             if isinstance(value, SymbolicBatchSize):
                 return ("batch_size",)

@@ -234,3 +234,18 @@ def is_traced(value: Any) -> bool:
 def is_concrete_data(value: Any) -> bool:
     return isinstance(value, (_dali.Batch, _dali.Tensor)) and not is_traced(value)
 
+
+
+def tracer_of(value: Any) -> Any:
+    """The tracer that recorded a traced value."""
+    return value._tracer
+
+
+def traced_ref(value: Any) -> Ref:
+    """A traced value's edge in its tracer's graph."""
+    return value._ref
+
+
+def traced_meta(value: Any) -> TensorMeta:
+    """A traced value's metadata, as recorded."""
+    return value._meta
