@@ -519,6 +519,27 @@ def test_an_ordered_dict_reordered_comes_back_in_its_order(batch):
     assert_compiles_exactly(named, batch, calls=2)
 
 
+class _Sample(tuple):
+    """A tuple subclass whose constructor takes its fields (not one iterable)."""
+
+    def __new__(cls, image, label):
+        return super().__new__(cls, (image, label))
+
+
+def _counted_and_sampled(x):
+    import collections
+    flipped = ndd.flip(x, horizontal=1)
+    return collections.Counter(["cat", "cat", "dog"]), _Sample(flipped, 3)
+
+
+def test_a_counter_and_a_tuple_subclass_come_back_as_eager_returns_them(batch):
+    """Found by a new-user probe: a returned Counter came back counting its (key, count) pairs,
+    and a tuple subclass whose `__new__` takes its fields raised a TypeError."""
+    compiled = assert_compiles_exactly(_counted_and_sampled, batch, calls=2)
+    counter, sample = compiled(batch)
+    assert counter == {"cat": 2, "dog": 1} and type(sample) is _Sample and sample[1] == 3
+
+
 def test_a_result_returned_twice_is_one_object_as_eagerly(batch):
     """`return y, y` (or `{"image": y, "all": [y, x]}`): eager returns one object in both
     places, and so does the compiled function (found by a new-user probe: two Batches)."""

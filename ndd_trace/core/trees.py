@@ -63,7 +63,20 @@ def _items_of(value: Any) -> tuple[list, Any]:
 
 def _with_items(value: Any, children: Any) -> Any:
     made = copy.copy(value)
-    made[:] = list(children)
+    list.__setitem__(made, slice(None), list(children))  # (list's own: a subclass may override)
+    return made
+
+
+def _with_tuple_items(value: Any, children: Any) -> Any:
+    """A tuple subclass's value remade as eager returned it: its items, its attributes (its
+    `__new__` may take other arguments: `Sample(image, label)`, so it is not called)."""
+    made = tuple.__new__(type(value), children)
+    if hasattr(value, "__dict__"):
+        made.__dict__.update(value.__dict__)
+    for kind in type(value).__mro__:
+        for name in getattr(kind, "__slots__", ()):
+            if hasattr(value, name) and name not in ("__dict__", "__weakref__"):
+                object.__setattr__(made, name, getattr(value, name))
     return made
 
 
@@ -75,8 +88,8 @@ def _mapping_of(value: Any) -> tuple[list, Any, list]:
 def _with_mapping(meta: tuple, children: Any) -> Any:
     value, keys = meta
     made = copy.copy(value)
-    made.clear()
-    made.update(zip(keys, children))
+    dict.clear(made)  # (dict's own: Counter.update would count the pairs)
+    dict.update(made, zip(keys, children))
     return made
 
 
@@ -88,8 +101,7 @@ def _register(kind: type) -> bool:
     elif issubclass(kind, list):
         optree.register_pytree_node(kind, _items_of, _with_items, namespace=NAMESPACE)
     elif issubclass(kind, tuple):
-        optree.register_pytree_node(kind, _items_of, lambda value, children: type(value)(
-            children), namespace=NAMESPACE)
+        optree.register_pytree_node(kind, _items_of, _with_tuple_items, namespace=NAMESPACE)
     elif issubclass(kind, dict):
         optree.register_pytree_node(kind, _mapping_of, _with_mapping, namespace=NAMESPACE)
     else:
