@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from ..core import process_state
-from ..core.ir import NodeKind
-from ..core.keys import show_arguments
+from ..core import keys, process_state
 from ..core.source import SourceLoc
 from ..execution import tuning, waits
 from ..units.cache import LIVE_PIPELINES, REGIONS
@@ -43,18 +41,19 @@ class Region(Unit):
     @property
     def parts(self) -> list[str]:
         """The region's structure key, one readable line per fed input and op call."""
-        return _describe_key(self.key)
+        return keys.describe(self.key)
 
     @property
     def op_chain(self) -> str:
         """The op calls of the region, in call order (`decoders.image[cpu] -> resize[cpu]`)."""
-        return " -> ".join(part.split("(")[0][3:] for part in self.parts
-                           if part.startswith("op "))
+        return " -> ".join(op.op for _, op in keys.parts_of(self.key, keys.OpPart))
 
     @property
     def input_kinds(self) -> list[str]:
-        """What the region is fed: data (device, dtype, ndim, layout) and random states."""
-        return [part[6:] for part in self.parts if part.startswith("input ")]
+        """What the region is fed: data (device, dtype, ndim, layout) and random states, as
+        `in0: batch<cpu, UINT8, ndim=3, HWC>`."""
+        return [f"{label}: {keys.show(fed)}" for label, fed in keys.parts_of(self.key,
+                                                                             keys.FedPart)]
 
 
 @dataclasses.dataclass
@@ -180,34 +179,6 @@ def _splits(regions: list[Region]) -> dict[int, str]:
             else:
                 splits[id(region)] = f"{first[at]}  ->  {parts[at]}"
     return splits
-
-
-def _describe_key(key: tuple) -> list[str]:
-    """Readable lines for a region key (built by regions.region_view: fed leaves and op calls in
-    order, then the outputs)."""
-    lines: list[str] = []
-    names: list[str] = []  # what each key position is called in later lines
-    ops = inputs = 0
-    for item in key[:-1]:
-        if len(item) == 4:  # a fed leaf: (kind, meta, is_batch, feed_in_place)
-            kind, meta, is_batch, _ = item
-            if kind == NodeKind.RANDOM_STATE.value:
-                text = "random state"
-            else:
-                text = (f"{'batch' if is_batch else 'tensor'}<{meta.device}, {meta.dtype}, "
-                        f"ndim={meta.ndim}" + (f", {meta.layout}" if meta.layout else "") + ">")
-            names.append(f"in{inputs}")
-            lines.append(f"input in{inputs}: {text}")
-            inputs += 1
-            continue
-        name, backend, _, static, positional, _, arg_inputs, _ = item
-        arguments = [names[at] + (f"[{index}]" if index else "") for at, index in positional]
-        arguments += [f"{arg}={names[at]}" for arg, at, _ in arg_inputs]
-        arguments += show_arguments(static)
-        names.append(f"op{ops}")
-        lines.append(f"op {name}[{backend}]({', '.join(arguments)})")
-        ops += 1
-    return lines
 
 
 # what the recorder (lazy.py) and the region runner (regions.py) count, all threads
