@@ -13,7 +13,7 @@ unhashable one raises TypeError. Guards use a policy that looks into objects (th
 to a depth) and knows DALI's kinds. This module imports nothing from DALI.
 
 A guard key and a region key (modes/regions.py) are both tuples of labelled parts, (label,
-part), printed by `describe`: a guard's label spells what the
+part), printed by `describe` and told apart by `explain_miss`: a guard's label spells what the
 user wrote (`CFG.size`), a region's names a fed value or an op call (`in0`, `op1`), whose parts
 are `FedPart`, `OpPart` (an op key) and `RegionOutputs`.
 """
@@ -351,10 +351,14 @@ def difference(old: Any, new: Any) -> str:
 
 def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
     """Name the guard items that differ between two keys, each as the user spells the part of
-    it that changed (`CFG.size: 48 -> 64`, `images.dtype: UINT8 -> FLOAT`); the one printer of
-    a miss (`last_miss_reason`, explain, the `recompiles` log, the cache_limit warning)."""
+    it that changed (`CFG.size: 48 -> 64`, `images.dtype: UINT8 -> FLOAT`); of two region keys,
+    the first line where they differ (`_region_difference`). The one printer of a miss
+    (`last_miss_reason`, explain, the `recompiles` log, the cache_limit warning, the report's
+    `split by`)."""
     if old_key is None:
         return "first call"
+    if new_key and type(new_key[-1][1]) is RegionOutputs:
+        return _region_difference(new_key, old_key)
     old = dict(old_key)
     new = dict(new_key)
     changes = []
@@ -369,6 +373,23 @@ def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
     if len(changes) > _CHANGES_SHOWN:
         changes[_CHANGES_SHOWN:] = [f"and {len(changes) - _CHANGES_SHOWN} more"]
     return "; ".join(changes) or "no guard differs"
+
+
+def _region_difference(new_key: tuple, old_key: tuple) -> str:
+    """The first of two region keys' lines that differs, old  ->  new (`op resize[cpu](in0,
+    resize_x=16)  ->  op resize[cpu](in0, resize_x=8)`), or the steps one has beyond the
+    other, or what differs that no line shows."""
+    if new_key == old_key:
+        return "no part differs"
+    old, new = describe(old_key), describe(new_key)
+    at = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    if len(old) == len(new) == at:
+        return ("the values still held when it ran (its outputs)"
+                if new_key[-1] != old_key[-1] else "implicit copies or casts")
+    if at >= len(old) or at >= len(new):
+        word, longer = ("more", new) if len(new) > len(old) else ("fewer", old)
+        return f"{word} steps, from: {longer[at]}"
+    return f"{old[at]}  ->  {new[at]}"
 
 
 _CHANGES_SHOWN = 4

@@ -148,9 +148,9 @@ class Report:
 
 
 def _splits(regions: list[Region]) -> dict[int, str]:
-    """For regions sharing a `file:line`: id(region) -> the key part where it differs from the
-    first of them (the most run), as "op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0,
-    size=[8, 8])" or "input in0: batch<cpu, UINT8, ...>  ->  input in0: batch<cpu, FLOAT, ...>"."""
+    """For regions sharing a `file:line`: id(region) -> what sets it apart from the first of
+    them (the most run): the one miss explanation of their keys (REGIONS.explain), as
+    "op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0, size=[8, 8])"."""
     groups: dict[str, list[Region]] = {}
     for region in sorted(regions, key=lambda r: -r.runs):
         groups.setdefault(str(region.loc) if region.loc else "?", []).append(region)
@@ -158,26 +158,14 @@ def _splits(regions: list[Region]) -> dict[int, str]:
     for group in groups.values():
         if len(group) < 2:
             continue
-        first = group[0].parts
-        splits[id(group[0])] = "(the first region there)"
+        first = group[0]
+        splits[id(first)] = "(the first region there)"
         for region in group[1:]:
-            parts = region.parts
-            at = next((i for i, (a, b) in enumerate(zip(first, parts)) if a != b),
-                      min(len(first), len(parts)))
-            if region.key == group[0].key:
-                splits[id(region)] = ("the batch size (a random op without batch_size draws one "
-                                      "value: a pipeline of batches of more than one sample would "
-                                      "draw one per sample)")
-            elif len(first) == len(parts) == at:
-                splits[id(region)] = (
-                    "the values still held when it ran (its outputs)"
-                    if region.key[-1] != group[0].key[-1] else "implicit copies or casts")
-            elif at >= len(first) or at >= len(parts):
-                longer = parts if len(parts) > len(first) else first
-                word = "more" if len(parts) > len(first) else "fewer"
-                splits[id(region)] = f"{word} steps, from: {longer[at]}"
-            else:
-                splits[id(region)] = f"{first[at]}  ->  {parts[at]}"
+            # equal keys: regions.py looked them up apart (a one-value random op's batches)
+            splits[id(region)] = REGIONS.explain(region.key, first.key) \
+                if region.key != first.key else (
+                    "the batch size (a random op without batch_size draws one value: a "
+                    "pipeline of batches of more than one sample would draw one per sample)")
     return splits
 
 
