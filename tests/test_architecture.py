@@ -905,3 +905,47 @@ def test_no_module_reaches_into_another_modules_objects():
                 continue
             found.append(f"{module}:{node.lineno}: {spelled}")
     assert not found, f"another module's private names used on its objects: {sorted(found)}"
+
+
+def _is_key(node: ast.AST) -> bool:
+    """`key`, `region_key`, `region.key`: an expression that names a key of ours."""
+    name = node.id if isinstance(node, ast.Name) else \
+        node.attr if isinstance(node, ast.Attribute) else ""
+    return name == "key" or name.endswith("_key")
+
+
+def test_keys_printed_and_read_in_core_keys_only():
+    """I5 (printer): keys are printed, and taken apart by position, in core/keys.py only;
+    elsewhere a key's parts are read by their labels and fields (`keys.parts_of`, `OpPart.op`)
+    and its printed lines are not parsed back (f7fb7da: report._describe_key decoded a region
+    key by position, Region.op_chain and input_kinds parsed its lines with startswith and
+    slices; 3a38351: units/cache.py logged `key[:1]`). The adapter's own key of DALI's op
+    instances (`_dali`) is DALI's layout, not ours."""
+    found = []
+    for module, path in _modules().items():
+        if module == "core.keys" or module.startswith("_dali"):
+            continue
+        for node in ast.walk(_parse(path)):
+            where = f"{module}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Subscript) and _is_key(node.value) and \
+                    isinstance(node.slice, (ast.Constant, ast.Slice, ast.UnaryOp)):
+                found.append(f"{where}: a key read by position")
+            if isinstance(node, (ast.For, ast.comprehension)) and (
+                    _is_key(node.iter) or isinstance(node.iter, ast.Subscript)
+                    and _is_key(node.iter.value)):
+                found.append(f"{where}: a key's items walked")
+            loops = [node] if isinstance(node, ast.For) else node.generators if isinstance(
+                node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)) else []
+            for loop in loops:  # a printed line (`.parts`) is read whole, never sliced or matched
+                if not (isinstance(loop.iter, ast.Attribute) and loop.iter.attr == "parts"
+                        and isinstance(loop.target, ast.Name)):
+                    continue
+                for use in ast.walk(node):
+                    parsed = isinstance(use, ast.Subscript) or isinstance(use, ast.Attribute) \
+                        and use.attr in ("startswith", "endswith", "split", "partition")
+                    if parsed and isinstance(use.value, ast.Name) and \
+                            use.value.id == loop.target.id:
+                        found.append(f"{where}: a key's printed line parsed")
+    assert not found, found
+    assert _references("show_arguments") in ([], ["core.keys"])  # (the op part's printer)
+    assert not [name for name in ("_describe_key", "_thaw") if _definitions(name)]

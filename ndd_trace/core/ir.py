@@ -19,7 +19,7 @@ import enum
 from typing import Any, NamedTuple
 
 from .errors import GraphError
-from .keys import STATIC_BY_IDENTITY, freeze_arguments
+from .keys import STATIC_BY_IDENTITY, OpPart, freeze_arguments
 from .source import SourceLoc
 
 class NodeKind(enum.Enum):
@@ -93,15 +93,20 @@ class Ref(NamedTuple):
         return f"{self.node.var}[{self.index}]"
 
 
-def op_key(node: Node, inputs: tuple, arg_inputs: tuple) -> tuple:
+# OpPart(...) at half its cost (no Python-level __new__): made for every op of every region read
+_new_part = tuple.__new__
+
+
+def op_key(node: Node, inputs: tuple, arg_inputs: tuple) -> OpPart:
     """The structural identity of an op call, given how its inputs are identified (`inputs`:
     one item per input; `arg_inputs`: sorted (name, *item) per tensor argument): two calls with
     equal keys compute the same values from equal inputs (tinygrad's idea). Common
-    subexpressions (passes.py) and transparent mode's region keys (lazy.py) are made of it."""
-    return (node.name, node.backend, node.is_batch,
-            node.frozen_static if node.frozen_static is not None
-            else freeze_arguments(node.static, STATIC_BY_IDENTITY),
-            inputs, tuple(node.input_devices), arg_inputs, tuple(sorted(node.arg_casts.items())))
+    subexpressions (passes.py) and transparent mode's region keys (regions.py) are made of it."""
+    return _new_part(OpPart, (node.name, node.backend, node.is_batch,
+                              node.frozen_static if node.frozen_static is not None
+                              else freeze_arguments(node.static, STATIC_BY_IDENTITY),
+                              inputs, tuple(node.input_devices), arg_inputs,
+                              tuple(sorted(node.arg_casts.items()))))
 
 
 def _format_static(value: Any) -> str:

@@ -11,6 +11,11 @@ they differ only in their `KeyPolicy`: what an object that is not plain data sta
 default policy (`STATIC`) is an op's static arguments: a hashable value stands for itself and an
 unhashable one raises TypeError. Guards use a policy that looks into objects (their attributes,
 to a depth) and knows DALI's kinds. This module imports nothing from DALI.
+
+A guard key and a region key (modes/regions.py) are both tuples of labelled parts, (label,
+part), printed by `describe` and told apart by `explain_miss`: a guard's label spells what the
+user wrote (`CFG.size`), a region's names a fed value or an op call (`in0`, `op1`), whose parts
+are `FedPart`, `OpPart` (an op key) and `RegionOutputs`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import enum
 import math
 import struct
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -148,6 +153,45 @@ def freeze_arguments(arguments: dict[str, Any], policy: KeyPolicy = STATIC) -> t
                                       for name, value in arguments.items())))
 
 
+class FedPart(NamedTuple):
+    """A value a region is fed: a random state, or data of this metadata (a batch or a tensor)."""
+
+    random: bool
+    meta: Any  # ir.TensorMeta: device, dtype, ndim, layout
+    is_batch: bool
+    feed_in_place: bool
+
+
+class OpPart(NamedTuple):
+    """An op call's structural identity (ir.op_key): its op, static arguments and what it reads
+    (in a region key, by the reads' labels: `("in0", 0)`)."""
+
+    name: str
+    backend: str
+    is_batch: bool
+    static: Any  # freeze_arguments' key
+    inputs: tuple  # (what it reads, output index) per input
+    input_devices: tuple
+    arg_inputs: tuple  # (argument, what it reads, output index), by argument
+    arg_casts: tuple
+
+    @property
+    def op(self) -> str:
+        """The op and where it runs: `resize[cpu]`."""
+        return f"{self.name}[{self.backend}]"
+
+
+class RegionOutputs(NamedTuple):
+    """What a region gives back: (label, output index) per output."""
+
+    outputs: tuple
+
+
+def parts_of(key: tuple, kind: type) -> list[tuple[str, Any]]:
+    """A region key's parts of one kind (FedPart, OpPart), with their labels, in key order."""
+    return [(label, part) for label, part in key if type(part) is kind]
+
+
 _UNSET = object()  # a `__slots__` attribute never set
 
 # what a class attribute holds that its key keeps by value (besides instances of user classes)
@@ -217,7 +261,19 @@ def _show_float(encoded: Any) -> str:
 
 def show(frozen: Any) -> str:
     """A frozen value as the user would write the value: `8`, `[224, 224]`, `0.5`,
-    `Batch(cpu, UINT8, ndim=1)`, `module numpy`, `object(size=64)`."""
+    `Batch(cpu, UINT8, ndim=1)`, `module numpy`, `object(size=64)`; a region's parts as
+    `batch<cpu, UINT8, ndim=3, HWC>` and `resize[cpu](in0, resize_x=8)`."""
+    if type(frozen) is FedPart:
+        if frozen.random:
+            return "random state"
+        meta = frozen.meta
+        return (f"{'batch' if frozen.is_batch else 'tensor'}<{meta.device}, {meta.dtype}, "
+                f"ndim={meta.ndim}" + (f", {meta.layout}" if meta.layout else "") + ">")
+    if type(frozen) is OpPart:
+        arguments = [read + (f"[{index}]" if index else "") for read, index in frozen.inputs]
+        arguments += [f"{argument}={read}" for argument, read, _ in frozen.arg_inputs]
+        arguments += show_arguments(frozen.static)
+        return f"{frozen.op}({', '.join(arguments)})"
     if isinstance(frozen, Shown) or not isinstance(frozen, tuple) or not frozen:
         return repr(frozen)
     kind = frozen[0]
@@ -264,11 +320,22 @@ def _short(value: Any) -> str:
 
 
 def describe(key: tuple) -> list[str]:
-    """A guard key's items (label, frozen value), one line each, as explain prints them;
-    builtins a function reads by name (`enumerate`) are guarded (a module global of that name
-    would shadow them) but not listed."""
-    return [f"{label} == {_short(value)}" for label, value in key
-            if not (isinstance(value, Shown) and value.text.startswith("builtin "))]
+    """A key's labelled parts, one line each, as explain and the report print them: a guard
+    key's `size == 8`, a region key's `input in0: batch<cpu, UINT8, ndim=3, HWC>` and
+    `op resize[cpu](in0, resize_x=8)`. Left out: what a region gives back, and builtins a
+    function reads by name (`enumerate`: guarded, as a module global of that name would shadow
+    them)."""
+    lines = []
+    for label, part in key:
+        kind = type(part)
+        if kind is FedPart:
+            lines.append(f"input {label}: {show(part)}")
+        elif kind is OpPart:
+            lines.append(f"op {show(part)}")
+        elif kind is not RegionOutputs and not (isinstance(part, Shown)
+                                                and part.text.startswith("builtin ")):
+            lines.append(f"{label} == {_short(part)}")
+    return lines
 
 
 def difference(old: Any, new: Any) -> str:
@@ -284,10 +351,14 @@ def difference(old: Any, new: Any) -> str:
 
 def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
     """Name the guard items that differ between two keys, each as the user spells the part of
-    it that changed (`CFG.size: 48 -> 64`, `images.dtype: UINT8 -> FLOAT`); the one printer of
-    a miss (`last_miss_reason`, explain, the `recompiles` log, the cache_limit warning)."""
+    it that changed (`CFG.size: 48 -> 64`, `images.dtype: UINT8 -> FLOAT`); of two region keys,
+    the first line where they differ (`_region_difference`). The one printer of a miss
+    (`last_miss_reason`, explain, the `recompiles` log, the cache_limit warning, the report's
+    `split by`)."""
     if old_key is None:
         return "first call"
+    if new_key and type(new_key[-1][1]) is RegionOutputs:
+        return _region_difference(new_key, old_key)
     old = dict(old_key)
     new = dict(new_key)
     changes = []
@@ -302,6 +373,23 @@ def explain_miss(new_key: tuple, old_key: tuple | None) -> str:
     if len(changes) > _CHANGES_SHOWN:
         changes[_CHANGES_SHOWN:] = [f"and {len(changes) - _CHANGES_SHOWN} more"]
     return "; ".join(changes) or "no guard differs"
+
+
+def _region_difference(new_key: tuple, old_key: tuple) -> str:
+    """The first of two region keys' lines that differs, old  ->  new (`op resize[cpu](in0,
+    resize_x=16)  ->  op resize[cpu](in0, resize_x=8)`), or the steps one has beyond the
+    other, or what differs that no line shows."""
+    if new_key == old_key:
+        return "no part differs"
+    old, new = describe(old_key), describe(new_key)
+    at = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    if len(old) == len(new) == at:
+        return ("the values still held when it ran (its outputs)"
+                if new_key[-1] != old_key[-1] else "implicit copies or casts")
+    if at >= len(old) or at >= len(new):
+        word, longer = ("more", new) if len(new) > len(old) else ("fewer", old)
+        return f"{word} steps, from: {longer[at]}"
+    return f"{old[at]}  ->  {new[at]}"
 
 
 _CHANGES_SHOWN = 4

@@ -18,6 +18,7 @@ from ..ahead.speculator import Speculator
 from ..core import logs
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
+from ..core.keys import FedPart, RegionOutputs
 from ..execution.failures import interpreted_error
 from ..execution.interpret import interpret
 from ..units.build import compile_graph
@@ -221,37 +222,41 @@ class _RegionView:
 
 
 def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionView:
+    """The region of `region_ops` (in call order) giving back `target`'s outputs, and those of
+    calls whose values are still held; its key's parts are labelled `in0`, ... (fed values),
+    `op0`, ... (op calls, reading others by label) and `outputs` (core/keys.py prints them)."""
     graph = Graph("region")  # the fed leaves, and the copied ops where `clone`
-    position: dict[int, int] = {}  # id(recorded op) -> its position in the key
+    labels: dict[int, str] = {}  # id(recorded op) -> its label in the key
     copies: dict[int, Node] = {}
-    fed: dict[tuple[int, int], tuple[int, Ref]] = {}
-    items: list[Any] = []
+    fed: dict[tuple[int, int], tuple[str, Ref]] = {}
+    parts: list[tuple[str, Any]] = []
     leaves: list[Node] = []
     computed: list[bool] = []
 
-    def mapped(ref: Ref) -> tuple[int, int, Ref | None]:
+    def mapped(ref: Ref) -> tuple[str, int, Ref | None]:
         node = ref.node
-        if id(node) in position:
+        if id(node) in labels:
             copy = Ref(copies[id(node)], ref.index) if clone else None
-            return position[id(node)], ref.index, copy
+            return labels[id(node)], ref.index, copy
         key = (id(node), ref.index)
         if key not in fed:
             leaf = _make_leaf(graph, node, ref.index)
-            fed[key] = (len(items), Ref(leaf, 0))
-            items.append((leaf.kind.value, leaf.meta[0], leaf.is_batch,
-                          leaf.feed_in_place))
+            label = f"in{len(leaves)}"
+            fed[key] = (label, Ref(leaf, 0))
+            parts.append((label, FedPart(leaf.kind is NodeKind.RANDOM_STATE, leaf.meta[0],
+                                         leaf.is_batch, leaf.feed_in_place)))
             leaves.append(leaf)
             computed.append(node.kind is NodeKind.OP)
-        at, leaf_ref = fed[key]
-        return at, 0, leaf_ref
+        label, leaf_ref = fed[key]
+        return label, 0, leaf_ref
 
     for node in region_ops:
         inputs = [mapped(ref) for ref in node.inputs]
         arg_inputs = [(name, mapped(ref)) for name, ref in node.arg_inputs.items()]
-        position[id(node)] = len(items)
-        items.append(op_key(
-            node, tuple((at, index) for at, index, _ in inputs),
-            tuple(sorted((name, at, index) for name, (at, index, _) in arg_inputs))))
+        label = labels[id(node)] = f"op{len(labels)}"
+        parts.append((label, op_key(
+            node, tuple((read, index) for read, index, _ in inputs),
+            tuple(sorted((name, read, index) for name, (read, index, _) in arg_inputs)))))
         if clone:
             fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(Node)
                       if f.name not in ("index", "kind", "name", "schema", "inputs",
@@ -262,10 +267,11 @@ def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVie
     outputs = [(node, index) for node in region_ops
                if node is target or any(proxy() is not None for proxy in node.state.proxies)
                for index in range(node.num_outputs)]
-    items.append(tuple((position[id(node)], index) for node, index in outputs))
+    parts.append(("outputs", RegionOutputs(tuple((labels[id(node)], index)
+                                                 for node, index in outputs))))
     if clone:
         graph.outputs = [Ref(copies[id(node)], index) for node, index in outputs]
-    return _RegionView(tuple(items), leaves, computed, outputs, graph if clone else None)
+    return _RegionView(tuple(parts), leaves, computed, outputs, graph if clone else None)
 
 
 def checked_call_key(node: Node) -> tuple | None:

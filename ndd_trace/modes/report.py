@@ -12,9 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from ..core import process_state
-from ..core.ir import NodeKind
-from ..core.keys import show_arguments
+from ..core import keys, process_state
 from ..core.source import SourceLoc
 from ..execution import tuning, waits
 from ..units.cache import LIVE_PIPELINES, REGIONS
@@ -43,18 +41,19 @@ class Region(Unit):
     @property
     def parts(self) -> list[str]:
         """The region's structure key, one readable line per fed input and op call."""
-        return _describe_key(self.key)
+        return keys.describe(self.key)
 
     @property
     def op_chain(self) -> str:
         """The op calls of the region, in call order (`decoders.image[cpu] -> resize[cpu]`)."""
-        return " -> ".join(part.split("(")[0][3:] for part in self.parts
-                           if part.startswith("op "))
+        return " -> ".join(op.op for _, op in keys.parts_of(self.key, keys.OpPart))
 
     @property
     def input_kinds(self) -> list[str]:
-        """What the region is fed: data (device, dtype, ndim, layout) and random states."""
-        return [part[6:] for part in self.parts if part.startswith("input ")]
+        """What the region is fed: data (device, dtype, ndim, layout) and random states, as
+        `in0: batch<cpu, UINT8, ndim=3, HWC>`."""
+        return [f"{label}: {keys.show(fed)}" for label, fed in keys.parts_of(self.key,
+                                                                             keys.FedPart)]
 
 
 @dataclasses.dataclass
@@ -149,9 +148,9 @@ class Report:
 
 
 def _splits(regions: list[Region]) -> dict[int, str]:
-    """For regions sharing a `file:line`: id(region) -> the key part where it differs from the
-    first of them (the most run), as "op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0,
-    size=[8, 8])" or "input in0: batch<cpu, UINT8, ...>  ->  input in0: batch<cpu, FLOAT, ...>"."""
+    """For regions sharing a `file:line`: id(region) -> what sets it apart from the first of
+    them (the most run): the one miss explanation of their keys (REGIONS.explain), as
+    "op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0, size=[8, 8])"."""
     groups: dict[str, list[Region]] = {}
     for region in sorted(regions, key=lambda r: -r.runs):
         groups.setdefault(str(region.loc) if region.loc else "?", []).append(region)
@@ -159,55 +158,15 @@ def _splits(regions: list[Region]) -> dict[int, str]:
     for group in groups.values():
         if len(group) < 2:
             continue
-        first = group[0].parts
-        splits[id(group[0])] = "(the first region there)"
+        first = group[0]
+        splits[id(first)] = "(the first region there)"
         for region in group[1:]:
-            parts = region.parts
-            at = next((i for i, (a, b) in enumerate(zip(first, parts)) if a != b),
-                      min(len(first), len(parts)))
-            if region.key == group[0].key:
-                splits[id(region)] = ("the batch size (a random op without batch_size draws one "
-                                      "value: a pipeline of batches of more than one sample would "
-                                      "draw one per sample)")
-            elif len(first) == len(parts) == at:
-                splits[id(region)] = (
-                    "the values still held when it ran (its outputs)"
-                    if region.key[-1] != group[0].key[-1] else "implicit copies or casts")
-            elif at >= len(first) or at >= len(parts):
-                longer = parts if len(parts) > len(first) else first
-                word = "more" if len(parts) > len(first) else "fewer"
-                splits[id(region)] = f"{word} steps, from: {longer[at]}"
-            else:
-                splits[id(region)] = f"{first[at]}  ->  {parts[at]}"
+            # equal keys: regions.py looked them up apart (a one-value random op's batches)
+            splits[id(region)] = REGIONS.explain(region.key, first.key) \
+                if region.key != first.key else (
+                    "the batch size (a random op without batch_size draws one value: a "
+                    "pipeline of batches of more than one sample would draw one per sample)")
     return splits
-
-
-def _describe_key(key: tuple) -> list[str]:
-    """Readable lines for a region key (built by regions.region_view: fed leaves and op calls in
-    order, then the outputs)."""
-    lines: list[str] = []
-    names: list[str] = []  # what each key position is called in later lines
-    ops = inputs = 0
-    for item in key[:-1]:
-        if len(item) == 4:  # a fed leaf: (kind, meta, is_batch, feed_in_place)
-            kind, meta, is_batch, _ = item
-            if kind == NodeKind.RANDOM_STATE.value:
-                text = "random state"
-            else:
-                text = (f"{'batch' if is_batch else 'tensor'}<{meta.device}, {meta.dtype}, "
-                        f"ndim={meta.ndim}" + (f", {meta.layout}" if meta.layout else "") + ">")
-            names.append(f"in{inputs}")
-            lines.append(f"input in{inputs}: {text}")
-            inputs += 1
-            continue
-        name, backend, _, static, positional, _, arg_inputs, _ = item
-        arguments = [names[at] + (f"[{index}]" if index else "") for at, index in positional]
-        arguments += [f"{arg}={names[at]}" for arg, at, _ in arg_inputs]
-        arguments += show_arguments(static)
-        names.append(f"op{ops}")
-        lines.append(f"op {name}[{backend}]({', '.join(arguments)})")
-        ops += 1
-    return lines
 
 
 # what the recorder (lazy.py) and the region runner (regions.py) count, all threads

@@ -74,7 +74,8 @@ class LivePipelines:
             with self._lock:
                 self.releases += 1
             logs.runtime.info("%s: pipeline freed (the least recently run of %d live)",
-                              getattr(oldest, "loc", None) or oldest.key[:1], self.limit)
+                              getattr(oldest, "loc", None) or keys.describe(oldest.key)[:1],
+                              self.limit)
 
     def forget(self, unit: Unit) -> None:
         with self._lock:
@@ -159,10 +160,15 @@ class UnitCache:
 
     # -- lookups -------------------------------------------------------------------------------
 
+    def explain(self, key: tuple, other: tuple | None) -> str:
+        """Where `key` differs from `other` (None: none before it), as a miss is explained:
+        `size: 224 -> 256`; of regions, `op resize[cpu](...)  ->  op resize[cpu](...)`."""
+        return keys.explain_miss(key, other)
+
     def note_miss(self, key: tuple) -> None:
         """Count a miss of `key`, say why it missed (against the last key) and log it."""
         self.ledger.counters.misses += 1
-        self.last_miss_reason = keys.explain_miss(key, self.last_key)
+        self.last_miss_reason = self.explain(key, self.last_key)
         (logs.recompiles if self.units else logs.trace).info(
             "`%s`: cache miss (%d of cache_limit %d %s held): %s", self.name, len(self.units),
             self.limit, self.kind, self.last_miss_reason)
