@@ -540,6 +540,29 @@ def test_a_counter_and_a_tuple_subclass_come_back_as_eager_returns_them(batch):
     assert counter == {"cat": 2, "dog": 1} and type(sample) is _Sample and sample[1] == 3
 
 
+_MEAN = np.array([0.5, 0.25])
+
+
+def _with_weights(x):
+    return ndd.flip(x, horizontal=1), np.ones(2), _MEAN
+
+
+def _weights_scaled_in_place(step, x):
+    seen = []
+    for _ in range(3):
+        _, weights, mean = step(x)
+        weights *= 0.5  # the caller's own array, changed in place
+        seen.append((weights.copy(), mean is _MEAN))
+    return seen
+
+
+def test_a_numpy_array_the_function_makes_is_a_new_one_at_each_call(batch):
+    """Found by a new-user probe: a returned numpy array was one object at every call, so a
+    caller's in-place change built up (0.125 after three calls; eager 0.5); a global array
+    returned stays eager's own object."""
+    assert_matches_eager(_weights_scaled_in_place, Step(_with_weights), batch, modes=("step",))
+
+
 def test_a_result_returned_twice_is_one_object_as_eagerly(batch):
     """`return y, y` (or `{"image": y, "all": [y, x]}`): eager returns one object in both
     places, and so does the compiled function (found by a new-user probe: two Batches)."""

@@ -179,12 +179,18 @@ def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
 
 def unflatten(tree: Tree, leaf: Callable[[tuple], Any]) -> Any:
     """The value of `tree`, each leaf node given by `leaf(node)` (once per node: a leaf that
-    was one object is one object again)."""
+    was one object is one object again); a `("copied", value)` node's value copied anew."""
     made: dict[tuple, Any] = {}
+    copies: dict[int, Any] = {}
     leaves = []
     for node in tree.nodes:
         if node[0] == "static":
             leaves.append(node[1])
+        elif node[0] == "copied":  # a value the function made: a new one at each call
+            value = node[1]
+            if id(value) not in copies:
+                copies[id(value)] = copy.copy(value)
+            leaves.append(copies[id(value)])
         elif node in made:
             leaves.append(made[node])
         else:

@@ -226,7 +226,7 @@ class TraceStage:
         try:
             with tracer.active():
                 result = self._function(*traced_args, **traced_kwargs)
-            tracer.set_outputs(result)
+            tracer.set_outputs(result, _reachable_ids(self._function, args, kwargs))
             if swallowed:  # a bare `except:` in user code caught a graph break: still a break
                 raise swallowed[0]
         except GraphBreakSignal as graph_break:
@@ -307,3 +307,33 @@ class TraceStage:
                         times["code"], extra={"ndd_trace_ms": times})
         entry.executable = program.executable
         return entry
+
+
+def _reachable_ids(function: Any, args: tuple, kwargs: dict) -> frozenset[int]:
+    """Ids of what a function can return without making it: its arguments, defaults, closure
+    cells and the globals it names, and their attributes and items one level down (a
+    returned `MEAN` or `CFG.mean` is eager's own object at every call)."""
+    code = getattr(function, "__code__", None)
+    roots: list[Any] = [*args, *kwargs.values(), *(getattr(function, "__defaults__", None) or ()),
+                        *(getattr(function, "__kwdefaults__", None) or {}).values()]
+    if code is not None:
+        names = set(code.co_names)
+        for constant in code.co_consts:  # (names read in comprehensions and lambdas)
+            names.update(getattr(constant, "co_names", ()))
+        spaces = getattr(function, "__globals__", {})
+        roots += [spaces[name] for name in names if name in spaces]
+        for cell in getattr(function, "__closure__", None) or ():
+            try:
+                roots.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+    found = set()
+    for root in roots:
+        found.add(id(root))
+        if isinstance(root, (list, tuple)):
+            found.update(id(item) for item in root)
+        elif isinstance(root, dict):
+            found.update(id(item) for item in root.values())
+        elif hasattr(root, "__dict__") and not isinstance(root, type):
+            found.update(id(item) for item in vars(root).values())
+    return frozenset(found)

@@ -398,8 +398,10 @@ class Tracer:
 
     # -- outputs -------------------------------------------------------------------------------
 
-    def set_outputs(self, result: Any) -> None:
-        """Flatten the returned structure; traced leaves become graph outputs."""
+    def set_outputs(self, result: Any, held: frozenset[int] = frozenset()) -> None:
+        """Flatten the returned structure; traced leaves become graph outputs. A numpy array the
+        function made (not one of `held`: the ids of what it could reach before it ran) comes
+        back as a copy at each call, as eager makes a new one."""
         outputs: list[Ref] = []
 
         def leaf(value: Any) -> tuple | None:
@@ -422,6 +424,8 @@ class Tracer:
                 # wrapped values are the call's results, which a pipeline cannot hand back so
                 raise graph_break("converts a traced value to numpy inside the function (an object "
                                   "array holding it is returned)")
+            if isinstance(value, np.ndarray) and id(value) not in held:
+                return ("copied", value)
             return None  # concrete data and Python values come back as they are
 
         self.output_tree = trees.flatten(result, leaf)
