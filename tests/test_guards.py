@@ -17,7 +17,8 @@ import warnings
 
 import numpy as np
 import pytest
-from harness import assert_each_matches_eager, assert_runs_match, assert_same, run
+from harness import Compiler, assert_each_matches_eager, assert_matches_eager, assert_runs_match, \
+    assert_same, run
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
@@ -1016,3 +1017,30 @@ def test_what_code_reached_through_a_global_object_reads_is_guarded(batch, use):
     compiled = assert_each_matches_eager(call, batch, changes=[
         _set_object_gain(2.0), _set_object_gain(3.0), lambda: None], warn=None)
     assert compiled.cache_info().traces == 2
+
+
+class _Gain:
+    def __init__(self, gain):
+        self.gain = gain
+        self.calls = 0
+
+    def apply(self, x):
+        return x * self.gain
+
+    def __call__(self, x):
+        return ndd.flip(x, horizontal=1) * self.gain
+
+
+def _bound_method_and_object_changed(wrap, x):
+    scaler = _Gain(2)
+    method, called = wrap(scaler.apply), wrap(scaler)
+    before = [method(x), called(x)]
+    scaler.gain = 5  # the object the compiled method and object hold, changed between calls
+    return before, [method(x), called(x)]
+
+
+def test_a_compiled_bound_method_and_callable_object_are_keyed_by_their_object(batch):
+    """`ndd.compile(obj.method)` and `ndd.compile(obj)` (an object with `__call__`): the object
+    is read as an argument is (found by a new-user probe: the first compiled the method with
+    its object unguarded, stale results; the second raised AttributeError)."""
+    assert_matches_eager(_bound_method_and_object_changed, Compiler(), batch, modes=("step",))

@@ -19,15 +19,27 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 class CallSpelling:
     """The one spelling of `function`'s calls, following its defaults as they are now (of a
-    functools.partial: its function's, the bound arguments added to each call)."""
+    functools.partial: its function's, the bound arguments added to each call; of a bound
+    method or an object with `__call__`: its function's, the object the first argument, so
+    that the guards read it as they read an argument)."""
 
     def __init__(self, function: Callable):
         self.bound_args: tuple = ()
         self.bound_kwargs: dict = {}
-        while isinstance(function, functools.partial):
-            self.bound_args = function.args + self.bound_args
-            self.bound_kwargs = {**function.keywords, **self.bound_kwargs}
-            function = function.func
+        while True:
+            if isinstance(function, functools.partial):
+                self.bound_args = function.args + self.bound_args
+                self.bound_kwargs = {**function.keywords, **self.bound_kwargs}
+                function = function.func
+            elif inspect.ismethod(function):  # `obj.method`: obj is its first argument
+                self.bound_args = (function.__self__,) + self.bound_args
+                function = function.__func__
+            elif not isinstance(function, type) and inspect.isfunction(
+                    getattr(type(function), "__call__", None)):  # an object with `__call__`
+                self.bound_args = (function,) + self.bound_args
+                function = type(function).__call__
+            else:
+                break
         self.partial = bool(self.bound_args or self.bound_kwargs)
         self.function = function
         self.signature = inspect.signature(function)
