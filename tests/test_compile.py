@@ -563,6 +563,17 @@ def test_a_numpy_array_the_function_makes_is_a_new_one_at_each_call(batch):
     assert_matches_eager(_weights_scaled_in_place, Step(_with_weights), batch, modes=("step",))
 
 
+def _described(x):
+    flipped = ndd.flip(x, horizontal=1)
+    return flipped, f"{flipped}", str(flipped), repr(x * 2)
+
+
+def test_a_traced_value_formatted_as_text_is_a_graph_break(batch):
+    """Found by a new-user probe: `f"{y}"` and `str(y)` in a compiled function gave
+    `<TracedBatch v1 ...>`, frozen into every call, where eager gives the values' text."""
+    assert_matches_eager(_described, batch, modes=("compiled",), calls=2, warn="ignore")
+
+
 def test_a_result_returned_twice_is_one_object_as_eagerly(batch):
     """`return y, y` (or `{"image": y, "all": [y, x]}`): eager returns one object in both
     places, and so does the compiled function (found by a new-user probe: two Batches)."""

@@ -78,6 +78,8 @@ _FIXES = (
     ("converts a traced value", _MOVE_OUT),
     ("exports a traced value", _MOVE_OUT),
     ("reads a traced value with", _MOVE_OUT),
+    ("formats a traced value as text", _MOVE_OUT + "; a shape or dtype known while tracing "
+     "(`x.dtype`, `x.layout`, `x.batch_size`) can be printed"),
     ("uses a traced value as a Python bool", "choose per sample with "
      "@ndd.compile(per_sample=True) (an `if` on one sample's values), or with arithmetic "
      "(`x * mask + y * (1 - mask)`); a choice for the whole batch can be a Python argument"),

@@ -143,9 +143,13 @@ class _TracedMixin:
     def __iter__(self) -> Iterator:
         raise graph_break("iterates over a traced value")
 
-    def __repr__(self) -> str:
-        kind = "Batch" if isinstance(self, _dali.Batch) else "Tensor"
-        return f"<Traced{kind} {self._ref} {self._meta}>"
+    def __repr__(self) -> str:  # (eager's text shows the values: at the trace it would freeze)
+        raise graph_break("formats a traced value as text (`str`, `repr`, an f-string, `print`)")
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        raise graph_break("formats a traced value as text (`str`, `repr`, an f-string, `print`)")
 
     def item(self):
         raise graph_break("reads a traced value with `.item()`")
