@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 import pytest
-from harness import Compiler, assert_each_matches_eager, assert_matches_eager, assert_runs_match, \
+from harness import Compiler, Step, assert_each_matches_eager, assert_matches_eager, assert_runs_match, \
     assert_same, run
 
 import nvidia.dali.experimental.dynamic as ndd
@@ -1044,3 +1044,33 @@ def test_a_compiled_bound_method_and_callable_object_are_keyed_by_their_object(b
     is read as an argument is (found by a new-user probe: the first compiled the method with
     its object unguarded, stale results; the second raised AttributeError)."""
     assert_matches_eager(_bound_method_and_object_changed, Compiler(), batch, modes=("step",))
+
+
+_FACTOR = 2
+
+
+@functools.lru_cache(maxsize=None)
+def _factor_for(n):
+    return _FACTOR * n
+
+
+def _scaled_by_a_cached_factor(x):
+    return x * _factor_for(1)
+
+
+def _factor_changed_then_cleared(step, x):
+    global _FACTOR
+    _FACTOR = 2
+    _factor_for.cache_clear()
+    first = step(x)
+    _FACTOR = 3
+    stale = step(x)  # the lru cache still answers 2, eagerly too
+    _factor_for.cache_clear()
+    return first, stale, step(x)
+
+
+def test_an_lru_cache_helper_is_keyed_by_what_it_reads_and_holds(batch):
+    """Found by a new-user probe: after `cache_clear()` eager recomputes from the global it
+    reads; the compiled function kept its variant."""
+    assert_matches_eager(_factor_changed_then_cleared, Step(_scaled_by_a_cached_factor), batch,
+                         modes=("step",))

@@ -65,6 +65,8 @@ class GuardPolicy(KeyPolicy):
                 return ("function", function, freeze(value.__defaults__, self, depth + 1),
                         freeze(value.__kwdefaults__, self, depth + 1))
             return function
+        if reads.is_lru_cache(value):  # what it answers from: cache_clear() empties it
+            return ("lru_cache", self.by_identity(value), value.cache_info().currsize)
         if is_code(value) or hasattr(value, "cache_info"):
             # code is guarded by identity (a compiled function by its own cache, not its state)
             return self.by_identity(value)
@@ -213,6 +215,8 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
             value = value.__func__
         elif isinstance(value, type):  # a class called: its __init__
             value = reads.class_attribute(value, "__init__")
+        elif reads.is_lru_cache(value):  # what it wraps (its globals: read at each new argument)
+            value = value.__wrapped__
         elif not isinstance(value, types.FunctionType):  # an object called: its __call__
             value = reads.class_attribute(value, "__call__")
         if depth < max_depth and reads.is_user_function(value):
@@ -395,7 +399,7 @@ def _same_object_same_guard(value: Any) -> bool:
     if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource, _dali.DType,
                           _dali.Device, *_BY_IDENTITY)):
         return True
-    return hasattr(value, "cache_info")  # a compiled or lru_cache'd helper: by identity
+    return hasattr(value, "cache_info") and not reads.is_lru_cache(value)  # a compiled helper
 
 
 class FastGuard:

@@ -127,6 +127,13 @@ def chain_value(value: Any, chain: tuple[str, ...]) -> Any:
     return value
 
 
+def is_lru_cache(value: Any) -> bool:
+    """A `functools.lru_cache` (or `functools.cache`) helper: its results are kept state."""
+    return hasattr(value, "cache_clear") and hasattr(value, "cache_info") and \
+        isinstance(getattr(value, "__wrapped__", None), types.FunctionType) and \
+        not hasattr(value, "_ndd_trace_inlined")
+
+
 def class_attribute(value: Any, name: str) -> Any:
     """The function behind attribute `name` of a user object or class: a method's, a
     property's getter (None where it is no such thing)."""
