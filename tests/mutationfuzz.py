@@ -11,7 +11,10 @@ a helper's default argument, the compiled function's own defaults and keyword de
 object's attribute, a class attribute; and those a new-user probe found stale: a `__slots__`
 object's attribute, a class's numpy attribute, a method replaced on its class, a helper's code
 reloaded in place, a global read by the user's own `functools.wraps` wrapper, by a helper of the
-user's module (`tools.scale(x)`), by a property, and a module imported in the function's body.
+user's module (`tools.scale(x)`), by a property, and a module imported in the function's body;
+and this session's probe's: an lru_cache helper (cleared or not), a file it reads. (State the
+function changes itself, a global step counter or a default appended to, cannot be run eagerly
+and compiled side by side on one state: test_effects runs those as scenarios.)
 The changes: rebind, change in place, swap a Python number for a numpy scalar of the same value,
 or nothing. The code is written to a file, as a user's is (helpers of `<string>` code are not
 the user's). Used by tests/test_fuzz.py.
@@ -208,6 +211,22 @@ def _probed(family: str, space: dict) -> tuple[str, Callable[[Any, bool], None]]
 
         def change(value, in_place):
             sys.modules[_SETTINGS].K = value
+    elif family == "lru_cache helper":
+        code = ("import functools\nK = 1.0\n\n@functools.lru_cache(maxsize=None)\n"
+                "def factor(n):\n    return K * n\n\ndef f(x):\n    return x * factor(1)\n")
+
+        def change(value, in_place):
+            space["K"] = value
+            if in_place:  # the user clears the helper's cache (else eager keeps its answer)
+                space["factor"].cache_clear()
+    elif family == "file read":
+        path = os.path.join(tempfile.gettempdir(), f"mutationfuzz_k_{os.getpid()}.txt")
+        space["PATH"] = path
+        code = "def f(x):\n    with open(PATH) as file:\n        return x * float(file.read())\n"
+
+        def change(value, in_place):
+            with open(path, "w") as file:
+                file.write(repr(float(value)))
     else:  # "property"
         code = ("K = 1.0\n\nclass C:\n    @property\n    def k(self):\n        return K\n\n"
                 "OBJ = C()\n\ndef f(x):\n    return x * OBJ.k\n")
@@ -218,7 +237,8 @@ def _probed(family: str, space: dict) -> tuple[str, Callable[[Any, bool], None]]
 FAMILIES = ["global number", "global list", "global partial", "global bound method",
             "class attribute", "helper default", "own default", "own keyword default",
             "slots attribute", "class numpy attribute", "method replaced", "helper code reloaded",
-            "wrapper global", "module helper", "imported in body", "property"]
+            "wrapper global", "module helper", "imported in body", "property",
+            "lru_cache helper", "file read"]
 
 
 def check_case(case: Case, batch: Any) -> None:
