@@ -784,10 +784,6 @@ HAND_COMPARISONS = {
     "numpy's arithmetic, not against an eager run",
     "test_guards.py:test_self_and_closure_objects_are_keyed_by_the_attributes_read": "numpy's "
     "generator state before and after a key is built (a property not run), not values",
-    "test_guards.py:test_tensor_copy_of_traced_tensor": "not ported yet: a second call's values "
-    "(the first is compared by assert_same)",
-    "test_stepcheck.py:test_checked_loop_is_exact_warned_and_explained": "not ported yet: the "
-    "checked loop's warning is asserted at its file, around the run",
 }
 
 
