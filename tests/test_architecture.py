@@ -945,3 +945,19 @@ def test_keys_printed_and_read_in_core_keys_only():
     assert not found, found
     assert _references("show_arguments") in ([], ["core.keys"])  # (the op part's printer)
     assert not [name for name in ("_describe_key", "_thaw") if _definitions(name)]
+
+
+def test_runs_names_how_calls_run_only():
+    """I6 (one name per concept): `runs` is how a unit's calls run (`Runs`, `verdict.runs`);
+    a count of runs is `run_count` (3a38351: Region.runs and the per-sample function's runs
+    were counts)."""
+    found = []
+    for module, path in _modules().items():
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute) and \
+                    node.target.attr == "runs":
+                found.append(f"{module}:{node.lineno}: `.runs` counted")
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+                    node.target.id == "runs" and ast.unparse(node.annotation) == "int":
+                found.append(f"{module}:{node.lineno}: `runs: int`")
+    assert not found, found

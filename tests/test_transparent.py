@@ -175,7 +175,7 @@ def test_deferred_eval_mode_records_one_region(batch):
     assert rng_state() == eager.rng
     report = ndd_trace.report()
     assert len(report.regions) == 1 and report.regions[0].num_ops == 5
-    assert report.regions[0].runs == 3 and report.regions[0].hits == 2
+    assert report.regions[0].run_count == 3 and report.regions[0].hits == 2
     assert not report.eager_ops
 
 

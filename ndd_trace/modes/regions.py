@@ -74,7 +74,7 @@ class RegionRunner:
             elif found is Found.NEW:
                 logs.transparent.info("new region at %s: %s (%s)", region.loc or "?",
                                       region.op_chain, region.eager_reason or "pipeline")
-            region.runs += 1
+            region.run_count += 1
             region.record_s += record_s
             if region.executable is not None:
                 LIVE_PIPELINES.note_run(region)
@@ -121,7 +121,7 @@ class RegionRunner:
             if outputs is None:  # (outside the handler: the failed run is no context)
                 return self.run(target)
         logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
-                               "run ahead" if ahead is not None else f"run {region.runs}")
+                               "run ahead" if ahead is not None else f"run {region.run_count}")
         if observation is not None and region.executable is not None:
             learned = time.perf_counter()
             self.speculator.learn(region.token, region.executable, observation, batch_size)

@@ -30,7 +30,7 @@ class Region(Unit):
 
     loc: SourceLoc | None = None
     code: str = ""
-    runs: int = 0
+    run_count: int = 0  # (not `runs`: a unit's verdict.runs is how its calls run)
     hits: int = 0
     build_s: float = 0.0
     record_s: float = 0.0
@@ -78,7 +78,7 @@ class Report:
             "ops_eager": sum(self.eager_ops.values()),
             "pipelines_released": self.releases,
             "regions": [
-                {"location": str(r.loc) if r.loc else None, "ops": r.num_ops, "runs": r.runs,
+                {"location": str(r.loc) if r.loc else None, "ops": r.num_ops, "runs": r.run_count,
                  "cache_hits": r.hits, "run_ahead": r.ahead,
                  "builds": 1 if r.executable is not None else 0,
                  "build_s": round(r.build_s, 4), "record_s": round(r.record_s, 4),
@@ -117,12 +117,12 @@ class Report:
                     f"{LIVE_PIPELINES.limit} held, rebuilt when run again)"
                     if self.releases else "")]
         splits = _splits(self.regions)
-        for r in sorted(self.regions, key=lambda r: -r.runs):
+        for r in sorted(self.regions, key=lambda r: -r.run_count):
             where = r.loc.short if r.loc else "?"
             status = f"eager ({r.eager_reason})" if r.eager_reason else "pipeline"
             if r.releases:
                 status += f" (freed {r.releases}x as the least recently run)"
-            lines.append(f"    {where:<28} {r.num_ops:3d} ops  runs {r.runs:6d}  "
+            lines.append(f"    {where:<28} {r.num_ops:3d} ops  runs {r.run_count:6d}  "
                          f"cache hits {r.hits:6d}  run ahead {r.ahead:6d}  "
                          f"build {r.build_s * 1000:7.1f} ms  record {r.record_s * 1000:7.1f} ms  "
                          f"{status}")
@@ -152,7 +152,7 @@ def _splits(regions: list[Region]) -> dict[int, str]:
     them (the most run): the one miss explanation of their keys (REGIONS.explain), as
     "op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0, size=[8, 8])"."""
     groups: dict[str, list[Region]] = {}
-    for region in sorted(regions, key=lambda r: -r.runs):
+    for region in sorted(regions, key=lambda r: -r.run_count):
         groups.setdefault(str(region.loc) if region.loc else "?", []).append(region)
     splits: dict[int, str] = {}
     for group in groups.values():
