@@ -620,3 +620,32 @@ def test_explain_shows_the_pipeline_that_runs(images):
     assert explanation.path == "one pipeline" and explanation.eager_reason is None
     assert "rewritten function:" in str(explanation)
 
+
+
+# -- what a new-user probe of per-sample functions found (silently other values) ---------------
+
+def _compared_with_literals(value):
+    if value.item() == 0.1:  # a literal float32 cannot hold
+        return value * 0 + 2
+    if value.item() > 16777217:  # an int float32 rounds (to 16777216)
+        return value * 0 + 1
+    return value * 0
+
+
+def test_literals_are_compared_exactly_as_python_compares_them():
+    """The literal was a float32 constant in the pipeline: a float64 sample of 0.1 was not
+    `== 0.1`, an int32 sample of 16777217 was `> 16777217`."""
+    values = ndd.batch([np.array(0.1), np.array(0.2), np.array(np.float32(0.1), np.float64)])
+    check(_compared_with_literals, values, seeds=[0])
+    counts = ndd.batch([np.array(16777217, np.int32), np.array(16777218, np.int32)])
+    check(_compared_with_literals, counts, seeds=[0])
+
+
+def _height(image):
+    return image.shape[0], image.shape[0] > 40
+
+
+def test_a_returned_shape_is_batched_as_eager_batches_a_python_int(images):
+    """`return image.shape[0]`: the eager loop batches Python ints as int32; the pipeline
+    gave int64."""
+    check(_height, images, seeds=[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,7 +48,21 @@ def fn_function(op_class: type, device: str | None) -> tuple[Callable, str | Non
 
 
 def float64_constant(value: float) -> Any:
-    return types.Constant(float(value), dtype=types.DALIDataType.FLOAT64)
+    """`value` as float64 in a pipeline. A constant is kept as float32 by DALI's arithmetic,
+    so one float32 cannot hold does not round: it is the float64 sum of three float32 parts
+    (24 bits each: all of a float64's 53)."""
+    value = float(value)
+    whole = float(np.float32(value))
+    if whole == value or not math.isfinite(value):
+        return types.Constant(value, dtype=types.DALIDataType.FLOAT64)
+    parts = [whole]
+    rest = value - whole
+    for _ in range(2):
+        parts.append(float(np.float32(rest)))
+        rest -= parts[-1]
+    made = [fn.cast(fn.constant(fdata=[part], shape=[], dtype=types.FLOAT), dtype=types.FLOAT64)
+            for part in parts]
+    return (made[0] + made[1]) + made[2]
 
 
 _PASS_THROUGH = ("_conditional__Split", "_conditional__ValidateLogical")

@@ -74,8 +74,8 @@ class GraphRecorder:
 def _flatten(value: Any, outputs: list) -> Any:
     """The output tree of a per-sample function's result; its DataNodes go into `outputs`."""
     def leaf(item: Any) -> tuple | None:
-        if isinstance(item, Item):
-            item = item.node
+        if isinstance(item, Item):  # eager batches a Python int as int32 (a shape's is int64)
+            item = _dali.cast_node(item.node, "INT32") if item.kind is int else item.node
         if _dali.is_data_node(item):
             outputs.append(item)
             return ("out", len(outputs) - 1)
