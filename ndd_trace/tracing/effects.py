@@ -235,7 +235,8 @@ class _EffectFinder(Resolver):
         if module in _CONTAINER_MODULES and name in _MUTATORS:
             raise Unprovable(f"calls `{what}`, which changes a Python object at every call",
                              node)
-        if module.startswith(_EFFECT_MODULES) or (module in ("torch", "torch._C") and name in _TORCH_DRAWS):
+        if module.startswith(_EFFECT_MODULES) or (
+                module in ("torch", "torch._C") and name in _TORCH_DRAWS):
             raise Unprovable(f"calls `{what}`, which gives other values or effects at each "
                              "call", node)
         if isinstance(value, types.FunctionType) and not module.startswith(PURE_MODULES) \
