@@ -141,8 +141,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
 
     @property
     def fallback(self) -> str:
-        """How a call that cannot be compiled whole runs: "lazy" (transparent mode) or
-        "eager"."""
+        """How a call that cannot be compiled whole runs: "lazy" (transparent) or "eager"."""
         return self._notices.fallback
 
     @fallback.setter
@@ -153,8 +152,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
     @property
     def ledger(self) -> Ledger:
         """Its record of calls not run as compiled (`ledger.verdicts`: the latest, each with
-        its reason and the user's line) and its counters (a compiled generator: its loop
-        body's)."""
+        its reason and the user's line), its counters (a compiled generator: its body's)."""
         if self._step is not None:
             return self._step.ledger
         return self._ledger
@@ -322,6 +320,9 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         if reason is not None:
             return self._eager_for_this_call(reason, args, kwargs, why)
         executable = entry.executable
+        after_failure = executable.eager_after_failure()  # not warned: the same results
+        if after_failure is not None:
+            return self._eager_for_this_call(after_failure, args, kwargs, warn=False)
         at_call = executable.failures.ops_run_at_call(bound)  # ops eager runs at once (user data)
         snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []
         LIVE_PIPELINES.note_run(entry)
@@ -357,13 +358,15 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
             executable.failures.raise_at_call(run, at_call, bound, snapshots)
         return entry.results(run, bound, batch_size)
 
-    def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "") -> Any:
+    def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "",
+                             warn: bool = True) -> Any:
         """This one call runs eagerly (the variant stays compiled): warned once at the user's
-        line, counted as a fallback and logged."""
+        line (`warn`), counted as a fallback and logged."""
         self._ledger.record(
             Verdict.eager_call(reason, user_location(), Runs.EAGER), stacklevel=2,
             log=f"this call runs eagerly: {reason}",
-            warning=f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: {reason}{why}")
+            warning=f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: {reason}{why}"
+            if warn else None)
         return self._function(*args, **kwargs)
 
 

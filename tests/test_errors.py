@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import traceback
+import warnings
 
 import numpy as np
 import pytest
@@ -306,6 +307,31 @@ def test_random_ops_after_a_caught_decode_error_as_eagerly(jpeg_bytes):
         runs = assert_matches_eager(_decode_or_skip, Compiler(), batches, **THREE_WAYS)
     raised = runs["eager"].result[1][0]  # the second step raised: (type, text), not bytes
     assert len(raised) == 2 and all(isinstance(part, str) for part in raised)
+
+
+def test_a_loop_that_skips_failing_batches_is_not_rebuilt_at_every_failure(jpeg_bytes):
+    """A loop that catches a failing batch every third step: the same values and errors as
+    eagerly in every mode, and the pipeline is not built again after each failure (the calls
+    after a failed run run eagerly, one after the first, twice as many after each failure that
+    follows closely)."""
+    good = [np.frombuffer(data, dtype=np.uint8) for data in jpeg_bytes[:2]]
+    corrupt = np.frombuffer(b"\xff\xd8\xff\xe0 this is not a jpeg" * 4, dtype=np.uint8)
+    batches = [good, good, [good[0], corrupt]] * 6
+    with _quiet_stderr():
+        assert_matches_eager(_decode_or_skip, Compiler(), batches, **THREE_WAYS)
+        builds = []
+
+        def count_builds(step):
+            compiled = ndd_trace.compile(step)
+            builds.append(compiled)
+            return compiled
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _decode_or_skip(count_builds, batches)
+    executable = builds[0].entries[0].executable
+    # without the eager calls: built 7 times (once, then after each of 6 failures)
+    assert executable.builds <= 4 and executable.backoff.failures <= 4, executable.builds
 
 
 def _grown_batch(wrap):

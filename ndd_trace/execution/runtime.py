@@ -30,6 +30,41 @@ from .results import PendingRun
 
 # failed pipelines an Executable may leave set aside before its calls run eagerly instead
 MAX_FAILED_PIPELINES = 3
+# the most calls run eagerly after a failed run before the pipeline is built again
+MAX_EAGER_AFTER_FAILURE = 1024
+
+
+class RebuildBackoff:
+    """After a failed run (its pipeline dropped), the next calls run eagerly before the pipeline
+    is built again: one after a first failure, twice as many after each failure that follows
+    within a few runs. A loop that catches a failing file's error every few steps would
+    otherwise build a pipeline (on the GPU, hundreds of ms) for every few steps it runs."""
+
+    def __init__(self) -> None:
+        self.failures = 0  # failed runs, in all
+        self._eager_calls = 0  # eager calls after the latest failure
+        self._left = 0  # of those, still to run
+        self._clean_runs = 0  # runs that succeeded since the latest failure
+
+    def failed(self) -> None:
+        if self._clean_runs > 16 * self._eager_calls:
+            self._eager_calls = 0  # failures are rare: back to one eager call
+        self._eager_calls = min(2 * self._eager_calls or 1, MAX_EAGER_AFTER_FAILURE)
+        self._left = self._eager_calls
+        self._clean_runs = 0
+        self.failures += 1
+
+    def succeeded(self) -> None:
+        self._clean_runs += 1
+
+    def take_eager_call(self) -> str | None:
+        """Why this call runs eagerly (counted off), or None: the pipeline runs it."""
+        if self._left <= 0:
+            return None
+        self._left -= 1
+        return (f"its pipeline failed {self.failures} time(s), the latest within "
+                f"{self._clean_runs + 1} run(s) of the one before; {self._eager_calls} call(s) "
+                "run eagerly before it is built again")
 
 
 class Executable(SettingsSwap):
@@ -57,6 +92,7 @@ class Executable(SettingsSwap):
         self.ahead = 0  # calls served by a run launched ahead (ahead/calls.run_call)
         self.run_s = 0.0  # seconds in DALI's Run (scheduling) so far, for step breakdowns
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
+        self.backoff = RebuildBackoff()  # calls run eagerly after failed runs
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
         self._prepared = None  # other settings, being built (building.SettingsSwap.prepare)
 
@@ -220,8 +256,10 @@ class Executable(SettingsSwap):
         oldest = self._pending.pop(0)
         try:
             oldest.outputs = _dali.pipeline_outputs(self.pipeline)
+            self.backoff.succeeded()
         except Exception as error:
-            self._park(error)  # a failed pipeline is rebuilt on the next call
+            self._park(error)  # a failed pipeline is rebuilt, after a few eager calls
+            self.backoff.failed()
             eager = oldest.replay() if oldest.replay is not None else None
             oldest.error = self.failures.pipeline_error(error, "running", eager, oldest.calls)
             oldest.failed = self.failures.node_for_error(error)
@@ -244,6 +282,7 @@ class Executable(SettingsSwap):
             _dali.schedule_one(self.pipeline)
         except Exception as error:  # noqa: BLE001 (the run's error, raised where it is used)
             self._park(error)
+            self.backoff.failed()
             run.error = self.failures.pipeline_error(error, "running")
             return
         self._pending.append(run)
@@ -259,6 +298,12 @@ class Executable(SettingsSwap):
             _dali.park_failed_pipeline(self.pipeline)
             self.failed_pipelines += 1
         self.pipeline = None
+
+    def eager_after_failure(self) -> str | None:
+        """Why this call runs eagerly, its pipeline dropped by a failed run lately (see
+        RebuildBackoff), or None."""
+        with self._lock:
+            return self.backoff.take_eager_call() if self.pipeline is None else None
 
     @property
     def retired(self) -> str | None:

@@ -92,7 +92,8 @@ class RegionRunner:
             with bookkeeping.lock:
                 region.ahead += 1
         elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
-                                           self._empty_sample_call(region, view.leaves)):
+                                           self._empty_sample_call(region, view.leaves)) or \
+                self._eager_after_failure(region):
             outputs = self._interpreted(region_view(region_ops, target, clone=True))
         else:
             try:
@@ -157,6 +158,17 @@ class RegionRunner:
             executable.feed.empty_sample_reason, region.loc))
         logs.fallbacks.debug("region at %s runs eagerly: %s", region.loc or "?",
                              executable.feed.empty_sample_reason)
+        return True
+
+    @staticmethod
+    def _eager_after_failure(region: Region) -> bool:
+        """Whether this run is interpreted eagerly, the region's pipeline dropped by a failed
+        run lately (runtime.RebuildBackoff), counted with the reason."""
+        reason = region.executable.eager_after_failure()
+        if reason is None:
+            return False
+        REGIONS.ledger.tally(region.op_chain, Verdict.eager_call(reason, region.loc))
+        logs.fallbacks.debug("region at %s runs eagerly: %s", region.loc or "?", reason)
         return True
 
     @staticmethod
