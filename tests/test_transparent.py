@@ -422,3 +422,15 @@ def test_pending_values_copy_and_pickle_as_eager_ones_fail():
             copy.deepcopy(pending)
         with pytest.raises(pickle.PicklingError, match="_ArithmeticGenericOp"):
             pickle.dumps(pending)
+
+
+def test_a_failed_decode_logs_on_stderr_what_a_plain_run_logs(tmp_path):
+    # a failed run is replayed eagerly to learn eager's error, and a step whose run launched
+    # ahead failed is not run again: the codec's log lines are printed once each, as eagerly
+    plain = _run(["corrupt_jpeg.py"], tmp_path)
+    traced = _run(["-m", "ndd_trace", "corrupt_jpeg.py"], tmp_path)
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert plain.stdout == traced.stdout and "step 1 skipped" in plain.stdout
+    assert "epoch 0 ended: RuntimeError" in plain.stdout
+    assert "[ERROR]" in plain.stderr
+    assert plain.stderr == traced.stderr

@@ -69,7 +69,8 @@ from .readers import (Reader, ReaderFiles, advance_shard, as_eager_read_error, c
                       with_samples)
 from .pipelines import (ExternalSource, crashes_on_empty_samples, current_device_id,
                         current_num_threads, deferred_error_text, eval_mode_is_deferred, feed,
-                        frees_after_failure, has_empty_sample, park_failed_pipeline,
+                        frees_after_failure, has_empty_sample, native_logs_dropped,
+                        park_failed_pipeline,
                         pipeline_failure, pipeline_options, pipeline_outputs, schedule_one)
 from .conditionals import (DefinedOp, array_of, autograph_origin, cast_node, condition_chain,
                            conditional_pipeline, defined_ops, do_not_convert, float64_constant,
@@ -95,6 +96,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "eval_mode_is_deferred", "eval_mode_is_sync", "existing_default_rng", "ExternalSource", "feed",
     "file_path", "float64_constant",
     "fn_function", "forget_default_rng", "frees_after_failure", "has_empty_sample",
+    "native_logs_dropped",
     "has_gpu_backend", "hold_interception", "host_array", "host_ints", "host_samples",
     "in_this_branch", "infer_metadata", "init_proxy", "input_device", "input_node",
     "install_compile", "intercept", "invocation_result_of", "is_data_node",

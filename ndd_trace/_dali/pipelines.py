@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import os
 import re
+import sys
+import tempfile
+import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import nvidia.dali.backend as backend
@@ -191,3 +197,46 @@ def deferred_error_text(deferred: bool) -> str:
 def eval_mode_is_deferred() -> bool:
     """Whether this thread's ndd calls are in EvalMode.deferred (~0.1 us)."""
     return EvalMode.current() is EvalMode.deferred
+
+
+# a line of the log that DALI's native libraries print on stderr (nvImageCodec:
+# "\x1b[0;31m[ERROR] \x1b[0m[libjpeg_turbo_decoder] Could not decode ...")
+_NATIVE_LOG_LINE = re.compile(
+    rb"^(?:\x1b\[[0-9;]*m)?\[(?:FATAL|ERROR|WARNING|WARN|INFO|DEBUG|TRACE)\] ")
+_STDERR_TAKEN = threading.RLock()  # fd 2 is the process's: one thread redirects it at a time
+
+
+@contextlib.contextmanager
+def native_logs_dropped() -> Iterator[None]:
+    """While a failed run's ops run again (the eager replay that learns eager's error), drop
+    the log lines DALI's native libraries print on stderr: the failed run printed them already,
+    as eager's one run does. Anything else written to stderr meanwhile (another thread's) is
+    written on once the replay is done."""
+    if not _STDERR_TAKEN.acquire(blocking=True, timeout=5):
+        yield
+        return
+    try:
+        for stream in (sys.stderr, sys.__stderr__):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr to keep clean
+            yield
+            return
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                captured.seek(0)
+                kept = b"".join(line for line in captured.read().splitlines(keepends=True)
+                                if not _NATIVE_LOG_LINE.match(line))
+                if kept:
+                    os.write(2, kept)
+    finally:
+        _STDERR_TAKEN.release()

@@ -171,10 +171,11 @@ class Speculator:
     # -- using and launching runs ahead --------------------------------------------------------
 
     def take(self, key: tuple, observation: Observation,
-             executable: Executable | None = None) -> tuple | None:
+             executable: Executable | None = None) -> tuple | PendingRun | None:
         """The outputs of the run launched for this observation, if it was fed exactly what the
-        script's calls produced (and, given `executable`, launched on it); None otherwise (the
-        region then runs as usual)."""
+        script's calls produced (and, given `executable`, launched on it); the run itself where
+        it failed on that data (the caller raises its failure: `Executable.failed_again`);
+        None otherwise (the region then runs as usual)."""
         launch = self._launch_for(key, observation)
         if launch is None:
             return None
@@ -184,7 +185,9 @@ class Speculator:
             try:
                 outputs = launch.run.result()
             except Exception:  # the region runs as usual, and reports a real error itself
-                return None
+                if launch.run.dali_error is None or launch.run.as_is:
+                    return None
+                outputs = launch.run  # it failed itself: its failure is this step's
             self._patterns[(key, observation.shape)].hits += 1
             return outputs
         self._missed(key, observation)

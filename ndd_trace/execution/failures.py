@@ -69,8 +69,8 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
     RuntimeError; eager ndd raises the operator's own type, a ValueError for a layout it
     rejects). An error of a call DALI rejects itself is marked so (`op_error`'s `at_call`)."""
     failed: list[tuple[Node, bool]] = []
-    try:
-        with _dali.synchronous():
+    try:  # (the failed run logged what the ops log: not twice)
+        with _dali.synchronous(), _dali.native_logs_dropped():
             for value in interpret(graph, leaves, batch_size, failed).values():
                 value.evaluate()
     except Exception as error:  # noqa: BLE001 (returned as the run's error)

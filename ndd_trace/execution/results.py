@@ -37,6 +37,7 @@ class PendingRun:
         # eager call fails alone; the next ones give their own results)
         self.lost = False
         self.failed: Node | None = None  # the op whose failure `error` is, where DALI names it
+        self.dali_error: BaseException | None = None  # DALI's report of its own failure
         self.deferred = _dali.eval_mode_is_deferred()  # the EvalMode eager's error text names
         self.as_is = False  # `error` raised as it is (a reader's: eager raises it at once)
         # the recorded op calls the run stands for, in the graph's op order (a transparent-mode

@@ -172,17 +172,31 @@ class Executable(SettingsSwap):
         run = self.start(batch_size,
                           lambda: [self.feed.leaf_data(leaf, batch_size) for leaf in leaves])
         run.calls = calls
-
-        def data_of_leaves() -> dict:
-            values = self.failures.leaves_of({}, {})
-            for node, leaf in zip(self.lowered.external_sources, leaves):
-                values[id(node)] = leaf.payload[1] if leaf.kind is NodeKind.RANDOM_STATE \
-                    else leaf.payload
-            return values
-
-        run.leaves = data_of_leaves
-        run.replay = lambda: self.failures.eager_error(data_of_leaves(), batch_size)
+        run.leaves = lambda: self._values_of(leaves)
+        run.replay = lambda: self.failures.eager_error(self._values_of(leaves), batch_size)
         return run
+
+    def failed_again(self, failed: PendingRun, leaves: list[Node], batch_size: int,
+                     calls: list[Node] | None = None) -> PendingRun:
+        """`run_leaves(leaves, batch_size, calls)` where `failed`, a run launched ahead on
+        this very data, failed itself (`dali_error`): its failure, as that run's, without
+        running the failing ops again (they log on stderr once, as eager's one call does)."""
+        run = PendingRun(self, batch_size)
+        run.calls = calls
+        run.leaves = lambda: self._values_of(leaves)
+        eager = self.failures.eager_error(self._values_of(leaves), batch_size)
+        run.error = self.failures.pipeline_error(failed.dali_error, "running", eager, calls)
+        run.dali_error, run.failed, run.as_is = failed.dali_error, failed.failed, failed.as_is
+        return run
+
+    def _values_of(self, leaves: list[Node]) -> dict:
+        """The data of `leaves` (a structurally equal graph's, in lowering order) as
+        `interpret` takes this graph's."""
+        values = self.failures.leaves_of({}, {})
+        for node, leaf in zip(self.lowered.external_sources, leaves):
+            values[id(node)] = leaf.payload[1] if leaf.kind is NodeKind.RANDOM_STATE \
+                else leaf.payload
+        return values
 
     def start(self, batch_size: int, data: Any) -> PendingRun:
         """Build if needed, then feed `data()` and schedule one iteration."""
@@ -263,6 +277,7 @@ class Executable(SettingsSwap):
             eager = oldest.replay() if oldest.replay is not None else None
             oldest.error = self.failures.pipeline_error(error, "running", eager, oldest.calls)
             oldest.failed = self.failures.node_for_error(error)
+            oldest.dali_error = error
             oldest.as_is = _dali.pipeline_failure(error).from_reader
             for other in self._pending:
                 if self.before_build is None and other.data is not None:

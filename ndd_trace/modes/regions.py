@@ -21,6 +21,7 @@ from ..core.ir import Graph, Node, NodeKind, Ref, op_key
 from ..core.keys import FedPart, RegionOutputs
 from ..execution.failures import interpreted_error
 from ..execution.interpret import interpret
+from ..execution.results import PendingRun
 from ..units.build import compile_graph
 from ..execution.runtime import Options
 from ..units.cache import LIVE_PIPELINES, REGIONS, Found
@@ -87,7 +88,9 @@ class RegionRunner:
                  else None)
         fed = time.perf_counter()
         times["check"] += fed - checked
-        if ahead is not None:
+        failed_ahead = ahead if isinstance(ahead, PendingRun) and \
+            ahead.executable is region.executable else None
+        if ahead is not None and not isinstance(ahead, PendingRun):
             outputs = list(ahead)
             with bookkeeping.lock:
                 region.ahead += 1
@@ -100,7 +103,9 @@ class RegionRunner:
                 builds = region.executable.builds
                 run_s = region.executable.run_s
                 started = time.perf_counter()
-                run = region.executable.run_leaves(view.leaves, batch_size, region_ops)
+                run = (region.executable.failed_again(failed_ahead, view.leaves, batch_size,
+                                                      region_ops) if failed_ahead is not None
+                       else region.executable.run_leaves(view.leaves, batch_size, region_ops))
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
                 waited = time.perf_counter()
