@@ -28,6 +28,7 @@ LAYERS = [
     {"_dali.pipelines"},
     {"_dali.conditionals"},
     {"_dali"},
+    {"tracing.writes"},
     {"tracing.values", "tracing.effects", "tracing.reads"},
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},
     {"codegen.optimize"},

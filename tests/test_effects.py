@@ -5,7 +5,11 @@ compiled."""
 
 from __future__ import annotations
 
+import bisect
 import collections
+import copy
+import heapq
+import operator
 import itertools
 import random
 
@@ -234,3 +238,157 @@ def test_open_is_a_call_with_effects(uniform_batch, tmp_path):
 
     assert_matches_eager(three, Step(_reads_a_file), uniform_batch, modes=("step",),
                          warn="ignore")
+
+
+# -- writes into an object the function did not make (found by a new-user probe: each was lost,
+# or frozen at the first call's value, after the trace) ---------------------------------------
+
+class _Config:
+    def __init__(self) -> None:
+        self.on, self.n, self.items = False, 0, []
+
+
+def _snapshot(value):
+    if isinstance(value, _Config):
+        return (value.on, value.n, list(value.items))
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return copy.deepcopy(value)
+
+
+def _toggles(x, state):
+    state["flip"] = not state["flip"]
+    return ndd.flip(x, horizontal=int(state["flip"])), _snapshot(state)
+
+
+def _counts(x, stats):
+    stats["n"] += 1
+    return x, _snapshot(stats)
+
+
+def _grows(x, hist):
+    hist += [len(hist)]
+    return x, _snapshot(hist)
+
+
+def _toggles_an_attribute(x, cfg):
+    cfg.on = not cfg.on
+    return ndd.flip(x, horizontal=int(cfg.on)), _snapshot(cfg)
+
+
+def _changes_a_list_and_a_dict(x, heap, table):
+    heapq.heappush(heap, -len(heap))
+    bisect.insort(heap, len(heap))
+    operator.setitem(table, "k", table.get("k", 0) + 1)
+    operator.iadd(heap, [0])
+    if len(heap) > 4:
+        del heap[0]
+    table["n"] += 1
+    return x, _snapshot(heap), _snapshot(table)
+
+
+def _changes_an_object_and_an_array(x, cfg, arr):
+    cfg.n += 1
+    cfg.items.append(cfg.n)
+    np.copyto(arr, arr + 1)
+    arr[0] = 7
+    return x, _snapshot(cfg), _snapshot(arr)
+
+
+def _bump(stats):
+    stats["n"] += 1
+
+
+def _counts_in_a_helper(x, stats):
+    _bump(stats)
+    return x, _snapshot(stats)
+
+
+def _changes_a_tensor(x, tensor):
+    tensor.add_(1)
+    tensor[0] = 5
+    return x, _snapshot(tensor)
+
+
+@pytest.mark.parametrize("function, make", [
+    (_toggles, lambda: {"flip": False}),
+    (_counts, lambda: {"n": 0}),
+    (_grows, list),
+    (_toggles_an_attribute, _Config),
+    (_counts_in_a_helper, lambda: {"n": 0}),
+])
+def test_a_write_into_an_argument_is_made_at_every_call(uniform_batch, function, make):
+    from harness import Fresh, assert_matches_eager
+    assert_matches_eager(function, uniform_batch, Fresh(make), calls=4, warn="ignore",
+                         modes=("compiled", "transparent"))
+    with pytest.warns(ndd_trace.NddTraceWarning, match="writes|changes") as seen:
+        ndd.compile(function)(uniform_batch, make())
+    assert seen[0].filename == __file__
+
+
+def test_writes_through_the_standard_library_numpy_and_torch(uniform_batch):
+    from harness import Fresh, assert_matches_eager
+    assert_matches_eager(_changes_a_list_and_a_dict, uniform_batch, Fresh(list),
+                         Fresh(lambda: {"n": 0}), calls=4, warn="ignore",
+                         modes=("compiled", "transparent"))
+    assert_matches_eager(_changes_an_object_and_an_array, uniform_batch, Fresh(_Config),
+                         Fresh(lambda: np.zeros(3)), calls=4, warn="ignore",
+                         modes=("compiled", "transparent"))
+    torch = pytest.importorskip("torch")
+    assert_matches_eager(_changes_a_tensor, uniform_batch, Fresh(lambda: torch.zeros(3)),
+                         calls=3, warn="ignore", modes=("compiled",))
+
+
+_WRITTEN = {"n": 0}
+
+
+def _counts_in_a_global(x):
+    _WRITTEN["n"] += 1
+    return x
+
+
+def test_a_write_into_a_global_or_closure_item_is_found(uniform_batch):
+    box = {"n": 0}
+
+    def counts_in_a_closure(x):
+        box["n"] += 1
+        return x
+
+    with pytest.warns(ndd_trace.NddTraceWarning, match=r"writes `_WRITTEN\['n'\]`"):
+        compiled = ndd.compile(_counts_in_a_global)
+        for _ in range(3):
+            compiled(uniform_batch)
+    with pytest.warns(ndd_trace.NddTraceWarning, match=r"writes `box\['n'\]`"):
+        compiled = ndd.compile(counts_in_a_closure)
+        for _ in range(3):
+            compiled(uniform_batch)
+    assert box["n"] == 3
+
+
+def _normalized(v):
+    v -= 1  # a Batch: rebinds the name
+    return v
+
+
+def _fill(out, value):
+    out["value"] = value
+
+
+def test_writes_into_its_own_objects_and_rebinding_stay_compiled(uniform_batch):
+    def step(x, n=1, scale=2.0):
+        x += 1  # a Batch argument and numbers: rebound, not changed
+        n += 1
+        scale *= n
+        out, seen, arr = {}, [], np.zeros(2)
+        out["flip"] = ndd.flip(x, horizontal=1)
+        seen += [1]
+        seen.append(2)
+        arr[0] = scale
+        counts = collections.defaultdict(list)
+        counts["a"].append(1)
+        y = _normalized(ndd.cast(x, dtype=ndd.float32))
+        y += float(arr[0])
+        _fill(out, _normalized(x))
+        return out, y, len(seen), len(counts)
+
+    assert_compiles_exactly(step, uniform_batch, calls=3)

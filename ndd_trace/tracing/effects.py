@@ -26,9 +26,10 @@ import types
 from typing import Any
 
 from ..core.source import SourceLoc
+from .writes import SHALLOW, UNKNOWN, Origin, WriteFinder
 
 # modules whose functions are pure computations (their random/time submodules are not)
-PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools")
+PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools", "copy")
 IMPURE_MODULES = ("numpy.random", "random", "time", "os", "sys", "logging", "torch.random",
                   "torch.distributions")
 # torch's draws are C functions of `torch` (and tensors' methods, of `torch._C`), beside its
@@ -195,17 +196,62 @@ def _stored_free_name(code: types.CodeType) -> str | None:
 
 
 class _EffectFinder(Resolver):
-    """Finds a call known to be impure in a compiled function's Python (find_effect)."""
+    """Finds a call known to be impure, or a write into an object the function did not make,
+    in a compiled function's Python (find_effect). `origins`: its parameters' (None: not
+    known)."""
+
+    def __init__(self, function: Any, depth: int = 0, origins: dict | None = None):
+        super().__init__(function, depth)
+        self.origins = _all_origins(function.__code__, origins)
 
     def find(self, body: list[ast.stmt]) -> None:
         code = self.function.__code__
         local = {*code.co_varnames, *code.co_cellvars}
+        self.writes = WriteFinder(body, self.origins, local, self.callee_of, _MUTATORS)
         for statement in body:
             for node in ast.walk(statement):
                 if isinstance(node, (ast.Global, ast.Nonlocal)):
                     self.check_stores(node)
                 if isinstance(node, ast.Call):
                     self.check_effect(node, local)
+                write = self.writes.write_reason(node)
+                if write is not None:
+                    raise Unprovable(*write)
+
+    def callee_of(self, node: ast.expr) -> tuple[bool, Any, str]:
+        """(known, value, module) of a free name's attribute chain (WriteFinder's `callee`)."""
+        chain = self._chain(node)
+        if chain is None or (chain[0] in self.writes.local and chain[0] not in self.imported) \
+                or chain[0] in self.origins:
+            return False, None, ""
+        known, value = self._callee(*chain)
+        return known, value, _module_of(value) if known else ""
+
+    def call_origins(self, call: ast.Call, function: Any) -> dict | None:
+        """The origins of a helper's parameters at this call (None: not known, as for a
+        method's call or a call with `*args`)."""
+        chain = self._chain(call.func)
+        if chain is None or (chain[1] and not isinstance(
+                self._callee(chain[0], chain[1][:-1])[1], types.ModuleType)):
+            return None
+        code = function.__code__
+        positional = code.co_varnames[:code.co_argcount]
+        defaults = function.__defaults__ or ()
+        given = {**dict(zip(positional[len(positional) - len(defaults):], defaults)),
+                 **(function.__kwdefaults__ or {})}
+        spread = [a for a in call.args if isinstance(a, ast.Starred)] or \
+            [k for k in call.keywords if k.arg is None]
+        # (a `*args` or `**kwargs` at the call: what it gives is not known, defaults neither)
+        origins = {name: Origin(value=value) for name, value in given.items() if not spread}
+        leading = call.args[:call.args.index(spread[0])] if spread and \
+            isinstance(spread[0], ast.Starred) else call.args
+        for name, argument in [*zip(positional, leading),
+                               *((k.arg, k.value) for k in call.keywords if k.arg)]:
+            made = self.writes.made(argument)
+            values = self.writes.known_values(argument) if not made else None
+            origins[name] = Origin(made) if made else \
+                Origin(value=values[0] if values and len(values) == 1 else UNKNOWN)
+        return origins
 
     def check_stores(self, node: ast.AST | None) -> None:
         """A global or nonlocal name the function assigns: eager assigns it at every call."""
@@ -216,17 +262,17 @@ class _EffectFinder(Resolver):
 
     def check_effect(self, call: ast.Call, local: set[str]) -> None:
         chain = self._chain(call.func)
-        if chain is not None and chain[0] in _parameters(self.function.__code__) and \
-                chain[1] and chain[1][-1] in _MUTATORS:
-            raise Unprovable(f"calls `{snippet(call.func)}`, which may change its argument "
-                             f"`{chain[0]}` at every call", call)
         if chain is None or (chain[0] in local and chain[0] not in self.imported):
-            return  # a value of its own, or an argument's: left to the guards
+            return  # a value of its own, or an argument's: its writes are WriteFinder's
         known, value = self._callee(*chain)
         if known:
-            self.check_callee(value, snippet(call.func), call)
+            inlined = getattr(value, "_ndd_trace_inlined", None) or value
+            origins = self.call_origins(call, inlined) \
+                if isinstance(inlined, types.FunctionType) else None
+            self.check_callee(value, snippet(call.func), call, origins)
 
-    def check_callee(self, value: Any, what: str, node: ast.AST) -> None:
+    def check_callee(self, value: Any, what: str, node: ast.AST,
+                     origins: dict | None = None) -> None:
         value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
         module = _module_of(value)
         name = getattr(value, "__name__", "")
@@ -241,19 +287,35 @@ class _EffectFinder(Resolver):
                              "call", node)
         if isinstance(value, types.FunctionType) and not module.startswith(PURE_MODULES) \
                 and self.depth < MAX_DEPTH:
-            finding = _find_effect_in(value, self.depth + 1)
+            finding = _find_effect_in(value, self.depth + 1, origins)
             if finding is not None:
                 raise Unprovable(f"calls `{what}`, which {finding.reason} (at {finding.loc})",
                                  node)
 
 
-def find_effect(function: Any) -> Finding | None:
+def find_effect(function: Any, arguments: dict | None = None) -> Finding | None:
     """The first call in `function` (or a helper it calls, 3 deep) known to have an effect or
-    to give another value at each call; None where there is none, or no source to read."""
-    return _find_effect_in(function, 0)
+    to give another value at each call, or write into an object the function did not make;
+    None where there is none. `arguments`: the call's, by parameter name (a bare `x += 1`
+    changes a list in place, and rebinds a Batch or a number)."""
+    if not isinstance(function, types.FunctionType):
+        return None
+    origins = {name: Origin(value=value) for name, value in (arguments or {}).items()}
+    return _find_effect_in(function, 0, origins)
 
 
-def _find_effect_in(function: Any, depth: int) -> Finding | None:
+def _all_origins(code: types.CodeType, origins: dict | None) -> dict[str, Origin]:
+    """Every parameter's origin: as given, another's object of an unknown value where not
+    given; `*args` and `**kwargs` are made by the call (their items are not)."""
+    found = {name: (origins or {}).get(name, Origin()) for name in _parameters(code)}
+    for flag, index in ((inspect.CO_VARARGS, code.co_argcount + code.co_kwonlyargcount),
+                        (inspect.CO_VARKEYWORDS, len(found) - 1)):
+        if code.co_flags & flag:
+            found[_parameters(code)[index]] = Origin(SHALLOW)
+    return found
+
+
+def _find_effect_in(function: Any, depth: int, origins: dict | None = None) -> Finding | None:
     if not isinstance(function, types.FunctionType):
         return None
     try:
@@ -261,10 +323,10 @@ def _find_effect_in(function: Any, depth: int) -> Finding | None:
     except SyntaxError:
         tree = None
     if tree is None:  # `python -c`, exec'd strings: read the bytecode instead
-        return _find_effect_in_code(function, depth)
+        return _find_effect_in_code(function, depth, origins)
     node, filename, first = tree
     try:
-        _EffectFinder(function, depth).find(node.body)
+        _EffectFinder(function, depth, origins).find(node.body)
     except Unprovable as problem:
         return Finding(problem.reason, source_loc(filename, first, problem.node, function))
     return None
@@ -300,7 +362,8 @@ def _free_name_chains(code: types.CodeType, imported: dict) -> list[tuple[str, l
     return chains
 
 
-def _find_effect_in_code(function: Any, depth: int) -> Finding | None:
+def _find_effect_in_code(function: Any, depth: int, origins: dict | None = None
+                         ) -> Finding | None:
     """find_effect without the source: every free name's attribute chain the bytecode reads
     (called or not: a reference counts, which errs toward transparent mode) is checked as a
     callee would be."""
