@@ -649,3 +649,45 @@ def test_a_returned_shape_is_batched_as_eager_batches_a_python_int(images):
     """`return image.shape[0]`: the eager loop batches Python ints as int32; the pipeline
     gave int64."""
     check(_height, images, seeds=[0])
+
+
+# -- what a per-sample probe found: returned numbers and structures (silently other values) ------
+
+def _mean_level(image):
+    return ndd.reductions.max(image).item(), ndd.reductions.mean(image).item()
+
+
+def _labelled(image):
+    return image, 1, 0.5
+
+
+def _listed(image):
+    if image.shape[0] > 45:
+        return [ndd.flip(image, horizontal=1), image]
+    return [image, image]
+
+
+def _keyed(image):
+    return {"image": image, "tall": image.shape[0] > 45, "width": image.shape[1]}
+
+
+@pytest.mark.parametrize("function", [_mean_level, _labelled, _listed, _keyed])
+def test_returned_numbers_and_structures_are_gathered_as_the_eager_loop(images, function):
+    """`.item()` came back in the tensor's dtype (uint8 where the loop batches a Python int as
+    int32, float64 where it batches a float as float32), a constant not batched at all, a list
+    or dict stacked by the reference; and the function's own eager loop gave the first
+    sample's number, not a Batch of every sample's."""
+    check(function, images, seeds=[0])
+    compiled = ndd.compile(function, per_sample=True)
+    assert_same(run(function, images, seed=0, reference="per_sample").result,
+                compiled.eager(images))
+
+
+def test_an_int_beyond_int32_raises_as_the_eager_loop_raises():
+    """ndd.batch refuses a Python int beyond int32 (after a smaller first one): so does the
+    compiled call, where a cast would have wrapped it."""
+    def count(value):
+        return value.item()
+
+    values = ndd.batch([np.array(1, np.int64), np.array(2**31, np.int64)])
+    assert_matches_eager(count, values, modes=("per_sample",), raises=True)

@@ -75,7 +75,8 @@ from .conditionals import (DefinedOp, array_of, autograph_origin, cast_node, con
                            conditional_pipeline, defined_ops, do_not_convert, float64_constant,
                            fn_function,
                            host_ints, host_samples, in_this_branch, input_node, is_data_node,
-                           logical_hooks, node_key, sample_index_source, sample_indices,
+                           logical_hooks, node_key, python_numbers, sample_index_source,
+                           sample_indices,
                            scalar_node, shape_node, zero_state)
 
 __all__ = [  # the adapter's names, as the rest of the package uses them
@@ -103,6 +104,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "op_functions", "op_path", "owned_storage", "park_failed_pipeline", "pending_run_of",
     "pipeline_failure",
     "pipeline_options", "pipeline_outputs", "plumbing", "process_params_replaced", "proxy_device",
+    "python_numbers",
     "read_files_again", "Reader", "reader_checkpointing",
     "reader_epoch_captures", "reader_epoch_request", "reader_files", "ReaderFiles",
     "reader_fn_path", "reader_has_tensor_args", "reader_metadata",

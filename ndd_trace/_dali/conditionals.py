@@ -141,6 +141,14 @@ def host_ints(tensor_list: Any) -> list[int]:
     return [int(np.asarray(sample)) for sample in tensor_list]
 
 
+def python_numbers(tensor_list: Any) -> list:
+    """Each sample of a pipeline output (CPU or GPU) as the Python number eager's `.item()`
+    gives (`np.array(storage).item()`, as ndd's `Tensor.item` computes it)."""
+    if isinstance(tensor_list, backend.TensorListGPU):
+        tensor_list = tensor_list.as_cpu()
+    return [np.array(sample).item() for sample in tensor_list]
+
+
 def zero_state() -> np.ndarray:
     """An all-zero random state (a stand-in that draws nothing from any generator)."""
     return np.zeros(STATE_WORDS, dtype=np.uint32)

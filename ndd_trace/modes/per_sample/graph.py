@@ -22,6 +22,7 @@ from ...core.passes import eliminate_dead_code
 from ...core.source import SourceLoc
 from .conditions import Item, noted_error
 from .definition import SAMPLE_INDEX, Definition, call_location, handler, logical_guess
+from .gather import is_number
 
 
 class GraphRecorder:
@@ -74,11 +75,14 @@ class GraphRecorder:
 def _flatten(value: Any, outputs: list) -> Any:
     """The output tree of a per-sample function's result; its DataNodes go into `outputs`."""
     def leaf(item: Any) -> tuple | None:
-        if isinstance(item, Item):  # eager batches a Python int as int32 (a shape's is int64)
-            item = _dali.cast_node(item.node, "INT32") if item.kind is int else item.node
+        if isinstance(item, Item):  # read back as Python numbers, batched as eager's loop does
+            outputs.append(item.node)
+            return ("number", len(outputs) - 1)
         if _dali.is_data_node(item):
             outputs.append(item)
             return ("out", len(outputs) - 1)
+        if is_number(item):  # the same number for every sample, batched as eager's loop does
+            return ("constant", item)
         return None
 
     return trees.flatten(value, leaf)
