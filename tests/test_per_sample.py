@@ -691,3 +691,95 @@ def test_an_int_beyond_int32_raises_as_the_eager_loop_raises():
 
     values = ndd.batch([np.array(1, np.int64), np.array(2**31, np.int64)])
     assert_matches_eager(count, values, modes=("per_sample",), raises=True)
+
+
+# -- what a per-sample probe found: constructs the eager loop runs, which raised ---------------
+
+def _nested_return(image):
+    if image.shape[0] > 41:
+        if image.shape[0] > 45:
+            return ndd.flip(image, horizontal=1)
+        image = ndd.flip(image, vertical=1)
+    return image
+
+
+def _raise_not_taken(image):
+    if image.shape[0] > 100:
+        raise ValueError("too big")
+    return image
+
+
+def _set_in_one_branch(image):
+    if image.shape[0] > 20:  # every sample of `images` takes it
+        out = ndd.flip(image, horizontal=1)
+    return out
+
+
+def _set_in_one_branch_not_taken(image):
+    if image.shape[0] > 45:  # some samples do not: eager's UnboundLocalError
+        out = ndd.flip(image, horizontal=1)
+    return out
+
+
+def _raise_taken(image):
+    if image.shape[0] > 45:
+        raise ValueError(f"too big: {image.shape}")
+    return image
+
+
+def _is_tall(image):
+    return image.shape[0] > 45
+
+
+def _helper_reads_shape(image):
+    if _is_tall(image):
+        return ndd.flip(image, horizontal=1)
+    return image
+
+
+def _unpacks_shape(image):
+    height, width, channels = image.shape
+    if height > 45:
+        return ndd.flip(image, horizontal=1)
+    return image
+
+
+@pytest.mark.parametrize("function, line", [
+    (_nested_return, 2), (_raise_not_taken, 2), (_set_in_one_branch, 1),
+    (_set_in_one_branch_not_taken, 1), (_raise_taken, 2), (_helper_reads_shape, None),
+    (_unpacks_shape, 1)])
+def test_what_dalis_conditionals_cannot_define_runs_the_eager_loop_and_says_so(
+        images, function, line):
+    """DALI defines both branches of a per-sample `if` for all samples: a `raise` in a branch,
+    a variable or `return` in one branch only, a helper reading `.shape`, a shape unpacked,
+    raised DALI's AutoGraph dump where the eager loop returns (or raises its own error at its
+    moment). They run as the eager per-sample loop, warned at the user's line."""
+    assert_matches_eager(function, images, modes=("per_sample",), warn="ignore")
+    compiled = ndd.compile(function, per_sample=True)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        try:
+            compiled(images)
+        except (ValueError, UnboundLocalError):
+            pass
+    messages = [str(w.message) for w in record
+                if issubclass(w.category, ndd_trace.NddTraceWarning)]
+    assert len(messages) == 1 and "eager per-sample loop" in messages[0], messages
+    assert "in user code" not in messages[0] and "_ndd_" not in messages[0], messages[0]
+    if line is not None:
+        where = [(w.filename, w.lineno) for w in record
+                 if issubclass(w.category, ndd_trace.NddTraceWarning)]
+        assert where == [(__file__, function.__code__.co_firstlineno + line)], where
+
+
+def test_a_chained_comparison_says_what_to_write_instead(images):
+    @ndd.compile(per_sample=True)
+    def middle(image):
+        if 40 < image.shape[0] < 50:
+            return ndd.flip(image, horizontal=1)
+        return image
+
+    with pytest.raises(PerSampleError, match=r"chained comparison.*x.item\(\) and") as info:
+        middle(images)
+    assert f"test_per_sample.py:{middle.__wrapped__.__code__.co_firstlineno + 2}" in \
+        str(info.value)

@@ -72,7 +72,8 @@ from .pipelines import (ExternalSource, crashes_on_empty_samples, current_device
                         frees_after_failure, has_empty_sample, park_failed_pipeline,
                         pipeline_failure, pipeline_options, pipeline_outputs, schedule_one)
 from .conditionals import (DefinedOp, array_of, autograph_origin, cast_node, condition_chain,
-                           conditional_pipeline, defined_ops, do_not_convert, float64_constant,
+                           conditional_pipeline, defined_ops, definition_error,
+                           do_not_convert, float64_constant,
                            fn_function,
                            host_ints, host_samples, in_this_branch, input_node, is_data_node,
                            logical_hooks, node_key, python_numbers, sample_index_source,
@@ -86,7 +87,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "cast_node",
     "broadcast_state", "call_site_frame", "capture_running",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
-    "crashes_on_empty_samples", "DefinedOp", "defined_ops",
+    "crashes_on_empty_samples", "DefinedOp", "defined_ops", "definition_error",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
     "do_not_convert", "draw_state", "dynamic_module", "DType", "dtype_name", "dtype_of",

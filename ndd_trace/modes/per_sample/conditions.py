@@ -98,6 +98,13 @@ class Item:
             "Compare it, branch on it, or pass it to an ndd op; compute with ndd ops on the "
             "tensor instead", _loc(self.lineno))
 
+    def __bool__(self) -> bool:
+        raise noted_error(
+            "uses a per-sample comparison as a Python bool outside an `if`/`and`/`or` (a "
+            "chained comparison such as `0 < x.item() < 1`, `bool()`): it differs between the "
+            "samples of one pipeline run. Write `0 < x.item() and x.item() < 1`",
+            _loc(self.lineno))
+
     for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
                   "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
                   "__rmod__", "__pow__", "__rpow__", "__neg__", "__abs__", "__int__",
