@@ -44,6 +44,7 @@ import collections
 import contextlib
 import dataclasses
 import inspect
+import numbers
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -351,14 +352,25 @@ def _compiling(options: dict, steps: list) -> Callable:
 
 
 def per_sample_loop(function: Callable, *args: Any) -> Any:
-    """The eager reference of a per-sample function: called on each sample, batched (a tuple's
-    outputs each, in a tuple of the function's type: a namedtuple stays one)."""
+    """The eager reference of a per-sample function (docs/per-sample.md): called on each sample,
+    the results gathered in sample 0's structure (tuples, lists, dicts; a namedtuple stays one),
+    each Tensor and Python number batched over the samples by `ndd.batch`, any other value
+    sample 0's."""
     results = [function(*[a.select(i) if isinstance(a, ndd.Batch) else a for a in args])
                for i in range(args[0].batch_size)]
-    if isinstance(results[0], tuple):
-        outputs = [ndd.batch([r[k] for r in results]) for k in range(len(results[0]))]
-        return type(results[0])(*outputs) if hasattr(results[0], "_fields") else tuple(outputs)
-    return ndd.batch(results)
+    return _gathered(results)
+
+
+def _gathered(values: list) -> Any:
+    first = values[0]
+    if isinstance(first, dict):
+        return type(first)((key, _gathered([value[key] for value in values])) for key in first)
+    if isinstance(first, (tuple, list)):
+        items = [_gathered([value[k] for value in values]) for k in range(len(first))]
+        return type(first)(*items) if hasattr(first, "_fields") else type(first)(items)
+    if isinstance(first, (ndd.Tensor, numbers.Number)):
+        return ndd.batch(values)
+    return first
 
 
 def aliases(value: Any) -> tuple:

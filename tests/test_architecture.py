@@ -57,6 +57,7 @@ LAYERS = [
     {"modes.per_sample.conditions"},
     {"modes.per_sample.rewrite"},
     {"modes.per_sample.definition"},
+    {"modes.per_sample.gather"},
     {"modes.per_sample.graph"},
     {"modes.per_sample.random_stream"},
     {"modes.per_sample.function"},

@@ -649,3 +649,137 @@ def test_a_returned_shape_is_batched_as_eager_batches_a_python_int(images):
     """`return image.shape[0]`: the eager loop batches Python ints as int32; the pipeline
     gave int64."""
     check(_height, images, seeds=[0])
+
+
+# -- what a per-sample probe found: returned numbers and structures (silently other values) ------
+
+def _mean_level(image):
+    return ndd.reductions.max(image).item(), ndd.reductions.mean(image).item()
+
+
+def _labelled(image):
+    return image, 1, 0.5
+
+
+def _listed(image):
+    if image.shape[0] > 45:
+        return [ndd.flip(image, horizontal=1), image]
+    return [image, image]
+
+
+def _keyed(image):
+    return {"image": image, "tall": image.shape[0] > 45, "width": image.shape[1]}
+
+
+@pytest.mark.parametrize("function", [_mean_level, _labelled, _listed, _keyed])
+def test_returned_numbers_and_structures_are_gathered_as_the_eager_loop(images, function):
+    """`.item()` came back in the tensor's dtype (uint8 where the loop batches a Python int as
+    int32, float64 where it batches a float as float32), a constant not batched at all, a list
+    or dict stacked by the reference; and the function's own eager loop gave the first
+    sample's number, not a Batch of every sample's."""
+    check(function, images, seeds=[0])
+    compiled = ndd.compile(function, per_sample=True)
+    assert_same(run(function, images, seed=0, reference="per_sample").result,
+                compiled.eager(images))
+
+
+def test_an_int_beyond_int32_raises_as_the_eager_loop_raises():
+    """ndd.batch refuses a Python int beyond int32 (after a smaller first one): so does the
+    compiled call, where a cast would have wrapped it."""
+    def count(value):
+        return value.item()
+
+    values = ndd.batch([np.array(1, np.int64), np.array(2**31, np.int64)])
+    assert_matches_eager(count, values, modes=("per_sample",), raises=True)
+
+
+# -- what a per-sample probe found: constructs the eager loop runs, which raised ---------------
+
+def _nested_return(image):
+    if image.shape[0] > 41:
+        if image.shape[0] > 45:
+            return ndd.flip(image, horizontal=1)
+        image = ndd.flip(image, vertical=1)
+    return image
+
+
+def _raise_not_taken(image):
+    if image.shape[0] > 100:
+        raise ValueError("too big")
+    return image
+
+
+def _set_in_one_branch(image):
+    if image.shape[0] > 20:  # every sample of `images` takes it
+        out = ndd.flip(image, horizontal=1)
+    return out
+
+
+def _set_in_one_branch_not_taken(image):
+    if image.shape[0] > 45:  # some samples do not: eager's UnboundLocalError
+        out = ndd.flip(image, horizontal=1)
+    return out
+
+
+def _raise_taken(image):
+    if image.shape[0] > 45:
+        raise ValueError(f"too big: {image.shape}")
+    return image
+
+
+def _is_tall(image):
+    return image.shape[0] > 45
+
+
+def _helper_reads_shape(image):
+    if _is_tall(image):
+        return ndd.flip(image, horizontal=1)
+    return image
+
+
+def _unpacks_shape(image):
+    height, width, channels = image.shape
+    if height > 45:
+        return ndd.flip(image, horizontal=1)
+    return image
+
+
+@pytest.mark.parametrize("function, line", [
+    (_nested_return, 2), (_raise_not_taken, 2), (_set_in_one_branch, 1),
+    (_set_in_one_branch_not_taken, 1), (_raise_taken, 2), (_helper_reads_shape, None),
+    (_unpacks_shape, 1)])
+def test_what_dalis_conditionals_cannot_define_runs_the_eager_loop_and_says_so(
+        images, function, line):
+    """DALI defines both branches of a per-sample `if` for all samples: a `raise` in a branch,
+    a variable or `return` in one branch only, a helper reading `.shape`, a shape unpacked,
+    raised DALI's AutoGraph dump where the eager loop returns (or raises its own error at its
+    moment). They run as the eager per-sample loop, warned at the user's line."""
+    assert_matches_eager(function, images, modes=("per_sample",), warn="ignore")
+    compiled = ndd.compile(function, per_sample=True)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        try:
+            compiled(images)
+        except (ValueError, UnboundLocalError):
+            pass
+    messages = [str(w.message) for w in record
+                if issubclass(w.category, ndd_trace.NddTraceWarning)]
+    assert len(messages) == 1 and "eager per-sample loop" in messages[0], messages
+    assert "in user code" not in messages[0] and "_ndd_" not in messages[0], messages[0]
+    if line is not None:
+        where = [(w.filename, w.lineno) for w in record
+                 if issubclass(w.category, ndd_trace.NddTraceWarning)]
+        assert where == [(__file__, function.__code__.co_firstlineno + line)], where
+
+
+def test_a_chained_comparison_says_what_to_write_instead(images):
+    @ndd.compile(per_sample=True)
+    def middle(image):
+        if 40 < image.shape[0] < 50:
+            return ndd.flip(image, horizontal=1)
+        return image
+
+    with pytest.raises(PerSampleError, match=r"chained comparison.*x.item\(\) and") as info:
+        middle(images)
+    assert f"test_per_sample.py:{middle.__wrapped__.__code__.co_firstlineno + 2}" in \
+        str(info.value)

@@ -73,10 +73,12 @@ from .pipelines import (ExternalSource, crashes_on_empty_samples, current_device
                         park_failed_pipeline,
                         pipeline_failure, pipeline_options, pipeline_outputs, schedule_one)
 from .conditionals import (DefinedOp, array_of, autograph_origin, cast_node, condition_chain,
-                           conditional_pipeline, defined_ops, do_not_convert, float64_constant,
+                           conditional_pipeline, defined_ops, definition_error,
+                           do_not_convert, float64_constant,
                            fn_function,
                            host_ints, host_samples, in_this_branch, input_node, is_data_node,
-                           logical_hooks, node_key, sample_index_source, sample_indices,
+                           logical_hooks, node_key, python_numbers, sample_index_source,
+                           sample_indices,
                            scalar_node, shape_node, zero_state)
 
 __all__ = [  # the adapter's names, as the rest of the package uses them
@@ -86,7 +88,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "cast_node",
     "broadcast_state", "call_site_frame", "capture_running",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
-    "crashes_on_empty_samples", "DefinedOp", "defined_ops",
+    "crashes_on_empty_samples", "DefinedOp", "defined_ops", "definition_error",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
     "do_not_convert", "draw_state", "dynamic_module", "DType", "dtype_name", "dtype_of",
@@ -105,6 +107,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "op_functions", "op_path", "owned_storage", "park_failed_pipeline", "pending_run_of",
     "pipeline_failure",
     "pipeline_options", "pipeline_outputs", "plumbing", "process_params_replaced", "proxy_device",
+    "python_numbers",
     "read_files_again", "Reader", "reader_checkpointing",
     "reader_epoch_captures", "reader_epoch_request", "reader_files", "ReaderFiles",
     "reader_fn_path", "reader_has_tensor_args", "reader_metadata",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -141,6 +142,14 @@ def host_ints(tensor_list: Any) -> list[int]:
     return [int(np.asarray(sample)) for sample in tensor_list]
 
 
+def python_numbers(tensor_list: Any) -> list:
+    """Each sample of a pipeline output (CPU or GPU) as the Python number eager's `.item()`
+    gives (`np.array(storage).item()`, as ndd's `Tensor.item` computes it)."""
+    if isinstance(tensor_list, backend.TensorListGPU):
+        tensor_list = tensor_list.as_cpu()
+    return [np.array(sample).item() for sample in tensor_list]
+
+
 def zero_state() -> np.ndarray:
     """An all-zero random state (a stand-in that draws nothing from any generator)."""
     return np.zeros(STATE_WORDS, dtype=np.uint32)
@@ -156,6 +165,19 @@ def autograph_origin(filename: str, lineno: int) -> tuple[str, int] | None:
         return None
     origin = stack[-1].internal_map.get((filename, lineno))
     return (origin[0], origin[1]) if origin is not None else None
+
+
+def definition_error(error: BaseException) -> tuple[str, list[tuple[str, int]]]:
+    """An error raised while a conditional pipeline was defined, as DALI's AutoGraph reports it:
+    the original error's text ("RuntimeError: ...", not its "in user code" dump) and the frames
+    it came through, innermost first, lines of generated code mapped to what they came from."""
+    metadata = getattr(error, "ag_error_metadata", None)
+    if metadata is None or not getattr(metadata, "cause_message", None):
+        frames = traceback.extract_tb(error.__traceback__)
+        return (f"{type(error).__name__}: {error}",
+                [(frame.filename, frame.lineno or 0) for frame in reversed(frames)])
+    return (metadata.cause_message.strip(),
+            [(frame.filename, frame.lineno) for frame in metadata.translated_stack])
 
 
 class HostSample:

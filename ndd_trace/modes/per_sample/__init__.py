@@ -34,7 +34,8 @@ Random ops with a data input (noise, random crops) run the function as the eager
 loop (with a warning at the line).
 
 Its modules, lowest first: conditions.py (per-sample values, the helpers the rewritten code
-calls), rewrite.py (the AST rewrite), definition.py (defining the pipeline), graph.py (the
+calls), rewrite.py (the AST rewrite), definition.py (defining the pipeline), gather.py (what a
+call returns: the eager loop's results gathered, a run's outputs the same), graph.py (the
 definition recorded as a Graph), random_stream.py (`RandomStream`: the random ops' values),
 function.py (`PerSampleFunction`, `_MAX_RUNS`).
 """

@@ -39,14 +39,12 @@ class Item:
     `python`, where known, computes the number in Python from one sample's random values and
     input shapes: a guess of the sample's path, checked by the run (see `RandomStream`)."""
 
-    __slots__ = ("lineno", "node", "python", "kind")
+    __slots__ = ("lineno", "node", "python")
 
-    def __init__(self, node: Any, lineno: int, python: Callable[[Sample], Any] | None = None,
-                 kind: type | None = None):
+    def __init__(self, node: Any, lineno: int, python: Callable[[Sample], Any] | None = None):
         self.node = node
         self.lineno = lineno
         self.python = python
-        self.kind = kind  # the Python type eager's number has (int, bool), where known
 
     def _wide(self) -> Any:
         return _dali.cast_node(self.node, "FLOAT64")
@@ -71,7 +69,7 @@ class Item:
         elif self.python is not None and not isinstance(other, Item):
             mine = self.python
             python = lambda sample: compare(mine(sample), other)  # noqa: E731
-        return Item(result, self.lineno, python, bool)
+        return Item(result, self.lineno, python)
 
     def __eq__(self, other: object) -> Item:  # type: ignore[override]
         return self._compare(other, "eq")
@@ -99,6 +97,13 @@ class Item:
             "int(), range(), formatting): it differs between the samples of one pipeline run. "
             "Compare it, branch on it, or pass it to an ndd op; compute with ndd ops on the "
             "tensor instead", _loc(self.lineno))
+
+    def __bool__(self) -> bool:
+        raise noted_error(
+            "uses a per-sample comparison as a Python bool outside an `if`/`and`/`or` (a "
+            "chained comparison such as `0 < x.item() < 1`, `bool()`): it differs between the "
+            "samples of one pipeline run. Write `0 < x.item() and x.item() < 1`",
+            _loc(self.lineno))
 
     for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
                   "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
@@ -129,7 +134,7 @@ class _Shape:
         if self._argument is not None:  # an input's shape: known before the run
             argument = self._argument
             python = lambda sample: sample.shape(argument)[index]  # noqa: E731
-        return Item(self._node[index], self._lineno, python, int)
+        return Item(self._node[index], self._lineno, python)
 
     def __len__(self) -> int:
         raise noted_error("takes len() of a per-sample shape (use x.ndim)", _loc(self._lineno))

@@ -65,6 +65,13 @@ class Definition:
     converted_filename: str = ""
     user_lines: dict[int, int] = dataclasses.field(default_factory=dict)
 
+    def is_rewritten(self, filename: str) -> bool:
+        """Whether `filename` is this function's rewritten source: AutoGraph keeps one
+        conversion for equal code objects (a code object's filename is not compared), so a
+        later rewrite of the same function runs under an earlier one's name, same lines."""
+        return filename == self.converted_filename or filename.startswith(
+            f"<ndd_trace per-sample:{self.name}#")
+
 
 def call_location(definition: Definition) -> SourceLoc | None:
     """The user's line of an ndd call made while the pipeline is defined: the rewritten
@@ -76,7 +83,7 @@ def call_location(definition: Definition) -> SourceLoc | None:
         if origin is None:
             return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         filename, lineno = origin
-        if filename == definition.converted_filename:
+        if definition.is_rewritten(filename):
             return SourceLoc(definition.filename, definition.user_lines.get(lineno, lineno),
                              definition.name)
         if not is_internal_file(filename):

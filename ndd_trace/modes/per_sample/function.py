@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import _dali
-from ...core import ledger, process_state, trees
+from ...core import ledger, process_state
 from ...core.ledger import Runs, Verdict
 from ...core.source import SourceLoc, user_location
 from ...codegen.lower import Lowered, lower
@@ -26,6 +26,7 @@ from ...units.build import compile_graph
 from ...units.cache import LIVE_PIPELINES, CacheInfo, Found, UnitCache
 from ...units.unit import Unit
 from .definition import Definition, EagerLoop
+from .gather import gather, rebuilt
 from .graph import trace
 from .random_stream import RandomStream
 from .rewrite import convert
@@ -267,8 +268,7 @@ class PerSampleFunction:
             except _EagerCall as call:  # the generators are untouched: the loop draws as it would
                 self._warn_eager(call.variant)
                 return self.eager(*args)
-        batches = [_dali.wrap_batch(output) for output in outputs]
-        return trees.unflatten(definition.output_tree, lambda node: batches[node[1]])
+        return rebuilt(definition.output_tree, outputs, batch_size)
 
     def _run(self, variant: _Variant, args: tuple, batch_size: int) -> tuple:
         """Run the pipeline until the random values fed agree with the paths the samples take
@@ -340,7 +340,7 @@ class PerSampleFunction:
             sample_args = [value.select(index) if isinstance(value, _dali.Batch) else value
                            for value in args]
             results.append(self._function(*sample_args))
-        return _gather(results)
+        return gather(results, self.__qualname__)
 
     def _warn_eager(self, variant: _Variant) -> None:
         loc = variant.eager_loc
@@ -354,15 +354,3 @@ def _reported(error: BaseException) -> BaseException:
     """DALI's own report of a failed run (kept on the error the runtime raises)."""
     cause = error.__cause__ if error.__cause__ is not None else error
     return getattr(cause, "dali_error", None) or getattr(error, "dali_error", None) or error
-
-
-def _gather(results: list) -> Any:
-    first = results[0]
-    if isinstance(first, _dali.Tensor):
-        return _dali.batch_of(results)
-    if isinstance(first, (tuple, list)):
-        gathered = [_gather([r[i] for r in results]) for i in range(len(first))]
-        return type(first)(gathered) if isinstance(first, tuple) else gathered
-    if isinstance(first, dict):
-        return {k: _gather([r[k] for r in results]) for k in first}
-    return first

@@ -19,9 +19,11 @@ from ... import _dali
 from ...core import process_state, trees
 from ...core.ir import Graph, Ref, TensorMeta
 from ...core.passes import eliminate_dead_code
-from ...core.source import SourceLoc
+from ...core.source import SourceLoc, is_internal_file
 from .conditions import Item, noted_error
-from .definition import SAMPLE_INDEX, Definition, call_location, handler, logical_guess
+from .definition import (SAMPLE_INDEX, Definition, EagerLoop, call_location, handler,
+                         logical_guess)
+from .gather import is_number
 
 
 class GraphRecorder:
@@ -74,14 +76,43 @@ class GraphRecorder:
 def _flatten(value: Any, outputs: list) -> Any:
     """The output tree of a per-sample function's result; its DataNodes go into `outputs`."""
     def leaf(item: Any) -> tuple | None:
-        if isinstance(item, Item):  # eager batches a Python int as int32 (a shape's is int64)
-            item = _dali.cast_node(item.node, "INT32") if item.kind is int else item.node
+        if isinstance(item, Item):  # read back as Python numbers, batched as eager's loop does
+            outputs.append(item.node)
+            return ("number", len(outputs) - 1)
         if _dali.is_data_node(item):
             outputs.append(item)
             return ("out", len(outputs) - 1)
+        if is_number(item):  # the same number for every sample, batched as eager's loop does
+            return ("constant", item)
         return None
 
     return trees.flatten(value, leaf)
+
+
+def _not_definable(definition: Definition, error: Exception) -> EagerLoop:
+    """The eager per-sample loop for a function whose pipeline could not be defined (DALI's
+    conditionals run both branches of every per-sample `if` while defining it: a `raise` in a
+    branch no sample takes, a variable or `return` set in one branch only, ...): the loop runs
+    the function as written, with eager's results or eager's error, at eager's moment."""
+    message, frames = _dali.definition_error(error)
+    loc = None
+    for filename, lineno in frames:  # innermost first: the user's line (a helper's too)
+        if definition.is_rewritten(filename):
+            loc = SourceLoc(definition.filename, definition.user_lines.get(lineno, lineno),
+                            definition.name)
+        elif not is_internal_file(filename) and not filename.startswith("<"):
+            loc = SourceLoc(filename, lineno, "")
+        if loc is not None:
+            break
+    message = message.splitlines()[-1] if message else type(error).__name__
+    if "inconsistent outputs" in message:
+        why = ("sets a variable (or returns) in one branch of a per-sample `if` only; DALI "
+               "merges both branches for every sample. Set it in every branch (or before the "
+               "`if`) to run it as one pipeline")
+    else:
+        why = ("raised while both branches of its per-sample `if`s were defined (each runs "
+               "once for all samples, taken or not)")
+    return EagerLoop(f"could not be defined as one pipeline: {why} ({message})", loc)
 
 
 def trace(function: Callable, converted: Any, parameters: list[str], args: tuple,
@@ -140,6 +171,10 @@ def trace(function: Callable, converted: Any, parameters: list[str], args: tuple
                 _dali.logical_hooks(functools.partial(logical_guess, definition)), \
                 _dali.defined_ops(recorder.add):
             _dali.conditional_pipeline(pipeline_definition, **options)
+    except Exception as error:
+        if process_state.per_sample_scope.raised is not None:
+            raise  # ours: a refusal, or the decision to run the eager loop
+        raise _not_definable(definition, error) from None
     finally:
         process_state.per_sample_scope.definition = previous
     return recorder.finish(tuple(defined)), definition
