@@ -96,7 +96,7 @@ class RegionRunner:
                 region.ahead += 1
         elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
                                            self._empty_sample_call(region, view.leaves)) or \
-                self._eager_after_failure(region):
+                (failed_ahead is None and self._eager_after_failure(region)):
             outputs = self._interpreted(region_view(region_ops, target, clone=True))
         else:
             try:
