@@ -270,9 +270,11 @@ def test_process_exits_after_pipeline_runs_fail_part_way_through_a_batch(mode):
         import numpy as np
         import nvidia.dali.experimental.dynamic as ndd
         import ndd_trace
+        from ndd_trace.execution import runtime
 
         warnings.simplefilter("ignore")
         MEAN = [1.0, 2.0, 3.0]
+        runtime.REBUILD_WAIT = 0  # rebuilt after one eager call: 3 failed pipelines sooner
 
         def f(x):
             return ndd.crop_mirror_normalize(x, mean=MEAN, std=[2.0])
@@ -280,7 +282,7 @@ def test_process_exits_after_pipeline_runs_fail_part_way_through_a_batch(mode):
         def outcomes(fn, transparent):
             g = np.random.default_rng(0)
             seen = []
-            for _ in range(6):
+            for _ in range(12):
                 x = ndd.as_batch([g.normal(size=(int(g.integers(1, 4)), int(g.integers(0, 4)),
                                                   int(g.integers(0, 3)))).astype(np.float32)
                                   for _ in range(6)], layout="CHW")

@@ -30,41 +30,51 @@ from .results import PendingRun
 
 # failed pipelines an Executable may leave set aside before its calls run eagerly instead
 MAX_FAILED_PIPELINES = 3
-# the most calls run eagerly after a failed run before the pipeline is built again
-MAX_EAGER_AFTER_FAILURE = 1024
+# after a failed run, calls run eagerly until this many times the pipeline's build time has
+# passed (doubled for each failure that follows closely, at most MAX_REBUILD_WAIT times)
+REBUILD_WAIT = 4
+MAX_REBUILD_WAIT = 1024
+CLOSE_FAILURES = 64  # a failure within this many clean runs of the one before follows closely
 
 
 class RebuildBackoff:
-    """After a failed run (its pipeline dropped), the next calls run eagerly before the pipeline
-    is built again: one after a first failure, twice as many after each failure that follows
-    within a few runs. A loop that catches a failing file's error every few steps would
-    otherwise build a pipeline (on the GPU, hundreds of ms) for every few steps it runs."""
+    """After a failed run (its pipeline dropped), calls run eagerly (at least one) until
+    REBUILD_WAIT times the pipeline's build time has passed, twice as long after each failure
+    that follows closely: a loop that catches a corrupt file's error every few steps would
+    otherwise build a pipeline (on the GPU, hundreds of ms) every few steps; this way builds
+    take at most a shrinking share of its time, and its steps run at eager's speed between."""
 
     def __init__(self) -> None:
         self.failures = 0  # failed runs, in all
+        self.build_s = 0.0  # the latest build's seconds
+        self._wait = 0  # multiple of build_s to run eagerly after the latest failure
+        self._failed_at: float | None = None  # when the latest failure was (None: rebuilt)
         self._eager_calls = 0  # eager calls after the latest failure
-        self._left = 0  # of those, still to run
         self._clean_runs = 0  # runs that succeeded since the latest failure
 
     def failed(self) -> None:
-        if self._clean_runs > 16 * self._eager_calls:
-            self._eager_calls = 0  # failures are rare: back to one eager call
-        self._eager_calls = min(2 * self._eager_calls or 1, MAX_EAGER_AFTER_FAILURE)
-        self._left = self._eager_calls
-        self._clean_runs = 0
+        if self._clean_runs > CLOSE_FAILURES:
+            self._wait = 0  # failures are rare: back to the first wait
+        self._wait = min(2 * self._wait or REBUILD_WAIT, MAX_REBUILD_WAIT)
+        self._failed_at = time.perf_counter()
+        self._eager_calls = self._clean_runs = 0
         self.failures += 1
 
     def succeeded(self) -> None:
         self._clean_runs += 1
 
     def take_eager_call(self) -> str | None:
-        """Why this call runs eagerly (counted off), or None: the pipeline runs it."""
-        if self._left <= 0:
+        """Why this call runs eagerly (counted), or None: the pipeline is built and runs it."""
+        if self._failed_at is None:
             return None
-        self._left -= 1
-        return (f"its pipeline failed {self.failures} time(s), the latest within "
-                f"{self._clean_runs + 1} run(s) of the one before; {self._eager_calls} call(s) "
-                "run eagerly before it is built again")
+        waited = time.perf_counter() - self._failed_at
+        if self._eager_calls and waited >= self._wait * self.build_s:
+            self._failed_at = None
+            return None
+        self._eager_calls += 1
+        return (f"its pipeline failed {self.failures} time(s); calls run eagerly for "
+                f"{self._wait}x its build time ({self.build_s * 1000:.0f} ms) before it is "
+                "built again")
 
 
 class Executable(SettingsSwap):
@@ -121,7 +131,8 @@ class Executable(SettingsSwap):
         self.builds += 1
         if self.tuner is not None:
             self.tuner.built(batch_size, None)
-        built = (time.perf_counter() - started) * 1000
+        self.backoff.build_s = time.perf_counter() - started
+        built = self.backoff.build_s * 1000
         logs.builds.info("built %s for batch size %d in %.1f ms", self.lowered.filename,
                          batch_size, built, extra={"ndd_trace_ms": {"build": built}})
 
