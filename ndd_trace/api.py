@@ -76,8 +76,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
 
     @property
     def _ndd_trace_inlined(self) -> Callable:
-        """What a trace that calls this function records: its own function, inlined (its ops
-        join the caller's graph; stepcheck.py and guards.py look into it)."""
+        """What a trace calling it records: its function, inlined (its ops join the caller's)."""
         return self._function
 
     def __init__(self, function: Callable, *, fullgraph: bool = False,
@@ -97,9 +96,9 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         self.is_generator = inspect.isgeneratorfunction(function)
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
         self._ledger = self._notices.ledger
-        self._cache = UnitCache(self.__qualname__, cache_limit, self._ledger,
-                                      function=function,
-                                      positional_names=self._spelling.positional_names)
+        self._cache = UnitCache(self.__qualname__, cache_limit, self._ledger, function=function,
+                                positional_names=self._spelling.positional_names,
+                                second_sighting=True)
         self._stage = TraceStage(function, self.__qualname__, self._spelling, self._notices,
                                  self._options, fullgraph=fullgraph, optimize=bool(optimize),
                                  threads_given=num_threads is not None)
@@ -279,6 +278,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
             if found is Found.PAST_LIMIT:
                 self._notices.past_limit(cache.limit, cache.last_miss_reason)
                 return self._fallback(args, kwargs)
+            if found is Found.FIRST_SIGHTING:  # compiled if its key is seen again
+                return self._notices.first_sighting(cache, self._function, args, kwargs)
             if found is Found.TRACE_FAILED:  # run eagerly, which raises the same way
                 return self._eager_after_failed_trace(key, args, kwargs)
             cache.remember_fast(args, kwargs, entry)
@@ -320,8 +321,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         if reason is not None:
             return self._eager_for_this_call(reason, args, kwargs, why)
         executable = entry.executable
-        after_failure = executable.eager_after_failure()  # not warned: the same results
-        if after_failure is not None:
+        if (after_failure := executable.eager_after_failure()) is not None:  # (not warned)
             return self._eager_for_this_call(after_failure, args, kwargs, warn=False)
         at_call = executable.failures.ops_run_at_call(bound)  # ops eager runs at once (user data)
         snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []

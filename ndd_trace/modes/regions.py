@@ -24,7 +24,7 @@ from ..execution.interpret import interpret
 from ..execution.results import PendingRun
 from ..units.build import compile_graph
 from ..execution.runtime import Options
-from ..units.cache import LIVE_PIPELINES, REGIONS, Found
+from ..units.cache import FREE_UNITS, LIVE_PIPELINES, REGIONS, Found
 from .report import Region, bookkeeping, site_full
 
 
@@ -67,8 +67,9 @@ class RegionRunner:
         mixed = len(batch_sizes) > 1 or own_region
         with REGIONS.lock:
             region, found = REGIONS.lookup(
-                lookup, lambda: self._new_region(key, region_ops, target, mixed,
-                                                 mixed or self._site_has_room(region_ops)),
+                lookup, lambda: self._new_region(
+                    key, region_ops, target, mixed,
+                    None if mixed else self._eager_at_site(region_ops, lookup)),
                 keep=lambda made: made.eager_reason is None or mixed, explain=False)
             if found is Found.HIT:
                 region.hits += 1
@@ -177,20 +178,26 @@ class RegionRunner:
         return True
 
     @staticmethod
-    def _site_has_room(region_ops: list[Node]) -> bool:
-        """Whether a new pipelined region may be made at its line (REGIONS.site_limit); if not,
-        this call runs eagerly (interpreted), counted with the reason."""
+    def _eager_at_site(region_ops: list[Node], lookup: tuple) -> str | None:
+        """Why a new region is not made with a pipeline at its line, counted with the reason
+        (this call runs eagerly), or None (counted at its line): past FREE_UNITS made there, a
+        region is made at its key's second sighting; past REGIONS.site_limit, none is."""
         loc = region_ops[0].loc
         site = str(loc) if loc else "?"
-        if REGIONS.site_has_room(site):
-            return True
+        if REGIONS.site_units[site] >= FREE_UNITS and REGIONS.first_sighting(lookup):
+            reason = (f"a new region at a line that made {FREE_UNITS} or more: it is made if "
+                      "its ops and arguments are seen again")
+        elif REGIONS.site_has_room(site):
+            return None
+        else:
+            reason = site_full()
         chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
-        REGIONS.ledger.tally(chain, Verdict.eager_call(site_full(), loc))
-        logs.fallbacks.debug("region at %s: %s", site, site_full())
-        return False
+        REGIONS.ledger.tally(chain, Verdict.eager_call(reason, loc))
+        logs.fallbacks.debug("region at %s: %s", site, reason)
+        return reason
 
     def _new_region(self, key: tuple, region_ops: list[Node], target: Node,
-                    mixed_batch_sizes: bool, site_has_room: bool = True) -> Region:
+                    mixed_batch_sizes: bool, eager_reason: str | None = None) -> Region:
         loc = region_ops[0].loc if region_ops else None
         started = time.perf_counter()
         if mixed_batch_sizes:
@@ -198,9 +205,9 @@ class RegionRunner:
                           verdict=Verdict.eager_variant("batches of different sizes, or a "
                                                         "one-value random op among batches, in "
                                                         "one region", loc))
-        if not site_has_room:
+        if eager_reason is not None:
             return Region(key=key, loc=loc, num_ops=len(region_ops),
-                          verdict=Verdict.eager_variant(site_full(), loc))
+                          verdict=Verdict.eager_variant(eager_reason, loc))
         graph = region_view(region_ops, target, clone=True).graph
         program = compile_graph(graph, self.options, optimize=self.optimize,
                                 cache_constants=False, runs_ahead=runs_ahead)

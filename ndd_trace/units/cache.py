@@ -35,6 +35,14 @@ class Found(enum.Enum):
     PAST_LIMIT = "past cache_limit"  # not made: the cache holds its limit
     TRACE_FAILED = "trace failed"  # making it raised (the eager call raises the same way, or not)
     NOT_KEPT = "not kept"  # made, not stored (a region that runs eagerly: see lookup's `keep`)
+    FIRST_SIGHTING = "first sighting"  # not made: its key is new, past FREE_UNITS (runs eagerly)
+
+
+# Units a cache makes at their key's first sighting (a compiled function's; transparent mode's,
+# at one line); past them, a unit is made at its key's second sighting and the first call runs
+# eagerly: code whose variants never repeat costs eager's time, not a build per call.
+FREE_UNITS = 4
+SIGHTINGS_KEPT = 1024  # the most keys remembered as seen once (the oldest forgotten first)
 
 
 class CacheInfo(NamedTuple):
@@ -100,7 +108,8 @@ class UnitCache:
 
     def __init__(self, name: str, limit: float, ledger: Ledger, *,
                  function: Callable | None = None, positional_names: tuple[str, ...] = (),
-                 baked: bool = False, site_limit: int | None = None, kind: str = "entries"):
+                 baked: bool = False, site_limit: int | None = None, kind: str = "entries",
+                 second_sighting: bool = False):
         self.name = name
         self.limit = limit
         self.ledger = ledger  # its counters are the cache's
@@ -117,6 +126,8 @@ class UnitCache:
         self.plan = guards.plan_for(function) if function is not None else None
         self.specialized_on_batch_size = False  # keys hold the batch size (a trace read it)
         self._fast: guards.FastGuard | None = None  # the last unit's guard, checked first
+        self.second_sighting = second_sighting  # past FREE_UNITS, lookup makes at a 2nd sighting
+        self._sighted: OrderedDict[tuple, None] = OrderedDict()  # keys seen once, not made
 
     # -- guard keys ----------------------------------------------------------------------------
 
@@ -192,6 +203,9 @@ class UnitCache:
                 self.ledger.counters.misses += 1
             if len(self.units) >= self.limit:
                 return None, Found.PAST_LIMIT  # (the caller records the verdict)
+            if self.second_sighting and self.ledger.counters.traces >= FREE_UNITS and \
+                    self.first_sighting(key):
+                return None, Found.FIRST_SIGHTING  # (the caller runs it eagerly)
             if keep is None:
                 self.ledger.counters.traces += 1
             unit = make()
@@ -207,6 +221,18 @@ class UnitCache:
                 self.units[unit.key] = unit
                 self.last_key = unit.key
             return unit, Found.NEW
+
+    def first_sighting(self, key: tuple) -> bool:
+        """Whether `key` is new (remembered now: its next lookup makes its unit) or was seen
+        once before (forgotten now)."""
+        with self.lock:
+            if key in self._sighted:
+                del self._sighted[key]
+                return False
+            self._sighted[key] = None
+            if len(self._sighted) > SIGHTINGS_KEPT:
+                self._sighted.popitem(last=False)
+            return True
 
     def get(self, key: tuple) -> Unit | None:
         return self.units.get(key)
@@ -249,6 +275,7 @@ class UnitCache:
                     unit.close()
             self.units.clear()
             self.site_units.clear()
+            self._sighted.clear()
             self._fast = None
             self.ledger.clear()
 
