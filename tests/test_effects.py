@@ -12,6 +12,8 @@ import heapq
 import operator
 import itertools
 import random
+import re
+import warnings
 
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
@@ -153,6 +155,60 @@ def test_python_effects_in_a_function_without_source_are_found(uniform_batch):
     with pytest.warns(ndd_trace.NddTraceWarning, match="calls `random.choice`"):
         compiled(uniform_batch)
     assert compiled.cache_info().fallbacks == 1
+
+
+# writes a function without source makes: into a global's item and attribute, an argument's
+# item, through a local bound to a global; and into objects of its own, which are not effects
+_NO_SOURCE_WRITES = '''
+def count_item(x):
+    STATS["n"] += 1
+    return ndd.flip(x, horizontal=1)
+
+def count_attribute(x):
+    STATE.calls = STATE.calls + 1
+    return ndd.flip(x, horizontal=1)
+
+def into_argument(x, seen):
+    seen["last"] = 1
+    return ndd.flip(x, horizontal=1)
+
+def through_a_local(x):
+    stats = STATS
+    stats["n"] = stats["n"] + 1
+    return ndd.flip(x, horizontal=1)
+
+def own_objects(x):
+    sizes = {"h": 1}
+    sizes["w"] = 2
+    flags = [0, *[1]]
+    flags[0] += 1
+    return ndd.flip(x, horizontal=flags[1])
+'''
+
+
+def test_writes_in_a_function_without_source_are_found(uniform_batch):
+    """Found by this project's own probe: under `python -c` an exec'd `STATS["n"] += 1` ran at
+    the trace only (STATS came back {"n": 1} after six calls, eager's {"n": 6}); its bytecode
+    is now read for item and attribute writes, as its source would be."""
+    import types
+    state = types.SimpleNamespace(calls=0)
+    namespace = {"ndd": ndd, "STATS": {"n": 0}, "STATE": state}
+    exec(compile(_NO_SOURCE_WRITES, "<string>", "exec"), namespace)  # noqa: S102
+    for name, what in (("count_item", "`STATS`"), ("count_attribute", "`STATE`"),
+                       ("into_argument", "`seen`, an argument"), ("through_a_local", "`stats`")):
+        compiled = ndd.compile(namespace[name])
+        namespace["STATS"]["n"] = 0
+        with pytest.warns(ndd_trace.NddTraceWarning, match=f"of {re.escape(what)}"):
+            for _ in range(3):
+                args = (uniform_batch, {}) if name == "into_argument" else (uniform_batch,)
+                assert_same(namespace[name](*args), compiled(*args))
+    assert state.calls == 6 and namespace["STATS"]["n"] == 6  # as six eager calls
+    compiled = ndd.compile(namespace["own_objects"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+        for _ in range(3):
+            assert_same(namespace["own_objects"](uniform_batch), compiled(uniform_batch))
+    assert compiled.cache_info()[1:4] == (1, 1, 0)
 
 
 def _torch_picks(x):

@@ -26,7 +26,7 @@ import types
 from typing import Any
 
 from ..core.source import SourceLoc
-from .writes import SHALLOW, UNKNOWN, Origin, WriteFinder
+from .writes import SHALLOW, UNKNOWN, Origin, WriteFinder, bytecode_write
 
 # modules whose functions are pure computations (their random/time submodules are not)
 PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools", "copy")
@@ -373,6 +373,9 @@ def _find_effect_in_code(function: Any, depth: int, origins: dict | None = None
     if stored is not None:
         return Finding(f"assigns `{stored}` (global or nonlocal), as eager does at every call",
                        SourceLoc(code.co_filename, code.co_firstlineno, function.__name__))
+    written = bytecode_write(code, _parameters(code))
+    if written is not None:
+        return Finding(written[0], SourceLoc(code.co_filename, written[1], function.__name__))
     for root, attrs, line in _free_name_chains(code, finder.imported):
         known, value = finder._callee(root, attrs)
         if not known or not callable(value):
