@@ -11,7 +11,7 @@ from harness import assert_same
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace.units.cache import LIVE_PIPELINES
+from ndd_trace.units.cache import LIVE_PIPELINES, REGIONS
 
 
 def _images(value: int) -> ndd.Batch:
@@ -39,6 +39,7 @@ def test_region_pipelines_are_bounded_and_freed_least_recently_run_first(monkeyp
     from ndd_trace.modes import lazy
 
     monkeypatch.setattr(LIVE_PIPELINES, "limit", 3)
+    monkeypatch.setattr(REGIONS, "free_units", 8)  # (each of the 8 made at its first sighting)
     lazy.reset_report()
     images = ndd.as_batch([np.arange(16 * 16 * 3, dtype=np.uint8).reshape(16, 16, 3)] * 2,
                           layout="HWC")
@@ -65,7 +66,6 @@ def test_a_site_that_keeps_changing_runs_eagerly_past_its_limit(monkeypatch):
     make no more pipelines or threads (found by an independent differential fuzzer,
     ../shared/repros/fuzz/11: a recompilation storm grew them without bound)."""
     from ndd_trace.modes import lazy
-    from ndd_trace.units.cache import REGIONS
 
     monkeypatch.setattr(REGIONS, "site_limit", 4)
     lazy.reset_report()

@@ -24,7 +24,7 @@ from ..execution.interpret import interpret
 from ..execution.results import PendingRun
 from ..units.build import compile_graph
 from ..execution.runtime import Options
-from ..units.cache import FREE_UNITS, LIVE_PIPELINES, REGIONS, Found
+from ..units.cache import LIVE_PIPELINES, REGIONS, Found
 from .report import Region, bookkeeping, site_full
 
 
@@ -180,17 +180,16 @@ class RegionRunner:
     @staticmethod
     def _eager_at_site(region_ops: list[Node], lookup: tuple) -> str | None:
         """Why a new region is not made with a pipeline at its line, counted with the reason
-        (this call runs eagerly), or None (counted at its line): past FREE_UNITS made there, a
-        region is made at its key's second sighting; past REGIONS.site_limit, none is."""
+        (this call runs eagerly), or None (counted at its line): past REGIONS.free_units made
+        there, a region is made at its key's second sighting; past REGIONS.site_limit, none."""
         loc = region_ops[0].loc
         site = str(loc) if loc else "?"
-        if REGIONS.site_units[site] >= FREE_UNITS and REGIONS.first_sighting(lookup):
-            reason = (f"a new region at a line that made {FREE_UNITS} or more: it is made if "
-                      "its ops and arguments are seen again")
-        elif REGIONS.site_has_room(site):
+        verdict = REGIONS.site_verdict(site, lookup)
+        if verdict is None:
             return None
-        else:
-            reason = site_full()
+        reason = site_full() if verdict is Found.PAST_LIMIT else (
+            f"a new region at a line that made {REGIONS.free_units} or more: it is made if its "
+            "ops and arguments are seen again")
         chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
         REGIONS.ledger.tally(chain, Verdict.eager_call(reason, loc))
         logs.fallbacks.debug("region at %s: %s", site, reason)

@@ -126,7 +126,8 @@ class UnitCache:
         self.plan = guards.plan_for(function) if function is not None else None
         self.specialized_on_batch_size = False  # keys hold the batch size (a trace read it)
         self._fast: guards.FastGuard | None = None  # the last unit's guard, checked first
-        self.second_sighting = second_sighting  # past FREE_UNITS, lookup makes at a 2nd sighting
+        self.second_sighting = second_sighting  # past free_units, lookup makes at a 2nd sighting
+        self.free_units = FREE_UNITS
         self._sighted: OrderedDict[tuple, None] = OrderedDict()  # keys seen once, not made
 
     # -- guard keys ----------------------------------------------------------------------------
@@ -203,7 +204,7 @@ class UnitCache:
                 self.ledger.counters.misses += 1
             if len(self.units) >= self.limit:
                 return None, Found.PAST_LIMIT  # (the caller records the verdict)
-            if self.second_sighting and self.ledger.counters.traces >= FREE_UNITS and \
+            if self.second_sighting and self.ledger.counters.traces >= self.free_units and \
                     self.first_sighting(key):
                 return None, Found.FIRST_SIGHTING  # (the caller runs it eagerly)
             if keep is None:
@@ -251,14 +252,17 @@ class UnitCache:
     def last(self) -> Unit | None:
         return self.units.get(self.last_key) if self.last_key is not None else None
 
-    def site_has_room(self, site: str) -> bool:
-        """Whether one more unit may be made at `site` (a file:line); if so, it is counted."""
-        if self.site_limit is None:
-            return True
-        if self.site_units[site] < self.site_limit:
-            self.site_units[site] += 1
-            return True
-        return False
+    def site_verdict(self, site: str, key: tuple) -> Found | None:
+        """None where a unit for `key` may be made at `site` (a file:line; counted there), else
+        why not: Found.PAST_LIMIT (site_limit made there) or Found.FIRST_SIGHTING (past
+        free_units made there, `key` not seen before)."""
+        made = self.site_units[site]
+        if self.site_limit is not None and made >= self.site_limit:
+            return Found.PAST_LIMIT
+        if made >= self.free_units and self.first_sighting(key):
+            return Found.FIRST_SIGHTING
+        self.site_units[site] += 1
+        return None
 
     # -- the public face -----------------------------------------------------------------------
 
