@@ -80,6 +80,28 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
     return None
 
 
+def interpret_at_once(graph: Graph, leaves: dict) -> dict:
+    """`interpret(graph, leaves)`, each call run at once (synchronous), its outputs evaluated:
+    a failure raises as `interpreted_error` raises it, without running the graph again to
+    find the op (a region that runs eagerly after failed runs, where failures are expected)."""
+    failed: list[tuple[Node, bool]] = []
+    try:
+        with _dali.synchronous():
+            values = interpret(graph, leaves, None, failed)
+            for ref in graph.outputs:
+                values[ref].evaluate()
+        return values
+    except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
+        failure = error
+    if not failed:
+        raise failure
+    if failed[0][1]:
+        setattr(failure, _REJECTED, True)
+    own = op_error(failure, failed[0][0], f"ndd.{failed[0][0].name}",
+                   "while running it eagerly (interpreted)")
+    raise surfacing(own, _dali.eval_mode_is_deferred())
+
+
 def interpreted_error(graph: Graph, leaves: dict, error: BaseException) -> BaseException:
     """The error an interpreted run of `graph` (`interpret(graph, leaves)`, which raised `error`)
     is raised as: as a pipeline run's (`surfacing` of the failed op's own error, at the user's

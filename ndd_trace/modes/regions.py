@@ -19,7 +19,7 @@ from ..core import logs
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
 from ..core.keys import FedPart, RegionOutputs
-from ..execution.failures import interpreted_error
+from ..execution.failures import interpret_at_once, interpreted_error
 from ..execution.interpret import interpret
 from ..execution.results import PendingRun
 from ..units.build import compile_graph
@@ -96,9 +96,10 @@ class RegionRunner:
             with bookkeeping.lock:
                 region.ahead += 1
         elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
-                                           self._empty_sample_call(region, view.leaves)) or \
-                (failed_ahead is None and self._eager_after_failure(region)):
+                                           self._empty_sample_call(region, view.leaves)):
             outputs = self._interpreted(region_view(region_ops, target, clone=True))
+        elif failed_ahead is None and self._eager_after_failure(region):
+            outputs = self._interpreted(region_view(region_ops, target, clone=True), True)
         else:
             try:
                 builds = region.executable.builds
@@ -141,11 +142,14 @@ class RegionRunner:
                 _settle_proxies(original)
 
     @staticmethod
-    def _interpreted(view: _RegionView) -> list:
-        """The region's outputs, its calls run eagerly; a failure raised as a pipeline run's
-        (`interpreted_error`: the failed op's own error at its line, as a result's first use
-        reads it)."""
+    def _interpreted(view: _RegionView, at_once: bool = False) -> list:
+        """The region's outputs, its calls run eagerly (`at_once`: synchronously, failures
+        expected); a failure raised as a pipeline run's (`interpreted_error`: the failed op's
+        own error at its line, as a result's first use reads it)."""
         leaves = {id(leaf): _leaf_value(leaf) for leaf in view.leaves}
+        if at_once:
+            values = interpret_at_once(view.graph, leaves)
+            return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         try:
             values = interpret(view.graph, leaves)
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
