@@ -20,6 +20,7 @@ import linecache
 import os
 import re
 import sys
+import threading
 import types
 import unicodedata
 import warnings
@@ -235,10 +236,32 @@ def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
     """Raise `error` from a frame that claims the user's `file:line`, so tracebacks end there.
 
     The same trick Jinja2 uses for template tracebacks: compile a `raise` statement under the
-    user's file name, padded so that it lands on the user's line.
+    user's file name, padded so that it lands on the user's line. It runs on a thread of its
+    own: the frame kept in the traceback then leads back (`f_back`) to that thread's frames,
+    not to this package's callers, whose locals would hold the error (a cycle that only a
+    garbage collection frees, keeping DALI's operator instances of the failed call from
+    eager ndd's next call, which then makes them anew: ~270 ms for a GPU decoder).
     """
     if loc is None:
         raise error
     code = compile("\n" * (loc.lineno - 1) + "raise __ndd_trace_error__", loc.filename, "exec")
     code = code.replace(co_name=loc.function)
-    exec(code, {"__ndd_trace_error__": error})
+    handed = [{"__ndd_trace_error__": error}]
+    del error
+
+    def run() -> None:
+        namespace = handed.pop()
+        try:
+            exec(code, namespace)
+        except BaseException as raised:  # noqa: BLE001 (handed back, raised below)
+            handed.append(raised)
+        finally:
+            namespace.clear()
+
+    thread = threading.Thread(target=run, name="ndd_trace raise_at", daemon=True)
+    thread.start()
+    thread.join()
+    try:
+        raise handed.pop()
+    finally:
+        del thread, run

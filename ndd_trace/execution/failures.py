@@ -76,8 +76,16 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
     except Exception as error:  # noqa: BLE001 (returned as the run's error)
         if failed and failed[0][1]:
             setattr(error, _REJECTED, True)
-        return error, (failed[0][0] if failed else None)
+        # its text and type are used, not its traceback, whose frames would hold it (a cycle)
+        return error.with_traceback(None), (failed[0][0] if failed else None)
     return None
+
+
+# Raising without a cycle: an error raised from a local variable is held by its own
+# traceback's frame, a cycle that only a garbage collection frees; with it live the DALI
+# operator instances of the failed calls, which eager ndd reuses once their invocation is
+# freed (a GPU decoder made anew for the next call cost ~270 ms on an H100). Such frames
+# delete the local as they raise.
 
 
 def interpret_at_once(graph: Graph, leaves: dict) -> dict:
@@ -93,13 +101,15 @@ def interpret_at_once(graph: Graph, leaves: dict) -> dict:
         return values
     except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
         failure = error
-    if not failed:
-        raise failure
-    if failed[0][1]:
+    if failed and failed[0][1]:
         setattr(failure, _REJECTED, True)
-    own = op_error(failure, failed[0][0], f"ndd.{failed[0][0].name}",
-                   "while running it eagerly (interpreted)")
-    raise surfacing(own, _dali.eval_mode_is_deferred())
+    raised = failure if not failed else surfacing(
+        op_error(failure, failed[0][0], f"ndd.{failed[0][0].name}",
+                 "while running it eagerly (interpreted)"), _dali.eval_mode_is_deferred())
+    try:  # (no local left referring to it: raising without a cycle)
+        raise raised
+    finally:
+        del raised, failure
 
 
 def interpreted_error(graph: Graph, leaves: dict, error: BaseException) -> BaseException:
@@ -220,7 +230,9 @@ class Failures:
         name = f"ndd.{node.name}" if node is not None else failure.ndd_name
         wrapped = op_error(eager if eager is not None else RuntimeError(failure.message), node,
                            name, f"while {stage} pipeline {self.lowered.filename}")
-        wrapped.dali_error = error  # (the pipeline's report: not a context)
+        # the pipeline's report, not a context; its traceback (DALI's fetch, this package's
+        # callers) dropped: their frames would hold it, a cycle (see interpret_at_once's note)
+        wrapped.dali_error = error.with_traceback(None)
         return wrapped
 
     def eager_error_of(self, bound: dict, states: dict, batch_size: int) -> BaseException | None:

@@ -297,6 +297,7 @@ class Executable(SettingsSwap):
                     other.error, other.failed, other.as_is = \
                         oldest.error, oldest.failed, oldest.as_is
             self._pending.clear()
+            del oldest, eager  # (the error's traceback holds this frame: no cycle through it)
 
     def _run_again(self, run: PendingRun) -> None:
         """Run a lost run (see `PendingRun.lost`) on its own, from the data it was fed."""

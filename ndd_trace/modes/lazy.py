@@ -293,7 +293,10 @@ class LazyTracer(Tracer):
             own = error.__cause__
             at_call = own if isinstance(own, PipelineError) and own.loc == node.loc and \
                 own.op_name == f"ndd.{node.name}" else error
-        raise at_call  # (outside the handler: no internal context)
+        try:  # (outside the handler: no internal context)
+            raise at_call
+        finally:  # (its traceback holds this frame: no cycle through it)
+            del at_call, own
 
     def _accepts(self, node: Node) -> bool:
         """Whether DALI accepts `node`'s call given the real metadata of the inputs it cannot

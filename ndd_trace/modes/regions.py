@@ -155,7 +155,11 @@ class RegionRunner:
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
             failure = error
-        raise interpreted_error(view.graph, leaves, failure)
+        raised = interpreted_error(view.graph, leaves, failure)
+        try:  # (no local left referring to it: failures.py, raising without a cycle)
+            raise raised
+        finally:
+            del raised, failure
 
     @staticmethod
     def _empty_sample_call(region: Region, leaves: list[Node]) -> bool:
