@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import threading
-import time
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -36,57 +35,14 @@ class Found(enum.Enum):
     PAST_LIMIT = "past cache_limit"  # not made: the cache holds its limit
     TRACE_FAILED = "trace failed"  # making it raised (the eager call raises the same way, or not)
     NOT_KEPT = "not kept"  # made, not stored (a region that runs eagerly: see lookup's `keep`)
-    NOT_MADE_YET = "not made yet"  # past FREE_UNITS, not worth making yet (Sightings): eager
+    FIRST_SIGHTING = "first sighting"  # not made: its key is new, past FREE_UNITS (runs eagerly)
 
 
-# Units a cache makes at their key's first call (a compiled function's; transparent mode's,
-# at one line); past them a new key's calls run eagerly until making its unit is worth it
-# (Sightings): code whose variants never repeat costs eager's time, not a build per call.
+# Units a cache makes at their key's first sighting (a compiled function's; transparent mode's,
+# at one line); past them, a unit is made at its key's second sighting and the first call runs
+# eagerly: code whose variants never repeat costs eager's time, not a build per call.
 FREE_UNITS = 4
-SIGHTINGS_KEPT = 1024  # the most keys remembered as not made yet (the oldest forgotten first)
-MAX_PERIOD_S = 1.0  # a longer pause between calls counts as this long (the user was away)
-
-
-class Sightings:
-    """Whether a new key's unit is made now or its call runs eagerly, by the ski-rental rule:
-    a key's calls run eagerly until the time they took (each counted as the period between
-    calls at its site) reaches what making a unit there cost (measured: a trace, its lowering
-    and first build); where no cost is measured yet, at its second sighting. A variant that
-    repeats is made after about its making's cost in eager calls; one that never does costs
-    only eager's time. Sites: None (a compiled function), a file:line (transparent mode)."""
-
-    def __init__(self) -> None:
-        self.spent: OrderedDict[tuple, float] = OrderedDict()  # key -> eager seconds so far
-        self._last_call: dict = {}  # site -> time of its latest call
-        self._period: dict = {}  # site -> seconds between its calls (moving average)
-        self._cost: dict = {}  # site -> seconds making a unit cost there (moving average)
-
-    def called(self, site: object = None) -> None:
-        now = time.perf_counter()
-        last = self._last_call.get(site)
-        self._last_call[site] = now
-        if last is not None:
-            gap = min(now - last, MAX_PERIOD_S)
-            before = self._period.get(site)
-            self._period[site] = gap if before is None else 0.8 * before + 0.2 * gap
-
-    def made(self, cost_s: float, site: object = None) -> None:
-        """A unit at `site` was made (and built) in `cost_s` seconds."""
-        before = self._cost.get(site)
-        self._cost[site] = cost_s if before is None else 0.5 * (before + cost_s)
-
-    def runs_eagerly(self, key: tuple, site: object = None) -> bool:
-        """Whether this call of `key` (whose unit is not made) runs eagerly; if not, its unit is
-        made now (and the key forgotten here)."""
-        spent = self.spent.pop(key, None)
-        if spent is not None:
-            cost = self._cost.get(site)
-            if cost is None or spent >= cost:
-                return False
-        self.spent[key] = (spent or 0.0) + self._period.get(site, 0.0)
-        if len(self.spent) > SIGHTINGS_KEPT:
-            self.spent.popitem(last=False)
-        return True
+SIGHTINGS_KEPT = 1024  # the most keys remembered as seen once (the oldest forgotten first)
 
 
 class CacheInfo(NamedTuple):
@@ -153,7 +109,7 @@ class UnitCache:
     def __init__(self, name: str, limit: float, ledger: Ledger, *,
                  function: Callable | None = None, positional_names: tuple[str, ...] = (),
                  baked: bool = False, site_limit: int | None = None, kind: str = "entries",
-                 worth_making: bool = False):
+                 second_sighting: bool = False):
         self.name = name
         self.limit = limit
         self.ledger = ledger  # its counters are the cache's
@@ -170,9 +126,9 @@ class UnitCache:
         self.plan = guards.plan_for(function) if function is not None else None
         self.specialized_on_batch_size = False  # keys hold the batch size (a trace read it)
         self._fast: guards.FastGuard | None = None  # the last unit's guard, checked first
-        self.worth_making = worth_making  # past free_units, lookup asks its Sightings
+        self.second_sighting = second_sighting  # past free_units, lookup makes at a 2nd sighting
         self.free_units = FREE_UNITS
-        self.sightings = Sightings()
+        self._sighted: OrderedDict[tuple, None] = OrderedDict()  # keys seen once, not made
 
     # -- guard keys ----------------------------------------------------------------------------
 
@@ -199,8 +155,6 @@ class UnitCache:
 
     def fast_hit(self, args: tuple, kwargs: dict, count: bool = True) -> Unit | None:
         """The last call's unit where this call matches its fast guard (`count`: as a hit)."""
-        if self.worth_making:
-            self.sightings.called()  # (every call: the period its eager calls are counted at)
         fast = self._fast
         if fast is None or kwargs or fast.plan is not self.plan or not fast.matches(args):
             return None
@@ -250,20 +204,14 @@ class UnitCache:
                 self.ledger.counters.misses += 1
             if len(self.units) >= self.limit:
                 return None, Found.PAST_LIMIT  # (the caller records the verdict)
-            if self.worth_making and self.ledger.counters.traces >= self.free_units:
-                for made in self.units.values():  # (what making its units cost, once built)
-                    if not made.cost_noted and made.cost_s is not None:
-                        self.sightings.made(made.cost_s)
-                        made.cost_noted = True
-                if self.sightings.runs_eagerly(key):
-                    return None, Found.NOT_MADE_YET  # (the caller runs it eagerly)
+            if self.second_sighting and self.ledger.counters.traces >= self.free_units and \
+                    self.first_sighting(key):
+                return None, Found.FIRST_SIGHTING  # (the caller runs it eagerly)
             if keep is None:
                 self.ledger.counters.traces += 1
-            started = time.perf_counter()
             unit = make()
             if unit is None:
                 return None, Found.TRACE_FAILED  # (the caller records the verdict)
-            unit.make_s = time.perf_counter() - started
             if keep is not None:
                 if not keep(unit):
                     return unit, Found.NOT_KEPT
@@ -274,6 +222,18 @@ class UnitCache:
                 self.units[unit.key] = unit
                 self.last_key = unit.key
             return unit, Found.NEW
+
+    def first_sighting(self, key: tuple) -> bool:
+        """Whether `key` is new (remembered now: its next lookup makes its unit) or was seen
+        once before (forgotten now)."""
+        with self.lock:
+            if key in self._sighted:
+                del self._sighted[key]
+                return False
+            self._sighted[key] = None
+            if len(self._sighted) > SIGHTINGS_KEPT:
+                self._sighted.popitem(last=False)
+            return True
 
     def get(self, key: tuple) -> Unit | None:
         return self.units.get(key)
@@ -294,13 +254,13 @@ class UnitCache:
 
     def site_verdict(self, site: str, key: tuple) -> Found | None:
         """None where a unit for `key` may be made at `site` (a file:line; counted there), else
-        why not: Found.PAST_LIMIT (site_limit made there) or Found.NOT_MADE_YET (past
-        free_units made there, `key` not worth making yet: Sightings)."""
+        why not: Found.PAST_LIMIT (site_limit made there) or Found.FIRST_SIGHTING (past
+        free_units made there, `key` not seen before)."""
         made = self.site_units[site]
         if self.site_limit is not None and made >= self.site_limit:
             return Found.PAST_LIMIT
-        if made >= self.free_units and self.sightings.runs_eagerly(key, site):
-            return Found.NOT_MADE_YET
+        if made >= self.free_units and self.first_sighting(key):
+            return Found.FIRST_SIGHTING
         self.site_units[site] += 1
         return None
 
@@ -319,7 +279,7 @@ class UnitCache:
                     unit.close()
             self.units.clear()
             self.site_units.clear()
-            self.sightings = Sightings()
+            self._sighted.clear()
             self._fast = None
             self.ledger.clear()
 
