@@ -382,6 +382,37 @@ def test_a_caught_decode_error_leaves_the_decoder_for_the_next_call_as_eagerly(
     assert eager == 1 and mine == 0, (eager, mine)
 
 
+def _variants_drawn(wrap, sequence, good, corrupt):
+    def step(jpegs, k):
+        images = ndd.decoders.image(jpegs)
+        angle = ndd.random.uniform(batch_size=images.batch_size, range=[-30, 30])
+        return ndd.rotate(images, angle=angle * k, fill_value=0)  # (k: a variant per value)
+
+    step = wrap(step)
+    seen = []
+    for k in sequence:  # k < 0: a batch that fails to decode, caught
+        try:
+            out = step(ndd.as_batch(corrupt if k < 0 else good), abs(k))
+            seen.append([np.asarray(out.select(i)).tobytes() for i in range(out.batch_size)])
+        except Exception as error:  # noqa: BLE001
+            seen.append(_chain(error))
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_variants_drawn_at_random_with_caught_failures_as_eagerly(jpeg_bytes, seed):
+    """What changes between calls, drawn at random: new variants past the first four (run
+    eagerly until seen again), repeats, and failing batches caught (eager calls after a failed
+    run): every call's values and errors and the generator's state afterwards as eager's."""
+    import random as python_random
+    draw = python_random.Random(seed)
+    sequence = [draw.choice([1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -5]) for _ in range(32)]
+    good = [np.frombuffer(data, dtype=np.uint8) for data in jpeg_bytes[:2]]
+    corrupt = [good[0], np.frombuffer(b"\xff\xd8\xff\xe0 not a jpeg" * 4, dtype=np.uint8)]
+    with _quiet_stderr():
+        assert_matches_eager(_variants_drawn, Compiler(), sequence, good, corrupt, **THREE_WAYS)
+
+
 def _grown_batch(wrap):
     def f(x):
         return x + ndd.random.uniform(batch_size=x.batch_size, range=[0, 1], shape=[2])
