@@ -29,6 +29,7 @@ LAYERS = [
     {"_dali.conditionals"},
     {"_dali"},
     {"tracing.writes"},
+    {"tracing.code_writes"},
     {"tracing.values", "tracing.effects", "tracing.reads"},
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},
     {"codegen.optimize"},

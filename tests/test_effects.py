@@ -177,7 +177,12 @@ def through_a_local(x):
     stats["n"] = stats["n"] + 1
     return ndd.flip(x, horizontal=1)
 
+def grows_an_argument(x, hist):
+    hist += [1]
+    return ndd.flip(x, horizontal=1)
+
 def own_objects(x):
+    x += 1
     sizes = {"h": 1}
     sizes["w"] = 2
     flags = [0, *[1]]
@@ -194,13 +199,16 @@ def test_writes_in_a_function_without_source_are_found(uniform_batch):
     state = types.SimpleNamespace(calls=0)
     namespace = {"ndd": ndd, "STATS": {"n": 0}, "STATE": state}
     exec(compile(_NO_SOURCE_WRITES, "<string>", "exec"), namespace)  # noqa: S102
-    for name, what in (("count_item", "`STATS`"), ("count_attribute", "`STATE`"),
-                       ("into_argument", "`seen`, an argument"), ("through_a_local", "`stats`")):
+    for name, what in (("count_item", "of `STATS`"), ("count_attribute", "of `STATE`"),
+                       ("into_argument", "of `seen`, an argument"),
+                       ("grows_an_argument", "changes `hist`, an argument, in place"),
+                       ("through_a_local", "of `stats`")):
         compiled = ndd.compile(namespace[name])
         namespace["STATS"]["n"] = 0
-        with pytest.warns(ndd_trace.NddTraceWarning, match=f"of {re.escape(what)}"):
+        with pytest.warns(ndd_trace.NddTraceWarning, match=re.escape(what)):
             for _ in range(3):
-                args = (uniform_batch, {}) if name == "into_argument" else (uniform_batch,)
+                extra = {"into_argument": ({},), "grows_an_argument": ([],)}.get(name, ())
+                args = (uniform_batch, *extra)
                 assert_same(namespace[name](*args), compiled(*args))
     assert state.calls == 6 and namespace["STATS"]["n"] == 6  # as six eager calls
     compiled = ndd.compile(namespace["own_objects"])

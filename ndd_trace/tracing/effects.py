@@ -26,7 +26,8 @@ import types
 from typing import Any
 
 from ..core.source import SourceLoc
-from .writes import SHALLOW, UNKNOWN, Origin, WriteFinder, bytecode_write
+from .code_writes import bytecode_write
+from .writes import SHALLOW, UNKNOWN, Origin, WriteFinder
 
 # modules whose functions are pure computations (their random/time submodules are not)
 PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools", "copy")
@@ -373,7 +374,8 @@ def _find_effect_in_code(function: Any, depth: int, origins: dict | None = None
     if stored is not None:
         return Finding(f"assigns `{stored}` (global or nonlocal), as eager does at every call",
                        SourceLoc(code.co_filename, code.co_firstlineno, function.__name__))
-    written = bytecode_write(code, _parameters(code))
+    written = bytecode_write(code, _parameters(code), {
+        name: origin.value for name, origin in (origins or {}).items()})
     if written is not None:
         return Finding(written[0], SourceLoc(code.co_filename, written[1], function.__name__))
     for root, attrs, line in _free_name_chains(code, finder.imported):
