@@ -181,6 +181,10 @@ def grows_an_argument(x, hist):
     hist += [1]
     return ndd.flip(x, horizontal=1)
 
+def a_dunder_by_name(x):
+    [STATS.__setitem__("n", STATS["n"] + 1) for _ in range(1)]
+    return ndd.flip(x, horizontal=1)
+
 def own_objects(x):
     x += 1
     sizes = {"h": 1}
@@ -202,6 +206,7 @@ def test_writes_in_a_function_without_source_are_found(uniform_batch):
     for name, what in (("count_item", "of `STATS`"), ("count_attribute", "of `STATE`"),
                        ("into_argument", "of `seen`, an argument"),
                        ("grows_an_argument", "changes `hist`, an argument, in place"),
+                       ("a_dunder_by_name", "calls `STATS.__setitem__`"),
                        ("through_a_local", "of `stats`")):
         compiled = ndd.compile(namespace[name])
         namespace["STATS"]["n"] = 0

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..core.source import SourceLoc
 from .code_writes import bytecode_write
-from .writes import SHALLOW, UNKNOWN, Origin, WriteFinder
+from .writes import DUNDER_MUTATORS, SHALLOW, UNKNOWN, Origin, WriteFinder
 
 # modules whose functions are pure computations (their random/time submodules are not)
 PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools", "copy")
@@ -279,7 +279,7 @@ class _EffectFinder(Resolver):
         name = getattr(value, "__name__", "")
         if (module == "builtins" or value is builtins.open) and name in _EFFECT_BUILTINS:
             raise Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
-        if module in _CONTAINER_MODULES and name in _MUTATORS:
+        if (module in _CONTAINER_MODULES and name in _MUTATORS) or name in DUNDER_MUTATORS:
             raise Unprovable(f"calls `{what}`, which changes a Python object at every call",
                              node)
         if module.startswith(_EFFECT_MODULES) or (

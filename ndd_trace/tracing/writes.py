@@ -37,10 +37,15 @@ MODULE_MUTATORS = types.MappingProxyType({
     "operator": _OPERATOR, "_operator": _OPERATOR,
     "numpy": frozenset({"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis"}),
 })
+# the special methods behind item and attribute writes and in-place operators, called by name
+DUNDER_MUTATORS = frozenset({"__setitem__", "__delitem__", "__setattr__", "__delattr__",
+                             "__iadd__", "__isub__", "__imul__", "__imatmul__", "__itruediv__",
+                             "__ifloordiv__", "__imod__", "__ipow__", "__ilshift__",
+                             "__irshift__", "__iand__", "__ixor__", "__ior__"})
 # methods that change the object they are called on (with effects.py's container mutators):
 # numpy's in place methods; torch's are every name ending in one `_` (`add_`, `copy_`)
 METHOD_MUTATORS = frozenset({"fill", "put", "itemset", "resize", "setfield", "partition",
-                             "setflags"})
+                             "setflags", *DUNDER_MUTATORS})
 _INPLACE = types.MappingProxyType({ast.Add: "__iadd__", ast.Sub: "__isub__", ast.Mult: "__imul__",
             ast.MatMult: "__imatmul__", ast.Div: "__itruediv__", ast.FloorDiv: "__ifloordiv__",
             ast.Mod: "__imod__", ast.Pow: "__ipow__", ast.LShift: "__ilshift__",
