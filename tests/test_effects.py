@@ -181,6 +181,11 @@ def grows_an_argument(x, hist):
     hist += [1]
     return ndd.flip(x, horizontal=1)
 
+def grows_it_through_a_local(x, hist):
+    grown = hist
+    grown += [1]
+    return ndd.flip(x, horizontal=1)
+
 def a_dunder_by_name(x):
     [STATS.__setitem__("n", STATS["n"] + 1) for _ in range(1)]
     return ndd.flip(x, horizontal=1)
@@ -206,13 +211,15 @@ def test_writes_in_a_function_without_source_are_found(uniform_batch):
     for name, what in (("count_item", "of `STATS`"), ("count_attribute", "of `STATE`"),
                        ("into_argument", "of `seen`, an argument"),
                        ("grows_an_argument", "changes `hist`, an argument, in place"),
+                       ("grows_it_through_a_local", "changes `hist`, an argument, in place"),
                        ("a_dunder_by_name", "calls `STATS.__setitem__`"),
                        ("through_a_local", "of `stats`")):
         compiled = ndd.compile(namespace[name])
         namespace["STATS"]["n"] = 0
         with pytest.warns(ndd_trace.NddTraceWarning, match=re.escape(what)):
             for _ in range(3):
-                extra = {"into_argument": ({},), "grows_an_argument": ([],)}.get(name, ())
+                extra = {"into_argument": ({},), "grows_an_argument": ([],),
+                         "grows_it_through_a_local": ([],)}.get(name, ())
                 args = (uniform_batch, *extra)
                 assert_same(namespace[name](*args), compiled(*args))
     assert state.calls == 6 and namespace["STATS"]["n"] == 6  # as six eager calls

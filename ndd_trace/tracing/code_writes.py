@@ -103,6 +103,11 @@ def _inplace_on_argument(instructions: list, index: int, parameters: tuple[str, 
     if dunder is None:
         return None
     kind, name = _stack_origin(instructions, index, 1)
+    if kind == "local" and name not in parameters:  # a local bound to an argument (`h = hist`)
+        bound = [_stack_origin(instructions, at, 0) for at, other in enumerate(instructions)
+                 if other.opname == "STORE_FAST" and other.argval == name]
+        name = next((found[1] for found in bound if found[0] == "local" and
+                     found[1] in parameters), name)
     if kind != "local" or name not in parameters:
         return None
     value = values.get(name, UNKNOWN)
