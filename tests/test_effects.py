@@ -468,3 +468,38 @@ def test_writes_into_its_own_objects_and_rebinding_stay_compiled(uniform_batch):
         return out, y, len(seen), len(counts)
 
     assert_compiles_exactly(step, uniform_batch, calls=3)
+
+
+def test_an_argument_rebound_to_a_copy_first_is_its_own_to_write(uniform_batch):
+    """An argument rebound to a new object before any other use (`h = list(h)`, `cfg =
+    dict(cfg)`, `h = h + [1]`) is the function's own to write into: it stays compiled (the
+    first probe of argument writes sent these to transparent mode)."""
+    def step(x, hist, cfg):
+        hist = list(hist)
+        hist += [1]
+        cfg = dict(cfg)
+        cfg["k"] = 1
+        return ndd.flip(x, horizontal=1), len(hist), sorted(cfg)
+
+    assert_compiles_exactly(step, uniform_batch, [0], {"a": 1}, calls=3)
+
+
+@pytest.mark.parametrize("body", [
+    "hist += [1]\n    hist = list(hist)",  # changed before the copy
+    "if flag:\n        hist = list(hist)\n    hist += [1]",  # a copy on one path only
+    "hist = hist\n    hist += [1]",  # not a copy
+    "cfg = dict(cfg)\n    cfg['a']['b'] = 1",  # a shallow copy's nested object: the caller's
+], ids=["changed before", "copied on one path", "not a copy", "nested in a shallow copy"])
+def test_an_argument_not_rebound_to_a_copy_first_is_still_written(uniform_batch, body):
+    import linecache
+    space = {"ndd": ndd}
+    source = (f"def step(x, hist, cfg, flag=True):\n    {body}\n"
+              "    return ndd.flip(x, horizontal=1)\n")
+    filename = f"<rebinding {body!r}>"  # (its source readable, as a file's: the AST path)
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), space)  # noqa: S102
+    from ndd_trace.tracing.effects import find_effect, source_tree
+    assert source_tree(space["step"]) is not None
+    found = find_effect(space["step"], {"x": uniform_batch, "hist": [0], "cfg": {"a": {}},
+                                        "flag": True})
+    assert found is not None and "argument" in found.reason, found

@@ -153,6 +153,18 @@ class WriteFinder:
                 self._bind(node)
         self.local = (local | set(self.bindings)) - self.declared - set(origins)
         self._made: dict[str, int] = {}
+        # parameter -> the value a top-level `name = value` rebinds it to before any other use
+        # of the name (`h = list(h)`): the caller's object is not reached through it after that
+        self.rebound: dict[str, ast.expr] = {}
+        used: set[str] = set()
+        for statement in body:
+            names = {node.id for node in ast.walk(statement) if isinstance(node, ast.Name)}
+            for name in (names & set(origins)) - used:
+                targets = statement.targets if isinstance(statement, ast.Assign) else []
+                if len(targets) == 1 and isinstance(targets[0], ast.Name) and \
+                        targets[0].id == name:
+                    self.rebound[name] = statement.value
+            used |= names
 
     # -- what each name's bindings made --------------------------------------------------------
 
@@ -206,10 +218,17 @@ class WriteFinder:
             return 0  # a global, closure or builtin name: another's
         if name in self._made:
             return self._made[name]
-        self._made[name] = DEEP  # (a binding made from the name itself: `out = out + [y]`)
-        made = self.origins[name].made if name in self.origins else DEEP
+        rebound = self.rebound.get(name)
+        if rebound is not None:  # (its first rebinding reads the parameter's object)
+            self._made[name] = self.origins[name].made
+            made = self.made(rebound)
+        else:
+            made = self.origins[name].made if name in self.origins else DEEP
+        self._made[name] = made if rebound is not None else DEEP  # (`out = out + [y]`)
         for value in self.bindings.get(name, [] if name in self.origins else [None]) \
                 if made else ():
+            if value is rebound:
+                continue
             made = min(made, value if isinstance(value, int) else
                        self.made(value) if value is not None else 0)
             if not made:
