@@ -503,3 +503,46 @@ def test_an_argument_not_rebound_to_a_copy_first_is_still_written(uniform_batch,
     found = find_effect(space["step"], {"x": uniform_batch, "hist": [0], "cfg": {"a": {}},
                                         "flag": True})
     assert found is not None and "argument" in found.reason, found
+
+
+class _RandAugment:
+    """torchvision's shape: an object whose `__call__` picks its ops with Python's random."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, images):
+        for _ in range(self.n):
+            if random.choice(["flip", "transpose"]) == "flip":
+                images = ndd.flip(images, horizontal=1)
+            else:
+                images = ndd.transpose(images, perm=[1, 0, 2])
+        return images
+
+    def pick(self, images):
+        return ndd.flip(images, vertical=random.randint(0, 1))
+
+
+_AUGMENT = _RandAugment(2)
+
+
+def _through_an_object(x):
+    return _AUGMENT(ndd.cast(x, dtype=ndd.float32))
+
+
+def _through_a_bound_method(x):
+    return _AUGMENT.pick(x)
+
+
+@pytest.mark.parametrize("step", [_through_an_object, _through_a_bound_method],
+                         ids=["callable object", "bound method"])
+def test_a_callable_object_or_bound_method_that_draws_runs_at_every_call(uniform_batch, step):
+    """Found by the session's differential sweep: a module-level RandAugment object whose
+    `__call__` draws from `random`, called from a compiled function, had its first pick frozen
+    into the trace (no warning); its `__call__` (a bound method's function) is now read as a
+    helper's is."""
+    from harness import Step, assert_matches_eager
+    assert_matches_eager(_six_picks, Step(step), uniform_batch, modes=("step",), warn="ignore")
+    compiled = ndd.compile(step)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="random"):
+        compiled(uniform_batch)

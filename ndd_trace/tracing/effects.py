@@ -166,6 +166,21 @@ class Resolver:
         return True, value
 
 
+def _function_called(value: Any) -> Any:
+    """The Python function a call of `value` runs: a bound method's function, a callable
+    object's `__call__` (a RandAugment object whose `__call__` draws from `random`), of a class
+    outside the libraries whose calls are known; else `value` itself."""
+    if isinstance(value, types.MethodType):
+        return value.__func__
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
+        return value
+    call = getattr(type(value), "__call__", None)
+    if isinstance(call, types.FunctionType) and \
+            not _module_of(call).startswith((*PURE_MODULES, "torch")):
+        return call
+    return value
+
+
 def _module_of(value: Any) -> str:
     """The module a callee comes from, bound builtins (`random.random`: a method of a hidden
     Random) and C methods (numpy's `Generator.random`) included."""
@@ -286,9 +301,12 @@ class _EffectFinder(Resolver):
                 module in ("torch", "torch._C") and name in _TORCH_DRAWS):
             raise Unprovable(f"calls `{what}`, which gives other values or effects at each "
                              "call", node)
-        if isinstance(value, types.FunctionType) and not module.startswith(PURE_MODULES) \
+        function = _function_called(value)
+        if function is not value:  # (a bound method's or a callable object's: `self` first)
+            origins, module = None, _module_of(function)
+        if isinstance(function, types.FunctionType) and not module.startswith(PURE_MODULES) \
                 and self.depth < MAX_DEPTH:
-            finding = _find_effect_in(value, self.depth + 1, origins)
+            finding = _find_effect_in(function, self.depth + 1, origins)
             if finding is not None:
                 raise Unprovable(f"calls `{what}`, which {finding.reason} (at {finding.loc})",
                                  node)
