@@ -200,9 +200,9 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         """The guard key of a call with these (normalized) arguments."""
         return self._cache.key(args, kwargs)
 
-    def held_entry(self, key: tuple) -> Entry | None:
-        """The entry the cache holds for `key` (None: none)."""
-        return self._cache.get(key)
+    def held_entry(self, key: tuple) -> tuple[Entry | None, Found]:
+        """The entry the cache holds for `key` (None: none) and how a call would find it."""
+        return self._cache.get(key), self._cache.next_lookup(key)
 
     def last_entry(self) -> Entry | None:
         """The entry of the last call that found or made one."""
@@ -251,8 +251,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
     def _options(self) -> Options:
         num_threads = self._num_threads or _dali.current_num_threads()
         device_id = _dali.current_device_id() if self._device_id == "current" else self._device_id
-        # A per-call pipeline is fed once per call; fed reader batches, it also runs
-        # RUN_AHEAD calls ahead of the caller (ahead/calls.run_call).
+        # fed once per call; fed reader batches, RUN_AHEAD calls ahead (ahead/calls.run_call)
         return Options(num_threads, device_id, 1 + RUN_AHEAD)
 
     # -- calling -------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
     print(ndd_trace.explain(preprocess, jpegs))   # traces the call; runs nothing
 
 It reads a compiled function through its public surface (normalize, guard_key, trace,
-held_entry, loop, step, ledger) and prints what was decided and recorded.
+held_entry: the entry held and how a call finds it, loop, step, ledger) and prints what was
+decided and recorded.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .decorator import compile
 from .core import keys
 from .core.ledger import Runs, Verdict
 from .execution import tuning
-from .units.cache import CacheInfo
+from .units.cache import FREE_UNITS, CacheInfo, Found
 from .units.unit import Entry
 from .modes.per_sample import PerSampleFunction
 from .tracing.trace import GraphBreakRecord
@@ -118,8 +119,15 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
                            compiled.cache_info(), 0, compiled.last_miss_reason)
     # the entry the cache holds for this key runs the calls (the one traced here does not): its
     # code, tuning and verdict (recorded when it was traced or at a run) are what explain says
-    held = compiled.held_entry(entry.key)
+    held, found = compiled.held_entry(entry.key)
     shown = held or entry
+    path = shown.path
+    if found is Found.FIRST_SIGHTING:
+        path = (f"{Runs.EAGER.value} for this call: a new variant past the first "
+                f"{FREE_UNITS}, compiled if its arguments are seen again")
+    elif found is Found.PAST_LIMIT:
+        runs = Runs.TRANSPARENT if compiled.fallback == "lazy" else Runs.EAGER
+        path = f"{runs.value}: past cache_limit ({compiled.cache_limit})"
     return Explanation(
         function_name=compiled.__qualname__,
         graph=entry.graph_text,
@@ -130,7 +138,7 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         cache=compiled.cache_info(),
         num_ops=entry.num_ops,
         miss_reason=compiled.last_miss_reason,
-        path=shown.path,
+        path=path,
         optimize=compiled.optimize,
         optimizations=[str(applied) for applied in entry.optimizations],
         tuning=_tuning(held),

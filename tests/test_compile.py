@@ -634,3 +634,25 @@ def test_a_result_not_read_yet_deep_copies_as_eagerly(batch):
         return "copied", out
 
     assert_matches_eager(logged, Step(_doubled), batch, modes=("step",))
+
+
+def test_explain_says_how_the_next_call_runs_past_four_variants(batch):
+    """explain's "runs as" is what the call with these arguments does: eagerly for a new
+    variant past the first four (found by the session's differential sweep: it said "one
+    pipeline"), compiled once that variant is held, and past cache_limit its fallback."""
+    @ndd.compile(cache_limit=5)
+    def spin(images, angle):
+        return ndd.rotate(images, angle=angle, fill_value=0)
+
+    for angle in (1, 2, 3, 4):
+        spin(batch, angle)
+    assert "runs as: eager for this call: a new variant" in str(ndd_trace.explain(spin, batch, 5))
+    spin(batch, 5)
+    spin(batch, 5)  # (seen again: compiled)
+    assert "runs as: one pipeline" in str(ndd_trace.explain(spin, batch, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spin(batch, 6)
+        spin(batch, 6)
+    assert "runs as: transparent mode: past cache_limit (5)" in str(
+        ndd_trace.explain(spin, batch, 6))

@@ -235,6 +235,18 @@ class UnitCache:
                 self._sighted.popitem(last=False)
             return True
 
+    def next_lookup(self, key: tuple) -> Found:
+        """How a lookup of `key` would find it now (HIT, PAST_LIMIT, FIRST_SIGHTING or NEW),
+        changing nothing: what explain says of a call."""
+        if key in self.units:
+            return Found.HIT
+        if len(self.units) >= self.limit:
+            return Found.PAST_LIMIT
+        if self.second_sighting and self.ledger.counters.traces >= self.free_units and \
+                key not in self._sighted:
+            return Found.FIRST_SIGHTING
+        return Found.NEW
+
     def get(self, key: tuple) -> Unit | None:
         return self.units.get(key)
 
