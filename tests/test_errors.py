@@ -857,6 +857,43 @@ def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
                          modes=("step", "transparent"), warn="ignore")
 
 
+def _user_frames_of(step, data):
+    """The traceback of a failing decode, this file's frames only (with their source line and
+    carets), as printed."""
+    try:
+        step(data).evaluate()
+    except RuntimeError:
+        printed = traceback.format_exc().splitlines()
+    kept, ours = [], False
+    for line in printed:
+        if line.startswith("  File "):
+            ours = __file__ in line
+            if ours:
+                kept.append(line.split(", ", 1)[1])
+        elif ours and line.startswith("    "):
+            kept.append(line)
+    return kept
+
+
+def _decode_in_a_step(jpegs):
+    images = ndd.decoders.image(jpegs)  # the failing call
+    return ndd.resize(images, size=[8, 8])
+
+
+def test_a_run_error_traceback_shows_the_users_call_as_eagerly():
+    """Found by the session's differential sweep: a compiled function's traceback put its
+    carets under the line's first 25 columns (not under the call), and transparent mode showed
+    the user's line twice (a made-up frame for it, beside its own)."""
+    data = ndd.as_batch([np.arange(100, dtype=np.uint8)] * 2)
+    with _quiet_stderr():
+        eager = _user_frames_of(_decode_in_a_step, data)
+        compiled = _user_frames_of(ndd_trace.compile(_decode_in_a_step), data)
+        with ndd_trace.enabled():
+            transparent = _user_frames_of(_decode_in_a_step, data)
+    assert any("^^^^" in line for line in eager), eager
+    assert compiled == eager and transparent == eager, (eager, compiled, transparent)
+
+
 # -- known differences found by the session's differential sweep, kept until fixed -------------
 
 def _out_of_bounds(images):

@@ -12,7 +12,7 @@ from typing import Any
 import nvidia.dali.experimental.dynamic as ndd
 from nvidia.dali.experimental.dynamic import (_call_site, _capture, _eval_mode, _ops)
 
-from ..core.source import hide_own_frames
+from ..core.source import hide_own_frames, user_location
 from .base import EvalMode
 
 
@@ -118,7 +118,7 @@ class _Interceptor:
             try:
                 return handler(op_class, original, inputs, kwargs)
             except Exception as error:  # the eager call's error, with the eager traceback
-                hide_own_frames(error)
+                hide_own_frames(error, user_location())
                 raise
 
         hook._ndd_trace_original = original  # type: ignore[attr-defined]

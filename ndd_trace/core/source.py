@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import keyword
 import linecache
 import os
@@ -49,6 +50,23 @@ class SourceLoc:
     filename: str
     lineno: int
     function: str = "?"
+    # the calling code and instruction, for the call's columns (a traceback's carets), read
+    # only where an error needs them: not part of its identity (file, line, function)
+    code: types.CodeType | None = dataclasses.field(default=None, compare=False, repr=False)
+    lasti: int = dataclasses.field(default=-1, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple:  # (a code object does not pickle; the columns are not kept)
+        return SourceLoc, (self.filename, self.lineno, self.function)
+
+    def columns(self) -> tuple[int, int] | None:
+        """The call's first and end columns on its line, where known."""
+        if self.code is None or self.lasti < 0:
+            return None
+        for first, last, col, end_col in itertools.islice(
+                self.code.co_positions(), self.lasti // 2, self.lasti // 2 + 1):
+            if first == last == self.lineno and col is not None and end_col is not None:
+                return col, end_col
+        return None
 
     def __str__(self) -> str:
         return f"{self.filename}:{self.lineno}"
@@ -116,7 +134,8 @@ def user_location(start: types.FrameType | None = None) -> SourceLoc | None:
     frame = user_frame(start if start is not None else sys._getframe(1))
     if frame is None:
         return None
-    return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name,
+                     frame.f_code, frame.f_lasti)
 
 
 def importer_location() -> SourceLoc | None:
@@ -212,11 +231,12 @@ def innermost_user_loc(error: BaseException | None) -> SourceLoc | None:
     return loc
 
 
-def hide_own_frames(error: BaseException) -> None:
+def hide_own_frames(error: BaseException, at: SourceLoc | None = None) -> None:
     """Drop ndd_trace's frames from the traceback of an error that is not ndd_trace's own (DALI's
     or the user's, raised below a hook or at the user's line by `raise_at`): it reads as the
     traceback of the eager call. An error raised in ndd_trace's code keeps them (a bug to find).
-    Called where the error leaves ndd_trace, before a bare `raise`."""
+    Called where the error leaves ndd_trace, before a bare `raise`; `at`: the user's line it
+    leaves to (a hook's caller), whose own frame follows: raise_at's frame for it is dropped."""
     entries = []
     tb = error.__traceback__
     while tb is not None:
@@ -224,12 +244,36 @@ def hide_own_frames(error: BaseException) -> None:
         tb = tb.tb_next
     if not entries or entries[-1].tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         return
+    kept = [entry for entry in entries
+            if not entry.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR)]
+    real = {(entry.tb_frame.f_code.co_filename, entry.tb_lineno) for entry in kept
+            if _MADE_UP not in entry.tb_frame.f_globals}
+    if at is not None:
+        real.add((at.filename, at.lineno))
     rebuilt = None
-    for entry in reversed(entries):
-        if not entry.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    for entry in reversed(kept):  # (raise_at's frame left out where the line's own is there)
+        if _MADE_UP not in entry.tb_frame.f_globals or \
+                (entry.tb_frame.f_code.co_filename, entry.tb_lineno) not in real:
             rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti,
                                           entry.tb_lineno)
     error.__traceback__ = rebuilt
+
+
+_MADE_UP = "__ndd_trace_raise_at__"  # in the globals of the frames raise_at makes
+
+
+def _raising_statement(loc: SourceLoc) -> tuple[str, str]:
+    """A statement for `loc`'s line that raises the error, and the name it calls: a call
+    spanning the user's call's columns where they are known (a traceback's carets fall under
+    it, as under eager's), else `raise`."""
+    columns = loc.columns()
+    if columns is None or columns[1] - columns[0] < 3:
+        return "raise __ndd_trace_error__", "__ndd_trace_raiser__"
+    col, end_col = columns
+    name = "_" * (end_col - col - 2)
+    if not col:
+        return f"{name}()", name
+    return "(" + " " * (col - 1) + f"{name}())", name
 
 
 def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
@@ -244,10 +288,16 @@ def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
     """
     if loc is None:
         raise error
-    code = compile("\n" * (loc.lineno - 1) + "raise __ndd_trace_error__", loc.filename, "exec")
+    statement, name = _raising_statement(loc)
+    code = compile("\n" * (loc.lineno - 1) + statement, loc.filename, "exec")
     code = code.replace(co_name=loc.function)
-    handed = [{"__ndd_trace_error__": error}]
+    errors = [error]
     del error
+
+    def raiser() -> None:  # (its frame is this package's: left out of the traceback)
+        raise errors.pop()
+
+    handed = [{"__ndd_trace_error__": errors[0], name: raiser}]
 
     def run() -> None:
         namespace = handed.pop()
@@ -257,11 +307,22 @@ def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
             handed.append(raised)
         finally:
             namespace.clear()
+            namespace[_MADE_UP] = True  # (its frame, kept in the traceback, says so)
 
     thread = threading.Thread(target=run, name="ndd_trace raise_at", daemon=True)
     thread.start()
     thread.join()
+    raised = handed.pop()
+    entries, tb = [], raised.__traceback__
+    while tb is not None:  # (the raiser's frame left out: the user's line is the innermost)
+        if tb.tb_frame.f_code is not raiser.__code__:
+            entries.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(entries):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
     try:
-        raise handed.pop()
+        raise raised.with_traceback(rebuilt)
     finally:
-        del thread, run
+        errors.clear()
+        del thread, run, raised, entries, tb, rebuilt
