@@ -62,23 +62,41 @@ def op_error(eager: BaseException, node: Node | None, name: str | None, note: st
     return wrapped
 
 
+def _op_by_op(graph: Graph, leaves: dict, batch_size: int | None = None
+              ) -> tuple[dict | None, BaseException | None, Node | None]:
+    """`graph` run on `leaves` op by op, each call synchronous: its values, or the error that
+    stopped it and the op whose call raised it (an error of a call DALI rejects itself marked
+    so: `op_error`'s `at_call`)."""
+    failed: list[tuple[Node, bool]] = []
+    try:
+        with _dali.synchronous():
+            values = interpret(graph, leaves, batch_size, failed)
+            for value in values.values():
+                value.evaluate()
+        return values, None, None
+    except Exception as error:  # noqa: BLE001 (returned as the run's error)
+        if failed and failed[0][1]:
+            setattr(error, _REJECTED, True)
+        return None, error, (failed[0][0] if failed else None)
+
+
 def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
                  ) -> tuple[BaseException, Node | None] | None:
     """What eager ndd raises for a run of `graph` on `leaves`, and the op whose call raised it:
     the graph run op by op, each call synchronous (a pipeline reports every failure as a
     RuntimeError; eager ndd raises the operator's own type, a ValueError for a layout it
-    rejects). An error of a call DALI rejects itself is marked so (`op_error`'s `at_call`)."""
-    failed: list[tuple[Node, bool]] = []
-    try:  # (the failed run logged what the ops log: not twice)
-        with _dali.synchronous(), _dali.native_logs_dropped():
-            for value in interpret(graph, leaves, batch_size, failed).values():
-                value.evaluate()
-    except Exception as error:  # noqa: BLE001 (returned as the run's error)
-        if failed and failed[0][1]:
-            setattr(error, _REJECTED, True)
-        # its text and type are used, not its traceback, whose frames would hold it (a cycle)
-        return error.with_traceback(None), (failed[0][0] if failed else None)
-    return None
+    rejects)."""
+    with _dali.native_logs_dropped():  # (the failed run logged what the ops log: not twice)
+        _, error, node = _op_by_op(graph, leaves, batch_size)
+    # its text and type are used, not its traceback, whose frames would hold it (a cycle)
+    return None if error is None else (error.with_traceback(None), node)
+
+
+def _interpreted_op_error(eager: BaseException, node: Node) -> BaseException:
+    """The failure of `node`'s call in an interpreted run (`eager`: eager's error for it) as a
+    pipeline run's: the op's own error at the user's line, as a result's first use raises it."""
+    own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)")
+    return surfacing(own, _dali.eval_mode_is_deferred())
 
 
 # Raising without a cycle: an error raised from a local variable is held by its own
@@ -89,23 +107,13 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
 
 
 def interpret_at_once(graph: Graph, leaves: dict) -> dict:
-    """`interpret(graph, leaves)`, each call run at once (synchronous), its outputs evaluated:
-    a failure raises as `interpreted_error` raises it, without running the graph again to
-    find the op (a region that runs eagerly after failed runs, where failures are expected)."""
-    failed: list[tuple[Node, bool]] = []
-    try:
-        with _dali.synchronous():
-            values = interpret(graph, leaves, None, failed)
-            for ref in graph.outputs:
-                values[ref].evaluate()
+    """`interpret(graph, leaves)`, each call run at once (synchronous): a failure raises as
+    `interpreted_error` raises it, without running the graph again to find the op (a region
+    that runs eagerly after failed runs, where failures are expected)."""
+    values, failure, node = _op_by_op(graph, leaves)
+    if failure is None:
         return values
-    except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
-        failure = error
-    if failed and failed[0][1]:
-        setattr(failure, _REJECTED, True)
-    raised = failure if not failed else surfacing(
-        op_error(failure, failed[0][0], f"ndd.{failed[0][0].name}",
-                 "while running it eagerly (interpreted)"), _dali.eval_mode_is_deferred())
+    raised = failure if node is None else _interpreted_op_error(failure, node)
     try:  # (no local left referring to it: raising without a cycle)
         raise raised
     finally:
@@ -121,9 +129,7 @@ def interpreted_error(graph: Graph, leaves: dict, error: BaseException) -> BaseE
     replayed = eager_replay(graph, leaves)
     if replayed is None or replayed[1] is None:
         return error
-    eager, node = replayed
-    own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)")
-    return surfacing(own, _dali.eval_mode_is_deferred())
+    return _interpreted_op_error(*replayed)
 
 
 def validated_at_call(node: Node) -> bool:
