@@ -204,8 +204,7 @@ class UnitCache:
                 self.ledger.counters.misses += 1
             if len(self.units) >= self.limit:
                 return None, Found.PAST_LIMIT  # (the caller records the verdict)
-            if self.second_sighting and self.ledger.counters.traces >= self.free_units and \
-                    self.first_sighting(key):
+            if self._waits_for_a_sighting() and self.first_sighting(key):
                 return None, Found.FIRST_SIGHTING  # (the caller runs it eagerly)
             if keep is None:
                 self.ledger.counters.traces += 1
@@ -222,6 +221,10 @@ class UnitCache:
                 self.units[unit.key] = unit
                 self.last_key = unit.key
             return unit, Found.NEW
+
+    def _waits_for_a_sighting(self) -> bool:
+        """Whether a new key's unit is made only at its second sighting (past free_units)."""
+        return self.second_sighting and self.ledger.counters.traces >= self.free_units
 
     def first_sighting(self, key: tuple) -> bool:
         """Whether `key` is new (remembered now: its next lookup makes its unit) or was seen
@@ -242,8 +245,7 @@ class UnitCache:
             return Found.HIT
         if len(self.units) >= self.limit:
             return Found.PAST_LIMIT
-        if self.second_sighting and self.ledger.counters.traces >= self.free_units and \
-                key not in self._sighted:
+        if self._waits_for_a_sighting() and key not in self._sighted:
             return Found.FIRST_SIGHTING
         return Found.NEW
 
