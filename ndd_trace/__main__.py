@@ -29,6 +29,7 @@ import types
 from importlib.machinery import SourceFileLoader
 
 from . import __version__, _dali, launch
+from .core.source import traceback_entries, traceback_of
 from .modes import lazy
 
 _THIS_FILE = os.path.abspath(__file__)
@@ -154,10 +155,7 @@ def _print_uncaught_as_python_does(error: BaseException, keep_runpy: bool) -> No
 def _without_launcher(tb: types.TracebackType | None,
                       keep_runpy: bool) -> types.TracebackType | None:
     """`tb` without this module's frames and the runpy frames that run the user's code."""
-    entries = []
-    while tb is not None:
-        entries.append(tb)
-        tb = tb.tb_next
+    entries = traceback_entries(tb)
 
     def launcher(entry: types.TracebackType) -> bool:
         filename = entry.tb_frame.f_code.co_filename
@@ -170,11 +168,7 @@ def _without_launcher(tb: types.TracebackType | None,
     last = first
     while last < len(entries) and launcher(entries[last]):
         last += 1
-    kept = (entries[:first] if keep_runpy else []) + entries[last:]
-    rebuilt = None
-    for entry in reversed(kept):
-        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return rebuilt
+    return traceback_of((entries[:first] if keep_runpy else []) + entries[last:])
 
 
 if __name__ == "__main__":

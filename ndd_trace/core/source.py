@@ -231,17 +231,30 @@ def innermost_user_loc(error: BaseException | None) -> SourceLoc | None:
     return loc
 
 
+def traceback_entries(tb: types.TracebackType | None) -> list[types.TracebackType]:
+    """The entries of a traceback, outermost first."""
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    return entries
+
+
+def traceback_of(entries: list[types.TracebackType]) -> types.TracebackType | None:
+    """A traceback of `entries` (outermost first), each frame and line as it was."""
+    rebuilt = None
+    for entry in reversed(entries):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
+
+
 def hide_own_frames(error: BaseException, at: SourceLoc | None = None) -> None:
     """Drop ndd_trace's frames from the traceback of an error that is not ndd_trace's own (DALI's
     or the user's, raised below a hook or at the user's line by `raise_at`): it reads as the
     traceback of the eager call. An error raised in ndd_trace's code keeps them (a bug to find).
     Called where the error leaves ndd_trace, before a bare `raise`; `at`: the user's line it
     leaves to (a hook's caller), whose own frame follows: raise_at's frame for it is dropped."""
-    entries = []
-    tb = error.__traceback__
-    while tb is not None:
-        entries.append(tb)
-        tb = tb.tb_next
+    entries = traceback_entries(error.__traceback__)
     if not entries or entries[-1].tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         return
     kept = [entry for entry in entries
@@ -250,13 +263,10 @@ def hide_own_frames(error: BaseException, at: SourceLoc | None = None) -> None:
             if _MADE_UP not in entry.tb_frame.f_globals}
     if at is not None:
         real.add((at.filename, at.lineno))
-    rebuilt = None
-    for entry in reversed(kept):  # (raise_at's frame left out where the line's own is there)
-        if _MADE_UP not in entry.tb_frame.f_globals or \
-                (entry.tb_frame.f_code.co_filename, entry.tb_lineno) not in real:
-            rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti,
-                                          entry.tb_lineno)
-    error.__traceback__ = rebuilt
+    # (raise_at's frame left out where the line's own is there)
+    error.__traceback__ = traceback_of([
+        entry for entry in kept if _MADE_UP not in entry.tb_frame.f_globals
+        or (entry.tb_frame.f_code.co_filename, entry.tb_lineno) not in real])
 
 
 _MADE_UP = "__ndd_trace_raise_at__"  # in the globals of the frames raise_at makes
@@ -313,16 +323,11 @@ def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
     thread.start()
     thread.join()
     raised = handed.pop()
-    entries, tb = [], raised.__traceback__
-    while tb is not None:  # (the raiser's frame left out: the user's line is the innermost)
-        if tb.tb_frame.f_code is not raiser.__code__:
-            entries.append(tb)
-        tb = tb.tb_next
-    rebuilt = None
-    for entry in reversed(entries):
-        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    rebuilt = traceback_of([  # (the raiser's frame left out: the user's line is the innermost)
+        entry for entry in traceback_entries(raised.__traceback__)
+        if entry.tb_frame.f_code is not raiser.__code__])
     try:
         raise raised.with_traceback(rebuilt)
     finally:
         errors.clear()
-        del thread, run, raised, entries, tb, rebuilt
+        del thread, run, raised, rebuilt
