@@ -61,6 +61,18 @@ class CallSpelling:
         itself then raises eager's TypeError)."""
         if not kwargs and len(args) == self._simple_arity:
             return args, kwargs
+        bound = self._bound(args, kwargs)
+        return (args, kwargs) if bound is None else (bound.args, bound.kwargs)
+
+    def arguments(self, args: tuple, kwargs: dict) -> dict | None:
+        """The call's arguments by parameter name, defaults included (None: they do not bind,
+        and the call raises eager's TypeError)."""
+        bound = self._bound(args, kwargs)
+        return None if bound is None else dict(bound.arguments)
+
+    def _bound(self, args: tuple, kwargs: dict) -> inspect.BoundArguments | None:
+        """The call bound to the function's signature as it is now, defaults applied (None:
+        it does not bind)."""
         function = self.function
         if function.__defaults__ is not self._defaults:  # `f.__defaults__ = (...)`
             self.signature = inspect.signature(function)
@@ -68,11 +80,11 @@ class CallSpelling:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:
-            return args, kwargs
+            return None
         kwdefaults: dict[str, Any] = function.__kwdefaults__ or {}
         passed = bound.arguments.keys() & kwdefaults.keys()
         bound.apply_defaults()
         for name, value in kwdefaults.items():
             if name not in passed:  # as eager: the keyword default as it is now
                 bound.arguments[name] = value
-        return bound.args, bound.kwargs
+        return bound

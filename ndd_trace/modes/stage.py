@@ -197,16 +197,6 @@ class TraceStage:
             parameters[params[index]].kind != inspect.Parameter.VAR_POSITIONAL else f"arg{index}"
         return "_".join([base, *(str(p) for p in path[2:])])
 
-    def _arguments(self, args: tuple, kwargs: dict) -> dict | None:
-        """The call's arguments by parameter name, defaults included (None: they do not bind,
-        and the call raises as eager's does)."""
-        try:
-            bound = self._spelling.signature.bind(*args, **kwargs)
-        except TypeError:
-            return None
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
     @staticmethod
     def _restore(before: list, python_random: Any = None) -> None:
         for rng, snapshot in before:
@@ -225,7 +215,7 @@ class TraceStage:
         if cache.replan() or key is None:
             key = cache.key(args, kwargs)
         if self.runs is not Runs.COMPILED_LOOP:  # (a loop body was checked as a loop)
-            found = find_effect(self._function, self._arguments(args, kwargs))
+            found = find_effect(self._function, self._spelling.arguments(args, kwargs))
             if found is not None:  # before the trace: its Python runs once on this call too
                 record = GraphBreakRecord(f"{found.reason}: a compiled function's Python runs "
                                           "at its trace only", found.loc)
