@@ -22,7 +22,8 @@ from .writes import UNKNOWN
 # where the written object is on the stack (0: on top) before each writing instruction
 _ITEM_WRITES = types.MappingProxyType({"STORE_SUBSCR": 1, "DELETE_SUBSCR": 1, "STORE_ATTR": 0,
                                        "DELETE_ATTR": 0})
-_FREE_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF"})
+# loads of a global or closure variable (effects.py reads free names with them too)
+FREE_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF"})
 _LOCAL_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK"})
 _MADE = ("BUILD_MAP", "BUILD_LIST", "BUILD_SET", "BUILD_CONST_KEY_MAP", "LOAD_CONST")
 _NO_PUSH = ("STORE_", "DELETE_", "POP_", "RETURN_", "JUMP", "NOP", "RESUME", "PRECALL",
@@ -70,7 +71,7 @@ def _stack_origin(instructions: list, index: int, depth: int) -> tuple[str, Any]
         if depth >= pushes:
             depth -= net
             continue
-        if name in _FREE_LOADS:
+        if name in FREE_LOADS:
             return "free", ins.argval
         if name in _LOCAL_LOADS:
             return "local", ins.argval

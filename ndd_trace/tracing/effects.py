@@ -26,7 +26,7 @@ import types
 from typing import Any
 
 from ..core.source import SourceLoc
-from .code_writes import bytecode_write
+from .code_writes import FREE_LOADS, bytecode_write
 from .writes import DUNDER_MUTATORS, SHALLOW, UNKNOWN, Origin, WriteFinder
 
 # modules whose functions are pure computations (their random/time submodules are not)
@@ -351,9 +351,6 @@ def _find_effect_in(function: Any, depth: int, origins: dict | None = None) -> F
     return None
 
 
-_FREE_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF"})
-
-
 def _free_name_chains(code: types.CodeType, imported: dict) -> list[tuple[str, list[str],
                                                                          int | None]]:
     """Each free name (or name the body imports) and the attributes read off it
@@ -369,7 +366,7 @@ def _free_name_chains(code: types.CodeType, imported: dict) -> list[tuple[str, l
         if current is not None:
             chains.append(current)
             current = None
-        if (instruction.opname in _FREE_LOADS or instruction.opname == "LOAD_FAST") \
+        if (instruction.opname in FREE_LOADS or instruction.opname == "LOAD_FAST") \
                 and instruction.argval not in local:
             line = instruction.positions.lineno if instruction.positions else None
             current = (instruction.argval, [], line)
