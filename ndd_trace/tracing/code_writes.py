@@ -105,10 +105,8 @@ def _inplace_on_argument(instructions: list, index: int, parameters: tuple[str, 
         return None
     kind, name = _stack_origin(instructions, index, 1)
     if kind == "local" and name not in parameters:  # a local bound to an argument (`h = hist`)
-        bound = [_stack_origin(instructions, at, 0) for at, other in enumerate(instructions)
-                 if other.opname == "STORE_FAST" and other.argval == name]
-        name = next((found[1] for found in bound if found[0] == "local" and
-                     found[1] in parameters), name)
+        name = next((found[1] for found in _bindings(instructions, name)
+                     if found[0] == "local" and found[1] in parameters), name)
     if kind != "local" or name not in parameters:
         return None
     value = values.get(name, UNKNOWN)
@@ -120,6 +118,17 @@ def _inplace_on_argument(instructions: list, index: int, parameters: tuple[str, 
     return None
 
 
+def _bindings(instructions: list, name: str) -> list[tuple[str, Any]]:
+    """Where each value the code binds to the local `name` came from (`_stack_origin`)."""
+    return [_stack_origin(instructions, at, 0) for at, ins in enumerate(instructions)
+            if ins.opname == "STORE_FAST" and ins.argval == name]
+
+
+def _line_of(ins: Any, code: types.CodeType) -> int:
+    return ins.positions.lineno if ins.positions and ins.positions.lineno else \
+        code.co_firstlineno
+
+
 def bytecode_write(code: types.CodeType, parameters: tuple[str, ...],
                    values: dict | None = None) -> tuple[str, int] | None:
     """The first write of an item or attribute into an object the code did not make (a
@@ -129,28 +138,23 @@ def bytecode_write(code: types.CodeType, parameters: tuple[str, ...],
     A local's object is its own where every binding of it is a literal (`d = {}`)."""
     instructions = list(dis.get_instructions(code))
     for index, ins in enumerate(instructions):
-        inplace = _inplace_on_argument(instructions, index, parameters, values or {}) \
-            if ins.opname in ("BINARY_OP",) or ins.opname.startswith("INPLACE_") else None
+        inplace = _inplace_on_argument(instructions, index, parameters, values or {})
         if inplace is not None:
-            line = ins.positions.lineno if ins.positions and ins.positions.lineno else \
-                code.co_firstlineno
-            return f"{inplace}, which eager does at every call", line
+            return f"{inplace}, which eager does at every call", _line_of(ins, code)
         depth = _ITEM_WRITES.get(ins.opname)
         if depth is None:
             continue
         kind, name = _stack_origin(instructions, index, depth)
         if kind == "local" and name not in parameters:
-            bindings = [_stack_origin(instructions, at, 0) for at, other in enumerate(instructions)
-                        if other.opname == "STORE_FAST" and other.argval == name]
+            bindings = _bindings(instructions, name)
             if bindings and all(found[0] == "made" for found in bindings):
                 continue
         what = {"free": f"`{name}`, a global or closure variable",
                 "local": f"`{name}`" + (", an argument" if name in parameters else ""),
                 }.get(kind, "an object it did not make")
         verb = "deletes" if ins.opname.startswith("DELETE") else "writes"
-        line = ins.positions.lineno if ins.positions and ins.positions.lineno else \
-            code.co_firstlineno
-        return (f"{verb} an item or attribute of {what}, which eager does at every call", line)
+        return (f"{verb} an item or attribute of {what}, which eager does at every call",
+                _line_of(ins, code))
     for constant in code.co_consts:
         if isinstance(constant, types.CodeType):
             found = bytecode_write(constant, ())
