@@ -46,6 +46,8 @@
 #          pipeline's beside them, ROUNDS rounds
 # optshort: optimize beside the pipeline, OPTSHORT_STEPS steps (default 400) with an empty cache
 #          directory: a run too short to search (tuning.SEARCH_AFTER_S) runs on the start's settings
+# abunsteady: bench_unsteady.py (programs whose steps do not repeat) in each tree of
+#          UNSTEADY_TREES ("name=root ...", default "new=. old=$OLD"), UNSTEADY_STEPS steps
 set -u
 OUT=${OUT:-/tmp/ndd_trace_gpu_out}
 ROUNDS=${ROUNDS:-2}
@@ -191,6 +193,15 @@ if has optshort; then
     bounded env NDD_TRACE_CACHE_DIR="$(mktemp -d)" python3 benchmarks/bench_ops.py $TRAIN \
         --steps "${OPTSHORT_STEPS:-400}" --modes ndd_trace_optimize,pipeline \
         --json "$OUT/optshort.json" 2>&1 | tail -6 | tee "$OUT/optshort.log"
+fi
+if has abunsteady; then  # bench_unsteady in each tree of UNSTEADY_TREES (name=root), back to back
+    for round in $(seq 1 "$ROUNDS"); do
+        for tree in ${UNSTEADY_TREES:-new=. old=$OLD}; do
+            (cd "${tree#*=}" && bounded python3 benchmarks/bench_unsteady.py --device gpu \
+                --steps "${UNSTEADY_STEPS:-60}" --json "$OUT/unsteady_${tree%%=*}_r$round.json" 2>&1 \
+                | tail -5 | tee "$OUT/unsteady_${tree%%=*}_r$round.log")
+        done
+    done
 fi
 # one archive of everything written, beside the logs' tails printed above
 (cd "$OUT" && files=$(ls | grep -v '^session.tgz$') && [ -n "$files" ] && tar czf session.tgz $files \
