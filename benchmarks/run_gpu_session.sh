@@ -46,13 +46,14 @@
 #          pipeline's beside them, ROUNDS rounds
 # optshort: optimize beside the pipeline, OPTSHORT_STEPS steps (default 400) with an empty cache
 #          directory: a run too short to search (tuning.SEARCH_AFTER_S) runs on the start's settings
-# abunsteady: bench_unsteady.py (programs whose steps do not repeat) in each tree of
-#          UNSTEADY_TREES ("name=root ...", default "new=. old=$OLD"), UNSTEADY_STEPS steps
+# abunsteady: bench_unsteady.py (programs whose steps do not repeat) in each tree of AB_TREES
+#          ("name=root ...", default "new=. old=$OLD"; ab and absmall too), UNSTEADY_STEPS steps
 set -u
 OUT=${OUT:-/tmp/ndd_trace_gpu_out}
 ROUNDS=${ROUNDS:-2}
 PARTS=${PARTS:-tests small train}
 OLD=${OLD:-.ab/old}
+AB_TREES=${AB_TREES:-new=. old=$OLD}  # the trees an A/B part runs, "name=root" each, in order
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 ALL=eager,capture,ndd_trace,ndd_trace_loop,ndd_trace_checked,ndd_trace_optimize,transparent,pipeline,pipeline_fused,decode_only,fused_decode_only
@@ -105,26 +106,24 @@ if has ddp; then
 fi
 if has ab; then
     for round in $(seq 1 "$ROUNDS"); do
-        for tree in new old; do
-            root=$PWD
-            [ "$tree" = old ] && root=$PWD/$OLD  # its ndd_trace/ first on the path, for every mode's process
+        for tree in $AB_TREES; do
+            root=$PWD/${tree#*=}  # its ndd_trace/ first on the path, for every mode's process
             (cd / && PYTHONPATH=$root:$PYTHONPATH python3 -c 'import ndd_trace; print("ndd_trace from", ndd_trace.__file__)')
             PYTHONPATH=$root:$PYTHONPATH bounded python3 "$root/benchmarks/bench_ops.py" $TRAIN \
                 --modes "${AB_MODES:-ndd_trace,ndd_trace_loop,transparent,pipeline}" \
-                --json "$OUT/ab_${tree}_r$round.json" 2>&1 | tail -6 | tee "$OUT/ab_${tree}_r$round.log"
+                --json "$OUT/ab_${tree%%=*}_r$round.json" 2>&1 | tail -6 | tee "$OUT/ab_${tree%%=*}_r$round.log"
         done
     done
 fi
 if has absmall; then
     for round in $(seq 1 "$ROUNDS"); do
-        for tree in new old; do
-            root=$PWD
-            [ "$tree" = old ] && root=$PWD/$OLD
+        for tree in $AB_TREES; do
+            root=$PWD/${tree#*=}
             (cd / && PYTHONPATH=$root:$PYTHONPATH python3 -c 'import ndd_trace; print("ndd_trace from", ndd_trace.__file__)')
             PYTHONPATH=$root:$PYTHONPATH bounded python3 "$root/benchmarks/bench_ops.py" --device gpu \
                 --workloads small_ops --steps 300 --warmup 30 --threads 4 \
-                --modes ndd_trace,transparent,pipeline --json "$OUT/absmall_${tree}_r$round.json" \
-                2>&1 | tail -6 | tee "$OUT/absmall_${tree}_r$round.log"
+                --modes ndd_trace,transparent,pipeline --json "$OUT/absmall_${tree%%=*}_r$round.json" \
+                2>&1 | tail -6 | tee "$OUT/absmall_${tree%%=*}_r$round.log"
         done
     done
 fi
@@ -194,9 +193,9 @@ if has optshort; then
         --steps "${OPTSHORT_STEPS:-400}" --modes ndd_trace_optimize,pipeline \
         --json "$OUT/optshort.json" 2>&1 | tail -6 | tee "$OUT/optshort.log"
 fi
-if has abunsteady; then  # bench_unsteady in each tree of UNSTEADY_TREES (name=root), back to back
+if has abunsteady; then  # bench_unsteady in each tree of AB_TREES, back to back
     for round in $(seq 1 "$ROUNDS"); do
-        for tree in ${UNSTEADY_TREES:-new=. old=$OLD}; do
+        for tree in $AB_TREES; do
             (cd "${tree#*=}" && bounded python3 benchmarks/bench_unsteady.py --device gpu \
                 --steps "${UNSTEADY_STEPS:-60}" --json "$OUT/unsteady_${tree%%=*}_r$round.json" 2>&1 \
                 | tail -5 | tee "$OUT/unsteady_${tree%%=*}_r$round.log")
