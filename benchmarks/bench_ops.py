@@ -80,6 +80,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -693,6 +694,10 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
         result.extra["tuning"] = tuning_log
         last = tuning_log[-1].split(": ", 1)[-1]  # (without the pipeline's file name)
         result.notes = f"{result.notes}; tuning: {last}" if result.notes else f"tuning: {last}"
+    # the process's peak resident memory (issue 34's goal: at most 1.2x the pipeline's)
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # (KiB on Linux)
+    result.extra["peak_rss_mib"] = peak_rss_mib
+    result.notes = f"peak RSS {peak_rss_mib:.0f} MiB; {result.notes}".rstrip("; ")
     return result
 
 
