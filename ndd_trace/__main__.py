@@ -129,6 +129,8 @@ def _run_script(path: str) -> None:
     with io.open_code(filename) as file:
         source = file.read()
     code = compile(source, filename, "exec", dont_inherit=True)
+    if b"dali" in source:  # (its ndd calls' first needs the script's parse: made meanwhile)
+        _dali.parse_ahead(code)
     module = types.ModuleType("__main__")
     module.__dict__.update(__package__=None, __loader__=SourceFileLoader("__main__", filename),
                            __spec__=None, __annotations__={}, __builtins__=builtins,

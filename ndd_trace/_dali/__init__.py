@@ -33,6 +33,7 @@ raises them), `conditionals` (per-sample pipelines). The rest of ndd_trace uses 
 from __future__ import annotations
 
 from .analysis import directory as analysis_cache_dir
+from .analysis import prefetch as parse_ahead
 from .analysis import refuse as refuse_cache_dir
 from .analysis import trusted_directory as trusted_cache_dir
 from .analysis import set_directory as set_analysis_cache_dir
@@ -118,7 +119,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "sample_index_source", "sample_indices", "sample_lengths", "sample_sources", "scalar_node",
     "schedule_one", "shape_node",
     "schema_name",
-    "set_analysis_cache_dir",
+    "parse_ahead", "set_analysis_cache_dir",
     "set_reader_shard_id", "shard_steps", "snapshot", "SPLIT_VALUES", "stand_in_batch",
     "STATE_WORDS", "storage_of",
     "synchronous", "synchronous_cpu", "Tensor", "tensor_argument", "tensor_argument_meta",

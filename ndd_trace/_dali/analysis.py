@@ -58,6 +58,7 @@ _lock = threading.Lock()
 _directory: str | None = (os.path.abspath(os.path.expanduser(os.environ["NDD_TRACE_CACHE_DIR"]))
                           if os.environ.get("NDD_TRACE_CACHE_DIR") else None)
 _done: set[str] = set()  # files handled in this process
+_parsing: dict[str, threading.Thread] = {}  # file -> the thread parsing it ahead (prefetch)
 # directory -> None (checked: only this user can have written to it) or why it is refused
 _verdicts: dict[str, str | None] = {}
 stats = {"loaded": 0, "saved": 0, "failed": 0}
@@ -66,6 +67,7 @@ stats = {"loaded": 0, "saved": 0, "failed": 0}
 def _after_fork() -> None:
     global _lock
     _lock = threading.Lock()  # a fork while another thread held it: the child's is free
+    _parsing.clear()  # (its threads are not the child's: a call parses as without)
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -205,11 +207,44 @@ def _key(text: str) -> str:
     return digest.hexdigest()
 
 
+def prefetch(code: types.CodeType) -> None:
+    """Start parsing `code`'s file on a thread of its own, as `prepare` and then DALI's first
+    call from it would: a compiled function's module at its decoration, a launched script
+    before it runs. The first call finds the parse made (or waits for it) instead of making
+    it then: the first batch comes up to its parse's time sooner (~1 s for 900 lines)."""
+    filename = code.co_filename
+    if filename in _parsing or filename.startswith("<"):
+        return
+    thread = threading.Thread(target=_parse_ahead, args=(code,), daemon=True,
+                              name=f"ndd_trace parse {os.path.basename(filename)}")
+    _parsing[filename] = thread
+    thread.start()
+
+
+def _parse_ahead(code: types.CodeType) -> None:
+    try:
+        _prepare(code)
+        _source_analysis._get_module_info(code)  # (found in DALI's cache where loaded above)
+    except Exception as error:  # noqa: BLE001 (the first call parses it, as without)
+        logs.cache.info("parse ahead of %s failed (%s: %s)", code.co_filename,
+                        type(error).__name__, error)
+
+
 def prepare(code: types.CodeType | None) -> None:
-    """Before DALI analyses a call site in `code`'s file: that file's parse loaded from the
-    cache directory into DALI's cache, or, on a miss, made now (as the call is about to) and
-    saved there. Once per file and process; nothing without a cache directory."""
-    if _directory is None or code is None:
+    """Before DALI analyses a call site in `code`'s file: its parse made ahead waited for
+    (prefetch), or that file's parse loaded from the cache directory into DALI's cache, or,
+    on a miss, made now (as the call is about to) and saved there. Once per file and process;
+    nothing without a cache directory."""
+    if code is None:
+        return
+    ahead = _parsing.get(code.co_filename)
+    if ahead is not None and ahead is not threading.current_thread():
+        ahead.join()
+    _prepare(code)
+
+
+def _prepare(code: types.CodeType) -> None:
+    if _directory is None:
         return
     filename = code.co_filename
     if filename in _done:
