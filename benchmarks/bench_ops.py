@@ -12,8 +12,10 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
   called once per batch with the same inputs as ``eager``.
 - ``ndd_trace_fed``: the ``ndd_trace`` function fed ready-made batches (made once, on the
   device, before timing) instead of calling the ExternalSource per step: the compiled function's
-  own cost, fed as ``pipeline_percall`` is (``small_ops`` only).
-- ``ndd_trace_loop``: a compiled generator over the reader (``decode_rrc_cmn`` only).
+  own cost, fed as ``pipeline_percall`` is (``small_ops`` and ``tiny``).
+- ``ndd_trace_loop``: a compiled generator over the reader (``decode_rrc_cmn``) or over the
+  ExternalSource (``tiny``: a ``for`` over ``range`` calling ``source()``, which ndd_trace runs
+  as a checked loop, not as one pipeline; the row's notes say how it ran).
 - ``ndd_trace_optimize``: the same compiled generator with ``optimize=True`` (the decoder and
   ``random_resized_crop`` fused into ``decoders.image_random_crop`` + ``resize``; on the GPU the
   decoder's ``hw_decoder_load`` set to ``--hw-decoder-load``), ``decode_rrc_cmn`` only.
@@ -37,7 +39,7 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
   distribution (what ``optimize`` and ``pipeline_fused`` decode, with nothing after it).
 - ``pipeline_percall``: the same hand-written pipeline, built by hand with a named
   ``fn.external_source`` and driven one step at a time from Python (``feed_input`` + ``run``, no
-  prefetching): the floor of a per-call function (``small_ops`` only).
+  prefetching): the floor of a per-call function (``small_ops`` and ``tiny``).
 
 On ``decode_rrc_cmn``, ``ndd_trace`` is the README's pattern: a compiled step called from the
 user's eager reader loop (``for jpegs, _ in reader.next_epoch(...): step(jpegs)``).
@@ -46,6 +48,10 @@ Workloads:
 
 - ``small_ops``: 13 cheap operator calls (geometry, color, cast, arithmetic, normalize, transpose,
   ``.slice``) on batches of 64x64x3 uint8 images cut from real photos (default batch size 8).
+- ``tiny``: issue 34's per-step-cost workload: 13 cheap operator calls (flip, crop, resize,
+  transpose, color, pad, cast, ``crop_mirror_normalize`` with a random mirror), which DALI's
+  capture mode takes whole, on 200 batches of 32x32x3 uint8 images from an ExternalSource
+  (default batch size 8).
 - ``decode_rrc_cmn``: ``decoders.image`` + ``random_resized_crop`` + ``crop_mirror_normalize`` on
   real JPEGs read with the File reader (default batch size 16).
 
@@ -105,9 +111,13 @@ MODES = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "nd
          "decode_only", "fused_decode_only", "dataloader")
 DECODE_ONLY_MODES = ("ndd_trace_optimize", "pipeline_fused", "decode_only", "fused_decode_only")
 PIPELINE_MODES = ("pipeline", "pipeline_fused", "decode_only", "fused_decode_only")
-WORKLOADS = ("small_ops", "decode_rrc_cmn")
-DEFAULT_BATCH_SIZES = {"small_ops": 8, "decode_rrc_cmn": 16}
-SMALL_IMAGE_SIDE = 64
+WORKLOADS = ("small_ops", "tiny", "decode_rrc_cmn")
+DEFAULT_BATCH_SIZES = {"small_ops": 8, "tiny": 8, "decode_rrc_cmn": 16}
+# the workloads fed in-memory image batches by an ExternalSource: their images' side
+IMAGE_SIDES = {"small_ops": 64, "tiny": 32}
+# the ExternalSource's batch count where the workload fixes it: issue 34's 200 for tiny, the photos
+# cycled to fill them exactly (the default 256 photos make 32 distinct batches of 8)
+SOURCE_BATCHES = {"tiny": 200}
 RESULT_PREFIX = "BENCH_RESULT "
 # pipeline_fused's and decode_only's hw_decoder_load, tuned by hand: the fastest share ndd_trace's
 # tuner measured on the H200 for the train workload (0.9, the value used before, ran 0.80-0.92x it)
@@ -158,6 +168,27 @@ def small_ops(images):
     return images.slice[:, 4:44, 4:44]
 
 
+def tiny_step(x, bs):
+    """Issue 34's tiny workload, as the issue writes it: 13 cheap calls capture mode takes whole."""
+    x = ndd.flip(x, horizontal=1); x = ndd.crop(x, crop=[28, 28]); x = ndd.resize(x, size=[32, 32])
+    x = ndd.transpose(x, perm=[2, 0, 1]); x = ndd.transpose(x, perm=[1, 2, 0])
+    x = ndd.brightness_contrast(x, brightness=1.1, contrast=0.9); x = ndd.hsv(x, hue=10.0, saturation=1.1)
+    x = ndd.pad(x, axis_names="HW", shape=[36, 36]); x = ndd.crop(x, crop=[32, 32])
+    x = ndd.cast(x, dtype=ndd.float32); x = ndd.flip(x, vertical=1)
+    mirror = ndd.random.coin_flip(batch_size=bs)
+    return ndd.crop_mirror_normalize(x, mirror=mirror, dtype=ndd.float32, output_layout="CHW",
+                                     mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375])
+
+
+def tiny_loop(source, steps):
+    """`steps` steps of tiny over the ExternalSource as a generator. ndd_trace cannot compile it
+    as one pipeline (only a loop over reader.next_epoch(...) or source.captured(...) is): it runs
+    as a checked loop, each step's Python as written, its ndd calls run ahead and checked."""
+    for _ in range(steps):
+        x = source()
+        yield tiny_step(x, x.batch_size)
+
+
 def _random_resized_crop_mirror_normalize(images):
     """Random-resized-crop, randomly mirror and normalize a batch of decoded images."""
     images = ndd.random_resized_crop(images, size=[224, 224])
@@ -203,6 +234,8 @@ def workload_function(workload: str, device: str) -> Callable:
     """Return the dynamic-mode function that processes one batch of `workload`."""
     if workload == "small_ops":
         return small_ops
+    if workload == "tiny":
+        return tiny_step
     return decode_rrc_cmn_gpu if device == "gpu" else decode_rrc_cmn_cpu
 
 
@@ -214,16 +247,17 @@ def workload_function(workload: str, device: str) -> Callable:
 def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: bool = False,
                    variant: str = "pipeline"):
     """Build the hand-written pipeline of `workload` (`inputs`: batches or a JPEG directory);
-    `percall`: small_ops with a named external source fed by `feed_input`, no prefetching;
+    `percall`: an ExternalSource workload's (small_ops, tiny) with a named external source fed
+    by `feed_input`, no prefetching;
     `variant`: "pipeline_fused", "decode_only" or "fused_decode_only" for decode_rrc_cmn's
     expert-written ones."""
 
     @pipeline_def
-    def small_ops_pipeline():
+    def external_source_pipeline():
         images = fn.external_source(
             source=inputs, cycle="quiet", batch=True, layout="HWC", device=options.device
         )
-        return small_ops_pipeline_body(images)
+        return pipeline_body(images)
 
     decoder_device = "mixed" if options.device == "gpu" else "cpu"
     # the GPU decoder's share for the hardware JPEG decoder (a mixed-backend argument only)
@@ -271,9 +305,9 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         return fn.decoders.image_random_crop(jpegs_of_reader(), device=decoder_device, **tuning)
 
     @pipeline_def
-    def small_ops_percall_pipeline():
+    def percall_pipeline():
         images = fn.external_source(name="images", layout="HWC", device=options.device)
-        return small_ops_pipeline_body(images)
+        return pipeline_body(images)
 
     def small_ops_pipeline_body(images):
         angle = fn.random.uniform(range=[-15.0, 15.0])
@@ -290,14 +324,30 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         images = fn.transpose(images, perm=[2, 0, 1])
         return images[:, 4:44, 4:44]
 
+    def tiny_pipeline_body(images):
+        images = fn.flip(images, horizontal=1)
+        images = fn.crop(images, crop=[28, 28])
+        images = fn.resize(images, size=[32, 32])
+        images = fn.transpose(images, perm=[2, 0, 1])
+        images = fn.transpose(images, perm=[1, 2, 0])
+        images = fn.brightness_contrast(images, brightness=1.1, contrast=0.9)
+        images = fn.hsv(images, hue=10.0, saturation=1.1)
+        images = fn.pad(images, axis_names="HW", shape=[36, 36])
+        images = fn.crop(images, crop=[32, 32])
+        images = fn.cast(images, dtype=types.FLOAT)
+        images = fn.flip(images, vertical=1)
+        return mirror_normalize(images)  # the coin flip's default probability is 0.5, as eager's
+
+    pipeline_body = tiny_pipeline_body if workload == "tiny" else small_ops_pipeline_body
     if percall:
-        pipe = small_ops_percall_pipeline(
+        pipe = percall_pipeline(
             batch_size=options.batch_size, num_threads=options.threads,
             device_id=0 if options.device == "gpu" else None, seed=options.seed,
             prefetch_queue_depth=1)
         pipe.build()
         return pipe
-    definition = small_ops_pipeline if workload == "small_ops" else decode_rrc_cmn_pipeline
+    definition = (external_source_pipeline if workload in IMAGE_SIDES
+                  else decode_rrc_cmn_pipeline)
     if variant == "pipeline_fused":
         definition = decode_rrc_cmn_fused_pipeline
     elif variant == "decode_only":
@@ -320,26 +370,35 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
 # --------------------------------------------------------------------------------------------
 
 
-def load_small_image_batches(root: Path, batch_size: int) -> list[list[np.ndarray]]:
-    """Decode every JPEG once with Pillow, resize it to 64x64x3 and group the images in batches."""
+def load_small_image_batches(root: Path, batch_size: int, side: int,
+                             batch_count: int | None = None) -> list[list[np.ndarray]]:
+    """Decode every JPEG once with Pillow, resize it to side x side x 3 and group the images in
+    `batch_count` batches (default: as many whole batches as there are images, at least one),
+    cycling over the images where they are fewer."""
     from PIL import Image
 
     images = []
     for path in jpeg_paths(root):
         with Image.open(path) as image:
-            small = image.convert("RGB").resize((SMALL_IMAGE_SIDE, SMALL_IMAGE_SIDE))
+            small = image.convert("RGB").resize((side, side))
             images.append(np.asarray(small, dtype=np.uint8))
-    batch_count = max(1, len(images) // batch_size)
+    if batch_count is None:
+        batch_count = max(1, len(images) // batch_size)
     images = list(itertools.islice(itertools.cycle(images), batch_count * batch_size))
     return [images[start : start + batch_size] for start in range(0, len(images), batch_size)]
+
+
+def image_source(options: argparse.Namespace, data) -> ndd.ExternalSource:
+    """Return the ExternalSource of an image workload's in-memory batches, cycling over them."""
+    batches = [ndd.as_batch(batch, layout="HWC") for batch in data]
+    return ndd.ExternalSource(batches, cycle="quiet", device=options.device)
 
 
 def dynamic_inputs(workload: str, options: argparse.Namespace, capture: bool, data) -> tuple:
     """Return (an endless iterator of input batches, the ndd source object behind it)."""
     batch_size = options.batch_size
-    if workload == "small_ops":
-        batches = [ndd.as_batch(batch, layout="HWC") for batch in data]
-        source = ndd.ExternalSource(batches, cycle="quiet", device=options.device)
+    if workload in IMAGE_SIDES:
+        source = image_source(options, data)
         if capture:
             return source.captured(batch_size=batch_size), source
         return (source() for _ in itertools.count()), source
@@ -414,7 +473,8 @@ def dynamic_mode_steps(workload, options, data, mode, notes: dict, times: dict) 
             except StopIteration:
                 return
             called = clock()
-            outputs = function(batch)
+            # tiny_step takes the batch size as an argument, as issue 34 writes it
+            outputs = function(batch, batch.batch_size) if workload == "tiny" else function(batch)
             consumed = clock()
             outputs.evaluate()
             if synchronize:
@@ -435,13 +495,32 @@ def dynamic_mode_steps(workload, options, data, mode, notes: dict, times: dict) 
             close()
 
 
-def compiled_loop_steps(workload, options, data, checked: bool = False,
+def compiled_loop_steps(workload, options, data, notes: dict, checked: bool = False,
                         optimize: bool = False) -> Iterator:
     """Yield once per batch of a compiled generator over the reader (ndd_trace_loop; with
     `checked`, the body with per-step Python: ndd_trace_checked; with `optimize`, compiled with
-    optimize=True: ndd_trace_optimize)."""
+    optimize=True: ndd_trace_optimize), or over tiny's ExternalSource (ndd_trace_loop: how
+    ndd_trace ran it, ndd_trace.explain's path, goes to `notes`)."""
+    synchronize = options.device == "gpu"
+    if workload == "tiny":
+        import warnings
+
+        import ndd_trace
+
+        warnings.simplefilter("ignore")  # the checked-mode warning (see tiny_loop), once
+        source = image_source(options, data)
+        loop = ndd.compile(tiny_loop)
+        while True:  # one pass over the source's batches per generator, as an epoch is
+            for outputs in loop(source, len(data)):
+                outputs.evaluate()
+                if synchronize:
+                    ndd.get_current_stream().synchronize()
+                if "runs_as" not in notes:
+                    notes["runs_as"] = ndd_trace.explain(loop).path
+                yield
     if workload != "decode_rrc_cmn":
-        raise NotImplementedError("compiled loops need a reader loop (decode_rrc_cmn only)")
+        raise NotImplementedError("compiled loops need a reader or an ExternalSource loop "
+                                  "(decode_rrc_cmn, tiny)")
     reader = ndd.readers.File(
         file_root=str(data), random_shuffle=True, seed=options.seed, pad_last_batch=True
     )
@@ -456,7 +535,6 @@ def compiled_loop_steps(workload, options, data, checked: bool = False,
             return counted(reader, batch_size, device, seen)
     else:
         loop = ndd.compile(decode_rrc_cmn_loop, optimize=optimize)
-    synchronize = options.device == "gpu"
     while True:
         for outputs in loop(reader, options.batch_size, options.device):
             outputs.evaluate()
@@ -579,15 +657,18 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
             return result
 
     root = Path(options.data_dir)
-    data = load_small_image_batches(root, options.batch_size) if workload == "small_ops" else root
+    data = root
+    if workload in IMAGE_SIDES:
+        data = load_small_image_batches(root, options.batch_size, IMAGE_SIDES[workload],
+                                        SOURCE_BATCHES.get(workload))
     ndd.set_num_threads(options.threads)
     ndd.random.set_seed(options.seed)
 
     notes: dict = {}
     times: dict = collections.defaultdict(float)
-    if mode in ("pipeline_percall", "ndd_trace_fed") and workload != "small_ops":
+    if mode in ("pipeline_percall", "ndd_trace_fed") and workload not in IMAGE_SIDES:
         result.status = "unavailable"
-        result.error = f"n/a: {mode} is for small_ops"
+        result.error = f"n/a: {mode} is for the ExternalSource workloads: {', '.join(IMAGE_SIDES)}"
         return result
     if mode in DECODE_ONLY_MODES and workload != "decode_rrc_cmn":
         result.status = "unavailable"
@@ -610,11 +691,12 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
             return result
         steps = dataloader_steps(workload, options, data)
     elif mode in ("ndd_trace_loop", "ndd_trace_checked", "ndd_trace_optimize"):
-        if workload != "decode_rrc_cmn":
+        if workload != "decode_rrc_cmn" and not (workload == "tiny" and mode == "ndd_trace_loop"):
             result.status = "unavailable"
-            result.error = "n/a: a compiled loop needs a reader (decode_rrc_cmn only)"
+            result.error = "n/a: a compiled loop needs a reader (decode_rrc_cmn; tiny's " \
+                           "ExternalSource: ndd_trace_loop)"
             return result
-        steps = compiled_loop_steps(workload, options, data, mode == "ndd_trace_checked",
+        steps = compiled_loop_steps(workload, options, data, notes, mode == "ndd_trace_checked",
                                     mode == "ndd_trace_optimize")
     elif mode == "transparent":  # the eager code, unmodified, under ndd_trace.enable()
         ndd_trace.enable()
@@ -685,6 +767,9 @@ def run_worker(mode: str, workload: str, options: argparse.Namespace) -> Result:
     if "first" in notes:
         first = f"first batch ms: {notes['first']}"
         result.notes = f"{result.notes}; {first}" if result.notes else first
+    if "runs_as" in notes:
+        runs_as = f"runs as: {notes['runs_as']}"
+        result.notes = f"{result.notes}; {runs_as}" if result.notes else runs_as
     if "captured_ops" in notes:
         names = notes["captured_ops"]
         captured = f"captured {len(names)} ops: {', '.join(names)}"
@@ -837,7 +922,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-size",
         type=int,
         default=None,
-        help="batch size (default: 8 for small_ops, 16 for decode_rrc_cmn)",
+        help="batch size (default: 8 for small_ops and tiny, 16 for decode_rrc_cmn)",
     )
     parser.add_argument(
         "--threads", type=int, default=min(4, os.cpu_count() or 1), help="DALI CPU worker threads"

@@ -10,7 +10,10 @@
 #          transparent mode
 # tests:   the whole suite on 8 workers (pytest-xdist), at most TESTS_S seconds (default 420)
 # Wheels in .whl/ (carried: torchdata, which that machine lacks) are installed first.
-# small:   the tiny workload (small_ops, batch 8), every mode
+# small:   the small workload (small_ops, batch 8), every mode
+# tiny:    issue 34's tiny workload (32x32 images, batch 8, 13 ops capture mode takes whole): the
+#          compiled step against the per-call pipeline, the compiled generator against the
+#          pipeline, transparent mode against capture mode and eager
 # decode:  the decode workload (batch 16), every mode
 # train:   the train workload (batch TRAIN_BATCH, default 256, 16 threads, 4096 JPEGs), ROUNDS rounds, every mode,
 #          TRAIN_STEPS timed steps (default 100)
@@ -18,7 +21,7 @@
 # ab:      the train workload for the compiled generator, transparent mode and the pipeline,
 #          this tree against the one in $OLD (an older checkout's ndd_trace/ and benchmarks/),
 #          alternating, ROUNDS rounds each
-# absmall: the tiny workload (small_ops, batch 8) for the compiled step, transparent mode and the
+# absmall: the small workload (small_ops, batch 8) for the compiled step, transparent mode and the
 #          pipeline, this tree against the one in $OLD, alternating, ROUNDS rounds each
 # batches: the train workload at each batch size of BATCHES (default 16 32 64 128 256), every exact
 #          way (BATCH_MODES, default the compiled step, the compiled generator, transparent mode)
@@ -88,6 +91,11 @@ if has small; then
     bounded python3 benchmarks/bench_ops.py --device gpu --workloads small_ops --steps 300 --warmup 30 \
         --threads 4 --modes eager,capture,ndd_trace,ndd_trace_fed,transparent,pipeline_percall,pipeline \
         --json "$OUT/bench_small_ops.json" 2>&1 | tail -12 | tee "$OUT/bench_small_ops.log"
+fi
+if has tiny; then
+    bounded python3 benchmarks/bench_ops.py --device gpu --workloads tiny --steps 600 --warmup 60 \
+        --threads 4 --modes eager,capture,ndd_trace,ndd_trace_loop,transparent,pipeline_percall,pipeline \
+        --json "$OUT/bench_tiny.json" 2>&1 | tail -12 | tee "$OUT/bench_tiny.log"
 fi
 if has decode; then
     bounded python3 benchmarks/bench_ops.py --device gpu --workloads decode_rrc_cmn --steps 300 --warmup 30 \
