@@ -94,9 +94,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         self.prefetch_queue_depth = prefetch_queue_depth
         _check_fallback(fallback)
         self.is_generator = inspect.isgeneratorfunction(function)
-        code = getattr(function, "__code__", None)
-        if code is not None:  # (its module's parse made by its first call: see parse_ahead)
-            _dali.parse_ahead(code)
+        _dali.parse_ahead(getattr(function, "__code__", None))  # (its first call's parse)
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
         self._ledger = self._notices.ledger
         self._cache = UnitCache(self.__qualname__, cache_limit, self._ledger, function=function,

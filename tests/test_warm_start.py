@@ -198,3 +198,39 @@ def test_transparent_mode_starts_warm_too(tmp_path):
     assert cold["stats"]["saved"] >= 1 and cold["stats"]["loaded"] == 0
     assert warm["stats"]["loaded"] == cold["stats"]["saved"] and warm["stats"]["saved"] == 0
     assert eager["out"] == cold["out"] == warm["out"]
+
+
+def test_a_compiled_functions_module_is_parsed_before_its_first_call(tmp_path):
+    """The parse DALI's call-site analysis needs is made on a thread of its own from the
+    decoration on (the first call waits for it instead of making it); a launched script's from
+    its start. Without a cache directory too, and what the first call computes is unchanged."""
+    module = tmp_path / "parsed_ahead.py"
+    module.write_text(textwrap.dedent('''
+        import numpy as np
+        import nvidia.dali.experimental.dynamic as ndd
+        import ndd_trace
+
+        @ndd.compile
+        def step(images):
+            return ndd.flip(images, horizontal=1)
+    '''))
+    probe = textwrap.dedent(f'''
+        import sys, json
+        sys.path.insert(0, {str(tmp_path)!r})
+        import numpy as np
+        from nvidia.dali.experimental.dynamic import _source_analysis
+        from ndd_trace._dali import analysis
+        import parsed_ahead
+        analysis._parsing[parsed_ahead.__file__].join()
+        held = parsed_ahead.__file__ in _source_analysis._file_cache
+        data = parsed_ahead.ndd.as_batch([np.arange(12, dtype=np.uint8).reshape(2, 2, 3)])
+        out = np.asarray(parsed_ahead.step(data).torch())
+        eager = np.asarray(parsed_ahead.step.__wrapped__(data).torch())
+        print(json.dumps([held, bool((out == eager).all())]))
+    ''')
+    env = subprocess_env()
+    env.pop("NDD_TRACE_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [True, True]

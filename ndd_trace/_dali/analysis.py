@@ -207,14 +207,14 @@ def _key(text: str) -> str:
     return digest.hexdigest()
 
 
-def prefetch(code: types.CodeType) -> None:
+def prefetch(code: types.CodeType | None) -> None:
     """Start parsing `code`'s file on a thread of its own, as `prepare` and then DALI's first
     call from it would: a compiled function's module at its decoration, a launched script
     before it runs. The first call finds the parse made (or waits for it) instead of making
     it then: the first batch comes up to its parse's time sooner (~1 s for 900 lines)."""
-    filename = code.co_filename
-    if filename in _parsing or filename.startswith("<"):
+    if code is None or code.co_filename in _parsing or code.co_filename.startswith("<"):
         return
+    filename = code.co_filename
     thread = threading.Thread(target=_parse_ahead, args=(code,), daemon=True,
                               name=f"ndd_trace parse {os.path.basename(filename)}")
     _parsing[filename] = thread
