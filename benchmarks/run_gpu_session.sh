@@ -51,6 +51,8 @@
 #          directory: a run too short to search (tuning.SEARCH_AFTER_S) runs on the start's settings
 # abunsteady: bench_unsteady.py (programs whose steps do not repeat) in each tree of AB_TREES
 #          ("name=root ...", default "new=. old=$OLD"; ab and absmall too), UNSTEADY_STEPS steps
+# parseahead: probe_parse_ahead.py (the first result after 1.5 s of other set-up: eager, the
+#          compiled step, the pipeline) with each tree of AB_TREES's ndd_trace, ROUNDS rounds
 set -u
 OUT=${OUT:-/tmp/ndd_trace_gpu_out}
 ROUNDS=${ROUNDS:-2}
@@ -208,6 +210,13 @@ if has abunsteady; then  # bench_unsteady in each tree of AB_TREES, back to back
                 --steps "${UNSTEADY_STEPS:-60}" --json "$OUT/unsteady_${tree%%=*}_r$round.json" 2>&1 \
                 | tail -5 | tee "$OUT/unsteady_${tree%%=*}_r$round.log")
         done
+    done
+fi
+if has parseahead; then  # the first result after a set-up, in each tree of AB_TREES
+    for tree in $AB_TREES; do
+        bounded python3 benchmarks/probe_parse_ahead.py --device gpu --rounds "$ROUNDS" \
+            --tree "$PWD/${tree#*=}" --json "$OUT/parseahead_${tree%%=*}.json" 2>&1 | tail -4 \
+            | tee "$OUT/parseahead_${tree%%=*}.log"
     done
 fi
 # one archive of everything written, beside the logs' tails printed above
