@@ -172,8 +172,10 @@ class Executable(SettingsSwap):
             return self.feed.call_data(bound, states, batch_size)
 
         run = self.start(batch_size, data)
-        run.leaves = lambda: self.failures.leaves_of(bound, drawn["states"])
-        run.replay = lambda: self.failures.eager_error(run.leaves(), batch_size)
+        leaves = run.leaves = lambda: self.failures.leaves_of(bound, drawn["states"])
+        # (`leaves`, not `run.leaves`: a replay that held the run would be a cycle, the run
+        # holding its error, and the data it was fed, until a garbage collection)
+        run.replay = lambda: self.failures.eager_error(leaves(), batch_size)
         return run
 
     def run_leaves(self, leaves: list[Node], batch_size: int,
