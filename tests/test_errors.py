@@ -927,6 +927,33 @@ def test_a_caught_compiled_run_error_is_freed_when_dropped_as_eagerly(jpeg_bytes
     assert alive == [False, False]
 
 
+def test_a_caught_feeding_error_is_freed_when_dropped(monkeypatch):
+    """A pipeline that refuses a call's data raises from a local of the frame that fed it,
+    which its traceback holds: a cycle (with the call's data) until a garbage collection."""
+    import weakref
+    from ndd_trace.execution.feed import Feed
+    data = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    step = ndd_trace.compile(lambda x: ndd.flip(x, horizontal=1))
+    step(data).evaluate()  # (built: the next call feeds it)
+
+    def refusing(self, pipeline, items):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(Feed, "into", refusing)
+    held = []
+    gc.disable()
+    try:
+        try:
+            step(data)
+        except RuntimeError as error:
+            error.probe = _Probe()
+            held.append(weakref.ref(error.probe))
+        alive = held[0]() is not None
+    finally:
+        gc.enable()
+    assert not alive
+
+
 def _out_of_bounds(images):
     images = ndd.resize(images, size=[16, 16])
     return ndd.slice(images, rel_start=[0.1, 0.1], rel_shape=[0.95, 0.95], axes=[0, 1],

@@ -228,7 +228,10 @@ class Executable(SettingsSwap):
             else:
                 building_error = None
             if building_error is not None:
-                raise building_error  # (outside the handler: DALI's report is its dali_error)
+                try:  # (outside the handler: DALI's report is its dali_error)
+                    raise building_error
+                finally:  # (its traceback holds this frame: no cycle through it)
+                    del building_error
             run = PendingRun(self, batch_size)
             try:
                 run.data = data()
@@ -242,7 +245,10 @@ class Executable(SettingsSwap):
             else:
                 feeding_error = None
             if feeding_error is not None:
-                raise feeding_error
+                try:
+                    raise feeding_error
+                finally:  # (its traceback holds this frame: no cycle through it)
+                    del feeding_error
             self._pending.append(run)
             return run
 
