@@ -894,42 +894,15 @@ def test_a_run_error_traceback_shows_the_users_call_as_eagerly():
     assert compiled == eager and transparent == eager, (eager, compiled, transparent)
 
 
-# -- known differences found by the session's differential sweep, kept until fixed -------------
-
-def _out_of_bounds(images):
-    images = ndd.resize(images, size=[16, 16])
-    return ndd.slice(images, rel_start=[0.1, 0.1], rel_shape=[0.95, 0.95], axes=[0, 1],
-                     out_of_bounds_policy="error")
-
-
-def _metadata_seen(step, images):
-    seen = []
-    out = step(images)
-    for name in ("dtype", "layout", "ndim", "batch_size"):
-        try:
-            seen.append(str(getattr(out, name)))
-        except Exception as error:  # noqa: BLE001 (compared with eager's)
-            seen.append(f"raised {type(error).__name__}")
-    return seen
-
-
-@pytest.mark.xfail(strict=True, reason="issue 35: a compiled call's results read their type, "
-                   "layout and ndim from the run, which raises; eager's from the op's schema")
-def test_a_failing_compiled_result_tells_its_dtype_as_eagerly():
-    images = ndd.as_batch([np.zeros((16, 16, 3), np.uint8)] * 2, layout="HWC")
-    eager = _metadata_seen(_out_of_bounds, images)
-    assert "raised" not in " ".join(eager)
-    assert _metadata_seen(ndd_trace.compile(_out_of_bounds), images) == eager
-
-
 class _Probe:
     """Hung on a caught exception: alive as long as the exception is."""
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: a failed compiled run's PendingRun holds its "
-                   "error and its replay holds the run: freed at a garbage collection, not when "
-                   "the user drops the error (its fed data with it)")
 def test_a_caught_compiled_run_error_is_freed_when_dropped_as_eagerly(jpeg_bytes):
+    """Found by the session's differential sweep: a failed compiled run's replay held the run
+    (which holds its error, and the data it was fed), and DALI's text for a deferred error
+    was read once from an error whose raising frame held it: cycles, freed only at a garbage
+    collection."""
     import weakref
     corrupt = ndd.as_batch([np.frombuffer(jpeg_bytes[0], dtype=np.uint8),
                             np.arange(100, dtype=np.uint8)])
@@ -952,3 +925,57 @@ def test_a_caught_compiled_run_error_is_freed_when_dropped_as_eagerly(jpeg_bytes
     finally:
         gc.enable()
     assert alive == [False, False]
+
+
+def test_a_caught_feeding_error_is_freed_when_dropped(monkeypatch):
+    """A pipeline that refuses a call's data raises from a local of the frame that fed it,
+    which its traceback holds: a cycle (with the call's data) until a garbage collection."""
+    import weakref
+    from ndd_trace.execution.feed import Feed
+    data = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    step = ndd_trace.compile(lambda x: ndd.flip(x, horizontal=1))
+    step(data).evaluate()  # (built: the next call feeds it)
+
+    def refusing(self, pipeline, items):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(Feed, "into", refusing)
+    held = []
+    gc.disable()
+    try:
+        try:
+            step(data)
+        except RuntimeError as error:
+            error.probe = _Probe()
+            held.append(weakref.ref(error.probe))
+        alive = held[0]() is not None
+    finally:
+        gc.enable()
+    assert not alive
+
+
+def _out_of_bounds(images):
+    images = ndd.resize(images, size=[16, 16])
+    return ndd.slice(images, rel_start=[0.1, 0.1], rel_shape=[0.95, 0.95], axes=[0, 1],
+                     out_of_bounds_policy="error")
+
+
+def _metadata_seen(step, images):
+    seen = []
+    out = step(images)
+    for name in ("dtype", "layout", "ndim", "batch_size", "shape"):
+        try:
+            seen.append(str(getattr(out, name)))
+        except Exception as error:  # noqa: BLE001 (compared with eager's)
+            seen.append(f"raised {type(error).__name__}")
+    return seen
+
+
+def test_a_failing_compiled_result_tells_its_dtype_as_eagerly():
+    """Found by the session's differential sweep: a compiled call's results read their type,
+    layout and ndim from the run, which raised; eager answers them from the op's schema (the
+    trace's inference), and raises only at the data."""
+    images = ndd.as_batch([np.zeros((16, 16, 3), np.uint8)] * 2, layout="HWC")
+    eager = _metadata_seen(_out_of_bounds, images)
+    assert "raised" not in " ".join(eager[:4]) and eager[4] == "raised RuntimeError", eager
+    assert _metadata_seen(ndd_trace.compile(_out_of_bounds), images) == eager

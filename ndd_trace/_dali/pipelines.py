@@ -183,7 +183,9 @@ def _deferred_error_text(mode: Any) -> str:
     try:
         _exceptions.rethrow_exception(RuntimeError(), (), mode)
     except RuntimeError as error:
-        return str(error)
+        # (its traceback dropped: DALI's raising frame holds the error, a cycle through which
+        # the frames below, and the error they surface, would live until a garbage collection)
+        return str(error.with_traceback(None))
     return "An error happened during asynchronous execution"
 
 

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .. import _dali
-from ..core.ir import Node
+from ..core.ir import Node, TensorMeta
 from . import waits
 from .failures import surfacing
 from .interpret import interpret_unaffected
@@ -151,6 +151,47 @@ class LazyOutput(LazyResult):
 
     def _batch_size(self) -> int:
         return self._run.batch_size
+
+    # A failed run's output tells its dtype, ndim and layout as eager ndd's result of the failing
+    # call does: from the op's schema, without running it (DALI's output inference, which the
+    # trace recorded); where that leaves one unknown, eager runs the op and raises, as here.
+
+    def _traced_meta_of_failed_run(self) -> TensorMeta | None:
+        """The output's metadata as the trace inferred it, where its run failed; else None."""
+        if self._run.error is None:
+            return None
+        ref = self._run.executable.graph.outputs[self._index]
+        return ref.node.meta[ref.index]
+
+    @property
+    def dtype(self) -> Any:
+        try:
+            return super().dtype
+        except Exception:
+            meta = self._traced_meta_of_failed_run()
+            if meta is None or meta.dtype is None:
+                raise
+        return _dali.dtype_of(meta.dtype)
+
+    @property
+    def ndim(self) -> int:
+        try:
+            return super().ndim
+        except Exception:
+            meta = self._traced_meta_of_failed_run()
+            if meta is None or meta.ndim is None:
+                raise
+        return meta.ndim
+
+    @property
+    def layout(self) -> str | None:
+        try:
+            return super().layout
+        except Exception:
+            meta = self._traced_meta_of_failed_run()
+            if meta is None or (meta.ndim is None and meta.layout is None):
+                raise
+        return meta.layout or None  # ("" where DALI knows the ndim-less output has none)
 
     @property
     def invocation(self) -> Any:

@@ -172,8 +172,10 @@ class Executable(SettingsSwap):
             return self.feed.call_data(bound, states, batch_size)
 
         run = self.start(batch_size, data)
-        run.leaves = lambda: self.failures.leaves_of(bound, drawn["states"])
-        run.replay = lambda: self.failures.eager_error(run.leaves(), batch_size)
+        leaves = run.leaves = lambda: self.failures.leaves_of(bound, drawn["states"])
+        # (`leaves`, not `run.leaves`: a replay that held the run would be a cycle, the run
+        # holding its error, and the data it was fed, until a garbage collection)
+        run.replay = lambda: self.failures.eager_error(leaves(), batch_size)
         return run
 
     def run_leaves(self, leaves: list[Node], batch_size: int,
@@ -226,7 +228,10 @@ class Executable(SettingsSwap):
             else:
                 building_error = None
             if building_error is not None:
-                raise building_error  # (outside the handler: DALI's report is its dali_error)
+                try:  # (outside the handler: DALI's report is its dali_error)
+                    raise building_error
+                finally:  # (its traceback holds this frame: no cycle through it)
+                    del building_error
             run = PendingRun(self, batch_size)
             try:
                 run.data = data()
@@ -240,7 +245,10 @@ class Executable(SettingsSwap):
             else:
                 feeding_error = None
             if feeding_error is not None:
-                raise feeding_error
+                try:
+                    raise feeding_error
+                finally:  # (its traceback holds this frame: no cycle through it)
+                    del feeding_error
             self._pending.append(run)
             return run
 
