@@ -99,7 +99,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         self._ledger = self._notices.ledger
         self._cache = UnitCache(self.__qualname__, cache_limit, self._ledger, function=function,
                                 positional_names=self._spelling.positional_names,
-                                second_sighting=True)
+                                worth_making=True)
         self._stage = TraceStage(function, self.__qualname__, self._spelling, self._notices,
                                  self._options, fullgraph=fullgraph, optimize=bool(optimize),
                                  threads_given=num_threads is not None)
@@ -278,8 +278,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
             if found is Found.PAST_LIMIT:
                 self._notices.past_limit(cache.limit, cache.last_miss_reason)
                 return self._fallback(args, kwargs)
-            if found is Found.FIRST_SIGHTING:  # compiled if its key is seen again
-                return self._notices.first_sighting(cache, self._function, args, kwargs)
+            if found is Found.NOT_MADE_YET:  # compiled once worth it (units/cache.Sightings)
+                return self._notices.not_made_yet(cache, self._function, args, kwargs)
             if found is Found.TRACE_FAILED:  # run eagerly, which raises the same way
                 return self._eager_after_failed_trace(key, args, kwargs)
             cache.remember_fast(args, kwargs, entry)

@@ -122,9 +122,9 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
     held, found = compiled.held_entry(entry.key)
     shown = held or entry
     path = shown.path
-    if found is Found.FIRST_SIGHTING:
-        path = (f"{Runs.EAGER.value} for this call: a new variant past the first "
-                f"{FREE_UNITS}, compiled if its arguments are seen again")
+    if found is Found.NOT_MADE_YET:
+        path = (f"{Runs.EAGER.value} for this call: a variant not compiled yet past the first "
+                f"{FREE_UNITS}, compiled once its calls have taken as long as compiling it")
     elif found is Found.PAST_LIMIT:
         runs = Runs.TRANSPARENT if compiled.fallback == "lazy" else Runs.EAGER
         path = f"{runs.value}: past cache_limit ({compiled.cache_limit})"

@@ -440,15 +440,17 @@ def _casts(batch, types):
     return [ndd.cast(ndd.flip(batch, horizontal=1), dtype=dtype) for dtype in types]
 
 
-def test_past_four_regions_at_a_line_a_new_one_runs_eagerly_until_seen_again(batch):
+def test_past_four_regions_at_a_line_a_new_one_runs_eagerly_until_worth_making(batch):
     """A line whose regions keep changing costs eager's time, not a build per call: past 4
-    regions made at a line, a new one runs eagerly the first time it is seen and is made the
-    second time; the values are eager's."""
+    regions made at a line, a new one runs eagerly until its calls have taken about as long as
+    making a region there did; the values are eager's."""
     types = [ndd.uint8, ndd.int16, ndd.int32, ndd.float32, ndd.float64, ndd.uint16]
     runs = assert_matches_eager(_casts, batch, types + types[4:] * 2, modes=("transparent",),
                                 warn="error")
     report = runs["transparent"].report.as_dict()
-    assert [row["count"] for row in report["eager_ops"]] == [3]  # float32, float64, uint16
+    # float32 once, float64 and uint16 until worth making (at the second call where the line's
+    # regions cost more to make than the calls took, which is not sure on a loaded machine)
+    assert [row["count"] for row in report["eager_ops"]][0] >= 3
     assert report["eager_ops"][0]["reason"].startswith("a new region at a line that made 4")
     casts = [row for row in report["regions"] if row["op_chain"] == "cast[cpu]"]
-    assert len(casts) == 5 and all(row["eager_reason"] is None for row in casts)
+    assert 3 <= len(casts) <= 5 and all(row["eager_reason"] is None for row in casts)

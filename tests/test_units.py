@@ -256,3 +256,27 @@ def test_reset_forgets_everything_compiled(recwarn):
     for function in (compiled, per_sample):
         assert_same(brighter(_images(4)), function(_images(4)))
         assert function.cache_info().traces == 1
+
+
+def test_a_new_key_is_made_once_its_eager_calls_took_what_making_one_costs(monkeypatch):
+    """The ski-rental rule (units/cache.Sightings): a key's calls run eagerly, each counted as
+    the period between calls, until they have taken what making a unit costs; before a cost is
+    measured, at the second call; a key never seen again costs nothing more."""
+    from ndd_trace.units import cache
+
+    now = [0.0]
+    monkeypatch.setattr(cache.time, "perf_counter", lambda: now[0])
+    sightings = cache.Sightings()
+    assert sightings.runs_eagerly(("a",)) and not sightings.runs_eagerly(("a",))  # no cost yet
+    sightings.made(0.05)  # making a unit costs 50 ms; calls come every 10 ms
+    for _ in range(3):
+        now[0] += 0.01
+        sightings.called()
+    eager = 0
+    while sightings.runs_eagerly(("b",)):
+        eager += 1
+        now[0] += 0.01
+        sightings.called()
+    assert eager == 5  # 5 calls of 10 ms: 50 ms, then made
+    assert sightings.runs_eagerly(("b",))  # (made: a new count if asked again)
+    assert len(sightings.spent) == 1

@@ -71,6 +71,8 @@ class RegionRunner:
                     key, region_ops, target, mixed,
                     None if mixed else self._eager_at_site(region_ops, lookup)),
                 keep=lambda made: made.eager_reason is None or mixed, explain=False)
+            site = str(region.loc) if region.loc else "?"
+            REGIONS.sightings.called(site)
             if found is Found.HIT:
                 region.hits += 1
             elif found is Found.NEW:
@@ -110,6 +112,8 @@ class RegionRunner:
                        else region.executable.run_leaves(view.leaves, batch_size, region_ops))
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
+                    if not builds:  # (its first build: what making a region there costs)
+                        REGIONS.sightings.made(region.build_s, site)
                 waited = time.perf_counter()
                 scheduled = region.executable.run_s - run_s
                 times["feed"] += waited - fed - scheduled
@@ -189,15 +193,15 @@ class RegionRunner:
     def _eager_at_site(region_ops: list[Node], lookup: tuple) -> str | None:
         """Why a new region is not made with a pipeline at its line, counted with the reason
         (this call runs eagerly), or None (counted at its line): past REGIONS.free_units made
-        there, a region is made at its key's second sighting; past REGIONS.site_limit, none."""
+        there, one is made once worth it (units/cache.Sightings); past REGIONS.site_limit, none."""
         loc = region_ops[0].loc
         site = str(loc) if loc else "?"
         verdict = REGIONS.site_verdict(site, lookup)
         if verdict is None:
             return None
         reason = site_full() if verdict is Found.PAST_LIMIT else (
-            f"a new region at a line that made {REGIONS.free_units} or more: it is made if its "
-            "ops and arguments are seen again")
+            f"a new region at a line that made {REGIONS.free_units} or more: it is made once "
+            "calls of its ops and arguments have taken as long as making it")
         chain = " -> ".join(f"{node.name}[{node.backend}]" for node in region_ops)
         REGIONS.ledger.tally(chain, Verdict.eager_call(reason, loc))
         logs.fallbacks.debug("region at %s: %s", site, reason)

@@ -49,7 +49,7 @@ class Notices:
         self.fallback = fallback  # "lazy" or "eager": the one place it is kept
         self._is_generator = is_generator
         self.ledger = Ledger(name)  # every call not run as compiled, counted and said
-        self.first_sightings = 0  # calls run eagerly, their variant new (see first_sighting)
+        self.eager_not_made = 0  # calls run eagerly, their variant not made yet (not_made_yet)
 
     def warn(self, message: str, loc: SourceLoc | None) -> None:
         self.ledger.warn(message, loc, stacklevel=3)
@@ -82,25 +82,26 @@ class Notices:
                      f"each {self.fallback_text()}. Make the changing value an ndd Batch/Tensor "
                      "argument, or raise cache_limit."), key=("cache_limit",), stacklevel=2)
 
-    def first_sighting(self, cache: UnitCache, function: Callable, args: tuple,
+    def not_made_yet(self, cache: UnitCache, function: Callable, args: tuple,
                        kwargs: dict) -> Any:
-        """A call whose key is new, past the first few variants (units/cache.FREE_UNITS): it
-        runs eagerly, its variant compiled when its key is seen again; recorded and logged each
-        time, warned once cache_limit such calls ran (the function's variants do not repeat)."""
+        """A call whose variant is not compiled yet, past the first few (units/cache.FREE_UNITS):
+        it runs eagerly, its variant compiled once its calls have taken about as long as
+        compiling one does (units/cache.Sightings); recorded and logged each time, warned once
+        cache_limit such calls ran (the function's variants do not repeat)."""
         limit, reason = cache.limit, cache.last_miss_reason
-        self.first_sightings += 1
+        self.eager_not_made += 1
         warning = None
-        if self.first_sightings == limit:
-            warning = (f"ndd_trace: `{self._name}` was called with {limit} new variants that "
-                       f"were not seen again yet (last change: {reason}): a call whose variant "
-                       "is new runs eagerly (plain ndd, with the same results), and a variant "
-                       "is compiled when its call repeats. Make the changing value an ndd "
-                       "Batch/Tensor argument to compile one variant for all.")
+        if self.eager_not_made == limit:
+            warning = (f"ndd_trace: `{self._name}` made {limit} calls whose variant was not "
+                       f"compiled yet (last change: {reason}): such a call runs eagerly (plain "
+                       "ndd, with the same results), and a variant is compiled once its calls "
+                       "have taken about as long as compiling it would. Make the changing "
+                       "value an ndd Batch/Tensor argument to compile one variant for all.")
         self.ledger.record(
-            Verdict.eager_call(f"a new variant, compiled if seen again: {reason}",
-                               user_location(), Runs.EAGER),
-            log=f"this call runs eagerly, its variant new (compiled if seen again): {reason}",
-            warning=warning, key=("first sighting",), stacklevel=2)
+            Verdict.eager_call(f"a variant not compiled yet: {reason}", user_location(),
+                               Runs.EAGER),
+            log=f"this call runs eagerly, its variant not compiled yet: {reason}",
+            warning=warning, key=("not made yet",), stacklevel=2)
         return function(*args, **kwargs)
 
     def fallback_text(self) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -35,14 +36,64 @@ class Found(enum.Enum):
     PAST_LIMIT = "past cache_limit"  # not made: the cache holds its limit
     TRACE_FAILED = "trace failed"  # making it raised (the eager call raises the same way, or not)
     NOT_KEPT = "not kept"  # made, not stored (a region that runs eagerly: see lookup's `keep`)
-    FIRST_SIGHTING = "first sighting"  # not made: its key is new, past FREE_UNITS (runs eagerly)
+    NOT_MADE_YET = "not made yet"  # past FREE_UNITS, not worth making yet (Sightings): eager
 
 
-# Units a cache makes at their key's first sighting (a compiled function's; transparent mode's,
-# at one line); past them, a unit is made at its key's second sighting and the first call runs
-# eagerly: code whose variants never repeat costs eager's time, not a build per call.
+# Units a cache makes at their key's first call (a compiled function's; transparent mode's,
+# at one line); past them a new key's calls run eagerly until making its unit is worth it
+# (Sightings): code whose variants never repeat costs eager's time, not a build per call.
 FREE_UNITS = 4
-SIGHTINGS_KEPT = 1024  # the most keys remembered as seen once (the oldest forgotten first)
+SIGHTINGS_KEPT = 1024  # the most keys remembered as not made yet (the oldest forgotten first)
+MAX_PERIOD_S = 1.0  # a longer pause between calls counts as this long (the user was away)
+
+
+class Sightings:
+    """Whether a new key's unit is made now or its call runs eagerly, by the ski-rental rule:
+    a key's calls run eagerly until the time they took (each counted as the period between
+    calls at its site) reaches what making a unit there cost (measured: a trace, its lowering
+    and first build); where no cost is measured yet, at its second sighting. A variant that
+    repeats is made after about its making's cost in eager calls; one that never does costs
+    only eager's time. Sites: None (a compiled function), a file:line (transparent mode)."""
+
+    def __init__(self) -> None:
+        self.spent: OrderedDict[tuple, float] = OrderedDict()  # key -> eager seconds so far
+        self._last_call: dict = {}  # site -> time of its latest call
+        self._period: dict = {}  # site -> seconds between its calls (moving average)
+        self._cost: dict = {}  # site -> seconds making a unit cost there (moving average)
+
+    def called(self, site: object = None) -> None:
+        now = time.perf_counter()
+        last = self._last_call.get(site)
+        self._last_call[site] = now
+        if last is not None:
+            gap = min(now - last, MAX_PERIOD_S)
+            before = self._period.get(site)
+            self._period[site] = gap if before is None else 0.8 * before + 0.2 * gap
+
+    def made(self, cost_s: float, site: object = None) -> None:
+        """A unit at `site` was made (and built) in `cost_s` seconds."""
+        before = self._cost.get(site)
+        self._cost[site] = cost_s if before is None else 0.5 * (before + cost_s)
+
+    def would_run_eagerly(self, key: tuple, site: object = None) -> bool:
+        """Whether a call of `key` (whose unit is not made) would run eagerly now."""
+        spent = self.spent.get(key)
+        if spent is None:
+            return True
+        cost = self._cost.get(site)
+        return cost is not None and spent < cost
+
+    def runs_eagerly(self, key: tuple, site: object = None) -> bool:
+        """Whether this call of `key` (whose unit is not made) runs eagerly; if not, its unit is
+        made now (and the key forgotten here)."""
+        if not self.would_run_eagerly(key, site):
+            del self.spent[key]
+            return False
+        spent = self.spent.pop(key, 0.0)
+        self.spent[key] = spent + self._period.get(site, 0.0)
+        if len(self.spent) > SIGHTINGS_KEPT:
+            self.spent.popitem(last=False)
+        return True
 
 
 class CacheInfo(NamedTuple):
@@ -109,7 +160,7 @@ class UnitCache:
     def __init__(self, name: str, limit: float, ledger: Ledger, *,
                  function: Callable | None = None, positional_names: tuple[str, ...] = (),
                  baked: bool = False, site_limit: int | None = None, kind: str = "entries",
-                 second_sighting: bool = False):
+                 worth_making: bool = False):
         self.name = name
         self.limit = limit
         self.ledger = ledger  # its counters are the cache's
@@ -126,9 +177,9 @@ class UnitCache:
         self.plan = guards.plan_for(function) if function is not None else None
         self.specialized_on_batch_size = False  # keys hold the batch size (a trace read it)
         self._fast: guards.FastGuard | None = None  # the last unit's guard, checked first
-        self.second_sighting = second_sighting  # past free_units, lookup makes at a 2nd sighting
+        self.worth_making = worth_making  # past free_units, lookup asks its Sightings
         self.free_units = FREE_UNITS
-        self._sighted: OrderedDict[tuple, None] = OrderedDict()  # keys seen once, not made
+        self.sightings = Sightings()
 
     # -- guard keys ----------------------------------------------------------------------------
 
@@ -155,6 +206,8 @@ class UnitCache:
 
     def fast_hit(self, args: tuple, kwargs: dict, count: bool = True) -> Unit | None:
         """The last call's unit where this call matches its fast guard (`count`: as a hit)."""
+        if self.worth_making:
+            self.sightings.called()  # (every call: the period its eager calls are counted at)
         fast = self._fast
         if fast is None or kwargs or fast.plan is not self.plan or not fast.matches(args):
             return None
@@ -204,13 +257,20 @@ class UnitCache:
                 self.ledger.counters.misses += 1
             if len(self.units) >= self.limit:
                 return None, Found.PAST_LIMIT  # (the caller records the verdict)
-            if self._waits_for_a_sighting() and self.first_sighting(key):
-                return None, Found.FIRST_SIGHTING  # (the caller runs it eagerly)
+            if self._past_free_units():
+                for made in self.units.values():  # (what making its units cost, once built)
+                    if not made.cost_noted and made.cost_s is not None:
+                        self.sightings.made(made.cost_s)
+                        made.cost_noted = True
+                if self.sightings.runs_eagerly(key):
+                    return None, Found.NOT_MADE_YET  # (the caller runs it eagerly)
             if keep is None:
                 self.ledger.counters.traces += 1
+            started = time.perf_counter()
             unit = make()
             if unit is None:
                 return None, Found.TRACE_FAILED  # (the caller records the verdict)
+            unit.make_s = time.perf_counter() - started
             if keep is not None:
                 if not keep(unit):
                     return unit, Found.NOT_KEPT
@@ -222,31 +282,19 @@ class UnitCache:
                 self.last_key = unit.key
             return unit, Found.NEW
 
-    def _waits_for_a_sighting(self) -> bool:
-        """Whether a new key's unit is made only at its second sighting (past free_units)."""
-        return self.second_sighting and self.ledger.counters.traces >= self.free_units
-
-    def first_sighting(self, key: tuple) -> bool:
-        """Whether `key` is new (remembered now: its next lookup makes its unit) or was seen
-        once before (forgotten now)."""
-        with self.lock:
-            if key in self._sighted:
-                del self._sighted[key]
-                return False
-            self._sighted[key] = None
-            if len(self._sighted) > SIGHTINGS_KEPT:
-                self._sighted.popitem(last=False)
-            return True
+    def _past_free_units(self) -> bool:
+        """Whether a new key's unit waits until making it is worth it (Sightings)."""
+        return self.worth_making and self.ledger.counters.traces >= self.free_units
 
     def next_lookup(self, key: tuple) -> Found:
-        """How a lookup of `key` would find it now (HIT, PAST_LIMIT, FIRST_SIGHTING or NEW),
+        """How a lookup of `key` would find it now (HIT, PAST_LIMIT, NOT_MADE_YET or NEW),
         changing nothing: what explain says of a call."""
         if key in self.units:
             return Found.HIT
         if len(self.units) >= self.limit:
             return Found.PAST_LIMIT
-        if self._waits_for_a_sighting() and key not in self._sighted:
-            return Found.FIRST_SIGHTING
+        if self._past_free_units() and self.sightings.would_run_eagerly(key):
+            return Found.NOT_MADE_YET
         return Found.NEW
 
     def get(self, key: tuple) -> Unit | None:
@@ -268,13 +316,13 @@ class UnitCache:
 
     def site_verdict(self, site: str, key: tuple) -> Found | None:
         """None where a unit for `key` may be made at `site` (a file:line; counted there), else
-        why not: Found.PAST_LIMIT (site_limit made there) or Found.FIRST_SIGHTING (past
-        free_units made there, `key` not seen before)."""
+        why not: Found.PAST_LIMIT (site_limit made there) or Found.NOT_MADE_YET (past
+        free_units made there, `key` not worth making yet: Sightings)."""
         made = self.site_units[site]
         if self.site_limit is not None and made >= self.site_limit:
             return Found.PAST_LIMIT
-        if made >= self.free_units and self.first_sighting(key):
-            return Found.FIRST_SIGHTING
+        if made >= self.free_units and self.sightings.runs_eagerly(key, site):
+            return Found.NOT_MADE_YET
         self.site_units[site] += 1
         return None
 
@@ -293,7 +341,7 @@ class UnitCache:
                     unit.close()
             self.units.clear()
             self.site_units.clear()
-            self._sighted.clear()
+            self.sightings = Sightings()
             self._fast = None
             self.ledger.clear()
 
