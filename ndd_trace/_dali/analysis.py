@@ -221,10 +221,19 @@ def prefetch(code: types.CodeType | None) -> None:
     thread.start()
 
 
+def _entry_path(lines: list[str], where: str) -> str:
+    return os.path.join(where, f"analysis-{_key(''.join(lines))}.pickle")
+
+
 def _parse_ahead(code: types.CodeType) -> None:
+    """DALI's parse alone: the cache directory's checks, loads and saves (and their warnings,
+    at the user's line) stay with the first call's `prepare`."""
     try:
-        _prepare(code)
-        _source_analysis._get_module_info(code)  # (found in DALI's cache where loaded above)
+        where = _directory
+        lines = linecache.getlines(code.co_filename)
+        if where is not None and lines and os.path.exists(_entry_path(lines, where)):
+            return  # (loaded by the first call: a parse made here would be wasted)
+        _source_analysis._get_module_info(code)
     except Exception as error:  # noqa: BLE001 (the first call parses it, as without)
         logs.cache.info("parse ahead of %s failed (%s: %s)", code.co_filename,
                         type(error).__name__, error)
@@ -269,11 +278,11 @@ def _load_or_save(code: types.CodeType, where: str) -> None:
     if not lines or entry is None:
         return
     held = _source_analysis._file_cache.get(filename)
-    if held is not None and held[0] is entry:
-        return  # DALI has parsed it already in this process
+    if held is not None and held[0] is entry and filename not in _parsing:
+        return  # DALI has parsed it already in this process (not ahead: saved as below)
     if trusted_directory() != where:  # refused (warned), or another one set meanwhile
         return
-    path = os.path.join(where, f"analysis-{_key(''.join(lines))}.pickle")
+    path = _entry_path(lines, where)
     try:
         with files.open_owned(path) as file:
             info = _Unpickler(file).load()
