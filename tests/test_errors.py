@@ -1069,9 +1069,10 @@ def _bad_argument_error():
     return "no error"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: transparent mode runs the failing input of a "
-                   "call with a bad argument first; eager rejects the argument first (ValueError)")
 def test_a_bad_argument_after_a_failing_op_raises_as_eagerly():
+    """Found by the nineteenth session's sweep: transparent mode ran the failing input of a call
+    it runs eagerly (a bad argument) before the call, which raised that input's error where
+    eager checks the argument first (ValueError)."""
     eager = _bad_argument_error()
     with _quiet_stderr(), ndd_trace.enabled():
         transparent = _bad_argument_error()

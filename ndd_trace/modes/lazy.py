@@ -322,7 +322,10 @@ class LazyTracer(Tracer):
         logs.transparent.debug("ndd.%s at %s runs eagerly: %s", name, loc or "?", reason)
         for value in (*inputs, *kwargs.values()):
             if is_lazy(value):  # run here, not in the worker thread an eager call may use
-                value.evaluate()
+                try:
+                    value.evaluate()
+                except Exception:  # noqa: BLE001 (the call raises as eager's: its arguments
+                    break  # are checked first, then the failed input raises its error)
         with _dali.eager_inside_trace():
             return original(*inputs, **kwargs)
 
