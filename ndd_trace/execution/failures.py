@@ -92,11 +92,13 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
     return None if error is None else (error.with_traceback(None), node)
 
 
-def _interpreted_op_error(eager: BaseException, node: Node) -> BaseException:
+def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | None = None
+                          ) -> BaseException:
     """The failure of `node`'s call in an interpreted run (`eager`: eager's error for it) as a
-    pipeline run's: the op's own error at the user's line, as a result's first use raises it."""
+    pipeline run's: the op's own error at the user's line, as a result's first use raises it
+    (`deferred`: whether the call was made in EvalMode.deferred; None: the mode now)."""
     own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)")
-    return surfacing(own, _dali.eval_mode_is_deferred())
+    return surfacing(own, _dali.eval_mode_is_deferred() if deferred is None else deferred)
 
 
 # Raising without a cycle: an error raised from a local variable is held by its own
@@ -106,21 +108,22 @@ def _interpreted_op_error(eager: BaseException, node: Node) -> BaseException:
 # delete the local as they raise.
 
 
-def interpret_at_once(graph: Graph, leaves: dict) -> dict:
+def interpret_at_once(graph: Graph, leaves: dict, deferred: bool | None = None) -> dict:
     """`interpret(graph, leaves)`, each call run at once (synchronous): a failure raises as
     `interpreted_error` raises it, without running the graph again to find the op (a region
     that runs eagerly after failed runs, where failures are expected)."""
     values, failure, node = _op_by_op(graph, leaves)
     if failure is None:
         return values
-    raised = failure if node is None else _interpreted_op_error(failure, node)
+    raised = failure if node is None else _interpreted_op_error(failure, node, deferred)
     try:  # (no local left referring to it: raising without a cycle)
         raise raised
     finally:
         del raised, failure
 
 
-def interpreted_error(graph: Graph, leaves: dict, error: BaseException) -> BaseException:
+def interpreted_error(graph: Graph, leaves: dict, error: BaseException,
+                      deferred: bool | None = None) -> BaseException:
     """The error an interpreted run of `graph` (`interpret(graph, leaves)`, which raised `error`)
     is raised as: as a pipeline run's (`surfacing` of the failed op's own error, at the user's
     line of its call), so that the call that runs it at once raises the op's own error as
@@ -129,7 +132,7 @@ def interpreted_error(graph: Graph, leaves: dict, error: BaseException) -> BaseE
     replayed = eager_replay(graph, leaves)
     if replayed is None or replayed[1] is None:
         return error
-    return _interpreted_op_error(*replayed)
+    return _interpreted_op_error(*replayed, deferred)
 
 
 def validated_at_call(node: Node) -> bool:

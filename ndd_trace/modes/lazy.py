@@ -55,11 +55,12 @@ class Pending:
     """A recorded call's state in transparent mode (its node's `state`): its outputs once its
     region ran, and the lazy values it handed out that have not got them yet."""
 
-    __slots__ = ("results", "proxies")
+    __slots__ = ("results", "proxies", "deferred")
 
     def __init__(self) -> None:
         self.results: list | None = None
         self.proxies: list = []  # weak references to the LazyValues of its outputs
+        self.deferred = False  # made in EvalMode.deferred: the mode eager's error text names
 
 
 class _UnlistedGraph(Graph):
@@ -275,6 +276,8 @@ class LazyTracer(Tracer):
             words = _dali.draw_state(rng)
             state.node.payload = ("drawn", words)
             self.speculator.note_draw(words, rng, position)
+        if _dali.eval_mode_is_deferred():  # (its region may run in another mode: DALI's own)
+            node.state.deferred = self.regions.calls_deferred = True
         with bookkeeping.lock:
             bookkeeping.ops_recorded += 1
             bookkeeping.ops_replayed += replayed

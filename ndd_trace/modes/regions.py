@@ -36,6 +36,7 @@ class RegionRunner:
         self.options = options
         self.speculator = speculator
         self.optimize = False  # regions get optimize.py's rewrites (enable(optimize=True))
+        self.calls_deferred = False  # a call was recorded in EvalMode.deferred (_made_deferred)
 
     def materialize(self, ref: Ref) -> Any:
         """Run the pending region `ref` depends on; return that output's TensorList."""
@@ -99,9 +100,11 @@ class RegionRunner:
                 region.ahead += 1
         elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
                                            self._empty_sample_call(region, view.leaves)):
-            outputs = self._interpreted(region_view(region_ops, target, clone=True))
+            outputs = self._interpreted(region_view(region_ops, target, clone=True),
+                                        deferred=self._made_deferred(region_ops))
         elif failed_ahead is None and self._eager_after_failure(region):
-            outputs = self._interpreted(region_view(region_ops, target, clone=True), True)
+            outputs = self._interpreted(region_view(region_ops, target, clone=True), True,
+                                        self._made_deferred(region_ops))
         else:
             try:
                 builds = region.executable.builds
@@ -110,6 +113,7 @@ class RegionRunner:
                 run = (region.executable.failed_again(failed_ahead, view.leaves, batch_size,
                                                       region_ops) if failed_ahead is not None
                        else region.executable.run_leaves(view.leaves, batch_size, region_ops))
+                run.deferred = self._made_deferred(region_ops)
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
                     if not builds:  # (its first build: what making a region there costs)
@@ -145,21 +149,26 @@ class RegionRunner:
             if all(r is not None for r in original.state.results):
                 _settle_proxies(original)
 
+    def _made_deferred(self, region_ops: list[Node]) -> bool:
+        """Whether the region's calls were made in EvalMode.deferred: the mode eager's error
+        text names, not the one the region runs in (DALI reads a sample in EvalMode.deferred)."""
+        return self.calls_deferred and any(op.state.deferred for op in region_ops)
+
     @staticmethod
-    def _interpreted(view: _RegionView, at_once: bool = False) -> list:
+    def _interpreted(view: _RegionView, at_once: bool = False, deferred: bool = False) -> list:
         """The region's outputs, its calls run eagerly (`at_once`: synchronously, failures
         expected); a failure raised as a pipeline run's (`interpreted_error`: the failed op's
         own error at its line, as a result's first use reads it)."""
         leaves = {id(leaf): _leaf_value(leaf) for leaf in view.leaves}
         if at_once:
-            values = interpret_at_once(view.graph, leaves)
+            values = interpret_at_once(view.graph, leaves, deferred)
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         try:
             values = interpret(view.graph, leaves)
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
             failure = error
-        raised = interpreted_error(view.graph, leaves, failure)
+        raised = interpreted_error(view.graph, leaves, failure, deferred)
         try:  # (no local left referring to it: failures.py, raising without a cycle)
             raise raised
         finally:
