@@ -137,6 +137,9 @@ class LazyResult:
         return self.value().layout() or None
 
 
+_UNKNOWN = object()  # what the trace does not know of a failed run's output either
+
+
 class LazyOutput(LazyResult):
     """One output of a scheduled pipeline run."""
 
@@ -163,35 +166,33 @@ class LazyOutput(LazyResult):
         ref = self._run.executable.graph.outputs[self._index]
         return ref.node.meta[ref.index]
 
-    @property
-    def dtype(self) -> Any:
+    def _read_or_traced(self, name: str, traced: Any) -> Any:
+        """`name` read from the run; where the run failed, `traced(meta)` of the output's
+        traced metadata, unless that is _UNKNOWN too (the run's error raised, as eagerly)."""
         try:
-            return super().dtype
+            return getattr(super(), name)
         except Exception:
             meta = self._traced_meta_of_failed_run()
-            if meta is None or meta.dtype is None:
+            answer = _UNKNOWN if meta is None else traced(meta)
+            if answer is _UNKNOWN:
                 raise
-        return _dali.dtype_of(meta.dtype)
+        return answer
+
+    @property
+    def dtype(self) -> Any:
+        return self._read_or_traced("dtype", lambda meta: _UNKNOWN if meta.dtype is None
+                                    else _dali.dtype_of(meta.dtype))
 
     @property
     def ndim(self) -> int:
-        try:
-            return super().ndim
-        except Exception:
-            meta = self._traced_meta_of_failed_run()
-            if meta is None or meta.ndim is None:
-                raise
-        return meta.ndim
+        return self._read_or_traced("ndim", lambda meta: _UNKNOWN if meta.ndim is None
+                                    else meta.ndim)
 
     @property
     def layout(self) -> str | None:
-        try:
-            return super().layout
-        except Exception:
-            meta = self._traced_meta_of_failed_run()
-            if meta is None or (meta.ndim is None and meta.layout is None):
-                raise
-        return meta.layout or None  # ("" where DALI knows the ndim-less output has none)
+        # ("" where DALI knows the ndim-less output has none)
+        return self._read_or_traced("layout", lambda meta: _UNKNOWN if meta.ndim is None and
+                                    meta.layout is None else meta.layout or None)
 
     @property
     def invocation(self) -> Any:
