@@ -28,7 +28,7 @@ import warnings
 
 from . import logs
 from .errors import NddTraceWarning
-from .source import SourceLoc
+from .source import SourceLoc, site_of
 
 
 class Runs(enum.Enum):
@@ -158,7 +158,7 @@ class Ledger:
         `count` does, and tallied by what, reason and line (all threads)."""
         with self._lock:
             self.count(verdict)
-            self.tallies[(what, verdict.reason, str(verdict.loc) if verdict.loc else "?")] += 1
+            self.tallies[(what, verdict.reason, site_of(verdict.loc))] += 1
 
     def record(self, verdict: Verdict, *, warning: str | None = None, once: bool = True,
                log: str | None = None, stacklevel: int = 1, key: tuple | None = None) -> None:

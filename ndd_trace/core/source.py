@@ -129,6 +129,11 @@ def user_frame(start: types.FrameType | None = None) -> types.FrameType | None:
     return frame
 
 
+def site_of(loc: SourceLoc | None) -> str:
+    """A call site's `file:line`, as keys and reports name it ("?" where it is unknown)."""
+    return str(loc) if loc else "?"
+
+
 def user_location(start: types.FrameType | None = None) -> SourceLoc | None:
     """The user's call site, skipping frames of DALI, makefun and ndd_trace."""
     frame = user_frame(start if start is not None else sys._getframe(1))

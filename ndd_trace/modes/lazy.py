@@ -35,7 +35,7 @@ from ..core import logs
 from ..core.errors import PipelineError, GraphBreakSignal
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
-from ..core.source import SourceLoc, user_frame, user_location
+from ..core.source import SourceLoc, site_of, user_frame, user_location
 from ..execution import waits
 from ..execution.failures import unknown_inputs, validated_at_call
 from ..execution.runtime import Options
@@ -200,12 +200,12 @@ class LazyTracer(Tracer):
                 if batch_size is not None:
                     loc = user_location()
                     with bookkeeping.lock:
-                        bookkeeping.readers[(type(obj).__name__, str(loc) if loc else "?")] += 1
+                        bookkeeping.readers[(type(obj).__name__, site_of(loc))] += 1
                     logs.transparent.debug("%s.next_epoch(batch_size=%s) at %s: read ahead",
                                            type(obj).__name__, batch_size, loc or "?")
                     epoch = waits.timed(
                         reader_epoch(obj, batch_size, self.options, self.speculator.note_batch),
-                        f"{type(obj).__name__}.next_epoch", str(loc) if loc else "?")
+                        f"{type(obj).__name__}.next_epoch", site_of(loc))
                     return epoch_of(obj, epoch, args, kwargs)
                 reason = ("DALI's capture mode runs this loop (capture=True)"
                           if _dali.reader_epoch_captures(args, kwargs) else

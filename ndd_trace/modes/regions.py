@@ -18,6 +18,7 @@ from ..ahead.speculator import Speculator
 from ..core import logs
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, op_key
+from ..core.source import site_of
 from ..core.keys import FedPart, RegionOutputs
 from ..execution.failures import interpret_at_once, interpreted_error
 from ..execution.interpret import interpret
@@ -72,8 +73,7 @@ class RegionRunner:
                     key, region_ops, target, mixed,
                     None if mixed else self._eager_at_site(region_ops, lookup)),
                 keep=lambda made: made.eager_reason is None or mixed, explain=False)
-            site = str(region.loc) if region.loc else "?"
-            REGIONS.sightings.called(site)
+            REGIONS.sightings.called(region.site)
             if found is Found.HIT:
                 region.hits += 1
             elif found is Found.NEW:
@@ -117,7 +117,7 @@ class RegionRunner:
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
                     if not builds:  # (its first build: what making a region there costs)
-                        REGIONS.sightings.made(region.build_s, site)
+                        REGIONS.sightings.made(region.build_s, region.site)
                 waited = time.perf_counter()
                 scheduled = region.executable.run_s - run_s
                 times["feed"] += waited - fed - scheduled
@@ -204,7 +204,7 @@ class RegionRunner:
         (this call runs eagerly), or None (counted at its line): past REGIONS.free_units made
         there, one is made once worth it (units/cache.Sightings); past REGIONS.site_limit, none."""
         loc = region_ops[0].loc
-        site = str(loc) if loc else "?"
+        site = site_of(loc)
         verdict = REGIONS.site_verdict(site, lookup)
         if verdict is None:
             return None

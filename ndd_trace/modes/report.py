@@ -10,10 +10,11 @@ and lines), the readers it read ahead, and the time each stage took; process-wid
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 
 from ..core import keys, process_state
-from ..core.source import SourceLoc
+from ..core.source import SourceLoc, site_of
 from ..execution import tuning, waits
 from ..units.cache import LIVE_PIPELINES, REGIONS
 from ..units.unit import Unit
@@ -37,6 +38,11 @@ class Region(Unit):
     ahead: int = 0  # runs served by a run launched ahead on batches read ahead
     # the region's identity for the speculator's tables (hashing `key` again costs more)
     token: object = dataclasses.field(default_factory=object, compare=False, repr=False)
+
+    @functools.cached_property
+    def site(self) -> str:
+        """Its first call's `file:line` (site_of), made once: every run counts a call there."""
+        return site_of(self.loc)
 
     @property
     def parts(self) -> list[str]:
@@ -153,7 +159,7 @@ def _splits(regions: list[Region]) -> dict[int, str]:
     "op resize[cpu](in0, size=[16, 16])  ->  op resize[cpu](in0, size=[8, 8])"."""
     groups: dict[str, list[Region]] = {}
     for region in sorted(regions, key=lambda r: -r.run_count):
-        groups.setdefault(str(region.loc) if region.loc else "?", []).append(region)
+        groups.setdefault(region.site, []).append(region)
     splits: dict[int, str] = {}
     for group in groups.values():
         if len(group) < 2:
