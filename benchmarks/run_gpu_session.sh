@@ -51,6 +51,10 @@
 #          directory: a run too short to search (tuning.SEARCH_AFTER_S) runs on the start's settings
 # abunsteady: bench_unsteady.py (programs whose steps do not repeat) in each tree of AB_TREES
 #          ("name=root ...", default "new=. old=$OLD"; ab and absmall too), UNSTEADY_STEPS steps
+# abtiny:  the tiny workload (compiled step, transparent mode, capture mode, the per-call pipeline)
+#          in each tree of AB_TREES, ROUNDS rounds
+# coalesce: probe_coalesce.py on the GPU (issue 34's coalescing ceiling on the tiny loop, and
+#          whether its exact ways are eager's bit for bit), COALESCE_KS (default 1 2 4 8 16)
 # parseahead: probe_parse_ahead.py (the first result after 1.5 s of other set-up: eager, the
 #          compiled step, the pipeline) with each tree of AB_TREES's ndd_trace, ROUNDS rounds
 set -u
@@ -136,6 +140,22 @@ if has absmall; then
                 2>&1 | tail -6 | tee "$OUT/absmall_${tree%%=*}_r$round.log"
         done
     done
+fi
+if has abtiny; then
+    for round in $(seq 1 "$ROUNDS"); do
+        for tree in $AB_TREES; do
+            root=$PWD/${tree#*=}
+            PYTHONPATH=$root:$PYTHONPATH bounded python3 "$root/benchmarks/bench_ops.py" --device gpu \
+                --workloads tiny --steps 600 --warmup 60 --threads 4 \
+                --modes ndd_trace,transparent,capture,pipeline_percall \
+                --json "$OUT/abtiny_${tree%%=*}_r$round.json" \
+                2>&1 | tail -7 | tee "$OUT/abtiny_${tree%%=*}_r$round.log"
+        done
+    done
+fi
+if has coalesce; then
+    bounded python3 benchmarks/probe_coalesce.py --device gpu --ks ${COALESCE_KS:-1 2 4 8 16} \
+        2>&1 | tail -25 | tee "$OUT/coalesce.log"
 fi
 if has batches; then
     for batch in ${BATCHES:-16 32 64 128 256}; do

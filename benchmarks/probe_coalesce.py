@@ -1,0 +1,205 @@
+"""The ceiling of coalescing (issue 34, item 4) on the tiny loop, and whether it can be exact.
+
+K consecutive steps of batch N run as one pipeline run. `probe_random_state.py` showed that a
+random op reads only its batch's first `_random_state`, so one op over K x N samples cannot
+give K calls' values. This probe measures three ways of running K steps at once beside the
+prefetching batch-N pipeline, in steps (N samples) per second, one process:
+
+- `coalesced`: the whole chain at batch K x N, one coin flip (NOT eager's values: the ceiling);
+- `sliced`: the deterministic ops at batch K x N, the random op once per step on its slice
+  (DALI's conditional split by sample index, its own fed state, merged back): eager's values;
+- `copies`: K copies of the whole chain at batch N in one pipeline, each fed its step's batch
+  and state: eager's values.
+
+It first checks that `sliced` and `copies` give eager ndd's K results bit for bit (same RNG):
+
+    PYTHONPATH=. python benchmarks/probe_coalesce.py --device cpu --ks 1 2 4 8
+"""
+import argparse
+import itertools
+import time
+
+import numpy as np
+from nvidia.dali import fn, pipeline_def, types
+import nvidia.dali.experimental.dynamic as ndd
+from nvidia.dali.experimental.dynamic import random as ndd_random
+
+MEAN, STD = [123.675, 116.28, 103.53], [58.395, 57.12, 57.375]
+
+
+def tiny_step(x, bs, rng):
+    """Issue 34's tiny step, eagerly (the coin flip drawn from `rng`)."""
+    x = ndd.flip(x, horizontal=1); x = ndd.crop(x, crop=[28, 28]); x = ndd.resize(x, size=[32, 32])
+    x = ndd.transpose(x, perm=[2, 0, 1]); x = ndd.transpose(x, perm=[1, 2, 0])
+    x = ndd.brightness_contrast(x, brightness=1.1, contrast=0.9); x = ndd.hsv(x, hue=10.0, saturation=1.1)
+    x = ndd.pad(x, axis_names="HW", shape=[36, 36]); x = ndd.crop(x, crop=[32, 32])
+    x = ndd.cast(x, dtype=ndd.float32); x = ndd.flip(x, vertical=1)
+    mirror = ndd.random.coin_flip(batch_size=bs, rng=rng)
+    return ndd.crop_mirror_normalize(x, mirror=mirror, dtype=ndd.float32, output_layout="CHW",
+                                     mean=MEAN, std=STD)
+
+
+def deterministic_part(x):
+    x = fn.flip(x, horizontal=1); x = fn.crop(x, crop=[28, 28]); x = fn.resize(x, size=[32, 32])
+    x = fn.transpose(x, perm=[2, 0, 1]); x = fn.transpose(x, perm=[1, 2, 0])
+    x = fn.brightness_contrast(x, brightness=1.1, contrast=0.9); x = fn.hsv(x, hue=10.0, saturation=1.1)
+    x = fn.pad(x, axis_names="HW", shape=[36, 36]); x = fn.crop(x, crop=[32, 32])
+    x = fn.cast(x, dtype=types.FLOAT)
+    return fn.flip(x, vertical=1)
+
+
+def normalize(x, mirror):
+    return fn.crop_mirror_normalize(x, mirror=mirror, dtype=types.FLOAT, output_layout="CHW",
+                                    mean=MEAN, std=STD)
+
+
+def slices(data, index, k, n):
+    """`data`'s K slices of N samples (by each sample's index in the run), and the predicates
+    that merge them back."""
+    parts, predicates = [], []
+    for step in range(k - 1):
+        predicate = index < (step + 1) * n
+        head, data = fn._conditional.split(data, predicate=predicate)
+        _, index = fn._conditional.split(index, predicate=predicate)
+        parts.append(head)
+        predicates.append(predicate)
+    return parts + [data], predicates
+
+
+def merged(parts, predicates):
+    out = parts[-1]
+    for part, predicate in zip(reversed(parts[:-1]), reversed(predicates)):
+        out = fn._conditional.merge(part, out, predicate=predicate)
+    return out
+
+
+def make_pipeline(way, k, n, device, threads, sources):
+    """`sources`: callables giving each run's images (a list of K x N or N arrays) and states."""
+    batch = n if way in ("pipeline", "copies") else k * n
+    images_source, states_source, index_source = sources
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=0 if device == "gpu" else None,
+                  prefetch_queue_depth=2, seed=1234, enable_conditionals=False)
+    def definition():
+        if way == "copies":
+            outs = []
+            for step in range(k):
+                x = fn.external_source(source=images_source(step), batch=True, layout="HWC",
+                                       device=device)
+                state = fn.external_source(source=states_source(step), batch=True)
+                mirror = fn.random.coin_flip(_random_state=state)
+                outs.append(normalize(deterministic_part(x), mirror))
+            return tuple(outs)
+        x = fn.external_source(source=images_source(None), batch=True, layout="HWC", device=device)
+        state = fn.external_source(source=states_source(None), batch=True)
+        if way in ("pipeline", "coalesced"):
+            return normalize(deterministic_part(x), fn.random.coin_flip(_random_state=state))
+        index = fn.external_source(source=index_source, batch=True)
+        state_parts, predicates = slices(state, index, k, n)
+        index_parts, _ = slices(index, index, k, n)
+        flips = [fn.random.coin_flip(i, _random_state=s) for i, s in zip(index_parts, state_parts)]
+        return normalize(deterministic_part(x), merged(flips, predicates))
+
+    pipe = definition()
+    pipe.build()
+    return pipe
+
+
+def draw_states(seed, count):
+    rng = ndd_random.RNG(seed=seed)
+    return [np.array(ndd_random._draw_state(rng), dtype=np.uint32) for _ in range(count)]
+
+
+def sources_for(batches, states, k, n, way):
+    """Cycling sources: each run's images, states (one per sample: its step's) and indices."""
+    index = [np.array(i, dtype=np.int32) for i in range(k * n)]
+
+    def cycling(items_of_run, step):
+        runs = itertools.count()
+
+        def source():
+            run = next(runs)
+            return items_of_run(run, step)
+        return source
+
+    def images_of(run, step):
+        if step is not None or way == "pipeline":
+            first = run * k + (step or 0) if step is not None else run
+            return batches[first % len(batches)]
+        return [a for s in range(k) for a in batches[(run * k + s) % len(batches)]]
+
+    def states_of(run, step):
+        if step is not None or way == "pipeline":
+            first = run * k + (step or 0) if step is not None else run
+            return [states[first % len(states)]] * n
+        return [states[(run * k + s) % len(states)] for s in range(k) for _ in range(n)]
+
+    return (lambda step: cycling(images_of, step), lambda step: cycling(states_of, step),
+            lambda: index)
+
+
+def outputs_of(pipe, way, k):
+    outs = pipe.run()
+    if way == "copies":
+        return [np.stack([np.array(o.as_cpu()[i]) for i in range(len(o))]) for o in outs]
+    (o,) = outs
+    o = o.as_cpu()
+    return np.stack([np.array(o[i]) for i in range(len(o))])
+
+
+def check_exact(batches, k, n, device, threads):
+    """Eager ndd's K steps against each exact way's one run (the same RNG's states)."""
+    rng = ndd_random.RNG(seed=7)
+    eager = []
+    for step in range(k):
+        x = ndd.as_batch(batches[step], layout="HWC", device=device)
+        out = tiny_step(x, n, rng)
+        eager.append(np.stack([np.array(t) for t in ndd.as_batch(out).cpu()]))
+    states = draw_states(7, k)
+    verdict = {}
+    for way in ("sliced", "copies"):
+        pipe = make_pipeline(way, k, n, device, threads,
+                             sources_for(batches, states, k, n, way))
+        got = outputs_of(pipe, way, k)
+        got = got if way == "copies" else np.split(got, k)
+        verdict[way] = all(np.array_equal(a, b) for a, b in zip(eager, got))
+    return verdict
+
+
+def rate(batches, way, k, n, device, threads, runs, warmup):
+    states = draw_states(11, len(batches))
+    pipe = make_pipeline(way, k, n, device, threads, sources_for(batches, states, k, n, way))
+    for _ in range(warmup):
+        pipe.run()
+    started = time.perf_counter()
+    for _ in range(runs):
+        pipe.run()
+    elapsed = time.perf_counter() - started
+    return runs * (1 if way == "pipeline" else k) / elapsed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=800, help="steps timed per way and K")
+    args = parser.parse_args()
+    n = args.batch_size
+    data = np.random.default_rng(0).integers(0, 256, size=(200, n, 32, 32, 3), dtype=np.uint8)
+    batches = [list(b) for b in data]
+    for k in args.ks:
+        if k > 1:
+            print(f"K={k}: bit for bit eager's: {check_exact(batches, k, n, args.device, args.threads)}")
+    base = rate(batches, "pipeline", 1, n, args.device, args.threads, args.steps, args.steps // 8)
+    print(f"pipeline, batch {n}: {base:.0f} steps/s")
+    for k in args.ks:
+        for way in ("coalesced", "sliced", "copies"):
+            runs = max(args.steps // k, 20)
+            r = rate(batches, way, k, n, args.device, args.threads, runs, max(runs // 8, 2))
+            print(f"K={k} {way:9s}: {r:7.0f} steps/s  {r / base:5.2f}x the batch-{n} pipeline")
+
+
+if __name__ == "__main__":
+    main()
