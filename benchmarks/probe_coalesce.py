@@ -14,6 +14,12 @@ prefetching batch-N pipeline, in steps (N samples) per second, one process:
 It first checks that `sliced` and `copies` give eager ndd's K results bit for bit (same RNG):
 
     PYTHONPATH=. python benchmarks/probe_coalesce.py --device cpu --ks 1 2 4 8
+
+`--workload train` times the train workload's ops the same way (a File reader, not shuffled,
+at batch K x N; the decoder and normalize over the whole run; random_resized_crop and the coin
+flip once per step on its slice), beside the batch-N and batch-K x N pipelines (timing only):
+
+    PYTHONPATH=. python benchmarks/probe_coalesce.py --device gpu --workload train --batch-size 32
 """
 import argparse
 import itertools
@@ -105,6 +111,53 @@ def make_pipeline(way, k, n, device, threads, sources):
     return pipe
 
 
+def make_train_pipeline(way, k, n, device, threads, root, states):
+    """The train workload's ops over `root`'s JPEGs; `sliced`: its random ops per step."""
+    batch = n if way == "pipeline" else k * n
+    cycle = itertools.count()
+
+    def states_source():
+        run = next(cycle)
+        if way == "pipeline":
+            return [states[run % len(states)]] * n
+        return [states[(run * k + s) % len(states)] for s in range(k) for _ in range(n)]
+
+    index = [np.array(i, dtype=np.int32) for i in range(batch)]
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=0 if device == "gpu" else None,
+                  prefetch_queue_depth=2, seed=1234)
+    def definition():
+        jpegs, _ = fn.readers.file(file_root=str(root), random_shuffle=False, name="Reader")
+        images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu")
+        state = fn.external_source(source=states_source, batch=True)
+        if way != "sliced":
+            images = fn.random_resized_crop(images, size=[224, 224], _random_state=state)
+            return normalize(images, fn.random.coin_flip(_random_state=state))
+        indices = fn.external_source(source=lambda: index, batch=True)
+        image_parts, predicates = slices(images, indices, k, n)
+        state_parts, _ = slices(state, indices, k, n)
+        index_parts, _ = slices(indices, indices, k, n)
+        crops = [fn.random_resized_crop(i, size=[224, 224], _random_state=s)
+                 for i, s in zip(image_parts, state_parts)]
+        flips = [fn.random.coin_flip(i, _random_state=s) for i, s in zip(index_parts, state_parts)]
+        return normalize(merged(crops, predicates), merged(flips, predicates))
+
+    pipe = definition()
+    pipe.build()
+    return pipe
+
+
+def train_rate(way, k, n, device, threads, root, runs, warmup):
+    pipe = make_train_pipeline(way, k, n, device, threads, root, draw_states(11, 64))
+    for _ in range(warmup):
+        pipe.run()
+    started = time.perf_counter()
+    for _ in range(runs):
+        pipe.run()
+    elapsed = time.perf_counter() - started
+    return runs * (1 if way == "pipeline" else k) / elapsed
+
+
 def draw_states(seed, count):
     rng = ndd_random.RNG(seed=seed)
     return [np.array(ndd_random._draw_state(rng), dtype=np.uint32) for _ in range(count)]
@@ -185,8 +238,13 @@ def main():
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--steps", type=int, default=800, help="steps timed per way and K")
+    parser.add_argument("--workload", default="tiny", choices=("tiny", "train"))
+    parser.add_argument("--images", type=int, default=4096, help="train: JPEGs in the reader")
+    parser.add_argument("--data-dir", default="/tmp/ndd_trace_bench_jpegs")
     args = parser.parse_args()
     n = args.batch_size
+    if args.workload == "train":
+        return main_train(args)
     data = np.random.default_rng(0).integers(0, 256, size=(200, n, 32, 32, 3), dtype=np.uint8)
     batches = [list(b) for b in data]
     for k in args.ks:
@@ -199,6 +257,27 @@ def main():
             runs = max(args.steps // k, 20)
             r = rate(batches, way, k, n, args.device, args.threads, runs, max(runs // 8, 2))
             print(f"K={k} {way:9s}: {r:7.0f} steps/s  {r / base:5.2f}x the batch-{n} pipeline")
+
+
+def main_train(args):
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _data import make_jpeg_dir
+    root = make_jpeg_dir(args.data_dir, n=args.images, seed=0)
+    n = args.batch_size
+    steps = args.steps
+
+    def timed(way, k):
+        runs = max(steps // (1 if way == "pipeline" else k), 10)
+        return train_rate(way, k, n, args.device, args.threads, root, runs, max(runs // 5, 3))
+
+    base = timed("pipeline", 1)
+    print(f"train, pipeline, batch {n}: {base * n:.0f} img/s")
+    for k in args.ks:
+        for way in ("coalesced", "sliced"):
+            r = timed(way, k)
+            print(f"train K={k} {way:9s}: {r * n:7.0f} img/s  {r / base:5.2f}x the batch-{n} pipeline")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@
 # abtiny:  the tiny workload (compiled step, transparent mode, capture mode, the per-call pipeline)
 #          in each tree of AB_TREES, ROUNDS rounds
 # coalesce: probe_coalesce.py on the GPU (issue 34's coalescing ceiling on the tiny loop, and
-#          whether its exact ways are eager's bit for bit), COALESCE_KS (default 1 2 4 8 16)
+#          whether its exact ways are eager's bit for bit), COALESCE_KS (default 1 2 4 8 16); and
+#          the train workload's at batch 32, COALESCE_TRAIN_KS (default 1 2 4 8)
 # parseahead: probe_parse_ahead.py (the first result after 1.5 s of other set-up: eager, the
 #          compiled step, the pipeline) with each tree of AB_TREES's ndd_trace, ROUNDS rounds
 set -u
@@ -156,6 +157,9 @@ fi
 if has coalesce; then
     bounded python3 benchmarks/probe_coalesce.py --device gpu --ks ${COALESCE_KS:-1 2 4 8 16} \
         2>&1 | tail -25 | tee "$OUT/coalesce.log"
+    bounded python3 benchmarks/probe_coalesce.py --device gpu --workload train --batch-size 32 \
+        --threads 16 --steps 400 --ks ${COALESCE_TRAIN_KS:-1 2 4 8} 2>&1 | tail -12 \
+        | tee "$OUT/coalesce_train.log"
 fi
 if has batches; then
     for batch in ${BATCHES:-16 32 64 128 256}; do
