@@ -104,8 +104,7 @@ class Executable(SettingsSwap):
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
         self.backoff = RebuildBackoff()  # calls run eagerly after failed runs
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
-        # called once with its first build's seconds (its cache's Sightings: units/cache.py)
-        self.on_first_build: Callable[[float], None] | None = None
+        self.on_first_build: Callable[[float], None] | None = None  # (units/cache.py: once)
         self._prepared = None  # other settings, being built (building.SettingsSwap.prepare)
 
     @property
