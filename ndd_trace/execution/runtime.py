@@ -104,6 +104,7 @@ class Executable(SettingsSwap):
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
         self.backoff = RebuildBackoff()  # calls run eagerly after failed runs
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
+        self.on_first_build: Callable[[float], None] | None = None  # (units/cache.py: once)
         self._prepared = None  # other settings, being built (building.SettingsSwap.prepare)
 
     @property
@@ -132,6 +133,9 @@ class Executable(SettingsSwap):
         if self.tuner is not None:
             self.tuner.built(batch_size, None)
         self.backoff.build_s = time.perf_counter() - started
+        if self.on_first_build is not None:
+            self.on_first_build(self.backoff.build_s)
+            self.on_first_build = None
         built = self.backoff.build_s * 1000
         logs.builds.info("built %s for batch size %d in %.1f ms", self.lowered.filename,
                          batch_size, built, extra={"ndd_trace_ms": {"build": built}})
