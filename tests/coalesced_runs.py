@@ -53,6 +53,16 @@ def generator(reader, batch_size=3):
 
 SERVED = []
 _result = SliceRun.result
+_run_alone = SliceRun._run_alone
+ALONE = []
+
+
+def _counting_alone(self):
+    ALONE.append(self)
+    return _run_alone(self)
+
+
+SliceRun._run_alone = _counting_alone
 
 
 def _counting(self):
@@ -76,8 +86,9 @@ def main(root, corrupt_root):
             modes=("step", "transparent"))),
     ]:
         SERVED.clear()
+        ALONE.clear()
         call()
-        print(name, len(SERVED), flush=True)
+        print(name, len(SERVED), len(ALONE), flush=True)
     batch = ndd.as_batch([np.zeros((8, 8, 3), np.uint8)] * 3, layout="HWC")
     said = [str(ndd_trace.explain(body, batch)).split("coalescing: ")[1].splitlines()[0]
             for body in (lambda x: ndd.flip(x, horizontal=1),

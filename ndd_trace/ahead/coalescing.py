@@ -87,8 +87,10 @@ class Coalescer:
     def launch(self, per_call: list[list], batch_size: int) -> list[SliceRun] | None:
         """Launch the K calls fed `per_call` (each as the original executable's data) as one
         run; None where it cannot be launched now (the caller launches them one by one)."""
-        if self.failed or batch_size != self.n or len(per_call) != self.k:
-            return None
+        if self.failed or batch_size != self.n or len(per_call) != self.k or any(
+                len(call[source]) != self.n for call in per_call
+                for source in self.sources if isinstance(source, int)):
+            return None  # (an epoch's short last batch among them: launched one by one)
         total = self.k * self.n
         data = []
         for source in self.sources:
