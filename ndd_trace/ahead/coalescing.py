@@ -28,11 +28,11 @@ class SliceRun(PendingRun):
     """Call `call` of a coalesced run: its outputs are that call's slice of the run's."""
 
     def __init__(self, executable: Executable, batch_size: int, whole: PendingRun, call: int,
-                 per_call: int, data: list):
+                 twin: Coalescer, data: list):
         super().__init__(executable, batch_size)
         self.whole = whole
+        self.twin = twin
         self.call = call
-        self.per_call = per_call
         self.data = data  # what this call alone feeds `executable` (run alone on a failure)
 
     def result(self) -> tuple:
@@ -40,11 +40,15 @@ class SliceRun(PendingRun):
             try:
                 outputs = self.whole.result()
             except Exception:  # noqa: BLE001 (not this call's error: it runs on its own)
+                if not self.twin.failed:
+                    self.twin.failed = True
+                    logs.fallbacks.info("a coalesced run failed: its calls run on their own, "
+                                        "and that graph's calls one by one from now on")
                 self._run_alone()
             else:
-                start = self.call * self.per_call
-                self.outputs = tuple(outputs[start:start + self.per_call])
-            self.whole = None
+                start = self.call * self.twin.per_call
+                self.outputs = tuple(outputs[start:start + self.twin.per_call])
+            self.whole = self.twin = None
         return super().result()
 
     def _run_alone(self) -> None:
@@ -82,6 +86,7 @@ class Coalescer:
                 self.sources.append(node)
         self._indices = _dali.sample_indices(k * n)
         self.executable.ensure_built(k * n)
+        executable.companions.append(self.executable)  # (freed when the original is)
         self.failed = False
 
     def launch(self, per_call: list[list], batch_size: int) -> list[SliceRun] | None:
@@ -100,14 +105,17 @@ class Coalescer:
                 data.append(_dali.concatenated([call[source] for call in per_call]))
             else:
                 data.append(self.executable.feed.leaf_data(source, total))
+        if self.executable.pipeline is None:  # (freed with the original: built again)
+            try:
+                self.executable.ensure_built(total)
+            except Exception:  # noqa: BLE001 (it built before: the calls run one by one)
+                self.failed = True
+                return None
         whole = self.executable.launch(data, total)
         if whole is None:
-            if self.executable.pipeline is None:  # (a failed twin is not built again)
-                self.failed = True
-                logs.fallbacks.info("a coalesced run failed: its calls run one by one from now on")
             return None
         original = self._original()
-        return [SliceRun(original, batch_size, whole, call, self.per_call, per_call[call])
+        return [SliceRun(original, batch_size, whole, call, self, per_call[call])
                 for call in range(self.k)]
 
 

@@ -106,6 +106,7 @@ class Executable(SettingsSwap):
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
         # its twin for coalesced calls (ahead/coalescing.py), or why there is none; None: not asked
         self.coalesced: Any = None
+        self.companions: list[Executable] = []  # released and closed with it (the twin's)
         self._prepared = None  # other settings, being built (building.SettingsSwap.prepare)
 
     @property
@@ -363,9 +364,13 @@ class Executable(SettingsSwap):
             had = self.pipeline is not None
             self.pipeline = None
             self.feed.forget_fed()  # what DALI read in place: nothing reads it any more
-            return had
+        for companion in self.companions:
+            companion.release()
+        return had
 
     def close(self) -> None:
+        for companion in self.companions:
+            companion.close()
         with self._lock:
             self._prepared = None  # (its thread's build is discarded)
             self._pending.clear()
