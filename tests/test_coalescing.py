@@ -121,3 +121,26 @@ def test_reader_loops_launched_k_calls_at_a_time_match_eager_in_every_mode(jpeg_
     # epoch's short last batch is launched alone, not coalesced and failed)
     assert [alone for name, (_, alone) in served.items() if "corrupt" not in name] == [0] * 3
     assert served["step, a corrupt file"][1] > 0, served
+
+
+def test_the_coalesced_twin_is_freed_with_its_original_and_built_again_when_launched():
+    """A twin pipeline is not a second live pipeline outside the LRU: releasing the original
+    (the least recently run, past the live limit) frees the twin too; it is built again at its
+    next launch."""
+    from ndd_trace.ahead.coalescing import Coalescer
+
+    batches = _batches()
+    compiled = ndd_trace.compile(_step)
+    compiled(batches[0])
+    (entry,) = compiled._cache.units.values()
+    twin = Coalescer(entry.executable, 2, N)
+    assert twin.executable.pipeline is not None
+    entry.executable.release()
+    assert twin.executable.pipeline is None
+    calls = [[_dali.storage_of(batch) if node.kind is NodeKind.INPUT else
+              _dali.broadcast_state(np.asarray(_dali.draw_state(_dali.default_rng()),
+                                               np.uint32), N)
+              for node in entry.executable.lowered.external_sources] for batch in batches[:2]]
+    runs = twin.launch(calls, N)
+    assert runs is not None and twin.executable.pipeline is not None
+    assert [len(run.result()) for run in runs] == [2, 2]
