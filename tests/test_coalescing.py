@@ -47,10 +47,13 @@ def _batches(seed=0):
                          layout="HWC") for _ in range(K)]
 
 
-def test_k_calls_as_one_graph_give_each_calls_values_bit_for_bit():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_k_calls_as_one_graph_give_each_calls_values_bit_for_bit(device):
     """The deterministic ops run over all K x N samples; each random op once per call on its
     call's slice, fed that call's state: the K calls' outputs are eager's, random ops included."""
     batches = _batches()
+    if device == "gpu":
+        batches = [batch.gpu() for batch in batches]
     coalesced = coalesce(_traced_graph(_step, batches[0]), K, N)
     assert coalesced.sliced_ops == 2 and len(coalesced.graph.outputs) == 2 * K
     ndd.random.set_seed(5)
@@ -67,16 +70,16 @@ def test_k_calls_as_one_graph_give_each_calls_values_bit_for_bit():
             bound[node.payload] = ndd.as_batch([np.asarray(states[i // N][number], np.uint32)
                                                 for i in range(K * N)])
         else:
-            bound[node.payload] = ndd.as_batch([np.asarray(s) for b in batches for s in b],
-                                               layout="HWC")
-    program = compile_graph(coalesced.graph, Options(num_threads=2, device_id=None,
-                                                     prefetch_queue_depth=1))
+            bound[node.payload] = ndd.as_batch([np.asarray(s) for b in batches for s in b.cpu()],
+                                               layout="HWC", device=device)
+    program = compile_graph(coalesced.graph, Options(
+        num_threads=2, device_id=0 if device == "gpu" else None, prefetch_queue_depth=1))
     outputs = program.executable.run(bound, K * N).result()
     for call in range(K):
         for index in range(2):
             got = _dali.wrap_batch(outputs[call * 2 + index])
             assert got.batch_size == N
-            for want, have in zip(ndd.as_batch(eager[call][index]), got):
+            for want, have in zip(ndd.as_batch(eager[call][index]).cpu(), got.cpu()):
                 assert np.array_equal(np.asarray(want), np.asarray(have))
 
 
