@@ -59,24 +59,29 @@ def normalize(x, mirror):
                                     mean=MEAN, std=STD)
 
 
-def slices(data, index, k, n):
-    """`data`'s K slices of N samples (by each sample's index in the run), and the predicates
-    that merge them back."""
-    parts, predicates = [], []
-    for step in range(k - 1):
-        predicate = index < (step + 1) * n
-        head, data = fn._conditional.split(data, predicate=predicate)
-        _, index = fn._conditional.split(index, predicate=predicate)
-        parts.append(head)
-        predicates.append(predicate)
-    return parts + [data], predicates
+def slices(data, index, k, n, lo=0, hi=None):
+    """`data`'s slices of N samples for calls lo .. hi - 1 (by each sample's index in the run),
+    split in a balanced tree (as ndd_trace/codegen/coalesce.py), and the predicates that merge
+    them back ({(lo, hi): predicate})."""
+    hi = k if hi is None else hi
+    if hi - lo == 1:
+        return [data], {}
+    mid = (lo + hi) // 2
+    predicate = index < mid * n
+    first, second = fn._conditional.split(data, predicate=predicate)
+    first_index, second_index = fn._conditional.split(index, predicate=predicate)
+    parts, predicates = slices(first, first_index, k, n, lo, mid)
+    more, more_predicates = slices(second, second_index, k, n, mid, hi)
+    return parts + more, {**predicates, **more_predicates, (lo, hi): predicate}
 
 
-def merged(parts, predicates):
-    out = parts[-1]
-    for part, predicate in zip(reversed(parts[:-1]), reversed(predicates)):
-        out = fn._conditional.merge(part, out, predicate=predicate)
-    return out
+def merged(parts, predicates, lo=0):
+    if len(parts) == 1:
+        return parts[0]
+    half = len(parts) // 2
+    return fn._conditional.merge(merged(parts[:half], predicates, lo),
+                                 merged(parts[half:], predicates, lo + half),
+                                 predicate=predicates[(lo, lo + len(parts))])
 
 
 def make_pipeline(way, k, n, device, threads, sources):
