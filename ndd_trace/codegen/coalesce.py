@@ -9,7 +9,8 @@ Ops whose every sample's result depends on that sample alone run once over all K
 A random op cannot: it reads only its batch's first `_random_state` and derives sample i's
 values from it and i (DALI's rng_base.h), so over K x N samples it would not give K calls'
 values. Each random op runs once per call instead, on that call's slice of its inputs and of
-its state: DALI's conditional split by each sample's index in the run (`index < (s + 1) * N`),
+its state: DALI's conditional split by each sample's index in the run, in a balanced tree
+(`index < mid * N` halves calls lo .. hi - 1: each sample passes log2(K) splits and merges),
 then merged back in order. An inputless random op takes its slice's batch size from its split
 state. `benchmarks/probe_coalesce.py` checks the same construction against eager ndd.
 
@@ -105,7 +106,8 @@ class _Builder:
         self.refs: dict[int, list[Ref]] = {}  # id(source node) -> its outputs in the new graph
         self.states: list[Node] = []
         self.index: Node | None = None
-        self._predicates: list[Ref] | None = None
+        self._predicates: dict[tuple[int, int], Ref] = {}  # (lo, hi) -> its split's predicate
+        self._indices: dict[tuple[int, int], Ref] = {}  # (lo, hi) -> those calls' indices
         self.sliced = 0
         self.origin: dict[int, Node] = {}
 
@@ -162,24 +164,24 @@ class _Builder:
         return [self._merged([refs[output] for refs in calls])
                 for output in range(node.num_outputs)]
 
-    def _predicates_for(self) -> list[Ref]:
-        """Per split s (over the samples of calls s .. k-1): whether a sample is call s's."""
-        if self._predicates is None:
+    def _predicate(self, lo: int, hi: int) -> Ref:
+        """Over the samples of calls lo .. hi - 1: whether a sample is one of the first half's
+        calls (the slices are a balanced tree of splits: each sample passes log2(K) of them)."""
+        if not self._predicates:
             meta = TensorMeta("cpu", "INT32", 0, None)
             self.index = self.graph.add_input("__sample_index", INDEX_PATH, meta, True)
-            index, predicates = Ref(self.index, 0), []
-            for call in range(self.k - 1):  # (`index < bound`, the bound a literal)
-                predicate = self.graph.add_op(
-                    "_arithmetic_generic_op", "_ArithmeticGenericOp", inputs=[index],
-                    input_devices=["cpu"],
-                    static={"expression_desc": "lt(&0 $0:int32)",
-                            "integer_constants": [(call + 1) * self.n]},
-                    meta=[TensorMeta("cpu", "BOOL", 0, None)])
-                predicates.append(Ref(predicate, 0))
-                if call < self.k - 2:
-                    index = self._split(index, Ref(predicate, 0))[1]
-            self._predicates = predicates
-        return self._predicates
+            self._indices = {(0, self.k): Ref(self.index, 0)}
+        if (lo, hi) not in self._predicates:
+            mid = (lo + hi) // 2
+            index = self._indices[(lo, hi)]
+            predicate = Ref(self.graph.add_op(  # (`index < bound`, the bound a literal)
+                "_arithmetic_generic_op", "_ArithmeticGenericOp", inputs=[index],
+                input_devices=["cpu"],
+                static={"expression_desc": "lt(&0 $0:int32)", "integer_constants": [mid * self.n]},
+                meta=[TensorMeta("cpu", "BOOL", 0, None)]), 0)
+            self._predicates[(lo, hi)] = predicate
+            self._indices[(lo, mid)], self._indices[(mid, hi)] = self._split(index, predicate)
+        return self._predicates[(lo, hi)]
 
     def _split(self, ref: Ref, predicate: Ref) -> tuple[Ref, Ref]:
         meta = ref.node.meta[ref.index]
@@ -188,25 +190,25 @@ class _Builder:
                                   backend=meta.device, num_outputs=2, meta=[meta, meta])
         return Ref(split, 0), Ref(split, 1)
 
-    def _slices(self, ref: Ref) -> list[Ref]:
-        """`ref`'s K slices of N samples, call 0's first."""
-        if self.k == 1:
+    def _slices(self, ref: Ref, lo: int = 0, hi: int | None = None) -> list[Ref]:
+        """`ref`'s slices of N samples for calls lo .. hi - 1 (all K by default), in order."""
+        hi = self.k if hi is None else hi
+        if hi - lo == 1:
             return [ref]
-        parts, rest = [], ref
-        for predicate in self._predicates_for():
-            head, rest = self._split(rest, predicate)
-            parts.append(head)
-        return parts + [rest]
+        mid = (lo + hi) // 2
+        first, second = self._split(ref, self._predicate(lo, hi))
+        return self._slices(first, lo, mid) + self._slices(second, mid, hi)
 
-    def _merged(self, parts: list[Ref]) -> Ref:
-        if self.k == 1:
+    def _merged(self, parts: list[Ref], lo: int = 0) -> Ref:
+        """The slices `parts` (of calls lo, lo + 1, ...) merged back into one batch, in order."""
+        if len(parts) == 1:
             return parts[0]
-        predicates = self._predicates_for()
-        merged = parts[-1]
-        for part, predicate in zip(reversed(parts[:-1]), reversed(predicates)):
-            meta = part.node.meta[part.index]
-            node = self.graph.add_op(*_dali.MERGE_OP, inputs=[part, merged], input_devices=[meta.device] * 2,
-                                     arg_inputs={"predicate": predicate}, backend=meta.device,
-                                     meta=[meta])
-            merged = Ref(node, 0)
-        return merged
+        predicate = self._predicate(lo, lo + len(parts))  # (before its halves': theirs split it)
+        half = len(parts) // 2
+        first, second = self._merged(parts[:half], lo), self._merged(parts[half:], lo + half)
+        meta = first.node.meta[first.index]
+        node = self.graph.add_op(*_dali.MERGE_OP, inputs=[first, second],
+                                 input_devices=[meta.device] * 2,
+                                 arg_inputs={"predicate": predicate}, backend=meta.device,
+                                 meta=[meta])
+        return Ref(node, 0)
