@@ -69,7 +69,6 @@ class Coalescer:
         self._original = weakref.ref(executable)  # (the original holds its twin)
         self.k, self.n, self.per_call = k, n, coalesced.outputs_per_call
         self.executable = program.executable
-        self.sliced_ops = coalesced.sliced_ops
         position = {id(node): i for i, node in enumerate(executable.lowered.external_sources)}
         # per twin external source: the original's position (its K calls' data, concatenated),
         # "index" (each sample's index) or the twin's own node (a constant the original inlined)
@@ -124,7 +123,7 @@ def coalesced_twin(executable: Executable, batch_size: int) -> Coalescer | None:
     or None: coalescing is off, or the graph cannot be coalesced (`twin_reason` says why)."""
     if CALLS_PER_RUN < 2:
         return None
-    twin = getattr(executable, "coalesced", None)
+    twin = executable.coalesced
     if twin is None:
         try:
             twin = Coalescer(executable, CALLS_PER_RUN, batch_size)
@@ -142,7 +141,7 @@ def coalesced_twin(executable: Executable, batch_size: int) -> Coalescer | None:
 
 def twin_reason(executable: Executable) -> str | None:
     """Why the executable's calls are not coalesced (None: they are, or nobody asked yet)."""
-    twin = getattr(executable, "coalesced", None)
+    twin = executable.coalesced
     if isinstance(twin, str):
         return twin
     if twin is not None and twin.failed:
