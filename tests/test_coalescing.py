@@ -137,6 +137,7 @@ def test_the_coalesced_twin_is_freed_with_its_original_and_built_again_when_laun
     compiled(batches[0])
     (entry,) = compiled._cache.units.values()
     twin = Coalescer(entry.executable, 2, N)
+    entry.executable.companions.append(twin)  # (as coalesced_twin keeps it)
     assert twin.executable.pipeline is not None
     entry.executable.release()
     assert twin.executable.pipeline is None

@@ -85,8 +85,13 @@ class Coalescer:
                 self.sources.append(node)
         self._indices = _dali.sample_indices(k * n)
         self.executable.ensure_built(k * n)
-        executable.companions.append(self.executable)  # (freed when the original is)
         self.failed = False
+
+    def release(self) -> None:  # (with the original's: built again at its next launch)
+        self.executable.release()
+
+    def close(self) -> None:
+        self.executable.close()
 
     def launch(self, per_call: list[list], batch_size: int) -> list[SliceRun] | None:
         """Launch the K calls fed `per_call` (each as the original executable's data) as one
@@ -118,32 +123,51 @@ class Coalescer:
                 for call in range(self.k)]
 
 
+class Refused:
+    """Why an executable's calls are not coalesced (held among its companions, as a twin is)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def release(self) -> None:
+        pass
+
+    close = release
+
+
+def _twin_of(executable: Executable) -> Coalescer | Refused | None:
+    return next((companion for companion in executable.companions
+                 if isinstance(companion, (Coalescer, Refused))), None)
+
+
 def coalesced_twin(executable: Executable, batch_size: int) -> Coalescer | None:
-    """The executable's twin for CALLS_PER_RUN calls of `batch_size` (made at the first ask),
-    or None: coalescing is off, or the graph cannot be coalesced (`twin_reason` says why)."""
+    """The executable's twin for CALLS_PER_RUN calls of `batch_size` (made at the first ask,
+    and kept among its companions: freed with it), or None: coalescing is off, or the graph
+    cannot be coalesced (`twin_reason` says why)."""
     if CALLS_PER_RUN < 2:
         return None
-    twin = executable.coalesced
+    twin = _twin_of(executable)
     if twin is None:
         try:
             twin = Coalescer(executable, CALLS_PER_RUN, batch_size)
         except CannotCoalesce as reason:
-            twin = str(reason)
-            logs.fallbacks.info("not coalesced: %s", twin)
+            twin = Refused(str(reason))
         except Exception as error:  # noqa: BLE001 (the twin did not build: the calls run alone)
-            twin = f"its coalesced pipeline did not build ({type(error).__name__}: {error})"
-            logs.fallbacks.info("not coalesced: %s", twin)
-        executable.coalesced = twin
-    if isinstance(twin, str) or twin.n != batch_size:
+            twin = Refused(f"its coalesced pipeline did not build ({type(error).__name__}: "
+                           f"{error})")
+        if isinstance(twin, Refused):
+            logs.fallbacks.info("not coalesced: %s", twin.reason)
+        executable.companions.append(twin)
+    if isinstance(twin, Refused) or twin.n != batch_size:
         return None
     return twin
 
 
 def twin_reason(executable: Executable) -> str | None:
     """Why the executable's calls are not coalesced (None: they are, or nobody asked yet)."""
-    twin = executable.coalesced
-    if isinstance(twin, str):
-        return twin
+    twin = _twin_of(executable)
+    if isinstance(twin, Refused):
+        return twin.reason
     if twin is not None and twin.failed:
         return "a coalesced run failed: its calls run one by one"
     return None

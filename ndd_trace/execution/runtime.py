@@ -104,9 +104,7 @@ class Executable(SettingsSwap):
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
         self.backoff = RebuildBackoff()  # calls run eagerly after failed runs
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
-        # its twin for coalesced calls (ahead/coalescing.py), or why there is none; None: not asked
-        self.coalesced: Any = None
-        self.companions: list[Executable] = []  # released and closed with it (the twin's)
+        self.companions: list[Any] = []  # released and closed with it (ahead/coalescing.py)
         self._prepared = None  # other settings, being built (building.SettingsSwap.prepare)
 
     @property
