@@ -105,6 +105,7 @@ class Executable(SettingsSwap):
         self.backoff = RebuildBackoff()  # calls run eagerly after failed runs
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
         self.on_first_build: Callable[[float], None] | None = None  # (units/cache.py: once)
+        self.companions: list[Any] = []  # released and closed with it (ahead/coalescing.py)
         self._prepared = None  # other settings, being built (building.SettingsSwap.prepare)
 
     @property
@@ -365,9 +366,13 @@ class Executable(SettingsSwap):
             had = self.pipeline is not None
             self.pipeline = None
             self.feed.forget_fed()  # what DALI read in place: nothing reads it any more
-            return had
+        for companion in self.companions:
+            companion.release()
+        return had
 
     def close(self) -> None:
+        for companion in self.companions:
+            companion.close()
         with self._lock:
             self._prepared = None  # (its thread's build is discarded)
             self._pending.clear()
