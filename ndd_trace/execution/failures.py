@@ -252,6 +252,11 @@ class Failures:
         wrapped.dali_error = error.with_traceback(None)
         return wrapped
 
+    def run_error(self, error: BaseException, eager: BaseException | None,
+                  run: Any) -> PipelineError:
+        """pipeline_error of a failed run (a results.PendingRun): its calls' and its stack's."""
+        return self.pipeline_error(error, "running", eager, run.calls, run.call_stack)
+
     def eager_error_of(self, bound: dict, states: dict, batch_size: int) -> BaseException | None:
         """What eager ndd raises for a call with these arguments and random states (a failed
         run's replay)."""
