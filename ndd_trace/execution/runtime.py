@@ -299,7 +299,7 @@ class Executable(SettingsSwap):
             self._park(error)  # a failed pipeline is rebuilt, after a few eager calls
             self.backoff.failed()
             eager = oldest.replay() if oldest.replay is not None else None
-            oldest.error = self.failures.pipeline_error(error, "running", eager, oldest.calls)
+            oldest.error = self.failures.run_error(error, eager, oldest)
             oldest.failed = self.failures.node_for_error(error)
             oldest.dali_error = error
             oldest.as_is = _dali.pipeline_failure(error).from_reader
@@ -323,7 +323,7 @@ class Executable(SettingsSwap):
         except Exception as error:  # noqa: BLE001 (the run's error, raised where it is used)
             self._park(error)
             self.backoff.failed()
-            run.error = self.failures.pipeline_error(error, "running")
+            run.error = self.failures.run_error(error, None, run)
             return
         self._pending.append(run)
         while run.outputs is None and run.error is None and self._pending:
