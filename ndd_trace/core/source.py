@@ -25,6 +25,7 @@ import threading
 import types
 import unicodedata
 import warnings
+from collections.abc import Callable
 
 import astunparse
 
@@ -150,7 +151,17 @@ def callers_stack() -> tuple:
 _FRAME_TEMPLATE = (lambda: sys._getframe(0)).__code__
 
 
-_STACK_FRAME = "__ndd_trace_call_stack__"  # in a made-up frame's globals: under_call_stack's
+# in the globals of under_call_stack's frames (not raise_at's _MADE_UP: those stand for a line
+# whose own frame may follow, and give way to it; these are a stack's, shown as they are)
+_STACK_FRAME = "__ndd_trace_call_stack__"
+
+
+def _on_a_thread_of_its_own(work: Callable[[], None], name: str) -> None:
+    """Run `work` on a thread of its own, and wait: the frames it makes lead back (`f_back`)
+    to that thread's frames, not to the caller's, whose locals may hold an error (a cycle)."""
+    thread = threading.Thread(target=work, name=name, daemon=True)
+    thread.start()
+    thread.join()
 
 
 def under_call_stack(error: BaseException, stack: tuple) -> None:
@@ -168,9 +179,7 @@ def under_call_stack(error: BaseException, stack: tuple) -> None:
 
     # a made frame's f_back is the frame that made it: made here, it would lead back to this
     # one, which holds `error` (a cycle keeping it, and what it holds, until a collection)
-    thread = threading.Thread(target=make, name="ndd_trace call stack", daemon=True)
-    thread.start()
-    thread.join()
+    _on_a_thread_of_its_own(make, "ndd_trace call stack")
     tb = error.__traceback__
     for frame, (_, lineno) in zip(frames, stack):
         tb = types.TracebackType(tb, frame, 0, lineno)
@@ -381,9 +390,7 @@ def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
             namespace.clear()
             namespace[_MADE_UP] = True  # (its frame, kept in the traceback, says so)
 
-    thread = threading.Thread(target=run, name="ndd_trace raise_at", daemon=True)
-    thread.start()
-    thread.join()
+    _on_a_thread_of_its_own(run, "ndd_trace raise_at")
     raised = handed.pop()
     rebuilt = traceback_of([  # (the raiser's frame left out: the user's line is the innermost)
         entry for entry in traceback_entries(raised.__traceback__)
@@ -392,4 +399,4 @@ def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
         raise raised.with_traceback(rebuilt)
     finally:
         errors.clear()
-        del thread, run, raised, rebuilt
+        del run, raised, rebuilt
