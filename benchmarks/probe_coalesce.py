@@ -152,8 +152,8 @@ def make_train_pipeline(way, k, n, device, threads, root, states):
     return pipe
 
 
-def train_rate(way, k, n, device, threads, root, runs, warmup):
-    pipe = make_train_pipeline(way, k, n, device, threads, root, draw_states(11, 64))
+def steps_per_second(pipe, way, k, runs, warmup):
+    """Steps (calls of batch N) per second over `runs` runs of `pipe`, after `warmup`."""
     for _ in range(warmup):
         pipe.run()
     started = time.perf_counter()
@@ -161,6 +161,11 @@ def train_rate(way, k, n, device, threads, root, runs, warmup):
         pipe.run()
     elapsed = time.perf_counter() - started
     return runs * (1 if way == "pipeline" else k) / elapsed
+
+
+def train_rate(way, k, n, device, threads, root, runs, warmup):
+    pipe = make_train_pipeline(way, k, n, device, threads, root, draw_states(11, 64))
+    return steps_per_second(pipe, way, k, runs, warmup)
 
 
 def draw_states(seed, count):
@@ -227,13 +232,7 @@ def check_exact(batches, k, n, device, threads):
 def rate(batches, way, k, n, device, threads, runs, warmup):
     states = draw_states(11, len(batches))
     pipe = make_pipeline(way, k, n, device, threads, sources_for(batches, states, k, n, way))
-    for _ in range(warmup):
-        pipe.run()
-    started = time.perf_counter()
-    for _ in range(runs):
-        pipe.run()
-    elapsed = time.perf_counter() - started
-    return runs * (1 if way == "pipeline" else k) / elapsed
+    return steps_per_second(pipe, way, k, runs, warmup)
 
 
 def main():
