@@ -56,6 +56,9 @@
 # coalesce: probe_coalesce.py on the GPU (issue 34's coalescing ceiling on the tiny loop, and
 #          whether its exact ways are eager's bit for bit), COALESCE_KS (default 1 2 4 8 16); and
 #          the train workload's at batch 32, COALESCE_TRAIN_KS (default 1 2 4 8)
+# coalesced: the train workload with NDD_TRACE_COALESCE=K for K in COALESCED_KS (default 0 4 8;
+#          0: off) at each batch of COALESCED_BATCHES (default 32), ndd_trace's ways beside the
+#          pipeline
 # parseahead: probe_parse_ahead.py (the first result after 1.5 s of other set-up: eager, the
 #          compiled step, the pipeline) with each tree of AB_TREES's ndd_trace, ROUNDS rounds
 set -u
@@ -160,6 +163,18 @@ if has coalesce; then
     bounded python3 benchmarks/probe_coalesce.py --device gpu --workload train --batch-size 32 \
         --threads 16 --steps 400 --ks ${COALESCE_TRAIN_KS:-1 2 4 8} 2>&1 | tail -12 \
         | tee "$OUT/coalesce_train.log"
+fi
+if has coalesced; then  # ndd_trace with NDD_TRACE_COALESCE=K (0: off) beside the pipeline
+    for batch in ${COALESCED_BATCHES:-32}; do
+        for k in ${COALESCED_KS:-0 4 8}; do
+            NDD_TRACE_COALESCE=$k bounded python3 benchmarks/bench_ops.py --device gpu \
+                --workloads decode_rrc_cmn --steps "${BATCH_STEPS:-200}" --warmup 30 --threads 16 \
+                --batch-size "$batch" --images 4096 \
+                --modes "${COALESCED_MODES:-ndd_trace_loop,ndd_trace,transparent,pipeline}" \
+                --json "$OUT/coalesced_b${batch}_k$k.json" 2>&1 | tail -7 \
+                | tee "$OUT/coalesced_b${batch}_k$k.log"
+        done
+    done
 fi
 if has batches; then
     for batch in ${BATCHES:-16 32 64 128 256}; do

@@ -29,7 +29,7 @@ from .ahead import calls as ahead_calls
 from .ahead.runahead import RUN_AHEAD
 from .core import logs, process_state
 from .core.ledger import Ledger, Runs, Verdict
-from .core.source import hide_own_frames, innermost_user_loc, user_location
+from .core.source import callers_stack, hide_own_frames, innermost_user_loc, user_location
 from .core.spelling import CallSpelling
 from .execution import tuning_store
 from .execution.runtime import Options
@@ -352,8 +352,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                             f"not be built ({error}).")
                 return self._function(*args, **kwargs)
             raise
-        logs.runtime.debug("`%s`: pipeline run scheduled (batch size %d)", self.__qualname__,
-                           batch_size)
+        if run is not None:  # (the user's frames: a deferred error's traceback, as eager's)
+            run.call_stack = callers_stack()
         if at_call and run is not None:  # their run-time errors raise here, as eagerly
             executable.failures.raise_at_call(run, at_call, bound, snapshots)
         return entry.results(run, bound, batch_size)

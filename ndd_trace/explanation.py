@@ -18,6 +18,9 @@ from .api import CompiledFunction
 from .decorator import compile
 from .core import keys
 from .core.ledger import Runs, Verdict
+from .ahead.coalescing import twin_reason
+from .ahead.runahead import CALLS_PER_RUN
+from .codegen.coalesce import why_not
 from .execution import tuning
 from .units.cache import FREE_UNITS, CacheInfo, Found
 from .units.unit import Entry
@@ -48,6 +51,7 @@ class Explanation:
     # the latest calls not run as compiled, as the function's ledger recorded them
     recorded: list[Verdict] = dataclasses.field(default_factory=list)
     rewritten: str = ""  # a per-sample function: its source as rewritten (what DALI converts)
+    coalescing: str = ""  # with NDD_TRACE_COALESCE=K: whether its calls are launched K at a time
 
     @property
     def optimizations_text(self) -> list[str]:
@@ -78,6 +82,8 @@ class Explanation:
             lines += [f"    - {verdict.reason} at {verdict.loc or '?'} (runs as "
                       f"{verdict.runs.value})" for verdict in self.recorded[-5:]]
         lines += self.optimizations_text
+        if self.coalescing:
+            lines.append(f"  coalescing: {self.coalescing}")
         lines.append("  guards (a change in any of these re-traces):")
         lines += [f"    - {guard}" for guard in self.guards]
         if self.loop:
@@ -143,7 +149,23 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
         optimizations=[str(applied) for applied in entry.optimizations],
         tuning=_tuning(held),
         recorded=list(compiled.ledger.verdicts),
+        coalescing=_coalescing(shown),
     )
+
+
+def _coalescing(entry: Entry) -> str:
+    """With NDD_TRACE_COALESCE=K (ahead/coalescing.py): whether the entry's calls fed reader
+    batches are launched K at a time as one run, and if not, why not."""
+    if CALLS_PER_RUN < 2 or entry.graph is None:
+        return ""
+    reason = why_not(entry.graph) or (twin_reason(entry.executable)
+                                      if entry.executable is not None else None)
+    if reason is not None:
+        return f"not coalesced: {reason}"
+    random_ops = sum(1 for node in entry.graph.nodes if "_random_state" in node.arg_inputs)
+    return (f"{CALLS_PER_RUN} calls fed reader batches launched ahead as one run of "
+            f"{CALLS_PER_RUN} x their batch size (NDD_TRACE_COALESCE); {random_ops} random "
+            "op(s) run once per call on its slice")
 
 
 _LOOP_PATH = ("compiled loop: the generator's Python runs as written, its loop body as one "
@@ -179,7 +201,7 @@ def _explain_generator(compiled: CompiledFunction) -> Explanation:
         f"{Runs.CHECKED_LOOP.value} ({entry.path})", loop=loop,
         optimize=compiled.optimize,
         optimizations=[str(applied) for applied in entry.optimizations], tuning=_tuning(entry),
-        recorded=list(compiled.ledger.verdicts))
+        recorded=list(compiled.ledger.verdicts), coalescing=_coalescing(entry))
 
 
 def _code(entry: Entry) -> str:

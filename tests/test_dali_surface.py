@@ -192,6 +192,9 @@ STRINGS = {
     "_caller_frame": "ndd's internal call-site argument",
     "_conditional__Split": "DALI's conditional split op (seen through)",
     "_conditional__ValidateLogical": "DALI's `and`/`or` operand check op (seen through)",
+    "_conditional.split": "DALI's conditional split op (a coalesced run's slices)",
+    "_conditional.merge": "DALI's conditional merge op (a coalesced run's slices)",
+    "_conditional__Merge": "DALI's conditional merge op's schema",
 }
 
 

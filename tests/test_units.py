@@ -280,3 +280,29 @@ def test_a_new_key_is_made_once_its_eager_calls_took_what_making_one_costs(monke
     assert eager == 5  # 5 calls of 10 ms: 50 ms, then made
     assert sightings.runs_eagerly(("b",))  # (made: a new count if asked again)
     assert len(sightings.spent) == 1
+
+
+def test_what_making_a_unit_cost_reaches_its_sightings_once_at_its_first_build():
+    """A compiled function's entry and a transparent region alike hand their cost (making,
+    first build included) to their cache's Sightings once, when the first build ends."""
+    def flipped(images):
+        return ndd.flip(images, horizontal=1)
+
+    compiled = ndd_trace.compile(flipped)
+    sightings = compiled._cache.sightings
+    assert sightings.cost() is None
+    for _ in range(3):
+        assert_same(flipped(_images(3)), compiled(_images(3)))
+    (entry,) = compiled._cache.units.values()
+    assert sightings.cost() == entry.make_s + entry.executable.backoff.build_s
+    assert entry.executable.on_first_build is None
+
+    def shifted(images):
+        return ndd.flip(images, vertical=1)
+
+    REGIONS.clear()
+    _transparent(shifted, _images(4))
+    (region,) = REGIONS.units.values()
+    assert REGIONS.sightings.cost(region.site) == \
+        region.make_s + region.executable.backoff.build_s
+    assert REGIONS.sightings.cost() is None

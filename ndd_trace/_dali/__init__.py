@@ -51,7 +51,7 @@ from .interception import (interceptor, capture_running, eager_inside_trace, eag
                            eval_mode_is_sync, hold_interception, intercept, is_random, is_stateful,
                            op_functions, op_path, plumbing, process_params_replaced, schema_name,
                            synchronous, synchronous_cpu, tracing_active, unwatched)
-from .data import (broadcast_state, eager_reads_as_is, host_array, init_proxy,
+from .data import (broadcast_state, concatenated, eager_reads_as_is, host_array, init_proxy,
                    invocation_result_of, lazy_batch, op_function_of, owned_storage,
                    pending_run_of, proxy_device,
                    same_data, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
@@ -73,7 +73,7 @@ from .pipelines import (ExternalSource, crashes_on_empty_samples, current_device
                         frees_after_failure, has_empty_sample, native_logs_dropped,
                         park_failed_pipeline,
                         pipeline_failure, pipeline_options, pipeline_outputs, schedule_one)
-from .conditionals import (DefinedOp, array_of, autograph_origin, cast_node, condition_chain,
+from .conditionals import (MERGE_OP, SPLIT_OP, DefinedOp, array_of, autograph_origin, cast_node, condition_chain,
                            conditional_pipeline, defined_ops, definition_error,
                            do_not_convert, float64_constant,
                            fn_function,
@@ -87,7 +87,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "argument_dtype",
     "argument_names", "argument_token", "array_of", "autograph_origin", "Batch", "batch_of",
     "cast_node",
-    "broadcast_state", "call_site_frame", "capture_running",
+    "broadcast_state", "call_site_frame", "capture_running", "concatenated", "MERGE_OP", "SPLIT_OP",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
     "crashes_on_empty_samples", "DefinedOp", "defined_ops", "definition_error",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",

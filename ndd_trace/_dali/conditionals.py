@@ -67,6 +67,10 @@ def float64_constant(value: float) -> Any:
 
 
 _PASS_THROUGH = ("_conditional__Split", "_conditional__ValidateLogical")
+# DALI's conditional split and merge ops, as (fn path, schema): a coalesced run splits a batch
+# into its calls' slices by sample index and merges them back (codegen/coalesce.py)
+SPLIT_OP = ("_conditional.split", "_conditional__Split")
+MERGE_OP = ("_conditional.merge", "_conditional__Merge")
 
 
 def node_key(node: DataNode) -> str:

@@ -86,6 +86,16 @@ def broadcast_state(words: np.ndarray, batch_size: int) -> Any:
     return backend.TensorListCPU.broadcast(backend.TensorCPU(words), batch_size)
 
 
+def concatenated(storages: list) -> Any:
+    """One TensorList (a copy) of the samples of `storages`, TensorLists of one device, in
+    order: K calls' data fed to one coalesced run (ahead/coalescing.py)."""
+    first = storages[0]
+    samples = [storage[i] for storage in storages for i in range(len(storage))]
+    kind = backend.TensorListGPU if isinstance(first, backend.TensorListGPU) \
+        else backend.TensorListCPU
+    return kind(samples, first.layout())
+
+
 def op_function_of(op_class: type) -> Callable:
     """The public ndd function (ndd.resize, ...) of an operator class."""
     global _function_by_class

@@ -19,6 +19,7 @@ from .. import _dali
 from ..core.ir import Node, NodeKind
 from ..execution.results import PendingRun
 from ..execution.runtime import Executable
+from .coalescing import Coalescer, coalesced_twin
 from .runahead import KEEP_BATCHES, StateForecast, fed_as_eager, gave_up, runs_ahead
 from .streams import ReaderStream
 
@@ -250,6 +251,10 @@ class Speculator:
             pattern.launched.clear()
         if not pattern.confirmed or gave_up(pattern.hits, pattern.misses):
             return
+        twin = coalesced_twin(executable, batch_size)
+        if twin is not None and self._launch_coalesced(twin, executable, observation, pattern,
+                                                       batch_size):
+            return
         ahead = runs_ahead(executable.options.prefetch_queue_depth)
         for count in range(observation.count + 1, observation.count + 1 + ahead):
             if count in pattern.launched:
@@ -259,8 +264,44 @@ class Speculator:
                 break
             pattern.launched[count] = launch
 
+    def _launch_coalesced(self, twin: Coalescer, executable: Executable,
+                          observation: Observation, pattern: _Pattern, batch_size: int) -> bool:
+        """Keep two groups of `twin.k` calls launched ahead, each as one coalesced run; False
+        where none could be (the calls are then launched one by one)."""
+        window = observation.count + 1 + 2 * twin.k
+        count = observation.count + 1
+        launched_any = False
+        while count + twin.k <= window:
+            if count in pattern.launched:
+                count += 1
+                launched_any = True
+                continue
+            calls = [self._call_data(executable, observation, pattern.strides, c, batch_size)
+                     for c in range(count, count + twin.k)]
+            if any(call is None for call in calls):
+                break
+            runs = twin.launch([data for data, _ in calls], batch_size)
+            if runs is None:
+                break
+            for offset, (run, (_, fed)) in enumerate(zip(runs, calls)):
+                pattern.launched[count + offset] = _Launch(count + offset, run, fed)
+            count += twin.k
+            launched_any = True
+        return launched_any
+
     def _launch(self, executable: Executable, observation: Observation, strides: list[int],
                 count: int, batch_size: int) -> _Launch | None:
+        call = self._call_data(executable, observation, strides, count, batch_size)
+        if call is None:
+            return None
+        data, fed = call
+        run = executable.launch(data, batch_size)
+        return _Launch(count, run, fed) if run is not None else None
+
+    def _call_data(self, executable: Executable, observation: Observation, strides: list[int],
+                   count: int, batch_size: int) -> tuple[list, list] | None:
+        """What the call at `count` would feed (and the values it stands for), predicted from
+        the batches read ahead and the generators' strides; None where it cannot be yet."""
         steps = count - observation.count
         data: list[Any] = []
         fed: list[Any] = []
@@ -286,5 +327,4 @@ class Speculator:
                 value = leaf.value
                 data.append(executable.feed.leaf_data(leaf.node, batch_size))
             fed.append(value)
-        run = executable.launch(data, batch_size)
-        return _Launch(count, run, fed) if run is not None else None
+        return data, fed

@@ -95,6 +95,9 @@ class PipelineError(NddTraceError):
         self.loc = loc
         self.op_name = op_name
         self.at_call = False  # DALI rejects the call itself: eager raises it at the call
+        # the user's frames the call was made from (source.call_stack), shown outside the op's
+        # line once the error surfaces at a result's first use (failures.surfacing)
+        self.call_stack: tuple = ()
         super().__init__(message)
 
 

@@ -17,7 +17,8 @@ from .. import _dali
 from ..codegen.lower import Lowered
 from ..core.errors import PipelineError, pipeline_error_type
 from ..core.ir import Graph, Node, NodeKind
-from ..core.source import SourceLoc, hide_own_frames, raise_at
+from ..core.source import (SourceLoc, hide_own_frames, raise_at, under_call_stack,
+                           without_call_stack)
 from .feed import Feed
 from .interpret import interpret
 
@@ -32,6 +33,9 @@ def surfacing(error: BaseException, deferred: bool = False) -> BaseException:
     (its traceback at the user's line), with its notes; other errors are raised as they are."""
     if not isinstance(error, PipelineError):
         return error
+    if error.call_stack:  # (once: the frames its call was made from, outside the op's line)
+        under_call_stack(error, error.call_stack)
+        error.call_stack = ()
     wrapper = type(error)(_dali.deferred_error_text(deferred), error.loc, error.op_name)
     wrapper.__cause__ = error
     for note in getattr(error, "__notes__", ()):
@@ -39,8 +43,8 @@ def surfacing(error: BaseException, deferred: bool = False) -> BaseException:
     return wrapper
 
 
-def op_error(eager: BaseException, node: Node | None, name: str | None, note: str
-             ) -> PipelineError:
+def op_error(eager: BaseException, node: Node | None, name: str | None, note: str,
+             stack: tuple = ()) -> PipelineError:
     """`eager` (the error eager ndd raises for the call of `node`, which failed) as the
     PipelineError of its type and text, its traceback at the user's line that made the call;
     `note`: what ndd_trace adds (the op, the line, where it ran). `at_call`: DALI rejects the
@@ -57,6 +61,7 @@ def op_error(eager: BaseException, node: Node | None, name: str | None, note: st
         raise_at(wrapped, loc)
     except PipelineError as raised:  # (it is `wrapped`, with its traceback at `loc`)
         wrapped = raised
+    wrapped.call_stack = stack  # (shown where it surfaces later: `surfacing`)
     wrapped.__context__ = None  # the failed run is not a context of eager's error
     hide_own_frames(wrapped)
     return wrapped
@@ -228,21 +233,29 @@ class Failures:
 
     def pipeline_error(self, error: BaseException, stage: str,
                         eager: BaseException | None = None,
-                        calls: list[Node] | None = None) -> PipelineError:
+                        calls: list[Node] | None = None, stack: tuple = ()) -> PipelineError:
         """The operator's error as eager ndd raises it at the call: eager's type and text (from
         the eager re-run `eager`, else the operator's message in DALI's report, a RuntimeError),
         its traceback at the user's line that made the call (of `calls`, where the run stands
         for other calls than the graph's own); what ndd_trace adds (the op, the line, the
-        pipeline) is a note. DALI's own report stays on it as `dali_error`."""
+        pipeline) is a note. DALI's own report stays on it as `dali_error`. `stack`: the user's
+        frames of the call the run stands for, outside the op's line (a recorded call's own,
+        in transparent mode)."""
         node = self.call_of(self.node_for_error(error), calls)
+        stack = stack or (getattr(node.state, "stack", ()) if node is not None else ())
         failure = _dali.pipeline_failure(error)
         name = f"ndd.{node.name}" if node is not None else failure.ndd_name
         wrapped = op_error(eager if eager is not None else RuntimeError(failure.message), node,
-                           name, f"while {stage} pipeline {self.lowered.filename}")
+                           name, f"while {stage} pipeline {self.lowered.filename}", stack)
         # the pipeline's report, not a context; its traceback (DALI's fetch, this package's
         # callers) dropped: their frames would hold it, a cycle (see interpret_at_once's note)
         wrapped.dali_error = error.with_traceback(None)
         return wrapped
+
+    def run_error(self, error: BaseException, eager: BaseException | None,
+                  run: Any) -> PipelineError:
+        """pipeline_error of a failed run (a results.PendingRun): its calls' and its stack's."""
+        return self.pipeline_error(error, "running", eager, run.calls, run.call_stack)
 
     def eager_error_of(self, bound: dict, states: dict, batch_size: int) -> BaseException | None:
         """What eager ndd raises for a call with these arguments and random states (a failed
@@ -351,4 +364,5 @@ class Failures:
         for slot, state in self._feed.draws:  # eager called the ops before `first`, and drew
             if state.index < first.index:
                 _dali.draw_state(self._feed.rng_for(slot, bound))
-        raise run.error if failed is first else surfacing(run.error, run.deferred)
+        raise without_call_stack(run.error) if failed is first else \
+            surfacing(run.error, run.deferred)

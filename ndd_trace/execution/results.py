@@ -44,6 +44,9 @@ class PendingRun:
         # region's calls this time): its errors name their lines; None: the graph's own
         self.calls: list[Node] | None = None
         self.fetched: tuple | None = None  # (seconds waited, when, thread) once fetched
+        # the user's frames of the call it stands for (source.call_stack): a deferred error's
+        # traceback shows them, as eager's shows the op call's stack
+        self.call_stack: tuple = ()
         self.used = False  # its outputs were asked for (the tuner counts consumer steps)
 
     @property

@@ -104,6 +104,8 @@ class Executable(SettingsSwap):
         self.failed_pipelines = 0  # pipelines whose run failed (set aside: see _park)
         self.backoff = RebuildBackoff()  # calls run eagerly after failed runs
         self.tuner: Any = None  # tuning.Tuner, under optimize (tuning.attach)
+        self.on_first_build: Callable[[float], None] | None = None  # (units/cache.py: once)
+        self.companions: list[Any] = []  # released and closed with it (ahead/coalescing.py)
         self._prepared = None  # other settings, being built (building.SettingsSwap.prepare)
 
     @property
@@ -132,6 +134,9 @@ class Executable(SettingsSwap):
         if self.tuner is not None:
             self.tuner.built(batch_size, None)
         self.backoff.build_s = time.perf_counter() - started
+        if self.on_first_build is not None:
+            self.on_first_build(self.backoff.build_s)
+            self.on_first_build = None
         built = self.backoff.build_s * 1000
         logs.builds.info("built %s for batch size %d in %.1f ms", self.lowered.filename,
                          batch_size, built, extra={"ndd_trace_ms": {"build": built}})
@@ -294,7 +299,7 @@ class Executable(SettingsSwap):
             self._park(error)  # a failed pipeline is rebuilt, after a few eager calls
             self.backoff.failed()
             eager = oldest.replay() if oldest.replay is not None else None
-            oldest.error = self.failures.pipeline_error(error, "running", eager, oldest.calls)
+            oldest.error = self.failures.run_error(error, eager, oldest)
             oldest.failed = self.failures.node_for_error(error)
             oldest.dali_error = error
             oldest.as_is = _dali.pipeline_failure(error).from_reader
@@ -318,7 +323,7 @@ class Executable(SettingsSwap):
         except Exception as error:  # noqa: BLE001 (the run's error, raised where it is used)
             self._park(error)
             self.backoff.failed()
-            run.error = self.failures.pipeline_error(error, "running")
+            run.error = self.failures.run_error(error, None, run)
             return
         self._pending.append(run)
         while run.outputs is None and run.error is None and self._pending:
@@ -361,9 +366,13 @@ class Executable(SettingsSwap):
             had = self.pipeline is not None
             self.pipeline = None
             self.feed.forget_fed()  # what DALI read in place: nothing reads it any more
-            return had
+        for companion in self.companions:
+            companion.release()
+        return had
 
     def close(self) -> None:
+        for companion in self.companions:
+            companion.close()
         with self._lock:
             self._prepared = None  # (its thread's build is discarded)
             self._pending.clear()

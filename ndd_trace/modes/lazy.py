@@ -35,7 +35,8 @@ from ..core import logs
 from ..core.errors import PipelineError, GraphBreakSignal
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
-from ..core.source import SourceLoc, site_of, user_frame, user_location
+from ..core.source import (SourceLoc, call_stack, site_of, user_frame, user_location,
+                           without_call_stack)
 from ..execution import waits
 from ..execution.failures import unknown_inputs, validated_at_call
 from ..execution.runtime import Options
@@ -55,12 +56,13 @@ class Pending:
     """A recorded call's state in transparent mode (its node's `state`): its outputs once its
     region ran, and the lazy values it handed out that have not got them yet."""
 
-    __slots__ = ("results", "proxies", "deferred")
+    __slots__ = ("results", "proxies", "deferred", "stack")
 
     def __init__(self) -> None:
         self.results: list | None = None
         self.proxies: list = []  # weak references to the LazyValues of its outputs
         self.deferred = False  # made in EvalMode.deferred: the mode eager's error text names
+        self.stack: tuple = ()  # the frames its call was made from (source.call_stack)
 
 
 class _UnlistedGraph(Graph):
@@ -278,6 +280,8 @@ class LazyTracer(Tracer):
             self.speculator.note_draw(words, rng, position)
         if _dali.eval_mode_is_deferred():  # (its region may run in another mode: DALI's own)
             node.state.deferred = self.regions.calls_deferred = True
+        if frame is not None:  # (a deferred error's traceback shows them, as eager's)
+            node.state.stack = call_stack(frame.f_back)
         with bookkeeping.lock:
             bookkeeping.ops_recorded += 1
             bookkeeping.ops_replayed += replayed
@@ -294,8 +298,8 @@ class LazyTracer(Tracer):
             return
         except PipelineError as error:  # raised as at a result's first use
             own = error.__cause__
-            at_call = own if isinstance(own, PipelineError) and own.loc == node.loc and \
-                own.op_name == f"ndd.{node.name}" else error
+            at_call = without_call_stack(own) if isinstance(own, PipelineError) and \
+                own.loc == node.loc and own.op_name == f"ndd.{node.name}" else error
         try:  # (outside the handler: no internal context)
             raise at_call
         finally:  # (its traceback holds this frame: no cycle through it)

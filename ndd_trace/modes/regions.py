@@ -116,8 +116,6 @@ class RegionRunner:
                 run.deferred = self._made_deferred(region_ops)
                 if region.executable.builds != builds:
                     region.build_s += time.perf_counter() - started
-                    if not builds:  # (its first build: what making a region there costs)
-                        REGIONS.sightings.made(region.build_s, region.site)
                 waited = time.perf_counter()
                 scheduled = region.executable.run_s - run_s
                 times["feed"] += waited - fed - scheduled

@@ -75,12 +75,16 @@ class Sightings:
         before = self._cost.get(site)
         self._cost[site] = cost_s if before is None else 0.5 * (before + cost_s)
 
+    def cost(self, site: object = None) -> float | None:
+        """Seconds making a unit at `site` costs (a moving average; None: none made yet)."""
+        return self._cost.get(site)
+
     def would_run_eagerly(self, key: tuple, site: object = None) -> bool:
         """Whether a call of `key` (whose unit is not made) would run eagerly now."""
         spent = self.spent.get(key)
         if spent is None:
             return True
-        cost = self._cost.get(site)
+        cost = self.cost(site)
         return cost is not None and spent < cost
 
     def runs_eagerly(self, key: tuple, site: object = None) -> bool:
@@ -258,10 +262,6 @@ class UnitCache:
             if len(self.units) >= self.limit:
                 return None, Found.PAST_LIMIT  # (the caller records the verdict)
             if self._past_free_units():
-                for made in self.units.values():  # (what making its units cost, once built)
-                    if not made.cost_noted and made.cost_s is not None:
-                        self.sightings.made(made.cost_s)
-                        made.cost_noted = True
                 if self.sightings.runs_eagerly(key):
                     return None, Found.NOT_MADE_YET  # (the caller runs it eagerly)
             if keep is None:
@@ -271,6 +271,7 @@ class UnitCache:
             if unit is None:
                 return None, Found.TRACE_FAILED  # (the caller records the verdict)
             unit.make_s = time.perf_counter() - started
+            self._note_cost(unit)
             if keep is not None:
                 if not keep(unit):
                     return unit, Found.NOT_KEPT
@@ -281,6 +282,18 @@ class UnitCache:
                 self.units[unit.key] = unit
                 self.last_key = unit.key
             return unit, Found.NEW
+
+    def _note_cost(self, unit: Unit) -> None:
+        """Hand what making `unit` cost, its first build included, to Sightings once known:
+        now where it was built while made, else at its first build (by value: no cycle)."""
+        executable = unit.executable
+        if executable is None:
+            return
+        if executable.builds:
+            self.sightings.made(unit.make_s, unit.site)
+            return
+        made, make_s, site = self.sightings.made, unit.make_s, unit.site
+        executable.on_first_build = lambda build_s: made(make_s + build_s, site)
 
     def _past_free_units(self) -> bool:
         """Whether a new key's unit waits until making it is worth it (Sightings)."""

@@ -37,14 +37,12 @@ class Unit:
     optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied, in order
     releases: int = 0  # times its pipeline was freed as the least recently run (rebuilt on use)
     make_s: float = 0.0  # seconds its making took (a trace, lowering), before its builds
-    cost_noted: bool = False  # its cost_s was handed to its cache's Sightings
 
     @property
-    def cost_s(self) -> float | None:
-        """Seconds making it took, its first build included (None: not built yet)."""
-        if self.executable is None or not self.executable.builds:
-            return None
-        return self.make_s + self.executable.backoff.build_s
+    def site(self) -> str | None:
+        """Where its cache's Sightings count its calls: None (a compiled function's units),
+        a file:line (a region's)."""
+        return None
 
     @property
     def eager(self) -> bool:
