@@ -53,6 +53,7 @@ OWNERS = {
     "ConditionStack": "nvidia.dali._conditionals:_ConditionStack",
     "op class": "nvidia.dali.experimental.dynamic:resize._op_class",
     "TensorListCPU": "nvidia.dali.backend:TensorListCPU",
+    "TensorListGPU": "nvidia.dali.backend:TensorListGPU",
 }
 
 # (owner, private name): why ndd_trace needs it. `owner.name` must exist in the installed DALI
@@ -151,6 +152,8 @@ SURFACE = {
     ("Batch", "_layout"): "the fields of a Batch made without its constructor",
     ("Batch", "_ndim"): "the fields of a Batch made without its constructor",
     ("TensorListCPU", "_make_copy"): "a DALI-owned copy of user data (kept alive by DALI)",
+    ("TensorListGPU", "_set_stream"): "a coalesced call's view of its run's output keeps the "
+                                      "stream that output is ordered on",
     # pipelines
     ("Pipeline", "_transfer_operator"): "a reader's operator moved into its stream's pipeline",
     ("Pipeline", "_pipe"): "feeding and running without the per-call checks (hot path)",

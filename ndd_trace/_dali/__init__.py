@@ -13,7 +13,7 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 `_unsupported_args` and `_next_pow2`; `_ops._to_tensor`; `random._draw_state`; `Batch._storage`;
 `Batch._invocation_result` and `Tensor._invocation_result` (what a lazy value stands for: a
 compiled call's output, or the recorded call of a transparent-mode value);
-`TensorList._make_copy`; `_source_analysis.constant_kwargs` and
+`TensorList._make_copy`; `TensorListGPU._set_stream`; `_source_analysis.constant_kwargs` and
 `_call_site.resolve_callsite_frame` (eager's call-site analysis), `_source_analysis`'s
 `_get_module_info`, `_file_cache` and `ModuleInfo` (the warm start); `EvalContext._instance_cache`
 and the key format of `Operator._get`; `Operator._supported_backends`; `ops._OperatorInstance`
@@ -54,7 +54,7 @@ from .interception import (interceptor, capture_running, eager_inside_trace, eag
 from .data import (broadcast_state, concatenated, eager_reads_as_is, host_array, init_proxy,
                    invocation_result_of, lazy_batch, op_function_of, owned_storage,
                    pending_run_of, proxy_device,
-                   same_data, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
+                   same_data, sample_range, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
                    wrap_batch, wrap_tensor, wraps_user_data)
 from .random import (ReplayRNG, default_rng, draw_state, existing_default_rng, forget_default_rng,
                      resolve_rng, rng_advance, rng_clone, rng_position, rng_restore, rng_snapshot)
@@ -108,6 +108,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "op_functions", "op_path", "owned_storage", "park_failed_pipeline", "pending_run_of",
     "pipeline_failure",
     "pipeline_options", "pipeline_outputs", "plumbing", "process_params_replaced", "proxy_device",
+    "sample_range",
     "python_numbers",
     "read_files_again", "Reader", "reader_checkpointing",
     "reader_epoch_captures", "reader_epoch_request", "reader_files", "ReaderFiles",

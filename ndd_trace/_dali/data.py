@@ -87,13 +87,29 @@ def broadcast_state(words: np.ndarray, batch_size: int) -> Any:
 
 
 def concatenated(storages: list) -> Any:
-    """One TensorList (a copy) of the samples of `storages`, TensorLists of one device, in
-    order: K calls' data fed to one coalesced run (ahead/coalescing.py)."""
+    """One TensorList of the samples of `storages`, TensorLists of one device, in order: K
+    calls' data fed to one coalesced run (ahead/coalescing.py). Dense CPU lists of one sample
+    shape (random states) are joined in one copy; others become views of their samples, which
+    the run's external source copies as it copies user data."""
     first = storages[0]
+    if isinstance(first, backend.TensorListCPU) and all(s.is_dense_tensor() for s in storages):
+        arrays = [np.asarray(storage.as_tensor()) for storage in storages]
+        if all(array.shape[1:] == arrays[0].shape[1:] for array in arrays):
+            return backend.TensorListCPU(np.concatenate(arrays), first.layout())
     samples = [storage[i] for storage in storages for i in range(len(storage))]
     kind = backend.TensorListGPU if isinstance(first, backend.TensorListGPU) \
         else backend.TensorListCPU
-    return kind(samples, first.layout())
+    return kind(samples, first.layout(), False)
+
+
+def sample_range(storage: Any, start: int, stop: int) -> Any:
+    """Samples start .. stop - 1 of a TensorList as one without a copy: views of its samples,
+    dense where `storage` is (a coalesced run's outputs handed to each call: ahead/coalescing.py);
+    a GPU list keeps the stream its data is ordered on."""
+    part = type(storage)([storage[i] for i in range(start, stop)], storage.layout(), False)
+    if isinstance(storage, backend.TensorListGPU) and storage.stream is not None:
+        part._set_stream(storage.stream)
+    return part
 
 
 def op_function_of(op_class: type) -> Callable:

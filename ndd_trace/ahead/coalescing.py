@@ -5,7 +5,7 @@ opt in with NDD_TRACE_COALESCE=K (docs/tracing.md#coalescing).
     runs = twin.launch(per_call_data, batch_size)        # K SliceRuns, call 0's first, or None
 
 The twin runs `codegen/coalesce.py`'s graph: the K calls' values bit for bit. Each call's
-SliceRun hands out its slice of the twin run's outputs. Where the twin run fails, each of its
+SliceRun hands out its N samples of each of the twin run's outputs, as views (no copy). Where the twin run fails, each of its
 calls runs on its own from the data it was fed (its error, if any, is then its own, at its own
 step, as eagerly), and the twin is not launched again.
 """
@@ -25,7 +25,7 @@ from .runahead import CALLS_PER_RUN
 
 
 class SliceRun(PendingRun):
-    """Call `call` of a coalesced run: its outputs are that call's slice of the run's."""
+    """Call `call` of a coalesced run: its outputs are views of that call's samples of the run's."""
 
     def __init__(self, executable: Executable, batch_size: int, whole: PendingRun, call: int,
                  twin: Coalescer, data: list):
@@ -46,8 +46,9 @@ class SliceRun(PendingRun):
                                         "and that graph's calls one by one from now on")
                 self._run_alone()
             else:
-                start = self.call * self.twin.per_call
-                self.outputs = tuple(outputs[start:start + self.twin.per_call])
+                start = self.call * self.batch_size
+                self.outputs = tuple(_dali.sample_range(output, start, start + self.batch_size)
+                                     for output in outputs)
             self.whole = self.twin = None
         return super().result()
 
@@ -67,7 +68,7 @@ class Coalescer:
         coalesced = coalesce(executable.graph, k, n)
         program = compile_graph(coalesced.graph, executable.options)
         self._original = weakref.ref(executable)  # (the original holds its twin)
-        self.k, self.n, self.per_call = k, n, coalesced.outputs_per_call
+        self.k, self.n = k, n
         self.executable = program.executable
         position = {id(node): i for i, node in enumerate(executable.lowered.external_sources)}
         # per twin external source: the original's position (its K calls' data, concatenated),

@@ -62,11 +62,11 @@ from typing import Any
 from .. import _dali
 
 # calls launched ahead as one coalesced run (NDD_TRACE_COALESCE=K, opt in; 0 or 1: off):
-# coalescing.py; two groups are kept launched, so readers read 2K batches ahead
+# coalescing.py; two groups are kept launched past the one in use, so readers read 3K ahead
 CALLS_PER_RUN = max(int(os.environ.get("NDD_TRACE_COALESCE", "0") or 0), 0)
-READ_AHEAD = max(4, 2 * CALLS_PER_RUN + 1)  # reader batches kept scheduled ahead of the script
+READ_AHEAD = max(4, 3 * CALLS_PER_RUN + 1)  # reader batches kept scheduled ahead of the script
 RUN_AHEAD = 2  # region or call runs kept launched ahead (the region pipelines' queue depth)
-KEEP_BATCHES = READ_AHEAD + max(RUN_AHEAD, 2 * CALLS_PER_RUN) + 2  # batches per reader kept known
+KEEP_BATCHES = READ_AHEAD + max(RUN_AHEAD, 3 * CALLS_PER_RUN) + 2  # batches per reader kept known
 
 
 def runs_ahead(prefetch_queue_depth: int) -> int:

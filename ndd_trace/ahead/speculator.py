@@ -266,9 +266,11 @@ class Speculator:
 
     def _launch_coalesced(self, twin: Coalescer, executable: Executable,
                           observation: Observation, pattern: _Pattern, batch_size: int) -> bool:
-        """Keep two groups of `twin.k` calls launched ahead, each as one coalesced run; False
-        where none could be (the calls are then launched one by one)."""
-        window = observation.count + 1 + 2 * twin.k
+        """Keep two groups of `twin.k` calls launched ahead of the group being consumed, each
+        as one coalesced run (a group's run takes longer than its calls take to consume: one
+        group ahead would leave the pipeline waiting); False where none could be (the calls
+        are then launched one by one)."""
+        window = observation.count + 3 * twin.k
         count = observation.count + 1
         launched_any = False
         while count + twin.k <= window:

@@ -1,8 +1,8 @@
 """Coalescing: K consecutive calls of one graph, each of batch N, as one graph of batch K x N
-whose K x (its outputs) outputs are, bit for bit, what the K calls give (issue 34).
+whose outputs hold, bit for bit, what the K calls give, in order (issue 34).
 
     coalesced = coalesce(graph, k=4, n=8)       # or CannotCoalesce(reason)
-    coalesced.graph                              # batch 32; outputs: call 0's, then call 1's ...
+    coalesced.graph                              # batch 32; call s's outputs: samples 8s .. 8s + 7
     coalesced.index_input, coalesced.state_inputs
 
 Ops whose every sample's result depends on that sample alone run once over all K x N samples.
@@ -12,7 +12,8 @@ values. Each random op runs once per call instead, on that call's slice of its i
 its state: DALI's conditional split by each sample's index in the run, in a balanced tree
 (`index < mid * N` halves calls lo .. hi - 1: each sample passes log2(K) splits and merges),
 then merged back in order. An inputless random op takes its slice's batch size from its split
-state. `benchmarks/probe_coalesce.py` checks the same construction against eager ndd.
+state. The outputs are not split: a call's outputs are views of its N samples of the whole
+(`_dali.sample_range`), dense where the whole is, so no copy is made to hand them out. `benchmarks/probe_coalesce.py` checks the same construction against eager ndd.
 
 A graph with an op not known to be per-sample (one that reads the whole batch: batch
 statistics, padding to the batch's largest sample, permutations) is not coalesced, and the
@@ -66,7 +67,6 @@ class Coalesced:
     graph: Graph
     k: int
     n: int
-    outputs_per_call: int
     state_inputs: list[Node]  # fed K x N copies of each call's state (see module docstring)
     index_input: Node | None  # fed 0 .. K x N - 1 (None: no random op, nothing sliced)
     sliced_ops: int  # random ops run once per call
@@ -120,12 +120,10 @@ class _Builder:
                 leaf = self._leaf(node)
                 self.origin[id(leaf)] = node
                 self.refs[id(node)] = [Ref(leaf, 0)]
-        outputs = [self._mapped(ref) for ref in self.source.outputs]
-        per_call = [self._slices(ref) for ref in outputs]
-        self.graph.outputs = [parts[call] for call in range(self.k) for parts in per_call]
+        self.graph.outputs = [self._mapped(ref) for ref in self.source.outputs]
         self.graph.verify()
-        return Coalesced(self.graph, self.k, self.n, len(outputs), self.states, self.index,
-                         self.sliced, self.origin)
+        return Coalesced(self.graph, self.k, self.n, self.states, self.index, self.sliced,
+                         self.origin)
 
     def _mapped(self, ref: Ref) -> Ref:
         return self.refs[id(ref.node)][ref.index]
