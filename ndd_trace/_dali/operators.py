@@ -418,7 +418,7 @@ def _infer_metadata(op_class: type, backend_name: str, static: dict[str, Any],
             # without running the op (a random op given its shape as data)
             dtype = desc[3]
             metas.append(TensorMeta(node.device, dtype.name if dtype is not None else None,
-                                    desc[2], layout))
+                                    desc[2], layout, desc[4] is not None))
         else:
             metas.append(TensorMeta(node.device))
     if op_class._schema_name == "PerFrame" and descs[0] and descs[0][4] is None and input_metas:

@@ -39,6 +39,9 @@ class TensorMeta(NamedTuple):
     dtype: str | None = None
     ndim: int | None = None
     layout: str | None = None
+    # False where DALI's inference gives the ndim but leaves the layout open (`ndd.stack`
+    # without `axis_name`): eager runs the op to answer `.layout`, so a trace cannot answer it
+    layout_known: bool = True
 
 
 @dataclasses.dataclass(eq=False, slots=True)

@@ -102,7 +102,8 @@ def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | Non
     """The failure of `node`'s call in an interpreted run (`eager`: eager's error for it) as a
     pipeline run's: the op's own error at the user's line, as a result's first use raises it
     (`deferred`: whether the call was made in EvalMode.deferred; None: the mode now)."""
-    own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)")
+    own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)",
+                   getattr(node.state, "stack", ()))  # (a recorded call's own, as a run's)
     return surfacing(own, _dali.eval_mode_is_deferred() if deferred is None else deferred)
 
 

@@ -194,8 +194,9 @@ class LazyOutput(LazyResult):
     @property
     def layout(self) -> str | None:
         # ("" where DALI knows the ndim-less output has none)
-        return self._read_or_traced("layout", lambda meta: _UNKNOWN if meta.ndim is None and
-                                    meta.layout is None else meta.layout or None)
+        return self._read_or_traced("layout", lambda meta: _UNKNOWN if not meta.layout_known or
+                                    meta.ndim is None and meta.layout is None
+                                    else meta.layout or None)
 
     @property
     def invocation(self) -> Any:

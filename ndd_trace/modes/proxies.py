@@ -74,10 +74,11 @@ class LazyValue(LazyResult):
 
     @property
     def layout(self) -> str | None:
-        if self.pending and self.meta.ndim is None:
+        if self.pending and (self.meta.ndim is None or not self.meta.layout_known):
             self.tracer.refine_meta(self.ref)
         meta = self.meta
-        if self.pending and (meta.ndim is not None or meta.layout is not None):
+        if self.pending and meta.layout_known and (meta.ndim is not None or
+                                                   meta.layout is not None):
             return meta.layout or None  # ("" where DALI knows the ndim-less output has none)
         return super().layout
 

@@ -9,6 +9,7 @@ from a run the speculator launched ahead, or are interpreted where no pipeline c
 from __future__ import annotations
 
 import dataclasses
+import types
 import time
 from typing import Any
 
@@ -305,7 +306,10 @@ def region_view(region_ops: list[Node], target: Node, clone: bool) -> _RegionVie
                                         "arg_inputs", "state")}
             copies[id(node)] = graph.add_op(
                 node.name, node.schema, **fields, inputs=[ref for *_, ref in inputs],
-                arg_inputs={name: ref for name, (*_, ref) in arg_inputs})
+                arg_inputs={name: ref for name, (*_, ref) in arg_inputs},
+                # the call's own frames only (not its results): an interpreted run's error is
+                # shown under them, as a pipeline run's is (failures.op_error)
+                state=types.SimpleNamespace(stack=node.state.stack))
     outputs = [(node, index) for node in region_ops
                if node is target or any(proxy() is not None for proxy in node.state.proxies)
                for index in range(node.num_outputs)]

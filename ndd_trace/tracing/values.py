@@ -107,7 +107,7 @@ class _TracedMixin:
 
     @property
     def layout(self) -> str | None:
-        if self._meta.ndim is None and self._meta.layout is None:
+        if not self._meta.layout_known or self._meta.ndim is None and self._meta.layout is None:
             raise graph_break("reads `.layout` of a traced value whose layout DALI cannot infer")
         return self._meta.layout or None
 
