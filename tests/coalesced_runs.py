@@ -65,9 +65,9 @@ def _counting_alone(self):
 SliceRun._run_alone = _counting_alone
 
 
-def _counting(self):
+def _counting(self, index=None):
     SERVED.append(self)
-    return _result(self)
+    return _result(self, index)
 
 
 SliceRun.result = _counting

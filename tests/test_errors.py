@@ -1058,6 +1058,55 @@ def test_a_deferred_failures_traceback_shows_the_steps_call_as_eagerly():
     assert compiled == eager and transparent == eager, (eager, compiled, transparent)
 
 
+def _crop_in_a_helper(images, side):
+    return ndd.crop(images, crop=[side, side], out_of_bounds_policy="error")
+
+
+def _step_calling_a_helper(images, side):
+    return _crop_in_a_helper(images, side)  # (this line is in eager's traceback)
+
+
+def _consumed_failure(images, side):
+    crop = ndd.crop(images, crop=[side, side], out_of_bounds_policy="error")
+    flipped = ndd.flip(crop, horizontal=1)
+    as_float = ndd.cast(flipped, dtype=ndd.float32)
+    return ndd.cat(as_float, ndd.cast(images, dtype=ndd.float32), axis=0)
+
+
+def _chain_of_a_deferred_failure(step):
+    """Each exception of a failure's `__cause__` chain, as (type, first line, this file's
+    lines in its traceback), from the result's first use back to the op's own error."""
+    source = ndd.as_batch([np.zeros((20, 20, 3), np.uint8)] * 2, layout="HWC")
+    out = step(ndd.resize(source, size=[20, 20]), 30)
+    try:
+        out.shape
+    except RuntimeError as error:
+        chain, link = [], error
+        while link is not None:
+            lines = [frame.lineno for frame in traceback.extract_tb(link.__traceback__)
+                     if frame.filename == __file__]
+            chain.append((type(link).__name__, str(link).splitlines()[0], lines))
+            link = link.__cause__
+        return chain
+    return None
+
+
+@pytest.mark.parametrize("body", [_step_calling_a_helper, _consumed_failure],
+                         ids=["helper-frames", "each-consuming-op-a-link"])
+def test_a_deferred_failures_chain_is_eagers(body):
+    """Found by this session's probe: a compiled function's deferred failure left out the
+    frames of a helper between the function and the op; and eager re-raises a failure in each
+    op that evaluates the failed result ("An error happened during asynchronous execution" at
+    that op's line, caused by the one before), where ndd_trace's chain had the op's error only."""
+    ways = (("eager", body), ("compiled", ndd_trace.compile(body)), ("transparent", body))
+    chains = []
+    for mode, step in ways:
+        with _quiet_stderr(), ndd_trace.enabled() if mode == "transparent" else contextlib.nullcontext():
+            chains.append(_chain_of_a_deferred_failure(step))
+    eager, compiled, transparent = chains
+    assert eager is not None and compiled == eager and transparent == eager, chains
+
+
 def test_a_deferred_failures_traceback_stays_eagers_after_the_pipeline_failed_before():
     """Found by this session's run of the suite in a new order: once a region's pipeline had
     failed twice its calls ran eagerly (interpreted), and their failure lost the user's frames

@@ -35,7 +35,7 @@ class SliceRun(PendingRun):
         self.call = call
         self.data = data  # what this call alone feeds `executable` (run alone on a failure)
 
-    def result(self) -> tuple:
+    def result(self, index: int | None = None) -> tuple:
         if self.outputs is None and self.error is None:
             try:
                 outputs = self.whole.result()
@@ -50,7 +50,7 @@ class SliceRun(PendingRun):
                 self.outputs = tuple(_dali.sample_range(output, start, start + self.batch_size)
                                      for output in outputs)
             self.whole = self.twin = None
-        return super().result()
+        return super().result(index)
 
     def _run_alone(self) -> None:
         data = self.data

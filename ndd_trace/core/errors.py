@@ -98,6 +98,9 @@ class PipelineError(NddTraceError):
         # the user's frames the call was made from (source.call_stack), shown outside the op's
         # line once the error surfaces at a result's first use (failures.surfacing)
         self.call_stack: tuple = ()
+        # per output index of its run: the ops eager's evaluation passes from the failing op to
+        # that output's, each (its line, its stack), innermost first (failures.consumer_links)
+        self.consumers: dict[int, tuple] = {}
         super().__init__(message)
 
 

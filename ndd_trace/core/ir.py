@@ -64,6 +64,9 @@ class Node:
     meta: list[TensorMeta] = dataclasses.field(default_factory=list)
     is_batch: bool = True
     loc: SourceLoc | None = None
+    # (code, line) of the user's frames between the traced function's and the op call's line,
+    # innermost first (a helper the function called): a deferred failure shows them, as eager
+    frames: tuple = ()
     payload: Any = None  # INPUT: argument path; CONSTANT: the value; RANDOM_STATE: rng slot
     op_class: Any = None  # the ndd operator class, for ops (lets the interpreter run them)
     batch_size: Any = None  # the batch size the op was called with (None: sample mode)

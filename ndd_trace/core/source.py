@@ -142,6 +142,18 @@ def call_stack(frame: types.FrameType | None) -> tuple:
     return tuple(stack)
 
 
+def frames_within(frame: types.FrameType | None) -> tuple:
+    """call_stack of the user frames `frame` (an op call's) was called from, up to the first
+    frame of DALI, makefun or ndd_trace (a traced function's own frame is the outermost):
+    the helpers between a compiled function and its op calls."""
+    stack = []
+    frame = frame.f_back if frame is not None else None
+    while frame is not None and not is_internal_file(frame.f_code.co_filename):
+        stack.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(stack)
+
+
 def callers_stack() -> tuple:
     """call_stack of the user's frames the caller of this function was called from."""
     return call_stack(sys._getframe(1))

@@ -11,6 +11,7 @@ and the errors eager raises at the call itself, not at the first use of a result
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from .. import _dali
@@ -26,21 +27,73 @@ _REJECTED = "_ndd_trace_rejected_call"  # set on an eager re-run's error: DALI r
 _GENERATED_LINE = re.compile(r'File "(<ndd_trace:[^>]*>)", line (\d+)')
 
 
-def surfacing(error: BaseException, deferred: bool = False) -> BaseException:
-    """The exception a run's error is raised as at the first use of a result, as eager ndd's: a
-    new "An error happened during asynchronous execution" (`deferred`: "... deferred
-    evaluation", as for a call in EvalMode.deferred) of the operator error's type, caused by it
-    (its traceback at the user's line), with its notes; other errors are raised as they are."""
+def surfacing(error: BaseException, deferred: bool = False, index: int | None = None
+              ) -> BaseException:
+    """The exception a run's error is raised as at the first use of a result (output `index`
+    of its run; None: the first that reads the failing op), as eager ndd's: a new "An error
+    happened during asynchronous execution" (`deferred`: "... deferred evaluation", as for a
+    call in EvalMode.deferred) of the operator error's type, caused by one such error per op
+    between the failing op and that output's (each at its own line: eager re-raises the error
+    in each invocation that evaluates a failed input), then by the op's own error (its
+    traceback at the user's line), with its notes; other errors are raised as they are."""
     if not isinstance(error, PipelineError):
         return error
     if error.call_stack:  # (once: the frames its call was made from, outside the op's line)
         under_call_stack(error, error.call_stack)
         error.call_stack = ()
-    wrapper = type(error)(_dali.deferred_error_text(deferred), error.loc, error.op_name)
-    wrapper.__cause__ = error
+    text = _dali.deferred_error_text(deferred)
+    links = error.consumers.get(index) if index is not None else None
+    if links is None:
+        links = next(iter(error.consumers.values()), ())
+    cause: BaseException = error
+    for loc, name, stack in links:
+        link = type(error)(text, loc, name)
+        try:
+            raise_at(link, loc)
+        except PipelineError as raised:  # (it is `link`, with its traceback at `loc`)
+            link = raised
+        under_call_stack(link, stack)
+        link.__cause__ = cause
+        hide_own_frames(link)
+        cause = link
+    wrapper = type(error)(text, error.loc, error.op_name)
+    wrapper.__cause__ = cause
     for note in getattr(error, "__notes__", ()):
         wrapper.add_note(note)
     return wrapper
+
+
+def stack_of(call: Node | None, outside: tuple) -> tuple:
+    """The user's frames a call was made from: a recorded call's own (transparent mode), else
+    those between a traced function and the call, then `outside` (the compiled call's)."""
+    if call is None:
+        return outside
+    return getattr(call.state, "stack", ()) or call.frames + outside
+
+
+def consumer_links(graph: Graph, failed: Node, call: Callable[[Node], tuple]) -> dict[int, tuple]:
+    """Per output of `graph` that reads `failed`: the ops eager's evaluation of it passes on the
+    way to `failed` (each evaluates its inputs in order, then its argument inputs), innermost
+    first, each as (its line, `ndd.<name>`, its stack: `call(op)`)."""
+    links: dict[int, tuple] = {}
+    for index, output in enumerate(graph.outputs):
+        path: list[Node] = []
+        seen: set[int] = set()
+
+        def reaches(node: Node) -> bool:
+            if node is failed:
+                return True
+            if node.kind is not NodeKind.OP or id(node) in seen:
+                return False
+            seen.add(id(node))
+            if any(reaches(ref.node) for ref in (*node.inputs, *node.arg_inputs.values())):
+                path.append(node)  # (innermost first: appended as the search unwinds)
+                return True
+            return False
+
+        if reaches(output.node):
+            links[index] = tuple(call(node) for node in path)
+    return links
 
 
 def op_error(eager: BaseException, node: Node | None, name: str | None, note: str,
@@ -97,14 +150,17 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
     return None if error is None else (error.with_traceback(None), node)
 
 
-def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | None = None
-                          ) -> BaseException:
+def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | None = None,
+                          graph: Graph | None = None, read: int | None = None) -> BaseException:
     """The failure of `node`'s call in an interpreted run (`eager`: eager's error for it) as a
     pipeline run's: the op's own error at the user's line, as a result's first use raises it
     (`deferred`: whether the call was made in EvalMode.deferred; None: the mode now)."""
     own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)",
-                   getattr(node.state, "stack", ()))  # (a recorded call's own, as a run's)
-    return surfacing(own, _dali.eval_mode_is_deferred() if deferred is None else deferred)
+                   stack_of(node, ()))  # (a recorded call's own, as a run's)
+    if graph is not None:
+        own.consumers = consumer_links(graph, node, lambda op: (op.loc, f"ndd.{op.name}",
+                                                                stack_of(op, ())))
+    return surfacing(own, _dali.eval_mode_is_deferred() if deferred is None else deferred, read)
 
 
 # Raising without a cycle: an error raised from a local variable is held by its own
@@ -114,14 +170,16 @@ def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | Non
 # delete the local as they raise.
 
 
-def interpret_at_once(graph: Graph, leaves: dict, deferred: bool | None = None) -> dict:
+def interpret_at_once(graph: Graph, leaves: dict, deferred: bool | None = None,
+                      read: int | None = None) -> dict:
     """`interpret(graph, leaves)`, each call run at once (synchronous): a failure raises as
     `interpreted_error` raises it, without running the graph again to find the op (a region
     that runs eagerly after failed runs, where failures are expected)."""
     values, failure, node = _op_by_op(graph, leaves)
     if failure is None:
         return values
-    raised = failure if node is None else _interpreted_op_error(failure, node, deferred)
+    raised = failure if node is None else _interpreted_op_error(failure, node, deferred, graph,
+                                                                read)
     try:  # (no local left referring to it: raising without a cycle)
         raise raised
     finally:
@@ -129,7 +187,7 @@ def interpret_at_once(graph: Graph, leaves: dict, deferred: bool | None = None) 
 
 
 def interpreted_error(graph: Graph, leaves: dict, error: BaseException,
-                      deferred: bool | None = None) -> BaseException:
+                      deferred: bool | None = None, read: int | None = None) -> BaseException:
     """The error an interpreted run of `graph` (`interpret(graph, leaves)`, which raised `error`)
     is raised as: as a pipeline run's (`surfacing` of the failed op's own error, at the user's
     line of its call), so that the call that runs it at once raises the op's own error as
@@ -138,7 +196,7 @@ def interpreted_error(graph: Graph, leaves: dict, error: BaseException,
     replayed = eager_replay(graph, leaves)
     if replayed is None or replayed[1] is None:
         return error
-    return _interpreted_op_error(*replayed, deferred)
+    return _interpreted_op_error(*replayed, deferred, graph, read)
 
 
 def validated_at_call(node: Node) -> bool:
@@ -242,12 +300,17 @@ class Failures:
         pipeline) is a note. DALI's own report stays on it as `dali_error`. `stack`: the user's
         frames of the call the run stands for, outside the op's line (a recorded call's own,
         in transparent mode)."""
-        node = self.call_of(self.node_for_error(error), calls)
-        stack = stack or (getattr(node.state, "stack", ()) if node is not None else ())
+        failed = self.node_for_error(error)
+        node = self.call_of(failed, calls)
         failure = _dali.pipeline_failure(error)
         name = f"ndd.{node.name}" if node is not None else failure.ndd_name
         wrapped = op_error(eager if eager is not None else RuntimeError(failure.message), node,
-                           name, f"while {stage} pipeline {self.lowered.filename}", stack)
+                           name, f"while {stage} pipeline {self.lowered.filename}",
+                           stack_of(node, stack))
+        if failed is not None and stage == "running":
+            wrapped.consumers = consumer_links(self.graph, failed, lambda op: (
+                self.call_of(op, calls).loc, f"ndd.{op.name}", stack_of(self.call_of(op, calls),
+                                                                        stack)))
         # the pipeline's report, not a context; its traceback (DALI's fetch, this package's
         # callers) dropped: their frames would hold it, a cycle (see interpret_at_once's note)
         wrapped.dali_error = error.with_traceback(None)

@@ -54,9 +54,9 @@ class PendingRun:
         """The executable this run was launched on."""
         return self._executable
 
-    def result(self) -> tuple:
+    def result(self, index: int | None = None) -> tuple:
         """The run's outputs; its error (the operator's own, as eager raises it at the call)
-        raised as eager raises it at the first use of a result."""
+        raised as eager raises it at the first use of a result (output `index`; None: any)."""
         if self.outputs is None and self.error is None:
             started = time.perf_counter()
             self._executable.fetch(self)
@@ -67,7 +67,7 @@ class PendingRun:
             if tuner is not None:
                 tuner.consumed()
         if self.error is not None:
-            raise self.error if self.as_is else surfacing(self.error, self.deferred)
+            raise self.error if self.as_is else surfacing(self.error, self.deferred, index)
         return self.outputs  # type: ignore[return-value]
 
     def output(self, index: int) -> Any:
@@ -75,7 +75,7 @@ class PendingRun:
         the failing op is eager's value: eager fails only the results that use a failing call
         (at their first use), and computes the others."""
         try:
-            return self.result()[index]
+            return self.result(index)[index]
         except Exception:
             readable = self._readable()
             if not readable or readable[index] is None:

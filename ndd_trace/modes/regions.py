@@ -44,10 +44,12 @@ class RegionRunner:
         """Run the pending region `ref` depends on; return that output's TensorList."""
         node = ref.node
         if node.state.results is None:
-            self.run(node)
+            self.run(node, ref.index)
         return node.state.results[ref.index]
 
-    def run(self, target: Node) -> None:
+    def run(self, target: Node, read: int = 0) -> None:
+        """Run the pending ops `target` depends on as a region; `read`: the output of `target`
+        asked for (a failure surfaces as eager's evaluation of that output raises it)."""
         started = time.perf_counter()
         region_ops = self.pending_cone(target)
         view = region_view(region_ops, target, clone=False)
@@ -102,10 +104,11 @@ class RegionRunner:
         elif region.executable is None or (region.executable.feed.empty_sample_unsafe and
                                            self._empty_sample_call(region, view.leaves)):
             outputs = self._interpreted(region_view(region_ops, target, clone=True),
-                                        deferred=self._made_deferred(region_ops))
+                                        deferred=self._made_deferred(region_ops),
+                                        read=(target, read))
         elif failed_ahead is None and self._eager_after_failure(region):
             outputs = self._interpreted(region_view(region_ops, target, clone=True), True,
-                                        self._made_deferred(region_ops))
+                                        self._made_deferred(region_ops), (target, read))
         else:
             try:
                 builds = region.executable.builds
@@ -121,7 +124,7 @@ class RegionRunner:
                 scheduled = region.executable.run_s - run_s
                 times["feed"] += waited - fed - scheduled
                 times["run"] += scheduled
-                outputs = list(run.result())
+                outputs = list(run.result(view.outputs.index((target, read))))
                 times["fetch"] += time.perf_counter() - waited
             except Exception:
                 retired = region.executable.retired  # (its failed pipelines cannot be freed)
@@ -134,7 +137,7 @@ class RegionRunner:
                                     region.eager_reason)
                 outputs = None
             if outputs is None:  # (outside the handler: the failed run is no context)
-                return self.run(target)
+                return self.run(target, read)
         logs.transparent.debug("region at %s ran (%s)", region.loc or "?",
                                "run ahead" if ahead is not None else f"run {region.run_count}")
         if observation is not None and region.executable is not None:
@@ -154,20 +157,22 @@ class RegionRunner:
         return self.calls_deferred and any(op.state.deferred for op in region_ops)
 
     @staticmethod
-    def _interpreted(view: _RegionView, at_once: bool = False, deferred: bool = False) -> list:
+    def _interpreted(view: _RegionView, at_once: bool = False, deferred: bool = False,
+                     read: tuple[Node, int] | None = None) -> list:
         """The region's outputs, its calls run eagerly (`at_once`: synchronously, failures
         expected); a failure raised as a pipeline run's (`interpreted_error`: the failed op's
-        own error at its line, as a result's first use reads it)."""
+        own error at its line, as a result's first use reads it: of the output `read`)."""
+        position = view.outputs.index(read) if read in view.outputs else None
         leaves = {id(leaf): _leaf_value(leaf) for leaf in view.leaves}
         if at_once:
-            values = interpret_at_once(view.graph, leaves, deferred)
+            values = interpret_at_once(view.graph, leaves, deferred, position)
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         try:
             values = interpret(view.graph, leaves)
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
             failure = error
-        raised = interpreted_error(view.graph, leaves, failure, deferred)
+        raised = interpreted_error(view.graph, leaves, failure, deferred, position)
         try:  # (no local left referring to it: failures.py, raising without a cycle)
             raise raised
         finally:

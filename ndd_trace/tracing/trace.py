@@ -29,7 +29,7 @@ from ..core import trees
 from ..core.errors import GraphBreakSignal
 from ..core.ir import Graph, Node, Ref, TensorMeta
 from ..core.keys import freeze_arguments
-from ..core.source import SourceLoc, raise_at, user_location
+from ..core.source import SourceLoc, frames_within, raise_at, user_frame, user_location
 from .values import (SymbolicBatchSize, TracedBatch, TracedTensor, graph_break,
                      is_concrete_data, is_traced, traced_meta, traced_ref, tracer_of)
 
@@ -283,7 +283,8 @@ class Tracer:
 
     def handle(self, op_class: type, original: Any, inputs: tuple, kwargs: dict) -> Any:
         """Record one ndd operator call; return proxies shaped like ndd's own result."""
-        loc = user_location()
+        op_frame = user_frame(sys._getframe(1))
+        loc = user_location(op_frame)
         name = _dali.op_path(op_class)
         call_frame = _dali.call_site_frame(sys._getframe(1), kwargs)
         raw_kwargs = dict(kwargs)
@@ -396,7 +397,7 @@ class Tracer:
             batch_size=batch_size, backend=backend, inputs=refs, input_devices=input_devices,
             arg_inputs=arg_inputs, arg_casts=arg_casts, static=static, frozen_static=frozen,
             num_outputs=num_outputs, output_names=output_names, meta=metas, is_batch=is_batch,
-            loc=loc)
+            loc=loc, frames=frames_within(op_frame))
 
     # -- outputs -------------------------------------------------------------------------------
 
