@@ -20,7 +20,7 @@ from .core import keys
 from .core.ledger import Runs, Verdict
 from .ahead.coalescing import twin_reason
 from .ahead.runahead import CALLS_PER_RUN
-from .codegen.coalesce import why_not
+from .codegen.coalesce import runs_per_call, why_not
 from .execution import tuning
 from .units.cache import FREE_UNITS, CacheInfo, Found
 from .units.unit import Entry
@@ -162,7 +162,7 @@ def _coalescing(entry: Entry) -> str:
                                       if entry.executable is not None else None)
     if reason is not None:
         return f"not coalesced: {reason}"
-    random_ops = sum(1 for node in entry.graph.nodes if "_random_state" in node.arg_inputs)
+    random_ops = sum(map(runs_per_call, entry.graph.nodes))
     return (f"{CALLS_PER_RUN} calls fed reader batches launched ahead as one run of "
             f"{CALLS_PER_RUN} x their batch size (NDD_TRACE_COALESCE); {random_ops} random "
             "op(s) run once per call on its slice")

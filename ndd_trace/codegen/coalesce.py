@@ -31,7 +31,8 @@ import numpy as np
 from .. import _dali
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
 
-__all__ = ["CannotCoalesce", "Coalesced", "coalesce", "INDEX_PATH", "state_path"]
+__all__ = ["CannotCoalesce", "Coalesced", "coalesce", "INDEX_PATH", "runs_per_call",
+           "state_path"]
 
 # ops whose each output sample depends on the same sample of their inputs alone (fn paths);
 # where an argument can make one read the whole batch, BATCH_ARGUMENTS says which
@@ -71,6 +72,11 @@ class Coalesced:
     index_input: Node | None  # fed 0 .. K x N - 1 (None: no random op, nothing sliced)
     sliced_ops: int  # random ops run once per call
     origin: dict[int, Node]  # id(a fed leaf of `graph`) -> the source graph's leaf it stands for
+
+
+def runs_per_call(node: Node) -> bool:
+    """Whether a coalesced graph runs `node` once per call, on its slice: a random op."""
+    return node.kind is NodeKind.OP and "_random_state" in node.arg_inputs
 
 
 def why_not(graph: Graph) -> str | None:
@@ -114,8 +120,8 @@ class _Builder:
     def build(self) -> Coalesced:
         for node in self.source.nodes:
             if node.kind is NodeKind.OP:
-                is_random = "_random_state" in node.arg_inputs
-                self.refs[id(node)] = self._sliced(node) if is_random else self._copied(node)
+                self.refs[id(node)] = self._sliced(node) if runs_per_call(node) \
+                    else self._copied(node)
             else:
                 leaf = self._leaf(node)
                 self.origin[id(leaf)] = node
