@@ -32,6 +32,7 @@ from .core.ledger import Ledger, Runs, Verdict
 from .core.source import callers_stack, hide_own_frames, innermost_user_loc, user_location
 from .core.spelling import CallSpelling
 from .execution import tuning_store
+from .execution.failures import RunEagerly
 from .execution.runtime import Options
 from .generator_epochs import GeneratorEpochs
 from .modes import lazy
@@ -355,7 +356,10 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         if run is not None:  # (the user's frames: a deferred error's traceback, as eager's)
             run.call_stack = callers_stack()
         if at_call and run is not None:  # their run-time errors raise here, as eagerly
-            executable.failures.raise_at_call(run, at_call, bound, snapshots)
+            try:
+                executable.failures.raise_at_call(run, at_call, bound, snapshots)
+            except RunEagerly as reason:
+                return self._eager_for_this_call(str(reason), args, kwargs)
         return entry.results(run, bound, batch_size)
 
     def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "",

@@ -832,6 +832,36 @@ def test_an_op_given_user_data_the_function_holds_raises_at_the_call(step):
                              stop_on_error=False, warn=None)
 
 
+def _crop_or_keep(images):
+    """A failure eager raises at the call (user data), handled by the function's own `try`."""
+    try:
+        images = ndd.crop(images, crop=[30, 30], out_of_bounds_policy="error")
+    except RuntimeError:
+        pass  # (too small to crop: kept as it is)
+    mirror = ndd.random.coin_flip(batch_size=images.batch_size)
+    return ndd.flip(images, horizontal=mirror)
+
+
+def _crop_in_a_guarded_helper(images):
+    with contextlib.suppress(RuntimeError):
+        return ndd.cast(_crop_in_a_helper(images, 30), dtype=ndd.float32)
+    return ndd.cast(images, dtype=ndd.float32)
+
+
+@pytest.mark.parametrize("body", [_crop_or_keep, _crop_in_a_guarded_helper],
+                         ids=["try-except", "with-suppress-around-a-helper"])
+def test_a_failure_at_the_call_inside_the_functions_own_try_is_handled_by_it(body):
+    """Found by this session's sweep: an op given user data fails at the call in eager ndd,
+    inside the function, where its `try` handles it; a compiled function raised it at the call
+    to the function instead (and every other call ran eagerly after the failure, so calls
+    alternated between raising and not). Such a call now runs eagerly, values and the random
+    generator's state as eager's, and says so."""
+    images = ndd.as_batch([np.zeros((20, 20, 3), np.uint8)] * 2, layout="HWC")
+    with _quiet_stderr():
+        assert_matches_eager(body, images, modes=("compiled", "transparent"), calls=4,
+                             warn="ignore", raises=False)
+
+
 def _transpose_rejected(images):
     """A call DALI rejects when it builds the operator (`perm` is no permutation)."""
     return ndd.transpose(images, perm=[0, 0, 1])

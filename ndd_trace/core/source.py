@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import itertools
 import keyword
 import linecache
@@ -152,6 +153,33 @@ def frames_within(frame: types.FrameType | None) -> tuple:
         stack.append((frame.f_code, frame.f_lineno))
         frame = frame.f_back
     return tuple(stack)
+
+
+def may_be_caught(filename: str, line: int) -> bool:
+    """Whether the statement at `line` of `filename` is in the body of a `try` with handlers or
+    of a `with` (whose exit may swallow an exception) of that file: an error raised there may
+    be handled by the user's own code (True where the source cannot be read: the safe answer)."""
+    spans = _guarded_spans(filename)
+    return spans is None or any(first <= line <= last for first, last in spans)
+
+
+@functools.lru_cache(maxsize=64)  # (asked on a failure's path only; a file parsed once)
+def _guarded_spans(filename: str) -> tuple[tuple[int, int], ...] | None:
+    """The first and last lines of each `try` body (with handlers) and `with` body of a file;
+    None where its source cannot be read."""
+    text = "".join(linecache.getlines(filename))
+    try:
+        tree = ast.parse(text) if text else None
+    except (SyntaxError, ValueError):
+        tree = None
+    if tree is None:
+        return None
+    return tuple(
+        (node.body[0].lineno, max(statement.end_lineno or statement.lineno
+                                  for statement in node.body))
+        for node in ast.walk(tree)
+        if (isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))) and node.handlers)
+        or isinstance(node, (ast.With, ast.AsyncWith)))
 
 
 def callers_stack() -> tuple:

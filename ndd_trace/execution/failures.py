@@ -18,8 +18,8 @@ from .. import _dali
 from ..codegen.lower import Lowered
 from ..core.errors import PipelineError, pipeline_error_type
 from ..core.ir import Graph, Node, NodeKind
-from ..core.source import (SourceLoc, hide_own_frames, raise_at, under_call_stack,
-                           without_call_stack)
+from ..core.source import (SourceLoc, hide_own_frames, may_be_caught, raise_at,
+                           under_call_stack, without_call_stack)
 from .feed import Feed
 from .interpret import interpret
 
@@ -61,6 +61,21 @@ def surfacing(error: BaseException, deferred: bool = False, index: int | None = 
     for note in getattr(error, "__notes__", ()):
         wrapper.add_note(note)
     return wrapper
+
+
+class RunEagerly(Exception):
+    """A call whose failure eager raises inside the function, under the user's `try`/`with`:
+    it runs eagerly instead (the generators as they were before it), so that code handles it."""
+
+
+def _guarding_line(node: Node) -> str | None:
+    """`file:line` of the op call `node`, or of a frame between the traced function and it,
+    that is inside a `try` or `with` body (None: none is)."""
+    lines = [(code.co_filename, line) for code, line in node.frames]
+    if node.loc is not None:
+        lines.insert(0, (node.loc.filename, node.loc.lineno))
+    return next((f"{filename}:{line}" for filename, line in lines
+                 if may_be_caught(filename, line)), None)
 
 
 def stack_of(call: Node | None, outside: tuple) -> tuple:
@@ -425,6 +440,10 @@ class Failures:
             return
         for rng, snapshot in snapshots:
             _dali.rng_restore(rng, snapshot)
+        guard = _guarding_line(first)
+        if guard is not None:  # eager raises it inside the function, whose code may handle it
+            raise RunEagerly(f"`ndd.{first.name}` (called at {first.loc}) failed at the call, "
+                             f"inside a `try` or `with` at {guard}, which may handle its error")
         for slot, state in self._feed.draws:  # eager called the ops before `first`, and drew
             if state.index < first.index:
                 _dali.draw_state(self._feed.rng_for(slot, bound))
