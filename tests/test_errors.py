@@ -1137,6 +1137,32 @@ def test_a_deferred_failures_chain_is_eagers(body):
     assert eager is not None and compiled == eager and transparent == eager, chains
 
 
+def _lines_of_a_failure_at_the_call(step):
+    """This file's lines in the traceback of a call that fails at the call (user data)."""
+    images = ndd.as_batch([np.zeros((20, 20, 3), np.uint8)] * 2, layout="HWC")
+    try:
+        step(images, 30)
+    except RuntimeError as error:
+        return [(frame.lineno, frame.name) for frame in traceback.extract_tb(error.__traceback__)
+                if frame.filename == __file__]
+    return None
+
+
+def test_a_failure_at_the_call_in_a_helper_shows_the_functions_frame_as_eagerly():
+    """Found by this session's sweep: the first compiled call's error (raised at the call, the
+    op given user data) went from the caller's line straight to the helper's, leaving out the
+    compiled function's line that called the helper."""
+    ways = (("eager", _step_calling_a_helper),
+            ("compiled", ndd_trace.compile(_step_calling_a_helper)),
+            ("transparent", _step_calling_a_helper))
+    for _ in range(3):
+        seen = []
+        for mode, step in ways:
+            with _quiet_stderr(), ndd_trace.enabled() if mode == "transparent" else contextlib.nullcontext():
+                seen.append(_lines_of_a_failure_at_the_call(step))
+        assert seen[0] is not None and seen[1] == seen[0] and seen[2] == seen[0], seen
+
+
 def test_a_deferred_failures_traceback_stays_eagers_after_the_pipeline_failed_before():
     """Found by this session's run of the suite in a new order: once a region's pipeline had
     failed twice its calls ran eagerly (interpreted), and their failure lost the user's frames

@@ -447,5 +447,9 @@ class Failures:
         for slot, state in self._feed.draws:  # eager called the ops before `first`, and drew
             if state.index < first.index:
                 _dali.draw_state(self._feed.rng_for(slot, bound))
-        raise without_call_stack(run.error) if failed is first else \
-            surfacing(run.error, run.deferred)
+        if failed is not first:
+            raise surfacing(run.error, run.deferred)
+        own = without_call_stack(run.error)  # (raised from the call's own frames, as eager's)
+        if first.frames:  # a helper between the function and the op: eager's traceback has it
+            under_call_stack(own, first.frames)
+        raise own
