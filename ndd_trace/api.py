@@ -304,6 +304,9 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         with lazy.enabled(optimize=self.optimize):
             return self._function(*args, **kwargs)
 
+    def _eagerly(self, args: tuple, kwargs: dict) -> Any:
+        return self._function(*args, **kwargs)
+
     def _eager_after_failed_trace(self, key: tuple, args: tuple, kwargs: dict) -> Any:
         note, error = self._stage.take_failure()
         self._ledger.count(Verdict.eager_call(f"tracing raised {type(error).__name__}: {error}",
@@ -327,6 +330,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         at_call = executable.failures.ops_run_at_call(bound)  # ops eager runs at once (user data)
         snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []
         LIVE_PIPELINES.note_run(entry)
+        instead = None  # how the call runs where its pipeline cannot
         try:
             run = ahead_calls.run_call(executable, entry.key, bound, batch_size) \
                 if ahead_calls.watching() else executable.run(bound, batch_size)
@@ -341,8 +345,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                     log=f"not compiled whole from now on: {retired}",
                     warning=f"ndd_trace: `{self.__qualname__}` is no longer compiled whole: "
                             f"{retired}. It {self._notices.fallback_text()}.")
-                return self._fallback(args, kwargs)
-            if executable.builds == 0:
+                instead = self._fallback
+            elif executable.builds == 0:
                 # The pipeline could not be built: this variant runs eagerly from now on.
                 entry.verdict = Verdict.eager_variant(f"pipeline build failed: {error}",
                                                       getattr(error, "loc", None), Runs.EAGER)
@@ -351,8 +355,11 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                     log=f"pipeline build failed, runs eagerly: {error}",
                     warning=f"ndd_trace: `{self.__qualname__}` runs eagerly: the pipeline could "
                             f"not be built ({error}).")
-                return self._function(*args, **kwargs)
-            raise
+                instead = self._eagerly
+            else:
+                raise
+        if instead is not None:  # (outside the handler: the failure is no context of its errors)
+            return instead(args, kwargs)
         if run is not None:  # (the user's frames: a deferred error's traceback, as eager's)
             run.call_stack = callers_stack()
         if at_call and run is not None:  # their run-time errors raise here, as eagerly

@@ -887,6 +887,21 @@ def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
                          modes=("step", "transparent"), warn="ignore")
 
 
+def test_a_call_whose_pipeline_cannot_be_built_raises_eagers_error_with_no_context():
+    """Found by this session's sweep: the first call ran eagerly inside the handler of the
+    failed build, so its error's `__context__` was the build's failure ("During handling of
+    the above exception, another exception occurred"), where eager's has none."""
+    images = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    contexts = []
+    with _quiet_stderr():
+        for step in (_transpose_rejected, ndd_trace.compile(_transpose_rejected)):
+            try:
+                step(images).evaluate()
+            except RuntimeError as error:
+                contexts.append(error.__context__)
+    assert contexts == [None, None], contexts
+
+
 def _user_frames_of(step, data):
     """The traceback of a failing decode, this file's frames only (with their source line and
     carets), as printed."""
