@@ -1136,8 +1136,15 @@ def _chain_of_a_deferred_failure(step):
     return None
 
 
-@pytest.mark.parametrize("body", [_step_calling_a_helper, _consumed_failure],
-                         ids=["helper-frames", "each-consuming-op-a-link"])
+def _deferred_inside(images, side):
+    with ndd.EvalMode.deferred:  # (the function's own mode: its errors name it)
+        crop = ndd.crop(images + 1, crop=[side, side], out_of_bounds_policy="error")
+        return crop * 2
+
+
+@pytest.mark.parametrize("body", [_step_calling_a_helper, _consumed_failure, _deferred_inside],
+                         ids=["helper-frames", "each-consuming-op-a-link",
+                              "the-functions-own-eval-mode"])
 def test_a_deferred_failures_chain_is_eagers(body):
     """Found by this session's probe: a compiled function's deferred failure left out the
     frames of a helper between the function and the op; and eager re-raises a failure in each

@@ -101,6 +101,7 @@ class PipelineError(NddTraceError):
         # per output index of its run: the ops eager's evaluation passes from the failing op to
         # that output's, each (its line, its stack), innermost first (failures.consumer_links)
         self.consumers: dict[int, tuple] = {}
+        self.own_mode: bool | None = None  # the EvalMode the function set for it: Node.deferred
         super().__init__(message)
 
 

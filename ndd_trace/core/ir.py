@@ -67,6 +67,9 @@ class Node:
     # (code, line) of the user's frames between the traced function's and the op call's line,
     # innermost first (a helper the function called): a deferred failure shows them, as eager
     frames: tuple = ()
+    # the EvalMode the traced function itself set for the call (True: deferred, False: not);
+    # None: the caller's, at each call (an error's "... during deferred evaluation" follows it)
+    deferred: bool | None = None
     payload: Any = None  # INPUT: argument path; CONSTANT: the value; RANDOM_STATE: rng slot
     op_class: Any = None  # the ndd operator class, for ops (lets the interpreter run them)
     batch_size: Any = None  # the batch size the op was called with (None: sample mode)

@@ -41,13 +41,13 @@ def surfacing(error: BaseException, deferred: bool = False, index: int | None = 
     if error.call_stack:  # (once: the frames its call was made from, outside the op's line)
         under_call_stack(error, error.call_stack)
         error.call_stack = ()
-    text = _dali.deferred_error_text(deferred)
     links = error.consumers.get(index) if index is not None else None
     if links is None:
         links = next(iter(error.consumers.values()), ())
     cause: BaseException = error
-    for loc, name, stack in links:
-        link = type(error)(text, loc, name)
+    for loc, name, stack, own_mode in links:  # (the mode the function set for that call, if)
+        link = type(error)(_dali.deferred_error_text(deferred if own_mode is None else own_mode),
+                           loc, name)
         try:
             raise_at(link, loc)
         except PipelineError as raised:  # (it is `link`, with its traceback at `loc`)
@@ -56,7 +56,9 @@ def surfacing(error: BaseException, deferred: bool = False, index: int | None = 
         link.__cause__ = cause
         hide_own_frames(link)
         cause = link
-    wrapper = type(error)(text, error.loc, error.op_name)
+    last_mode = links[-1][3] if links else error.own_mode
+    wrapper = type(error)(_dali.deferred_error_text(deferred if last_mode is None else last_mode),
+                          error.loc, error.op_name)
     wrapper.__cause__ = cause
     for note in getattr(error, "__notes__", ()):
         wrapper.add_note(note)
@@ -89,7 +91,8 @@ def stack_of(call: Node | None, outside: tuple) -> tuple:
 def consumer_links(graph: Graph, failed: Node, call: Callable[[Node], tuple]) -> dict[int, tuple]:
     """Per output of `graph` that reads `failed`: the ops eager's evaluation of it passes on the
     way to `failed` (each evaluates its inputs in order, then its argument inputs), innermost
-    first, each as (its line, `ndd.<name>`, its stack: `call(op)`)."""
+    first, each as (its line, `ndd.<name>`, its stack: `call(op)`, the EvalMode the function
+    set for it: `Node.deferred`)."""
     links: dict[int, tuple] = {}
     for index, output in enumerate(graph.outputs):
         path: list[Node] = []
@@ -107,7 +110,7 @@ def consumer_links(graph: Graph, failed: Node, call: Callable[[Node], tuple]) ->
             return False
 
         if reaches(output.node):
-            links[index] = tuple(call(node) for node in path)
+            links[index] = tuple((*call(node), node.deferred) for node in path)
     return links
 
 
@@ -172,6 +175,7 @@ def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | Non
     (`deferred`: whether the call was made in EvalMode.deferred; None: the mode now)."""
     own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)",
                    stack_of(node, ()))  # (a recorded call's own, as a run's)
+    own.own_mode = node.deferred
     if graph is not None:
         own.consumers = consumer_links(graph, node, lambda op: (op.loc, f"ndd.{op.name}",
                                                                 stack_of(op, ())))
@@ -322,6 +326,7 @@ class Failures:
         wrapped = op_error(eager if eager is not None else RuntimeError(failure.message), node,
                            name, f"while {stage} pipeline {self.lowered.filename}",
                            stack_of(node, stack))
+        wrapped.own_mode = failed.deferred if failed is not None else None
         if failed is not None and stage == "running":
             wrapped.consumers = consumer_links(self.graph, failed, lambda op: (
                 self.call_of(op, calls).loc, f"ndd.{op.name}", stack_of(self.call_of(op, calls),

@@ -154,6 +154,7 @@ class Tracer:
         # random ops called in sample mode (one value): in a batch pipeline each sample would
         # get its own draw, so a graph that also has batches cannot use them
         self.sample_random_ops: list[SourceLoc | None] = []
+        self.entered_deferred = _dali.eval_mode_is_deferred()  # the caller's EvalMode
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -397,7 +398,9 @@ class Tracer:
             batch_size=batch_size, backend=backend, inputs=refs, input_devices=input_devices,
             arg_inputs=arg_inputs, arg_casts=arg_casts, static=static, frozen_static=frozen,
             num_outputs=num_outputs, output_names=output_names, meta=metas, is_batch=is_batch,
-            loc=loc, frames=frames_within(op_frame))
+            loc=loc, frames=frames_within(op_frame),
+            deferred=None if _dali.eval_mode_is_deferred() == self.entered_deferred
+            else not self.entered_deferred)
 
     # -- outputs -------------------------------------------------------------------------------
 
