@@ -59,6 +59,9 @@
 # coalesced: the train workload with NDD_TRACE_COALESCE=K for K in COALESCED_KS (default 0 4 8;
 #          0: off) at each batch of COALESCED_BATCHES (default 32), ndd_trace's ways beside the
 #          pipeline
+# readerstep: probe_reader_step.py (a compiled step over a File reader: ms a step split into
+#          source, call and consume, and how its calls ran) at READERSTEP_BATCHES (16 32 64),
+#          each with NDD_TRACE_COALESCE of READERSTEP_KS (0 4)
 # parseahead: probe_parse_ahead.py (the first result after 1.5 s of other set-up: eager, the
 #          compiled step, the pipeline) with each tree of AB_TREES's ndd_trace, ROUNDS rounds
 set -u
@@ -173,6 +176,14 @@ if has coalesced; then  # ndd_trace with NDD_TRACE_COALESCE=K (0: off) beside th
                 --modes "${COALESCED_MODES:-ndd_trace_loop,ndd_trace,transparent,pipeline}" \
                 --json "$OUT/coalesced_b${batch}_k$k.json" 2>&1 | tail -7 \
                 | tee "$OUT/coalesced_b${batch}_k$k.log"
+        done
+    done
+fi
+if has readerstep; then  # probe_reader_step.py: the step's split and its runs ahead, per batch
+    for batch in ${READERSTEP_BATCHES:-16 32 64}; do
+        for k in ${READERSTEP_KS:-0 4}; do
+            NDD_TRACE_COALESCE=$k bounded python3 benchmarks/probe_reader_step.py --device gpu \
+                --batch-size "$batch" --steps 400 2>&1 | tail -1 | tee -a "$OUT/readerstep.log"
         done
     done
 fi
