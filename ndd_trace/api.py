@@ -330,33 +330,13 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
         at_call = executable.failures.ops_run_at_call(bound)  # ops eager runs at once (user data)
         snapshots = executable.failures.rng_snapshots(bound) if at_call and executable.draws else []
         LIVE_PIPELINES.note_run(entry)
-        instead = None  # how the call runs where its pipeline cannot
         try:
             run = ahead_calls.run_call(executable, entry.key, bound, batch_size) \
                 if ahead_calls.watching() else executable.run(bound, batch_size)
+            instead = None
         except Exception as error:
-            retired = executable.retired
-            if retired is not None:
-                # its failed pipelines cannot be freed: it stops making new ones
-                entry.verdict = Verdict.eager_variant(retired, user_location(),
-                                                      self._notices.runs())
-                self._ledger.record(
-                    entry.verdict, once=False, stacklevel=2,
-                    log=f"not compiled whole from now on: {retired}",
-                    warning=f"ndd_trace: `{self.__qualname__}` is no longer compiled whole: "
-                            f"{retired}. It {self._notices.fallback_text()}.")
-                instead = self._fallback
-            elif executable.builds == 0:
-                # The pipeline could not be built: this variant runs eagerly from now on.
-                entry.verdict = Verdict.eager_variant(f"pipeline build failed: {error}",
-                                                      getattr(error, "loc", None), Runs.EAGER)
-                self._ledger.record(
-                    entry.verdict, once=False, stacklevel=2,
-                    log=f"pipeline build failed, runs eagerly: {error}",
-                    warning=f"ndd_trace: `{self.__qualname__}` runs eagerly: the pipeline could "
-                            f"not be built ({error}).")
-                instead = self._eagerly
-            else:
+            instead = _instead_of_a_failed_run(self, entry, error)
+            if instead is None:
                 raise
         if instead is not None:  # (outside the handler: the failure is no context of its errors)
             return instead(args, kwargs)
@@ -379,6 +359,33 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
             warning=f"ndd_trace: `{self.__qualname__}` ran eagerly for this call: {reason}{why}"
             if warn else None)
         return self._function(*args, **kwargs)
+
+
+def _instead_of_a_failed_run(compiled: CompiledFunction, entry: Entry,
+                             error: Exception) -> Callable | None:
+    """How a call whose run raised `error` runs instead, its verdict recorded (the variant's
+    pipelines retired: as a fallback; none could be built: eagerly); None: the error is the
+    call's own. (Called outside the handler: the failure is no context of its errors.)"""
+    executable = entry.executable
+    if executable.retired is not None:  # its failed pipelines cannot be freed: no new ones
+        entry.verdict = Verdict.eager_variant(executable.retired, user_location(),
+                                              compiled._notices.runs())
+        compiled._ledger.record(
+            entry.verdict, once=False, stacklevel=3,
+            log=f"not compiled whole from now on: {executable.retired}",
+            warning=f"ndd_trace: `{compiled.__qualname__}` is no longer compiled whole: "
+                    f"{executable.retired}. It {compiled._notices.fallback_text()}.")
+        return compiled._fallback
+    if executable.builds == 0:  # the pipeline could not be built: this variant runs eagerly
+        entry.verdict = Verdict.eager_variant(f"pipeline build failed: {error}",
+                                              getattr(error, "loc", None), Runs.EAGER)
+        compiled._ledger.record(
+            entry.verdict, once=False, stacklevel=3,
+            log=f"pipeline build failed, runs eagerly: {error}",
+            warning=f"ndd_trace: `{compiled.__qualname__}` runs eagerly: the pipeline could "
+                    f"not be built ({error}).")
+        return compiled._eagerly
+    return None
 
 
 def _reference_to(compiled: CompiledFunction) -> tuple:
