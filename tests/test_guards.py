@@ -239,7 +239,23 @@ BATCH_SIZE_USES = {
     "arithmetic": lambda x: x * (x.batch_size + 1),
     "an op's argument": lambda x: ndd.random.uniform(batch_size=x.batch_size,
                                                      shape=x.batch_size),
+    # found by this session's sweep: numpy made an object array of it, numpy scalars promoted
+    # it as a Python int does not, and isinstance / `case int()` said it was no int
+    "np.array": lambda x: np.array([x.batch_size, 7]),
+    "numpy scalar": lambda x: (np.uint8(255) + x.batch_size, x.batch_size - np.int8(1),
+                               np.int32(1) + x.batch_size),
+    "ufunc": lambda x: np.maximum(x.batch_size, 1),
+    "match": lambda x: _matched(x.batch_size),
 }
+
+
+def _matched(number):
+    match number:
+        case 2:
+            return "two"
+        case int():
+            return "an int"
+    return "no int"
 
 
 @pytest.mark.parametrize("use", BATCH_SIZE_USES)
@@ -257,6 +273,20 @@ def test_batch_size_used_by_python_specializes(use, images):
         data = ndd.as_batch(images[:n], layout="HWC")
         assert_runs_match(run(f, data, seed=1), run(compiled, data, seed=1, warn=None))
     assert compiled.cache_info().traces == 3
+
+
+def test_the_batch_size_is_an_int_to_isinstance_without_specializing(images):
+    """`isinstance(x.batch_size, int)` holds, as for eager's int (found by this session's
+    sweep: it did not, so the other branch ran); asking the type reads no value, so the trace
+    still serves every batch size."""
+    def f(x):
+        return x + 1 if isinstance(x.batch_size, int) else x - 1
+
+    compiled = ndd.compile(f)
+    for n in (4, 2, 3, 4):
+        data = ndd.as_batch(images[:n], layout="HWC")
+        assert_runs_match(run(f, data, seed=1), run(compiled, data, seed=1, warn=None))
+    assert compiled.cache_info().traces == 1
 
 
 def test_batch_used_only_for_its_batch_size_gives_each_calls_size():

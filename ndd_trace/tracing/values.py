@@ -12,8 +12,11 @@ eager run with a warning.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from .. import _dali
 from ..core.errors import GraphBreakSignal
@@ -26,10 +29,28 @@ def graph_break(reason: str) -> GraphBreakSignal:
     return GraphBreakSignal(reason, user_location())
 
 
+_REFLECTED = {"__radd__": "add", "__rsub__": "sub", "__rmul__": "mul",
+              "__rfloordiv__": "floordiv", "__rtruediv__": "truediv", "__rmod__": "mod",
+              "__rpow__": "pow", "__rand__": "and_", "__ror__": "or_", "__rxor__": "xor",
+              "__rlshift__": "lshift", "__rrshift__": "rshift"}
+
+
 def _specializing(name: str):
+    reflected = _REFLECTED.get(name)
+    binary = getattr(operator, name.strip("_"), None) if name not in (
+        "__index__", "__int__", "__float__", "__bool__", "__str__", "__repr__", "__format__",
+        "__neg__", "__pos__", "__abs__", "__invert__", "__round__", "__floor__", "__ceil__",
+        "__trunc__", "__hash__", "__complex__", "__divmod__", "__rdivmod__") else None
+
     def method(self, *args):
         self._tracer.specialize_batch_size(f"uses the batch size in Python (`{name}`)")
         args = [int(a._value) if isinstance(a, SymbolicBatchSize) else a for a in args]
+        # binary operators as the operator module applies them to eager's int, so that a
+        # numpy scalar on either side is promoted as it is with an int (np.int32(1) + n)
+        if reflected is not None:
+            return getattr(operator, reflected)(args[0], self._value)
+        if binary is not None:
+            return binary(self._value, *args)
         return getattr(self._value, name)(*args)
 
     method.__name__ = name
@@ -67,6 +88,20 @@ class SymbolicBatchSize:
                   "__complex__"):
         locals()[_name] = _specializing(_name)
     del _name
+
+    @property  # type: ignore[misc]
+    def __class__(self):  # `isinstance(n, int)` and `case int():` hold, as for eager's int
+        return int
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # numpy makes of it what it makes of eager's int (np.array([n, 7]): int64, not object)
+        return np.asarray(self.specialized("uses the batch size in numpy"), dtype=dtype)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        # a ufunc (np.uint8(255) + n, np.maximum(n, 1)) given eager's int: promoted as an int
+        inputs = tuple(value.specialized(f"uses the batch size in numpy (`{ufunc.__name__}`)")
+                       if isinstance(value, SymbolicBatchSize) else value for value in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self.specialized(f"uses the batch size in Python (`.{name}`)"), name)
