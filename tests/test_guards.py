@@ -12,6 +12,7 @@ import enum
 import functools
 import importlib
 import textwrap
+import sys
 import threading
 import warnings
 
@@ -220,6 +221,38 @@ def test_what_the_function_reads_changed_between_calls_retraces(case, batch, mon
     compiled = assert_each_matches_eager(function, batch, changes=changes, warn=None)
     assert compiled.cache_info().traces == 2
     assert compiled.last_miss_reason == reason
+
+
+_READ_BY_TEXT = 1
+
+
+def _by_globals(x):
+    return x + globals()["_READ_BY_TEXT"]
+
+
+def _by_getattr(x):
+    return x + getattr(sys.modules[__name__], "_READ_BY_TEXT")
+
+
+def _by_sys_modules(x):
+    return x + sys.modules[__name__]._READ_BY_TEXT
+
+
+@pytest.mark.parametrize("body", [_by_globals, _by_getattr, _by_sys_modules],
+                         ids=["globals()", "getattr-of-the-module", "sys.modules"])
+def test_a_global_read_by_its_text_is_guarded(body, images):
+    """Found by this session's sweep: a global read as `globals()["G"]` or through the module
+    object was not guarded (its name is no LOAD_GLOBAL), so a compiled call returned the value
+    the global had at the trace."""
+    global _READ_BY_TEXT
+    compiled = ndd.compile(body)
+    data = ndd.as_batch(images[:2], layout="HWC")
+    try:
+        for value in (1, 5, 5, 1):
+            _READ_BY_TEXT = value
+            assert_runs_match(run(body, data, seed=1), run(compiled, data, seed=1, warn=None))
+    finally:
+        _READ_BY_TEXT = 1
 
 
 # -- the batch size -----------------------------------------------------------------------------

@@ -237,6 +237,10 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
         namespace = fn.__globals__
         loaded, read, bare_names = reads.global_reads(code)
         any_name = bool(loaded & reads.ANY_NAME)
+        if loaded & reads.BY_TEXT:  # `globals()["G"]`, `getattr(sys.modules[__name__], "G")`
+            texts = reads.string_constants(code) | (set(code.co_names) if "sys" in loaded
+                                                    else set())  # (`sys.modules[...].G`)
+            loaded = loaded | {text for text in texts if text in namespace}
         for name in sorted(loaded):
             globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
             helper(namespace.get(name, _MISSING), depth)

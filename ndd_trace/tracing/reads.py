@@ -28,6 +28,9 @@ from ..core.keys import is_user_class
 from ..core.source import is_internal_file
 
 ANY_NAME = frozenset({"globals", "locals", "vars", "eval", "exec"})  # read names by their text
+# what reads a global by its text (`globals()["G"]`, `getattr(sys.modules[__name__], "G")`):
+# a code loading one of these reads each global its string constants name
+BY_TEXT = ANY_NAME | {"getattr", "sys"}
 _ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 _GLOBAL_USES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
@@ -67,6 +70,15 @@ def _reads(code: types.CodeType, loads: frozenset[str], uses: Callable[[str], bo
     for const in code.co_consts if nested else ():
         if isinstance(const, types.CodeType):
             _reads(const, loads, uses, True, found)
+    return found
+
+
+def string_constants(code: types.CodeType) -> set[str]:
+    """The string constants of `code` and of the code nested in it."""
+    found = {const for const in code.co_consts if isinstance(const, str)}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= string_constants(const)
     return found
 
 
