@@ -210,6 +210,11 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     seen: set[int] = set()
 
     def helper(value: Any, depth: int) -> None:
+        if isinstance(value, (dict, list, tuple)) and depth < max_depth:  # a table of helpers
+            for item in list(value.values() if isinstance(value, dict) else value)[:64]:
+                if isinstance(item, types.FunctionType):
+                    helper(item, depth)
+            return
         value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
         if isinstance(value, types.MethodType):  # a bound method: its function
             value = value.__func__
