@@ -144,28 +144,21 @@ def _baked_argument_key(value: Any) -> Any:
 def _rngs_in(value: Any, found: list) -> None:
     if isinstance(value, _dali.RNG):
         found.append(value)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _rngs_in(v, found)
-    elif isinstance(value, dict):
-        for v in value.values():
+    elif isinstance(value, (list, tuple, dict)):
+        for v in value.values() if isinstance(value, dict) else value:
             _rngs_in(v, found)
 
 
 def rng_aliasing(args: tuple, kwargs: dict, others: list) -> tuple:
     """Which RNG arguments are the same generator (as each other, or as one the function reads
-    from a global or closure): a trace records one generator per op, so this is part of the key.
-    """
+    from a global or closure): a trace records one generator per op, so this is part of the
+    key."""
     found: list = []
     _rngs_in(args, found)
     _rngs_in(kwargs, found)
-    if not found:
-        return ()
     first: dict[int, int] = {}
-    pattern = []
-    for rng in [*found, *others]:
-        pattern.append(first.setdefault(id(rng), len(first)))
-    return tuple(pattern)
+    return tuple(first.setdefault(id(rng), len(first)) for rng in [*found, *others]) \
+        if found else ()
 
 
 @dataclasses.dataclass
@@ -210,10 +203,9 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     seen: set[int] = set()
 
     def helper(value: Any, depth: int) -> None:
-        if isinstance(value, (dict, list, tuple)) and depth < max_depth:  # a table of helpers
-            for item in list(value.values() if isinstance(value, dict) else value)[:64]:
-                if isinstance(item, types.FunctionType):
-                    helper(item, depth)
+        if isinstance(value, (dict, list, tuple)):  # a table of helpers: each one's reads
+            for item in reads.functions_in(value):
+                helper(item, depth)
             return
         value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
         if isinstance(value, types.MethodType):  # a bound method: its function
@@ -242,10 +234,7 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
         namespace = fn.__globals__
         loaded, read, bare_names = reads.global_reads(code)
         any_name = bool(loaded & reads.ANY_NAME)
-        if loaded & reads.BY_TEXT:  # `globals()["G"]`, `getattr(sys.modules[__name__], "G")`
-            texts = reads.string_constants(code) | (set(code.co_names) if "sys" in loaded
-                                                    else set())  # (`sys.modules[...].G`)
-            loaded = loaded | {text for text in texts if text in namespace}
+        loaded = loaded | reads.read_by_text(code, loaded, namespace)
         for name in sorted(loaded):
             globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
             helper(namespace.get(name, _MISSING), depth)

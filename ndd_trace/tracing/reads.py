@@ -82,6 +82,22 @@ def string_constants(code: types.CodeType) -> set[str]:
     return found
 
 
+def read_by_text(code: types.CodeType, loaded: set[str], namespace: dict) -> set[str]:
+    """The globals of `namespace` that `code` (which loads `loaded`) may read by their text:
+    those its string constants name (`globals()["G"]`, `getattr(module, "G")`), and with `sys`
+    its attribute names too (`sys.modules[__name__].G`); none without a BY_TEXT name."""
+    if not loaded & BY_TEXT:
+        return set()
+    texts = string_constants(code) | (set(code.co_names) if "sys" in loaded else set())
+    return {text for text in texts if text in namespace}
+
+
+def functions_in(table: dict | list | tuple) -> list[types.FunctionType]:
+    """The functions a dict, list or tuple holds (its first 64 items): helpers it dispatches to."""
+    items = list(table.values() if isinstance(table, dict) else table)[:64]
+    return [item for item in items if isinstance(item, types.FunctionType)]
+
+
 def global_reads(code: types.CodeType) -> Reads:
     """The globals `code` and the code nested in it read (LOAD_GLOBAL: not attribute names, so
     `ndd.flip` is no read of a global `flip`)."""

@@ -13,6 +13,7 @@ eager run with a warning.
 from __future__ import annotations
 
 import operator
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,10 +30,10 @@ def graph_break(reason: str) -> GraphBreakSignal:
     return GraphBreakSignal(reason, user_location())
 
 
-_REFLECTED = {"__radd__": "add", "__rsub__": "sub", "__rmul__": "mul",
+_REFLECTED = types.MappingProxyType({"__radd__": "add", "__rsub__": "sub", "__rmul__": "mul",
               "__rfloordiv__": "floordiv", "__rtruediv__": "truediv", "__rmod__": "mod",
               "__rpow__": "pow", "__rand__": "and_", "__ror__": "or_", "__rxor__": "xor",
-              "__rlshift__": "lshift", "__rrshift__": "rshift"}
+              "__rlshift__": "lshift", "__rrshift__": "rshift"})
 
 
 def _specializing(name: str):
