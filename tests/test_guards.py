@@ -284,6 +284,36 @@ def test_a_helper_in_a_dict_is_followed_for_the_globals_it_reads(images):
         _TABLE_SCALE = 2
 
 
+class _HeldHelper:
+    def __init__(self):
+        self.fn = _scaled_by_a_global
+
+    def __call__(self, x):
+        return self.fn(x)
+
+
+_HOLDER = _HeldHelper()
+
+
+def _through_an_attribute(x):
+    return _HOLDER(x)
+
+
+def test_a_helper_held_in_a_global_objects_attribute_is_followed(images):
+    """Found by this session's sweep (a limitation until then): a callable global object whose
+    `__call__` calls a helper it holds (`self.fn(x)`), the helper reading a global."""
+    global _TABLE_SCALE
+    compiled = ndd.compile(_through_an_attribute)
+    data = ndd.as_batch(images[:2], layout="HWC")
+    try:
+        for value in (2, 3, 3, 2):
+            _TABLE_SCALE = value
+            assert_runs_match(run(_through_an_attribute, data, seed=1),
+                              run(compiled, data, seed=1, warn=None))
+    finally:
+        _TABLE_SCALE = 2
+
+
 # -- the batch size -----------------------------------------------------------------------------
 
 def _floor(number):

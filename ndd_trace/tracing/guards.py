@@ -214,7 +214,9 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
             value = reads.class_attribute(value, "__init__")
         elif reads.is_lru_cache(value):  # what it wraps (its globals: read at each new argument)
             value = value.__wrapped__
-        elif not isinstance(value, types.FunctionType):  # an object called: its __call__
+        elif not isinstance(value, types.FunctionType):  # an object called: its __call__, and
+            for item in reads.functions_in(getattr(value, "__dict__", None) or {}):  # self.fn
+                helper(item, depth)
             value = reads.class_attribute(value, "__call__")
         if depth < max_depth and reads.is_user_function(value):
             visit(value, f"{value.__name__}() reads ", depth + 1)
