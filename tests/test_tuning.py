@@ -184,12 +184,12 @@ def test_settings_are_built_while_the_steps_run_on(jpeg_dir, monkeypatch):
     _starting_threads_only(monkeypatch, built)
     counting = runtime.PendingRun.result
 
-    def result(self):
+    def result(self, index=None):
         if not self.used:
             with steps:
                 count[0] += 1
                 steps.notify_all()
-        return counting(self)
+        return counting(self, index)
 
     monkeypatch.setattr(runtime.PendingRun, "result", result)
     compiled = ndd.compile(decoded_epoch, optimize=True)
@@ -214,7 +214,7 @@ def test_a_setting_is_timed_with_its_stalls(jpeg_dir, monkeypatch):
     timed = runtime.PendingRun.result
     starting: list = []
 
-    def result(self):
+    def result(self, index=None):
         if not self.used and self._executable.tuner is not None:  # (not the reader's runs)
             threads = self._executable.options.num_threads
             starting[:] = starting or [threads]
@@ -223,7 +223,7 @@ def test_a_setting_is_timed_with_its_stalls(jpeg_dir, monkeypatch):
                 time.sleep(0.005)  # 5 ms each
             else:  # 1 ms, and 40 ms every 4th step: a median of 1 ms, a mean of 11 ms
                 time.sleep(0.04 if count[0] % 4 == 0 else 0.001)
-        return timed(self)
+        return timed(self, index)
 
     monkeypatch.setattr(runtime.PendingRun, "result", result)
     compiled = ndd.compile(decoded_epoch, optimize=True)
