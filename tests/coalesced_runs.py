@@ -11,19 +11,7 @@ from harness import Fresh, Step, assert_matches_eager
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
 from ndd_trace.ahead.coalescing import SliceRun
-
-
-def _reader(root, **kwargs):
-    kwargs.setdefault("random_shuffle", True)
-    kwargs.setdefault("seed", 7)
-    return ndd.readers.File(file_root=str(root), **kwargs)
-
-
-def augment(jpegs):
-    images = ndd.decoders.image(jpegs)
-    images = ndd.random_resized_crop(images, size=[24, 24])
-    flip = ndd.random.coin_flip(batch_size=images.batch_size)
-    return ndd.crop_mirror_normalize(images, mirror=flip, mean=[10.0], std=[50.0])
+from reader_steps import augment, file_reader
 
 
 def epochs(reader, step, count=3, batch_size=3):
@@ -75,14 +63,14 @@ SliceRun.result = _counting
 
 def main(root, corrupt_root):
     for name, call in [
-        ("step", lambda: assert_matches_eager(epochs, Fresh(lambda: _reader(root)),
+        ("step", lambda: assert_matches_eager(epochs, Fresh(lambda: file_reader(root)),
                                               Step(augment), modes=("step",))),
-        ("transparent", lambda: assert_matches_eager(epochs, Fresh(lambda: _reader(root)),
+        ("transparent", lambda: assert_matches_eager(epochs, Fresh(lambda: file_reader(root)),
                                                      Step(augment), modes=("transparent",))),
-        ("generator", lambda: assert_matches_eager(generator, Fresh(lambda: _reader(root)),
+        ("generator", lambda: assert_matches_eager(generator, Fresh(lambda: file_reader(root)),
                                                    modes=("loop",))),
         ("step, a corrupt file", lambda: assert_matches_eager(
-            epochs_skipping_errors, Fresh(lambda: _reader(corrupt_root)), Step(augment),
+            epochs_skipping_errors, Fresh(lambda: file_reader(corrupt_root)), Step(augment),
             modes=("step", "transparent"))),
     ]:
         SERVED.clear()

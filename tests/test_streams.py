@@ -19,22 +19,10 @@ import nvidia.dali.experimental.dynamic as ndd
 import pytest
 from conftest import subprocess_env
 from harness import Fresh, Step, assert_matches_eager, assert_runs_match, observe, run
+from reader_steps import augment, file_reader
 
 import ndd_trace
 from ndd_trace.ahead.streams import stream_of
-
-
-def _reader(root, **kwargs):
-    kwargs.setdefault("random_shuffle", True)
-    kwargs.setdefault("seed", 7)
-    return ndd.readers.File(file_root=str(root), **kwargs)
-
-
-def _augment(jpegs):
-    images = ndd.decoders.image(jpegs)
-    images = ndd.random_resized_crop(images, size=[24, 24])
-    flip = ndd.random.coin_flip(batch_size=images.batch_size)
-    return ndd.crop_mirror_normalize(images, mirror=flip, mean=[10.0], std=[50.0])
 
 
 def _ahead(report):
@@ -56,7 +44,7 @@ def test_epochs_read_ahead_and_what_they_feed_runs_ahead(jpeg_dir):
                 out.append((np.asarray(step(jpegs).torch()), np.asarray(labels.torch())))
         return out
 
-    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+    runs = assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), Step(augment),
                                 modes=("transparent", "step"))
     report = runs["transparent"].report
     assert _ahead(report) >= 8  # 16 steps: all but the first few ran ahead
@@ -81,7 +69,7 @@ def test_break_then_next_epoch_continues_like_eager(jpeg_dir):
                     break
         return out
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+    assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), Step(augment),
                          modes=("transparent", "step"))
 
 
@@ -96,7 +84,7 @@ def test_reseed_and_extra_draws_between_steps(jpeg_dir):
                 out.append(np.asarray(step(jpegs).torch()))
         return out
 
-    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+    runs = assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), Step(augment),
                                 modes=("transparent", "step"))
     assert _ahead(runs["transparent"].report) > 0
     assert _ahead_of(runs["step"].steps[0]) > 0
@@ -114,20 +102,20 @@ def test_body_changing_every_step(jpeg_dir):
                 out.append(ndd.resize(images, size=[16, 16]) * ndd.as_tensor(scale))
         return out
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), modes=("transparent",))
+    assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), modes=("transparent",))
 
 
 def test_values_consumed_after_the_loop(jpeg_dir):
     def scenario(reader, step):
         return [step(jpegs) for _ in range(3) for jpegs, _ in reader.next_epoch(batch_size=4)]
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+    assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), Step(augment),
                          modes=("transparent", "step"))
 
 
 def test_zip_of_readers_with_different_lengths(jpeg_dir):
     def make():
-        return _reader(jpeg_dir), _reader(jpeg_dir, seed=3, num_shards=2, shard_id=1)
+        return file_reader(jpeg_dir), file_reader(jpeg_dir, seed=3, num_shards=2, shard_id=1)
 
     def scenario(readers, step):
         first, second = readers
@@ -138,7 +126,7 @@ def test_zip_of_readers_with_different_lengths(jpeg_dir):
                 out += [step(a), step(b), labels]
         return out
 
-    assert_matches_eager(scenario, Fresh(make), Step(_augment), modes=("transparent", "step"))
+    assert_matches_eager(scenario, Fresh(make), Step(augment), modes=("transparent", "step"))
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -151,7 +139,7 @@ def test_shards_and_padding(jpeg_dir, kwargs):
         return [[np.asarray(labels.torch()), step(jpegs)]
                 for _ in range(4) for jpegs, labels in reader.next_epoch(batch_size=3)]
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir, **kwargs)), Step(_augment),
+    assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir, **kwargs)), Step(augment),
                          modes=("transparent", "step"))
 
 
@@ -160,7 +148,7 @@ def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
         out = []
         with ndd_trace.enabled():  # nested: a no-op for the transparent run
             for batch in reader.next_epoch(batch_size=4):
-                out.append(_augment(batch[0]))
+                out.append(augment(batch[0]))
         # transparent mode off: the reader keeps giving the same epochs (eagerly or not)
         for jpegs, labels in reader.next_epoch(batch_size=4):
             out.append(labels)
@@ -168,12 +156,12 @@ def test_dict_outputs_and_reader_used_after_disable(jpeg_dir):
 
     def transparent_then_not(reader):
         with ndd_trace.enabled():
-            first = [_augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
+            first = [augment(jpegs) for jpegs, _ in reader.next_epoch(batch_size=4)]
         rest = [labels for _, labels in reader.next_epoch(batch_size=4)]
         return first + rest
 
-    eager = run(scenario, Fresh(lambda: _reader(jpeg_dir)), seed=1)
-    reader = _reader(jpeg_dir)
+    eager = run(scenario, Fresh(lambda: file_reader(jpeg_dir)), seed=1)
+    reader = file_reader(jpeg_dir)
     assert_runs_match(eager, run(transparent_then_not, reader, seed=1, warn=None))
     assert reader.get_metadata()["epoch_size"] == 16
 
@@ -197,7 +185,7 @@ def test_sample_epochs_stay_eager_and_are_reported(jpeg_dir):
     def scenario(reader):
         return [ndd.decoders.image(jpeg) for jpeg, _ in reader.next_epoch()]
 
-    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
+    report = assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)),
                                   modes=("transparent",))["transparent"].report
     assert any("single samples" in reason for (_, reason, _) in report.eager_ops)
 
@@ -206,7 +194,7 @@ def test_streamed_reader_refuses_sample_epochs_as_eager(jpeg_dir):
     """Samples from a reader that gave batch epochs: eager's own RuntimeError, at the first
     step, whether the reader streams or not."""
     def scenario(step):
-        reader = _reader(jpeg_dir)
+        reader = file_reader(jpeg_dir)
         for _ in range(2):
             for jpegs, _ in reader.next_epoch(batch_size=4):
                 step(jpegs)
@@ -215,7 +203,7 @@ def test_streamed_reader_refuses_sample_epochs_as_eager(jpeg_dir):
             next(iter(epoch))
         return type(raised.value), str(raised.value)
 
-    assert_matches_eager(scenario, Step(_augment), modes=("transparent", "step"), seed=None)
+    assert_matches_eager(scenario, Step(augment), modes=("transparent", "step"), seed=None)
 
 
 def test_checkpointing_reader_stays_eager(jpeg_dir):
@@ -231,9 +219,9 @@ def test_checkpointing_reader_stays_eager(jpeg_dir):
         return out
 
     def make():
-        return _reader(jpeg_dir, enable_checkpointing=True)
+        return file_reader(jpeg_dir, enable_checkpointing=True)
 
-    runs = assert_matches_eager(scenario, Fresh(make), Step(_augment),
+    runs = assert_matches_eager(scenario, Fresh(make), Step(augment),
                                 modes=("transparent", "step"))
     report = runs["transparent"].report
     assert any("checkpointing" in reason for (_, reason, _) in report.eager_ops)
@@ -244,7 +232,7 @@ def test_checkpointing_reader_stays_eager(jpeg_dir):
 def test_batch_size_mismatch_raises_like_eager(jpeg_dir):
     errors = []
     for transparent in (False, True):
-        reader = _reader(jpeg_dir)
+        reader = file_reader(jpeg_dir)
         with ndd_trace.enabled() if transparent else _nothing():
             for _ in reader.next_epoch(batch_size=4):
                 pass
@@ -277,7 +265,7 @@ def test_gpu_decoding_reader_loop(jpeg_dir):
                 out.append((tensor.cpu().numpy(), np.asarray(labels.torch())))
         return out
 
-    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
+    report = assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)),
                                   modes=("transparent",))["transparent"].report
     assert _ahead(report) > 0
 
@@ -289,7 +277,7 @@ def test_randomized_reader_loops(jpeg_dir, seed):
     import random
 
     def make():
-        return _reader(jpeg_dir, seed=seed), _reader(jpeg_dir, seed=seed + 1, num_shards=2)
+        return file_reader(jpeg_dir, seed=seed), file_reader(jpeg_dir, seed=seed + 1, num_shards=2)
 
     def scenario(readers):
         choose = random.Random(seed)
@@ -307,7 +295,7 @@ def test_randomized_reader_loops(jpeg_dir, seed):
                 jpegs = item[0][0] if zipped else item[0]
                 if choose.random() < 0.15:
                     out.append(np.asarray(ndd.random.uniform(batch_size=2).torch()))
-                value = _augment(jpegs) if choose.random() < 0.85 else \
+                value = augment(jpegs) if choose.random() < 0.85 else \
                     ndd.flip(ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]), vertical=1)
                 if zipped:
                     value = [value, ndd.resize(ndd.decoders.image(item[1][0]), size=[8, 8])]
@@ -335,9 +323,9 @@ def test_dropped_readers_release_their_streams(jpeg_dir):
     before = len(workers())
     with ndd_trace.enabled():
         for epoch in range(4):
-            reader = _reader(jpeg_dir, seed=epoch)
+            reader = file_reader(jpeg_dir, seed=epoch)
             for jpegs, _ in reader.next_epoch(batch_size=4):
-                np.asarray(_augment(jpegs).torch())
+                np.asarray(augment(jpegs).torch())
             del reader, jpegs
     deadline = time.monotonic() + 10
     while len(workers()) > before and time.monotonic() < deadline:
@@ -361,7 +349,7 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
         for _ in range(2):
             for jpegs, labels in reader.next_epoch(batch_size=4):
                 try:
-                    out.append(np.asarray(_augment(jpegs).torch()))
+                    out.append(np.asarray(augment(jpegs).torch()))
                 except Exception:
                     failures += 1
                 out.append(np.asarray(labels.torch()))
@@ -376,7 +364,7 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
     reader = ndd.readers.File(file_root=str(root), random_shuffle=False)
     with ndd_trace.enabled(), pytest.raises(Exception) as info:
         for jpegs, _ in reader.next_epoch(batch_size=17):
-            np.asarray(_augment(jpegs).torch())  # RAISE-LINE
+            np.asarray(augment(jpegs).torch())  # RAISE-LINE
     text = "".join(__import__("traceback").format_exception(info.value))
     assert "RAISE-LINE" in text  # the consuming line is in the traceback...
     # ...and the failing op, with its own line (in ndd_trace's note: the text is eager's; as
@@ -386,8 +374,9 @@ def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, 
         causes.append(causes[-1].__cause__)
     assert "ndd.decoders.image" in [getattr(error, "op_name", None) for error in causes]
     assert "ndd.decoders.image" in text
-    decode_line = __import__("inspect").getsourcelines(_augment)[1] + 1
-    assert f"test_streams.py:{decode_line}" in text
+    lines, first = __import__("inspect").getsourcelines(augment)
+    decode_line = first + next(i for i, line in enumerate(lines) if "decoders.image" in line)
+    assert f"reader_steps.py:{decode_line}" in text
 
 
 def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
@@ -400,12 +389,12 @@ def test_reading_ahead_without_the_thread(jpeg_dir, monkeypatch):
         out = []
         for stop in (None, 2, None):
             for step, (jpegs, labels) in enumerate(reader.next_epoch(batch_size=2)):
-                out.append((np.asarray(_augment(jpegs).torch()), np.asarray(labels.torch())))
+                out.append((np.asarray(augment(jpegs).torch()), np.asarray(labels.torch())))
                 if step == stop:
                     break
         return out
 
-    report = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)),
+    report = assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)),
                                   modes=("transparent",))["transparent"].report
     assert _ahead(report) > 0
 
@@ -425,21 +414,21 @@ def test_the_first_epoch_streams_from_its_second_step(jpeg_dir):
                     break
         return out
 
-    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+    runs = assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), Step(augment),
                                 modes=("step",))
     compiled, reader = runs["step"].steps[0], runs["step"].args[0]
     assert stream_of(reader) is not None
     assert _ahead_of(compiled) >= 3
-    compiled = ndd.compile(_augment)
-    reader = _reader(jpeg_dir)
+    compiled = ndd.compile(augment)
+    reader = file_reader(jpeg_dir)
     for jpegs, _ in reader.next_epoch(batch_size=2):  # one epoch: it streams from its 2nd step
         np.asarray(compiled(jpegs).torch())
     assert stream_of(reader) is not None and _ahead_of(compiled) >= 2
 
 
 def test_reader_not_fed_to_a_compiled_step_stays_eager(jpeg_dir):
-    compiled = ndd.compile(_augment)
-    reader = _reader(jpeg_dir)
+    compiled = ndd.compile(augment)
+    reader = file_reader(jpeg_dir)
     for _ in range(2):
         for _jpegs, labels in reader.next_epoch(batch_size=4):
             np.asarray(labels.torch())
@@ -458,7 +447,7 @@ def test_explicit_rng_argument(jpeg_dir):
         return [function(jpegs, rng) for _ in range(3)
                 for jpegs, _ in reader.next_epoch(batch_size=4)] + [rng()]
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(step), modes=("step",))
+    assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), Step(step), modes=("step",))
 
 
 def test_two_readers_in_one_call(jpeg_dir):
@@ -472,7 +461,7 @@ def test_two_readers_in_one_call(jpeg_dir):
                 for (a, _), (b, _) in zip(first.next_epoch(batch_size=4),
                                           second.next_epoch(batch_size=4))]
 
-    assert_matches_eager(scenario, Fresh(lambda: (_reader(jpeg_dir), _reader(jpeg_dir, seed=9))),
+    assert_matches_eager(scenario, Fresh(lambda: (file_reader(jpeg_dir), file_reader(jpeg_dir, seed=9))),
                          Step(step), modes=("step",))
 
 
@@ -485,7 +474,7 @@ def test_transparent_mode_and_compiled_steps_together(jpeg_dir):
                     out.append(np.asarray(step(jpegs).torch()))
         return out
 
-    assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+    assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), Step(augment),
                          modes=("step",))
 
 
@@ -499,7 +488,7 @@ def test_two_compiled_steps_on_one_reader(jpeg_dir):
         return [[first(jpegs), second(jpegs)] for _ in range(4)
                 for jpegs, _ in reader.next_epoch(batch_size=4)]
 
-    runs = assert_matches_eager(scenario, Fresh(lambda: _reader(jpeg_dir)), Step(_augment),
+    runs = assert_matches_eager(scenario, Fresh(lambda: file_reader(jpeg_dir)), Step(augment),
                                 Step(flip), modes=("step",), seed=3)
     assert all(_ahead_of(step) > 0 for step in runs["step"].steps)
 
@@ -682,9 +671,9 @@ def test_step_called_from_an_eager_loop_reads_files_changed_between_epochs(jpeg_
                                change, epochs=4)
 
     def make():
-        return _reader(_fresh_photos(jpeg_dir, root), random_shuffle=False)
+        return file_reader(_fresh_photos(jpeg_dir, root), random_shuffle=False)
 
-    assert_matches_eager(scenario, Fresh(make), Step(_augment), modes=("step",))
+    assert_matches_eager(scenario, Fresh(make), Step(augment), modes=("step",))
 
 
 def test_files_cut_short_between_epochs_do_not_kill_the_process(tmp_path):
