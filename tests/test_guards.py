@@ -192,38 +192,8 @@ def _a_helpers_defaults(monkeypatch):
         "_helper_with_default.__defaults__[0]: 2.0 -> 3.0"
 
 
-# each: the function, the changes made before each of its calls (one trace for the first call,
-# one more where a change changed what it reads), and the last miss reason, as the user wrote
-# what changed
-READS = {
-    "a global rebound": _a_global_rebound,
-    "a global defined after decoration": _a_global_defined_after_decoration,
-    "a global read by a helper": _a_global_read_by_a_helper,
-    "a closure variable": _a_closure_variable,
-    "an attribute of a global object": _an_attribute_of_a_global_object,
-    "a class attribute": _a_class_attribute,
-    "a global functools.partial": _a_global_partial,
-    "a global bound method's object": _a_global_bound_method,
-    "a helper's defaults": _a_helpers_defaults,
-}
-
-
-@pytest.mark.parametrize("case", READS)
-def test_what_the_function_reads_changed_between_calls_retraces(case, batch, monkeypatch):
-    """A value a compiled function reads besides its arguments (a global, a closure variable,
-    an attribute, a helper's global or defaults), changed before a call: that call re-traces,
-    gives eager's result, and says what changed, as the user wrote it (`last_miss_reason`); a
-    call after no change, or after a change to an equal value, hits the cache. Found in review
-    (a class attribute, a global defined after decoration, a global a helper reads) and in
-    issue 35 (a global functools.partial, a global bound method's object, a helper's
-    defaults): each once gave a stale result, silently."""
-    function, changes, reason = READS[case](monkeypatch)
-    compiled = assert_each_matches_eager(function, batch, changes=changes, warn=None)
-    assert compiled.cache_info().traces == 2
-    assert compiled.last_miss_reason == reason
-
-
 _READ_BY_TEXT = 1
+_TABLE_SCALE = 2
 
 
 def _by_globals(x):
@@ -238,26 +208,6 @@ def _by_sys_modules(x):
     return x + sys.modules[__name__]._READ_BY_TEXT
 
 
-@pytest.mark.parametrize("body", [_by_globals, _by_getattr, _by_sys_modules],
-                         ids=["globals()", "getattr-of-the-module", "sys.modules"])
-def test_a_global_read_by_its_text_is_guarded(body, images):
-    """Found by this session's sweep: a global read as `globals()["G"]` or through the module
-    object was not guarded (its name is no LOAD_GLOBAL), so a compiled call returned the value
-    the global had at the trace."""
-    global _READ_BY_TEXT
-    compiled = ndd.compile(body)
-    data = ndd.as_batch(images[:2], layout="HWC")
-    try:
-        for value in (1, 5, 5, 1):
-            _READ_BY_TEXT = value
-            assert_runs_match(run(body, data, seed=1), run(compiled, data, seed=1, warn=None))
-    finally:
-        _READ_BY_TEXT = 1
-
-
-_TABLE_SCALE = 2
-
-
 def _scaled_by_a_global(x):
     return x * _TABLE_SCALE
 
@@ -267,21 +217,6 @@ _TRANSFORMS = {"scale": _scaled_by_a_global}
 
 def _through_a_table(x):
     return _TRANSFORMS["scale"](x)
-
-
-def test_a_helper_in_a_dict_is_followed_for_the_globals_it_reads(images):
-    """Found by this session's sweep (a limitation until then): a helper called through a dict
-    the function reads by name read a global that the guards did not see."""
-    global _TABLE_SCALE
-    compiled = ndd.compile(_through_a_table)
-    data = ndd.as_batch(images[:2], layout="HWC")
-    try:
-        for value in (2, 3, 3, 2):
-            _TABLE_SCALE = value
-            assert_runs_match(run(_through_a_table, data, seed=1),
-                              run(compiled, data, seed=1, warn=None))
-    finally:
-        _TABLE_SCALE = 2
 
 
 class _HeldHelper:
@@ -299,19 +234,56 @@ def _through_an_attribute(x):
     return _HOLDER(x)
 
 
-def test_a_helper_held_in_a_global_objects_attribute_is_followed(images):
-    """Found by this session's sweep (a limitation until then): a callable global object whose
-    `__call__` calls a helper it holds (`self.fn(x)`), the helper reading a global."""
-    global _TABLE_SCALE
-    compiled = ndd.compile(_through_an_attribute)
-    data = ndd.as_batch(images[:2], layout="HWC")
-    try:
-        for value in (2, 3, 3, 2):
-            _TABLE_SCALE = value
-            assert_runs_match(run(_through_an_attribute, data, seed=1),
-                              run(compiled, data, seed=1, warn=None))
-    finally:
-        _TABLE_SCALE = 2
+def _changing(function, name, after, reason):
+    """A READS case: `function`, reading global `name`, called, then called after `name`
+    became `after`, then again."""
+    def case(monkeypatch):
+        return function, [lambda: None, _set_global(monkeypatch, name, after),
+                          _set_global(monkeypatch, name, after)], reason
+    return case
+
+
+# each: the function, the changes made before each of its calls (one trace for the first call,
+# one more where a change changed what it reads), and the last miss reason, as the user wrote
+# what changed
+READS = {
+    "a global rebound": _a_global_rebound,
+    "a global defined after decoration": _a_global_defined_after_decoration,
+    "a global read by a helper": _a_global_read_by_a_helper,
+    "a closure variable": _a_closure_variable,
+    "an attribute of a global object": _an_attribute_of_a_global_object,
+    "a class attribute": _a_class_attribute,
+    "a global functools.partial": _a_global_partial,
+    "a global bound method's object": _a_global_bound_method,
+    "a helper's defaults": _a_helpers_defaults,
+    # found by the twenty-first session's sweep: each once gave a stale result, silently
+    "a global read as globals()[name]": _changing(_by_globals, "_READ_BY_TEXT", 5,
+                                                  "_READ_BY_TEXT: 1 -> 5"),
+    "a global read by getattr of its module": _changing(_by_getattr, "_READ_BY_TEXT", 5,
+                                                        "_READ_BY_TEXT: 1 -> 5"),
+    "a global read through sys.modules": _changing(_by_sys_modules, "_READ_BY_TEXT", 5,
+                                                   "_READ_BY_TEXT: 1 -> 5"),
+    "a global read by a helper in a dict": _changing(
+        _through_a_table, "_TABLE_SCALE", 3, "_scaled_by_a_global() reads _TABLE_SCALE: 2 -> 3"),
+    "a global read by a helper an object holds": _changing(
+        _through_an_attribute, "_TABLE_SCALE", 3,
+        "_scaled_by_a_global() reads _TABLE_SCALE: 2 -> 3"),
+}
+
+
+@pytest.mark.parametrize("case", READS)
+def test_what_the_function_reads_changed_between_calls_retraces(case, batch, monkeypatch):
+    """A value a compiled function reads besides its arguments (a global, a closure variable,
+    an attribute, a helper's global or defaults), changed before a call: that call re-traces,
+    gives eager's result, and says what changed, as the user wrote it (`last_miss_reason`); a
+    call after no change, or after a change to an equal value, hits the cache. Found in review
+    (a class attribute, a global defined after decoration, a global a helper reads) and in
+    issue 35 (a global functools.partial, a global bound method's object, a helper's
+    defaults): each once gave a stale result, silently."""
+    function, changes, reason = READS[case](monkeypatch)
+    compiled = assert_each_matches_eager(function, batch, changes=changes, warn=None)
+    assert compiled.cache_info().traces == 2
+    assert compiled.last_miss_reason == reason
 
 
 # -- the batch size -----------------------------------------------------------------------------
