@@ -88,11 +88,12 @@ def stack_of(call: Node | None, outside: tuple) -> tuple:
     return getattr(call.state, "stack", ()) or call.frames + outside
 
 
-def consumer_links(graph: Graph, failed: Node, call: Callable[[Node], tuple]) -> dict[int, tuple]:
+def consumer_links(graph: Graph, failed: Node, call_of: Callable[[Node], Any],
+                   outside: tuple = ()) -> dict[int, tuple]:
     """Per output of `graph` that reads `failed`: the ops eager's evaluation of it passes on the
     way to `failed` (each evaluates its inputs in order, then its argument inputs), innermost
-    first, each as (its line, `ndd.<name>`, its stack: `call(op)`, the EvalMode the function
-    set for it: `Node.deferred`)."""
+    first, each as (its call's line, `ndd.<name>`, its call's stack: `stack_of(call_of(op),
+    outside)`, the EvalMode the function set for it: `Node.deferred`)."""
     links: dict[int, tuple] = {}
     for index, output in enumerate(graph.outputs):
         path: list[Node] = []
@@ -110,7 +111,10 @@ def consumer_links(graph: Graph, failed: Node, call: Callable[[Node], tuple]) ->
             return False
 
         if reaches(output.node):
-            links[index] = tuple((*call(node), node.deferred) for node in path)
+            calls = [call_of(node) for node in path]
+            links[index] = tuple(
+                (call.loc, f"ndd.{node.name}", stack_of(call, outside), node.deferred)
+                for node, call in zip(path, calls))
     return links
 
 
@@ -177,8 +181,7 @@ def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | Non
                    stack_of(node, ()))  # (a recorded call's own, as a run's)
     own.own_mode = node.deferred
     if graph is not None:
-        own.consumers = consumer_links(graph, node, lambda op: (op.loc, f"ndd.{op.name}",
-                                                                stack_of(op, ())))
+        own.consumers = consumer_links(graph, node, lambda op: op)
     return surfacing(own, _dali.eval_mode_is_deferred() if deferred is None else deferred, read)
 
 
@@ -328,9 +331,8 @@ class Failures:
                            stack_of(node, stack))
         wrapped.own_mode = failed.deferred if failed is not None else None
         if failed is not None and stage == "running":
-            wrapped.consumers = consumer_links(self.graph, failed, lambda op: (
-                self.call_of(op, calls).loc, f"ndd.{op.name}", stack_of(self.call_of(op, calls),
-                                                                        stack)))
+            wrapped.consumers = consumer_links(self.graph, failed,
+                                               lambda op: self.call_of(op, calls), stack)
         # the pipeline's report, not a context; its traceback (DALI's fetch, this package's
         # callers) dropped: their frames would hold it, a cycle (see interpret_at_once's note)
         wrapped.dali_error = error.with_traceback(None)
