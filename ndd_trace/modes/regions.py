@@ -53,6 +53,7 @@ class RegionRunner:
         started = time.perf_counter()
         region_ops = self.pending_cone(target)
         view = region_view(region_ops, target, clone=False)
+        position = view.outputs.index((target, read))  # (the region's output asked for)
         key = view.key
         batch_sizes = set()
         one_value_random = False
@@ -105,10 +106,10 @@ class RegionRunner:
                                            self._empty_sample_call(region, view.leaves)):
             outputs = self._interpreted(region_view(region_ops, target, clone=True),
                                         deferred=self._made_deferred(region_ops),
-                                        read=(target, read))
+                                        read=position)
         elif failed_ahead is None and self._eager_after_failure(region):
             outputs = self._interpreted(region_view(region_ops, target, clone=True), True,
-                                        self._made_deferred(region_ops), (target, read))
+                                        self._made_deferred(region_ops), position)
         else:
             try:
                 builds = region.executable.builds
@@ -124,7 +125,7 @@ class RegionRunner:
                 scheduled = region.executable.run_s - run_s
                 times["feed"] += waited - fed - scheduled
                 times["run"] += scheduled
-                outputs = list(run.result(view.outputs.index((target, read))))
+                outputs = list(run.result(position))
                 times["fetch"] += time.perf_counter() - waited
             except Exception:
                 retired = region.executable.retired  # (its failed pipelines cannot be freed)
@@ -158,21 +159,20 @@ class RegionRunner:
 
     @staticmethod
     def _interpreted(view: _RegionView, at_once: bool = False, deferred: bool = False,
-                     read: tuple[Node, int] | None = None) -> list:
+                     read: int | None = None) -> list:
         """The region's outputs, its calls run eagerly (`at_once`: synchronously, failures
         expected); a failure raised as a pipeline run's (`interpreted_error`: the failed op's
-        own error at its line, as a result's first use reads it: of the output `read`)."""
-        position = view.outputs.index(read) if read in view.outputs else None
+        own error at its line, as a result's first use reads it: of output `read`)."""
         leaves = {id(leaf): _leaf_value(leaf) for leaf in view.leaves}
         if at_once:
-            values = interpret_at_once(view.graph, leaves, deferred, position)
+            values = interpret_at_once(view.graph, leaves, deferred, read)
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         try:
             values = interpret(view.graph, leaves)
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
             failure = error
-        raised = interpreted_error(view.graph, leaves, failure, deferred, position)
+        raised = interpreted_error(view.graph, leaves, failure, deferred, read)
         try:  # (no local left referring to it: failures.py, raising without a cycle)
             raise raised
         finally:
