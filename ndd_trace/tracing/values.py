@@ -30,28 +30,31 @@ def graph_break(reason: str) -> GraphBreakSignal:
     return GraphBreakSignal(reason, user_location())
 
 
-_REFLECTED = types.MappingProxyType({"__radd__": "add", "__rsub__": "sub", "__rmul__": "mul",
-              "__rfloordiv__": "floordiv", "__rtruediv__": "truediv", "__rmod__": "mod",
-              "__rpow__": "pow", "__rand__": "and_", "__ror__": "or_", "__rxor__": "xor",
-              "__rlshift__": "lshift", "__rrshift__": "rshift"})
+# the reflected operators, by the operator module's function that applies them swapped
+_REFLECTED = types.MappingProxyType({
+    "__radd__": operator.add, "__rsub__": operator.sub, "__rmul__": operator.mul,
+    "__rfloordiv__": operator.floordiv, "__rtruediv__": operator.truediv,
+    "__rmod__": operator.mod, "__rpow__": operator.pow, "__rand__": operator.and_,
+    "__ror__": operator.or_, "__rxor__": operator.xor, "__rlshift__": operator.lshift,
+    "__rrshift__": operator.rshift})
 
 
 def _specializing(name: str):
     reflected = _REFLECTED.get(name)
-    binary = getattr(operator, name.strip("_"), None) if name not in (
-        "__index__", "__int__", "__float__", "__bool__", "__str__", "__repr__", "__format__",
-        "__neg__", "__pos__", "__abs__", "__invert__", "__round__", "__floor__", "__ceil__",
-        "__trunc__", "__hash__", "__complex__", "__divmod__", "__rdivmod__") else None
+    # the operator module's function for the others (`__and__`: operator.and_); None where it
+    # has none (`__int__`, `__format__`...): the int's own method
+    bare = name.strip("_")
+    forward = getattr(operator, bare, None) or getattr(operator, f"{bare}_", None)
 
     def method(self, *args):
         self._tracer.specialize_batch_size(f"uses the batch size in Python (`{name}`)")
         args = [int(a._value) if isinstance(a, SymbolicBatchSize) else a for a in args]
-        # binary operators as the operator module applies them to eager's int, so that a
-        # numpy scalar on either side is promoted as it is with an int (np.int32(1) + n)
+        # as the operator module applies them to eager's int, so that a numpy scalar on either
+        # side is promoted as it is with an int (np.int32(1) + n)
         if reflected is not None:
-            return getattr(operator, reflected)(args[0], self._value)
-        if binary is not None:
-            return binary(self._value, *args)
+            return reflected(args[0], self._value)
+        if forward is not None:
+            return forward(self._value, *args)
         return getattr(self._value, name)(*args)
 
     method.__name__ = name
