@@ -340,6 +340,8 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                 raise
         if instead is not None:  # (outside the handler: the failure is no context of its errors)
             return instead(args, kwargs)
+        logs.runtime.debug("`%s`: pipeline run scheduled (batch size %d)", self.__qualname__,
+                           batch_size)
         if run is not None:  # (the user's frames: a deferred error's traceback, as eager's)
             run.call_stack = callers_stack()
         if at_call and run is not None:  # their run-time errors raise here, as eagerly

@@ -209,6 +209,9 @@ def test_logs_trace_recompile_break_and_build(caplog, batch):
     assert any(m.startswith("built <ndd_trace:") and " ms" in m
                for m in by_channel["ndd_trace.builds"])
     assert any("new region" in m for m in by_channel["ndd_trace.transparent"])
+    # `+runtime` adds each run, as debugging.md says (a debug line dropped in an earlier
+    # session to fit a class budget, found in this session's review)
+    assert sum("pipeline run scheduled" in m for m in by_channel["ndd_trace.runtime"]) >= 2
 
 
 def test_logs_parse():
