@@ -31,6 +31,7 @@ LAYERS = [
     {"tracing.writes"},
     {"tracing.code_writes"},
     {"tracing.values", "tracing.effects", "tracing.reads"},
+    {"tracing.plans"},
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},
     {"codegen.optimize", "codegen.coalesce"},
     {"codegen.lower"},
@@ -262,8 +263,9 @@ def test_one_cache_of_units():
     """I2: guard keys are built, fast guards kept and misses explained in units/cache.py only;
     entries, regions and per-sample variants are all held in a UnitCache (f7fb7da: modes/cache.py,
     per_sample.py and api.py built keys; report.py held the regions, per_sample.py its variants)."""
-    for name in ("build_key", "FastGuard", "plan_for"):
+    for name in ("build_key", "FastGuard"):
         assert _references(name) == ["tracing.guards", "units.cache"], name
+    assert _references("plan_for") == ["tracing.plans", "units.cache"]
     assert _references("explain_miss") == ["core.keys", "units.cache"]
     assert _references("LivePipelines") == ["units.cache"]
     holders = set()

@@ -19,7 +19,7 @@ from harness import assert_same, to_numpy
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace.tracing import guards
+from ndd_trace.tracing import guards, plans
 from ndd_trace import launch
 from ndd_trace.core import keys, logs
 
@@ -256,8 +256,8 @@ def test_logs_environment_variable(tmp_path):
 # -- readable keys and reports --------------------------------------------------------------------
 
 def test_guards_print_floats_as_written():
-    key_a = guards.build_key((0.1, 128.0), {}, guards.plan_for(lambda a, b: None), None, ("a", "b"))
-    key_b = guards.build_key((0.1, 120.5), {}, guards.plan_for(lambda a, b: None), None, ("a", "b"))
+    key_a = guards.build_key((0.1, 128.0), {}, plans.plan_for(lambda a, b: None), None, ("a", "b"))
+    key_b = guards.build_key((0.1, 120.5), {}, plans.plan_for(lambda a, b: None), None, ("a", "b"))
     assert keys.explain_miss(key_b, key_a) == \
         "b: 128.0 -> 120.5"
     assert "0x1" not in repr(key_a) and keys.show(key_a[0][1]) == "0.1"

@@ -23,7 +23,7 @@ from harness import Compiler, Step, assert_each_matches_eager, assert_matches_ea
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace.tracing import guards
+from ndd_trace.tracing import guards, plans
 
 
 @pytest.mark.parametrize("change", ["dtype", "layout", "ndim", "kind", "static"])
@@ -595,7 +595,7 @@ def test_repeated_call_skips_building_the_key(batch, monkeypatch):
 def test_baked_arguments_are_keyed_by_value():
     """A per-sample function's non-Batch arguments are part of its pipeline: a Tensor by its
     data (not the object), an RNG by which generator it is."""
-    plan = guards.plan_for(lambda image, value: None)
+    plan = plans.plan_for(lambda image, value: None)
     batch = ndd.batch([np.zeros((2, 2), np.uint8)] * 3)
     first, same, other = (ndd.tensor(np.array(v, np.float32)) for v in (1.5, 1.5, 2.5))
 
@@ -750,7 +750,7 @@ def test_a_function_that_passes_the_object_on_is_guarded_on_all_of_it():
 def _reason(function, before, after, *, args=(), kwargs=None, names=()):
     """The miss reason between two calls of `function`'s guards, `before()`/`after()` setting
     up each."""
-    plan = guards.plan_for(function)
+    plan = plans.plan_for(function)
     before()
     old = guards.build_key(args() if callable(args) else args, kwargs or {}, plan, names=names)
     after()
@@ -881,7 +881,7 @@ def test_self_and_closure_objects_are_keyed_by_the_attributes_read():
     cfg.lock = threading.Lock()
     resize(_images(3)).evaluate()
     assert resize.cache_info().traces == 1
-    plan = guards.plan_for(lambda x: augment.drawn + x)  # (augment: a closure variable)
+    plan = plans.plan_for(lambda x: augment.drawn + x)  # (augment: a closure variable)
     state = np.random.get_state()[1].copy()
     key = guards.build_key((1,), {}, plan)
     assert np.array_equal(np.random.get_state()[1], state)  # the property did not run

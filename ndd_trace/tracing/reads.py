@@ -1,6 +1,6 @@
 """What a function's bytecode reads: the globals, closure variables and parameters it loads,
 each read bare or only through attribute chains (`CFG.size`), and which code and modules are the
-user's. The guard plan (guards.plan_for) is made from it.
+user's. The guard plan (plans.plan_for) is made from it.
 
     found = global_reads(function.__code__)  # of `return ndd.resize(x, size=CFG.size)`:
     found.loaded                             # {"ndd", "CFG"}

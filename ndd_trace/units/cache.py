@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from ..core import keys, logs
 from ..core.ledger import Ledger
-from ..tracing import guards
+from ..tracing import guards, plans
 from .unit import Unit, batch_sizes
 
 
@@ -178,7 +178,7 @@ class UnitCache:
         self._function = function
         self._positional_names = positional_names
         self._baked = baked  # argument values are baked into the pipeline (per-sample)
-        self.plan = guards.plan_for(function) if function is not None else None
+        self.plan = plans.plan_for(function) if function is not None else None
         self.specialized_on_batch_size = False  # keys hold the batch size (a trace read it)
         self._fast: guards.FastGuard | None = None  # the last unit's guard, checked first
         self.worth_making = worth_making  # past free_units, lookup asks its Sightings
@@ -190,7 +190,7 @@ class UnitCache:
     def replan(self) -> bool:
         """Plan the guards again: the helpers the function calls may have changed; whether
         the plan reads anything else now (keys made before are then keys of another plan)."""
-        plan = guards.plan_for(self._function)
+        plan = plans.plan_for(self._function)
         changed = not plan.reads_as(self.plan)
         self.plan = plan
         return changed

@@ -1,0 +1,149 @@
+"""The guard plan: what a function reads besides its arguments (globals, closure cells, the
+user's modules' attributes), its own and that of the user helper functions it calls, found by
+reading their bytecode (reads.py). Guard keys (guards.build_key) read the values it names.
+
+    plan = plan_for(preprocess)   # preprocess reads CFG.size and calls augment(), which reads FLIP
+    plan.globals_read             # (("", "CFG", globals), ("augment() reads ", "FLIP", globals), ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+from . import reads
+from .effects import imported_reads
+
+@dataclasses.dataclass
+class GuardPlan:
+    """What a function reads besides its arguments: globals and closure cells, its own and
+    those of the user helper functions it calls (found by following global functions)."""
+
+    globals_read: tuple[tuple[str, str, dict], ...]  # (label prefix, name, globals dict)
+    closure: tuple[tuple[str, Any], ...]  # (label, cell)
+    # attributes read of the user's own modules (`config.SIZE`, a module global reads by
+    # identity): (label prefix, module global's name, globals dict, attribute chain)
+    module_attributes: tuple[tuple[str, str, dict, tuple[str, ...]], ...] = ()
+    # names read only as `name.a.b` (never passed, stored or read bare): the chains read, by
+    # ("global", id(globals dict), name), ("cell", id(cell)) or ("argument", parameter)
+    chains: dict[tuple, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
+    # its parameters, as labels spell arguments: (positional, keyword-only, *args, **kwargs)
+    parameters: tuple = ((), (), None, None)
+
+    def reads_as(self, other: GuardPlan | None) -> bool:
+        """Whether `other` reads the same globals, cells and module attributes (its keys are
+        then built alike: a key made with one holds for the other)."""
+        def reads(plan: GuardPlan) -> tuple:
+            return (tuple((prefix, name, id(namespace)) for prefix, name, namespace
+                          in plan.globals_read),
+                    tuple((label, id(cell)) for label, cell in plan.closure),
+                    tuple((prefix, name, id(namespace), chain) for prefix, name, namespace, chain
+                          in plan.module_attributes))
+
+        return other is not None and reads(self) == reads(other)
+
+
+_MISSING = object()
+
+
+def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
+    """Globals and closure cells `function` reads, following user helpers `max_depth` deep."""
+    globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
+    closure: list[tuple[str, Any]] = []
+    attributes: dict[tuple, tuple[str, str, dict, tuple[str, ...]]] = {}
+    chains: dict[tuple, set[tuple[str, ...]]] = {}
+    bare: set[tuple] = set()  # (what `chains` is keyed by) read otherwise too
+    seen: set[int] = set()
+
+    def helper(value: Any, depth: int) -> None:
+        if isinstance(value, (dict, list, tuple)):  # a table of helpers: each one's reads
+            for item in reads.functions_in(value):
+                helper(item, depth)
+            return
+        value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
+        if isinstance(value, types.MethodType):  # a bound method: its function
+            value = value.__func__
+        elif isinstance(value, type):  # a class called: its __init__
+            value = reads.class_attribute(value, "__init__")
+        elif reads.is_lru_cache(value):  # what it wraps (its globals: read at each new argument)
+            value = value.__wrapped__
+        elif not isinstance(value, types.FunctionType):  # an object called: its __call__, and
+            for item in reads.functions_in(getattr(value, "__dict__", None) or {}):  # self.fn
+                helper(item, depth)
+            value = reads.class_attribute(value, "__call__")
+        if depth < max_depth and reads.is_user_function(value):
+            visit(value, f"{value.__name__}() reads ", depth + 1)
+
+    def visit(fn: Any, prefix: str, depth: int) -> None:
+        if id(fn) in seen:
+            return
+        seen.add(id(fn))
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None:  # functools.wraps, a compiled helper: what it wraps, and
+            visit(wrapped, prefix, depth)  # a user's wrapper itself
+            if not reads.is_user_function(fn):
+                return
+        if not isinstance(fn, types.FunctionType):
+            return
+        code = fn.__code__
+        namespace = fn.__globals__
+        loaded, read, bare_names = reads.global_reads(code)
+        any_name = bool(loaded & reads.ANY_NAME)
+        loaded = loaded | reads.read_by_text(code, loaded, namespace)
+        for name in sorted(loaded):
+            globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
+            helper(namespace.get(name, _MISSING), depth)
+        for name, found in read.items():
+            chains.setdefault(("global", id(namespace), name), set()).update(found)
+            value = namespace.get(name)
+            for chain in sorted(found):
+                if reads.is_user_module(value):
+                    attributes.setdefault((id(namespace), name, chain),
+                                          (prefix, name, namespace, chain))
+                    helper(reads.chain_value(value, chain), depth)  # `utils.augment(x)`
+                else:  # a method or property of a user object or class (`aug.run(x)`)
+                    helper(reads.class_attribute(value, chain[0]), depth)
+        bare.update(("global", id(namespace), name)
+                    for name in (loaded if any_name else bare_names))
+        # modules the code imports itself (`from config import SIZE` in its body): read through
+        # sys.modules at every call (a module not imported yet reads as missing until it is)
+        for name, chain in sorted(imported_reads(code, namespace.get("__package__"))):
+            module = sys.modules.get(name)
+            if module is None or reads.is_user_module(module):
+                attributes.setdefault((id(sys.modules), name, chain),
+                                      (prefix, name, sys.modules, chain))
+                helper(reads.chain_value(module, chain), depth)
+        _, cell_chains, cell_bare = reads.cell_reads(code)
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            closure.append((f"{prefix}{name}", cell))
+            chains.setdefault(("cell", id(cell)), set()).update(cell_chains.get(name, ()))
+            if name in cell_bare or any_name:
+                bare.add(("cell", id(cell)))
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            helper(value, depth)
+            for chain in sorted(cell_chains.get(name, ())):  # as for a global
+                if reads.is_user_module(value):
+                    attributes.setdefault((id(cell), name, chain),
+                                          (prefix, name, {name: value}, chain))
+                    helper(reads.chain_value(value, chain), depth)
+                else:
+                    helper(reads.class_attribute(value, chain[0]), depth)
+        if depth == 0:  # the function's own parameters (not a captured one: a cell)
+            _, read, bare_names = reads.parameter_reads(code)
+            for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+                if name in code.co_cellvars or name in bare_names or any_name:
+                    bare.add(("argument", name))
+                chains[("argument", name)] = set(read.get(name, ()))
+
+    visit(function, "", 0)
+    code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+    return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()),
+                     {where: tuple(sorted(found)) for where, found in chains.items()
+                      if found and where not in bare},
+                     reads.parameters(code) if code is not None else ((), (), None, None))
