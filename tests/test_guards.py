@@ -234,6 +234,36 @@ def _through_an_attribute(x):
     return _HOLDER(x)
 
 
+class _Augmenting:
+    def __init__(self):
+        self.fn = _scaled_by_a_global
+
+    def augment(self, x):
+        return self._inner(x)
+
+    def _inner(self, x):
+        return x * _TABLE_SCALE
+
+
+class _Pipeline:
+    def __init__(self):
+        self.aug = _Augmenting()
+
+    def __call__(self, x):
+        return self.aug.augment(x)
+
+
+def _apply(augment, x):
+    return augment.augment(x)
+
+
+_GLOBAL_AUGMENT = _Augmenting()
+
+
+def _through_a_global_objects_method(x):
+    return _GLOBAL_AUGMENT.augment(x)
+
+
 def _changing(function, name, after, reason):
     """A READS case: `function`, reading global `name`, called, then called after `name`
     became `after`, then again."""
@@ -268,6 +298,9 @@ READS = {
     "a global read by a helper an object holds": _changing(
         _through_an_attribute, "_TABLE_SCALE", 3,
         "_scaled_by_a_global() reads _TABLE_SCALE: 2 -> 3"),
+    # found by the twenty-second session: a method called through a global object's `self`
+    "a global read by a method a global object's method calls": _changing(
+        _through_a_global_objects_method, "_TABLE_SCALE", 3, "_inner() reads _TABLE_SCALE: 2 -> 3"),
 }
 
 
@@ -283,7 +316,45 @@ def test_what_the_function_reads_changed_between_calls_retraces(case, batch, mon
     function, changes, reason = READS[case](monkeypatch)
     compiled = assert_each_matches_eager(function, batch, changes=changes, warn=None)
     assert compiled.cache_info().traces == 2
-    assert compiled.last_miss_reason == reason
+    assert reason in compiled.last_miss_reason.split("; ")
+
+
+
+# -- helpers reached through arguments (found by the twenty-second session: each gave a stale
+# result, silently, after the global the helper reads changed) --------------------------------
+
+ARGUMENT_HELPERS = {
+    # name: the function, its first argument, the last miss reason
+    "a method of an argument, and the method it calls": (
+        lambda aug, x: aug.augment(x), _Augmenting, "aug._inner() reads _TABLE_SCALE: 2 -> 3"),
+    "a function an argument holds": (
+        lambda aug, x: aug.fn(x), _Augmenting, "aug.fn() reads _TABLE_SCALE: 2 -> 3"),
+    "a compiled method's self, and an object it holds": (
+        _Pipeline.__call__, _Pipeline, "self.aug._inner() reads _TABLE_SCALE: 2 -> 3"),
+    "a function given": (
+        lambda transform, x: transform(x), lambda: _scaled_by_a_global,
+        "transform() reads _TABLE_SCALE: 2 -> 3"),
+    "a bound method given": (
+        lambda transform, x: transform(x), lambda: _Augmenting().augment,
+        "transform._inner() reads _TABLE_SCALE: 2 -> 3"),
+    "an argument passed on whole": (
+        lambda aug, x: _apply(aug, x), _Augmenting, "aug._inner() reads _TABLE_SCALE: 2 -> 3"),
+}
+
+
+@pytest.mark.parametrize("case", ARGUMENT_HELPERS)
+def test_globals_read_by_helpers_reached_through_arguments_are_guarded(case, batch, monkeypatch):
+    """A helper the function reaches through an argument (`self.augment(x)`, the methods
+    those call through `self`, a function or bound method given, an object given to another
+    helper) reads a global that changes between calls: the call after the change re-traces
+    and gives eager's result, and the miss names the helper as the user reached it."""
+    function, make, reason = ARGUMENT_HELPERS[case]
+    argument = make()
+    changes = [lambda: None, _set_global(monkeypatch, "_TABLE_SCALE", 3),
+               _set_global(monkeypatch, "_TABLE_SCALE", 3)]
+    compiled = assert_each_matches_eager(function, argument, batch, changes=changes, warn=None)
+    assert compiled.cache_info().traces == 2
+    assert reason in compiled.last_miss_reason.split("; ")
 
 
 # -- the batch size -----------------------------------------------------------------------------

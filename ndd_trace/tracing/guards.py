@@ -29,7 +29,7 @@ import numpy as np
 from .. import _dali
 from ..core.keys import KeyPolicy, Shown, class_key, freeze, is_code, is_user_class
 from . import reads
-from .plans import GuardPlan
+from .plans import GuardPlan, may_reach_code
 
 _MAX_DEPTH = 4
 
@@ -212,30 +212,24 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
     positional, keyword_only, varargs, varkw = plan.parameters
     names, chains = names or positional, plan.chains
     key: list[tuple[str, Any]] = []
+    arguments = []
     for index, value in enumerate(args):
         label = names[index] if index < len(names) else \
             f"{varargs or 'args'}[{index - len(names)}]"
-        key += _read(label, value, chains.get(("argument", label)), argument_key)
+        items = _read(label, value, chains.get(("argument", label)), argument_key)
+        key += items
+        if may_reach_code(value):
+            arguments.append((label, value, tuple(items)))
     for name in sorted(kwargs):
         label = f"{varkw}[{name!r}]" if varkw and name not in keyword_only else name
-        key += _read(label, kwargs[name], chains.get(("argument", name)), argument_key)
-    frozen = functools.partial(freeze, policy=GUARDS)
-    for prefix, name, namespace in plan.globals_read:
-        value = namespace.get(name, _MISSING)
-        if value is _MISSING:
-            value = builtins.__dict__.get(name, _MISSING)
-        key += [(f"{prefix}{name}", ("missing",))] if value is _MISSING else \
-            _read(f"{prefix}{name}", value, chains.get(("global", id(namespace), name)), frozen)
-    for prefix, name, namespace, chain in plan.module_attributes:
-        value = reads.chain_value(namespace.get(name), chain)
-        key.append((f"{prefix}{name}.{'.'.join(chain)}",
-                    ("missing",) if value is _MISSING else freeze(value, GUARDS)))
-    for label, cell in plan.closure:
-        try:
-            value = cell.cell_contents
-        except ValueError:
-            value = None
-        key += _read(label, value, chains.get(("cell", id(cell))), frozen)
+        items = _read(label, kwargs[name], chains.get(("argument", name)), argument_key)
+        key += items
+        if may_reach_code(kwargs[name]):
+            arguments.append((name, kwargs[name], tuple(items)))
+    for label, value, items in arguments:  # what functions reached through them read
+        for prefix, helper_plan in plan.argument_plans(label, value, items):
+            key += _reads_key(helper_plan, prefix)
+    key += _reads_key(plan, "")
     if batch_sizes is not None:
         key.append(("batch size", batch_sizes))
     others = [namespace.get(name) for _, name, namespace in plan.globals_read
@@ -244,6 +238,32 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
     if aliasing and len(set(aliasing)) < len(aliasing):
         key.append(("RNG arguments that are the same generator", aliasing))
     return tuple(key)
+
+
+def _reads_key(plan: GuardPlan, outer: str) -> list:
+    """The key items of what a plan reads besides arguments: globals, the user's modules'
+    attributes, closure cells (each label after `outer`)."""
+    key: list[tuple[str, Any]] = []
+    chains = plan.chains
+    frozen = functools.partial(freeze, policy=GUARDS)
+    for prefix, name, namespace in plan.globals_read:
+        value = namespace.get(name, _MISSING)
+        if value is _MISSING:
+            value = builtins.__dict__.get(name, _MISSING)
+        label = f"{outer}{prefix}{name}"
+        key += [(label, ("missing",))] if value is _MISSING else \
+            _read(label, value, chains.get(("global", id(namespace), name)), frozen)
+    for prefix, name, namespace, chain in plan.module_attributes:
+        value = reads.chain_value(namespace.get(name), chain)
+        key.append((f"{outer}{prefix}{name}.{'.'.join(chain)}",
+                    ("missing",) if value is _MISSING else freeze(value, GUARDS)))
+    for label, cell in plan.closure:
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            value = None
+        key += _read(f"{outer}{label}", value, chains.get(("cell", id(cell))), frozen)
+    return key
 
 
 _IMMUTABLE = (float, bool, int, str, bytes, complex, type(None), np.number, np.bool_)
@@ -312,29 +332,33 @@ class FastGuard:
                 arguments.append((None, value))
             else:
                 return None
-        globals_read = []
-        for _, name, namespace in plan.globals_read:
-            value = namespace.get(name, _MISSING)
-            builtin = builtins.__dict__.get(name, _MISSING) if value is _MISSING else None
-            if not _same_object_same_guard(builtin if value is _MISSING else value) and \
-                    (value is not _MISSING or builtin is not _MISSING):
-                return None
-            globals_read.append((namespace, name, value, builtin))
-        cells = []
-        for _, cell in plan.closure:
-            try:
-                value = cell.cell_contents
-            except ValueError:
-                return None
-            if not _same_object_same_guard(value):
-                return None
-            cells.append((cell, value))
-        attributes = []
-        for _, name, namespace, chain in plan.module_attributes:
-            value = reads.chain_value(namespace.get(name), chain)
-            if not _same_object_same_guard(value):
-                return None
-            attributes.append((namespace, name, chain, value))
+        # what the function reads, and what functions given as arguments read
+        names = plan.parameters[0]
+        reached = [helper for index, (kind, value) in enumerate(arguments) if kind is None
+                   for _, helper in plan.argument_plans(
+                       names[index] if index < len(names) else f"args[{index}]", value)]
+        globals_read, cells, attributes = [], [], []
+        for read in (plan, *reached):
+            for _, name, namespace in read.globals_read:
+                value = namespace.get(name, _MISSING)
+                builtin = builtins.__dict__.get(name, _MISSING) if value is _MISSING else None
+                if not _same_object_same_guard(builtin if value is _MISSING else value) and \
+                        (value is not _MISSING or builtin is not _MISSING):
+                    return None
+                globals_read.append((namespace, name, value, builtin))
+            for _, cell in read.closure:
+                try:
+                    value = cell.cell_contents
+                except ValueError:
+                    return None
+                if not _same_object_same_guard(value):
+                    return None
+                cells.append((cell, value))
+            for _, name, namespace, chain in read.module_attributes:
+                value = reads.chain_value(namespace.get(name), chain)
+                if not _same_object_same_guard(value):
+                    return None
+                attributes.append((namespace, name, chain, value))
         return FastGuard(plan, entry, len(args), tuple(arguments), tuple(globals_read),
                          tuple(cells), tuple(attributes))
 

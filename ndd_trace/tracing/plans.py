@@ -9,11 +9,15 @@ reading their bytecode (reads.py). Guard keys (guards.build_key) read the values
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from .. import _dali
 from . import reads
 from .effects import imported_reads
 
@@ -32,6 +36,35 @@ class GuardPlan:
     chains: dict[tuple, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
     # its parameters, as labels spell arguments: (positional, keyword-only, *args, **kwargs)
     parameters: tuple = ((), (), None, None)
+    # the plans of the functions reached through arguments, made at their first call:
+    # function -> (its code then, its plan), and (label, the argument's key items) -> what
+    # argument_plans answered; a new plan (replan) starts without them
+    helper_plans: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def argument_plans(self, label: str, value: Any,
+                       memo: Any = None) -> list[tuple[str, GuardPlan]]:
+        """The plans of the user functions a call reaches through one argument (`label`, as
+        keys spell it), each with its label prefix (`aug.augment() reads `): a function or
+        bound method given, a table of them, the methods of an object or class given
+        (`self.augment(x)`, and what those reach through `self`). Their globals are guarded as
+        the function's own are. `memo`: the argument's own key items, which fix what it
+        reaches (its classes, the functions it holds), so the answer is kept by them."""
+        if not may_reach_code(value):
+            return []
+        known = self.helper_plans.get((label, memo)) if memo is not None else None
+        if known is not None:
+            return known
+        found = []
+        for path, function in argument_helpers(value, self.chains.get(("argument", label))):
+            made = self.helper_plans.get(function)
+            if made is None or made[0] is not function.__code__:
+                made = self.helper_plans[function] = (function.__code__, plan_for(function))
+            found.append((f"{label}{path}() reads ", made[1]))
+        if memo is not None:
+            if len(self.helper_plans) > MEMO_LIMIT:
+                self.helper_plans.clear()
+            self.helper_plans[(label, memo)] = found
+        return found
 
     def reads_as(self, other: GuardPlan | None) -> bool:
         """Whether `other` reads the same globals, cells and module attributes (its keys are
@@ -47,6 +80,40 @@ class GuardPlan:
 
 
 _MISSING = object()
+MEMO_LIMIT = 512  # the most answers a plan keeps (past it they are made again)
+_DATA = (int, float, str, bytes, bool, complex, type(None))
+
+
+def may_reach_code(value: Any) -> bool:
+    """Whether user code may be reached through this argument (not through a number, a
+    string, a Batch or an array: the fast way out)."""
+    return not isinstance(value, _DATA) and not isinstance(value, (_dali.Batch, _dali.Tensor, np.ndarray, np.generic)) and (
+        hasattr(value, "__dict__") or isinstance(value, (dict, list, tuple, types.MethodType)))
+
+
+def argument_helpers(value: Any, chains: Any) -> list[tuple[str, types.FunctionType]]:
+    """The user functions reached through an argument the function reads as `value.<chain>`
+    for each of `chains` (None: read whole), each with the path that reaches it (`.augment`,
+    `[0]`, `` for the argument itself)."""
+    if not may_reach_code(value):
+        return []
+    if isinstance(value, functools.partial):
+        value = value.func
+    value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
+    if isinstance(value, types.FunctionType):
+        return [("", value)] if reads.is_user_function(value) else []
+    if isinstance(value, (dict, list, tuple)):
+        return [(f"[{index}]", function)
+                for index, function in enumerate(reads.functions_in(value))
+                if reads.is_user_function(function)]
+    if isinstance(value, types.MethodType):  # the function, and what it reaches through self
+        function = value.__func__
+        if not reads.is_user_function(function):
+            return []
+        reached = reads.methods_reached(value.__self__, reads.first_parameter_chains(function))
+        return [("", function), *((f".{path}", found) for path, found in reached)]
+    return [(f".{path}", found) for path, found in reads.methods_reached(value, chains)]
+
 
 
 def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
@@ -64,16 +131,17 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                 helper(item, depth)
             return
         value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
-        if isinstance(value, types.MethodType):  # a bound method: its function
+        if isinstance(value, types.MethodType):  # a bound method: its function, and what
+            for _, item in reads.methods_reached(  # it reaches through its object
+                    value.__self__, reads.first_parameter_chains(value.__func__)):
+                helper(item, depth)
             value = value.__func__
-        elif isinstance(value, type):  # a class called: its __init__
-            value = reads.class_attribute(value, "__init__")
         elif reads.is_lru_cache(value):  # what it wraps (its globals: read at each new argument)
             value = value.__wrapped__
-        elif not isinstance(value, types.FunctionType):  # an object called: its __call__, and
-            for item in reads.functions_in(getattr(value, "__dict__", None) or {}):  # self.fn
+        elif not isinstance(value, types.FunctionType):  # a class or object read whole: every
+            for _, item in reads.methods_reached(value, None):  # function it leads to
                 helper(item, depth)
-            value = reads.class_attribute(value, "__call__")
+            return
         if depth < max_depth and reads.is_user_function(value):
             visit(value, f"{value.__name__}() reads ", depth + 1)
 
@@ -95,7 +163,8 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
         loaded = loaded | reads.read_by_text(code, loaded, namespace)
         for name in sorted(loaded):
             globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
-            helper(namespace.get(name, _MISSING), depth)
+            if name in bare_names or any_name or name not in read:  # (else: by its chains)
+                helper(namespace.get(name, _MISSING), depth)
         for name, found in read.items():
             chains.setdefault(("global", id(namespace), name), set()).update(found)
             value = namespace.get(name)
@@ -105,7 +174,8 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                                           (prefix, name, namespace, chain))
                     helper(reads.chain_value(value, chain), depth)  # `utils.augment(x)`
                 else:  # a method or property of a user object or class (`aug.run(x)`)
-                    helper(reads.class_attribute(value, chain[0]), depth)
+                    for _, item in reads.methods_reached(value, [chain]):
+                        helper(item, depth)
         bare.update(("global", id(namespace), name)
                     for name in (loaded if any_name else bare_names))
         # modules the code imports itself (`from config import SIZE` in its body): read through
@@ -133,7 +203,8 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                                           (prefix, name, {name: value}, chain))
                     helper(reads.chain_value(value, chain), depth)
                 else:
-                    helper(reads.class_attribute(value, chain[0]), depth)
+                    for _, item in reads.methods_reached(value, [chain]):
+                        helper(item, depth)
         if depth == 0:  # the function's own parameters (not a captured one: a cell)
             _, read, bare_names = reads.parameter_reads(code)
             for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:

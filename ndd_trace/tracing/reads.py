@@ -17,6 +17,7 @@ counts), and a function that calls `globals()`, `locals()`, `vars()`, `eval` or 
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import itertools
 import sys
@@ -174,3 +175,82 @@ def class_attribute(value: Any, name: str) -> Any:
             found = found.fget if isinstance(found, property) else found
             return getattr(found, "__func__", found)  # (staticmethod, classmethod)
     return None
+
+
+MAX_METHODS = 64  # the most functions followed through one object (and the objects it holds)
+
+
+def _held_names(value: Any) -> list[str]:
+    """Every attribute name a whole object (or class) read may reach code through: its user
+    classes' functions and properties, its own attributes."""
+    kind = value if isinstance(value, type) else type(value)
+    names = [name for cls in kind.__mro__ if is_user_class(cls) for name in vars(cls)
+             if not (name.startswith("__") and name not in ("__call__", "__init__"))]
+    return names + list(getattr(value, "__dict__", None) or {}) if not isinstance(value, type) \
+        else names
+
+
+def _is_user_object(value: Any) -> bool:
+    if isinstance(value, type):
+        return is_user_class(value)
+    return hasattr(value, "__dict__") and is_user_class(type(value)) and \
+        not isinstance(value, (types.FunctionType, types.MethodType, types.ModuleType))
+
+
+def first_parameter_chains(function: types.FunctionType) -> Any:
+    """The attribute chains a function reads of its first parameter (`self.augment`:
+    ("augment",)); None where it reads it whole (passes it on, stores it, captures it)."""
+    return _first_parameter_chains(function.__code__)
+
+
+@functools.lru_cache(maxsize=1024)  # (read at every call of a function given an object)
+def _first_parameter_chains(code: types.CodeType) -> Any:
+    if not code.co_argcount:
+        return ()
+    _, read, bare = parameter_reads(code)
+    first = code.co_varnames[0]
+    return None if first in bare or first in code.co_cellvars else tuple(read.get(first, ()))
+
+
+def methods_reached(value: Any, chains: Any) -> list[tuple[str, types.FunctionType]]:
+    """The user functions code reaches through an object (or class) it reads as `value.<chain>`
+    for each of `chains` (None: it reads it whole, so every attribute counts): its class's
+    methods and properties (`self.augment(x)`), functions it holds (`self.fn = helper`, a table
+    of them), those of the user objects it holds (`self.aug.run(x)`), and within each method
+    found, what that method reaches through its own first parameter (`self._inner(x)`). Each
+    with the attribute path that reaches it (`augment`, `aug.run`); MAX_METHODS at most."""
+    found: dict[int, tuple[str, types.FunctionType]] = {}
+    read_whole: set[int] = set()
+    todo: list[tuple[Any, str, Any]] = [(value, "", chains)]
+    while todo and len(found) < MAX_METHODS:
+        obj, base, obj_chains = todo.pop()
+        if not _is_user_object(obj):
+            continue
+        if obj_chains is None:
+            if id(obj) in read_whole or len(read_whole) >= MAX_METHODS:
+                continue
+            read_whole.add(id(obj))
+            obj_chains = [(name,) for name in _held_names(obj)]
+        for chain in obj_chains:
+            current, at = obj, base
+            for step, attribute in enumerate(chain):
+                path = f"{at}.{attribute}" if at else attribute
+                function = class_attribute(current, attribute)
+                if function is not None:  # a method: and what its own `self` reaches
+                    if is_user_function(function) and id(function) not in found:
+                        found[id(function)] = (path, function)
+                        todo.append((current, at, first_parameter_chains(function)))
+                    break
+                held = inspect.getattr_static(current, attribute, None) \
+                    if _is_user_object(current) else None
+                if isinstance(held, (dict, list, tuple)):
+                    held = functions_in(held)
+                for item in held if isinstance(held, list) else (held,):
+                    if is_user_function(item) and id(item) not in found:
+                        found[id(item)] = (path, item)
+                if not _is_user_object(held):
+                    break
+                current, at = held, path
+                if step == len(chain) - 1:  # an object read whole (`self.aug(x)`, passed on)
+                    todo.append((held, path, None))
+    return list(found.values())

@@ -191,7 +191,8 @@ class UnitCache:
         """Plan the guards again: the helpers the function calls may have changed; whether
         the plan reads anything else now (keys made before are then keys of another plan)."""
         plan = plans.plan_for(self._function)
-        changed = not plan.reads_as(self.plan)
+        # (the functions reached through arguments are planned again too, at the next key)
+        changed = not plan.reads_as(self.plan) or bool(self.plan.helper_plans)
         self.plan = plan
         return changed
 

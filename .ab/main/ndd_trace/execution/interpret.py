@@ -1,0 +1,116 @@
+"""Run a graph with eager ndd: the reference semantics, and the fallback when a pipeline fails.
+
+    values = interpret(graph, leaves)      # leaves: node -> concrete Batch/Tensor or words
+    values[Ref(node, 0)]                   # an ndd.Batch
+
+Random ops get back the exact state recorded for them (through a generator that replays the
+drawn words), so an interpreted graph gives the values the pipeline would, and draws nothing new.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _dali
+from ..core import passes
+from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
+from ..tracing.trace import inference_metas
+
+
+def interpret(graph: Graph, leaves: dict[Any, Any], batch_size: int | None = None,
+              failed: list[tuple[Node, bool]] | None = None) -> dict[Ref, Any]:
+    """Evaluate every op node of `graph` eagerly; `leaves` maps id(node) (or (id(node), output
+    index)) -> value for the other nodes (inputs, constants, random-state words, readers).
+    `batch_size`: the batch size of the run being replayed (a pipeline runs every batch op at
+    it; the graph holds the batch size it was recorded or traced with). `failed`: where an op
+    call raises, (that op, whether DALI rejects the call itself: `rejects_call`) is appended to
+    it (in a synchronous EvalMode, the op whose own error it is)."""
+    values: dict[Ref, Any] = {}
+
+    def value_of(ref: Ref) -> Any:
+        if ref.node.kind is NodeKind.OP:
+            return values[ref]
+        if (id(ref.node), ref.index) in leaves:  # one entry per output of multi-output leaves
+            return leaves[(id(ref.node), ref.index)]
+        return leaves[id(ref.node)]
+
+    with _dali.eager_inside_trace():
+        for node in graph.nodes:
+            if node.kind is not NodeKind.OP:
+                continue
+            function = _dali.op_function_of(node.op_class)
+            kwargs: dict[str, Any] = dict(node.static)
+            for key, ref in node.arg_inputs.items():
+                if key == "_random_state":
+                    kwargs["rng"] = _dali.ReplayRNG(value_of(ref))
+                else:
+                    kwargs[key] = value_of(ref)
+            inputs = [value_of(ref) for ref in node.inputs]
+            device = "gpu" if node.backend in ("gpu", "mixed") else "cpu"
+            if node.is_batch and not inputs:
+                kwargs["batch_size"] = int(node.batch_size if batch_size is None else batch_size)
+            try:
+                result = function(*inputs, device=device, **kwargs)
+            except Exception:
+                if failed is not None:
+                    failed.append((node, rejects_call(node, value_of)))
+                raise
+            if node.num_outputs == 1:
+                values[Ref(node, 0)] = result
+            else:
+                items = list(result.values()) if isinstance(result, dict) else list(result)
+                for index, item in enumerate(items):
+                    values[Ref(node, index)] = item
+    return values
+
+
+def rejects_call(node: Node, value_of: Any) -> bool:
+    """Whether DALI rejects `node`'s call given the real metadata of what it reads (`value_of`:
+    Ref -> the value an op computed): the check eager ndd makes at every call (its operator's
+    `_init_spec`, which runs the inputs whose metadata it cannot infer), as opposed to a
+    failure of the op's run."""
+
+    def real(ref: Ref) -> TensorMeta:
+        if ref.node.kind is not NodeKind.OP:
+            return ref.node.meta[ref.index]
+        return _dali.meta_of(value_of(ref))
+
+    try:
+        input_metas, arg_metas = inference_metas(
+            [real(ref) for ref in node.inputs], node.input_devices,
+            {key: real(ref) for key, ref in node.arg_inputs.items()}, node.arg_casts)
+    except Exception:  # noqa: BLE001 (an input that failed itself: not this call's rejection)
+        return False
+    try:
+        _dali.infer_metadata(node.op_class, node.backend, node.static, input_metas, arg_metas)
+    except Exception:  # noqa: BLE001 (DALI's verdict on the call)
+        return True
+    return False
+
+
+def interpret_unaffected(graph: Graph, failed: Node, leaves: dict[Any, Any],
+                         batch_size: int | None = None) -> list | None:
+    """The outputs of `graph` that do not read the op `failed` (a failed pipeline run's), as
+    eager ndd gives them: eager fails only the results that use a failing call, and computes
+    the others. Their ops are interpreted on the run's `leaves`, each call synchronous; one
+    TensorList per output, None for an output that reads `failed`. None where no output is
+    unaffected, or where one of their ops fails too (the run's error then stands for all)."""
+    reads: set[int] = set()  # ids of `failed` and of the ops that read it (program order)
+    for node in graph.nodes:
+        if node is failed or any(id(ref.node) in reads
+                                 for ref in (*node.inputs, *node.arg_inputs.values())):
+            reads.add(id(node))
+    unaffected = [id(ref.node) not in reads for ref in graph.outputs]
+    if not any(unaffected):
+        return None
+    needed = Graph(graph.name)
+    needed.outputs = [ref for ref, keep in zip(graph.outputs, unaffected) if keep]
+    needed.nodes = list(graph.nodes)
+    passes.eliminate_dead_code(needed)
+    try:
+        with _dali.synchronous():
+            values = interpret(needed, leaves, batch_size)
+            data = {id(ref): _dali.storage_of(values[ref]) for ref in needed.outputs}
+    except Exception:  # noqa: BLE001 (another op fails too: the run's error stands)
+        return None
+    return [data[id(ref)] if keep else None for ref, keep in zip(graph.outputs, unaffected)]

@@ -1,0 +1,1 @@
+"""The modes: compiled generators (loop), transparent mode (lazy) and per-sample functions."""

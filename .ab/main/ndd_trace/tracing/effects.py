@@ -1,0 +1,475 @@
+"""What a compiled function's Python does at each call: `find_effect` finds a call known to have
+an effect or to give another value at each call, and the loop check (stepcheck.py) builds on
+its reading of a function's source (`source_tree`, `Resolver`, `Finding`).
+
+    finding = find_effect(step)                 # None: no call known to be impure
+
+A compiled function's Python runs at its trace only. `find_effect` looks in it (and the helpers
+it calls) for a call known to have an effect or to give another value at each call (`print`,
+`next`, `random`, `time`, `logging`, a global deque's `append`, ...), which eager runs at every
+call: the caller (stage.py) then runs the function in transparent mode, its Python at every
+call. Unlike the loop check it is not conservative: what it does not know to be impure is left
+to the guards (docs/limitations.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import dis
+import importlib.util
+import inspect
+import sys
+import textwrap
+import types
+from typing import Any
+
+from ..core.source import SourceLoc
+from .code_writes import FREE_LOADS, bytecode_write
+from .writes import DUNDER_MUTATORS, SHALLOW, UNKNOWN, Origin, WriteFinder
+
+# modules whose functions are pure computations (their random/time submodules are not)
+PURE_MODULES = ("nvidia.dali", "numpy", "math", "operator", "functools", "itertools", "copy")
+IMPURE_MODULES = ("numpy.random", "random", "time", "os", "sys", "logging", "torch.random",
+                  "torch.distributions")
+# torch's draws are C functions of `torch` (and tensors' methods, of `torch._C`), beside its
+# pure computations
+_TORCH_DRAWS = frozenset({"rand", "rand_like", "randint", "randint_like", "randn", "randn_like",
+                          "randperm", "normal", "bernoulli", "multinomial", "poisson", "seed",
+                          "manual_seed", "uniform_", "normal_", "random_", "bernoulli_",
+                          "exponential_", "geometric_", "cauchy_", "log_normal_"})
+# builtins whose call is an effect, or gives another value at each call
+_EFFECT_BUILTINS = frozenset({"print", "next", "input", "open", "exec", "eval", "setattr",
+                              "delattr", "breakpoint"})
+_EFFECT_MODULES = (*IMPURE_MODULES, "queue", "threading")
+# methods that change the Python object they are called on, for Python's own containers and
+# streams (a deque or a stream is guarded by its identity only: its change would go unseen)
+_CONTAINER_MODULES = ("builtins", "collections", "_collections", "io", "_io", "array")
+_MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "insert", "pop",
+                       "popleft", "popitem", "remove", "discard", "add", "update", "clear",
+                       "setdefault", "sort", "reverse", "rotate", "write", "writelines",
+                       "flush"})
+MAX_DEPTH = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """Why a loop body cannot be traced once: the construct, and where it is. `captures`: the
+    loop iterates `source.captured(...)`, which DALI's capture mode drives (as eagerly)."""
+
+    reason: str
+    loc: SourceLoc
+    captures: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.loc}: {self.reason}"
+
+
+class Unprovable(Exception):
+    """What a check could not prove (the reason), at an AST node."""
+
+    def __init__(self, reason: str, node: ast.AST | None):
+        super().__init__(reason)
+        self.reason = reason
+        self.node = node
+
+
+def source_tree(function: Any) -> tuple[ast.FunctionDef, str, int] | None:
+    """The function's AST, file and first line; None where the source is not available."""
+    try:
+        lines, first = inspect.getsourcelines(function)
+        filename = inspect.getsourcefile(function) or function.__code__.co_filename
+    except (OSError, TypeError):
+        return None
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    return node, filename, first
+
+
+def snippet(node: ast.AST) -> str:
+    """The node as source, its first line, cut to 60 characters."""
+    text = ast.unparse(node).strip().splitlines()[0]
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def source_loc(filename: str, first: int, node: ast.AST | None, function: Any) -> SourceLoc:
+    line = first + (getattr(node, "lineno", 1) - 1)
+    return SourceLoc(filename, line, function.__name__)
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+class Resolver:
+    """Reads the free names of one function's Python, without running any of it."""
+
+    def __init__(self, function: Any, depth: int = 0):
+        self.function = function
+        self.depth = depth
+        code = function.__code__
+        self.globals = function.__globals__
+        self.closure = dict(zip(code.co_freevars,
+                                (c.cell_contents for c in function.__closure__ or ()
+                                 if _cell_filled(c))))
+        # names the body binds by importing (`import torch` in it): read through sys.modules
+        self.imported = _imported_names(code, self.globals.get("__package__"))
+
+    def _resolve(self, name: str) -> tuple[bool, Any]:
+        """(known, value) of a free name: a closure cell, a global or a builtin, or a name the
+        body imports (a module imported already)."""
+        if name in self.imported:
+            module, chain = self.imported[name]
+            value = sys.modules.get(module)
+            for attr in chain if value is not None else ():
+                try:
+                    value = inspect.getattr_static(value, attr)
+                except AttributeError:
+                    return False, None
+            return value is not None, value
+        if name in self.closure:
+            return True, self.closure[name]
+        if name in self.globals:
+            return True, self.globals[name]
+        if hasattr(builtins, name):
+            return True, getattr(builtins, name)
+        return False, None
+
+    def _chain(self, node: ast.AST) -> tuple[str, list[str]] | None:
+        attrs = []
+        while isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name):
+            return node.id, attrs[::-1]
+        return None
+
+    def _callee(self, root: str, attrs: list[str]) -> tuple[bool, Any]:
+        """(known, value) of a free name's attribute chain (`log.info`), read without running
+        any code (methods unwrapped to their functions)."""
+        known, value = self._resolve(root)
+        if not known:
+            return False, None
+        for attr in attrs:
+            try:
+                value = inspect.getattr_static(value, attr)
+            except AttributeError:
+                return False, None
+            value = getattr(value, "__func__", value)
+        return True, value
+
+
+def _function_called(value: Any) -> Any:
+    """The Python function a call of `value` runs: a bound method's function, a callable
+    object's `__call__` (a RandAugment object whose `__call__` draws from `random`), of a class
+    outside the libraries whose calls are known; else `value` itself."""
+    if isinstance(value, types.MethodType):
+        return value.__func__
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
+        return value
+    call = getattr(type(value), "__call__", None)
+    if isinstance(call, types.FunctionType) and \
+            not _module_of(call).startswith((*PURE_MODULES, "torch")):
+        return call
+    return value
+
+
+def _module_of(value: Any) -> str:
+    """The module a callee comes from, bound builtins (`random.random`: a method of a hidden
+    Random) and C methods (numpy's `Generator.random`) included."""
+    module = getattr(value, "__module__", None)
+    if module:
+        return module
+    owner = getattr(value, "__objclass__", None) or getattr(value, "__self__", None)
+    if owner is None or inspect.ismodule(owner):
+        return getattr(owner, "__name__", "") or ""
+    return getattr(owner if isinstance(owner, type) else type(owner), "__module__", "") or ""
+
+
+def _parameters(code: types.CodeType) -> tuple[str, ...]:
+    """The function's parameters (*args and **kwargs included)."""
+    count = code.co_argcount + code.co_kwonlyargcount + \
+        bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return code.co_varnames[:count]
+
+
+def _stored_free_name(code: types.CodeType) -> str | None:
+    """The first global or nonlocal name the code assigns or deletes (`global STEP; STEP += 1`),
+    or None."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") or (
+                instruction.opname in ("STORE_DEREF", "DELETE_DEREF")
+                and instruction.argval in code.co_freevars):
+            return instruction.argval
+    return None
+
+
+class _EffectFinder(Resolver):
+    """Finds a call known to be impure, or a write into an object the function did not make,
+    in a compiled function's Python (find_effect). `origins`: its parameters' (None: not
+    known)."""
+
+    def __init__(self, function: Any, depth: int = 0, origins: dict | None = None):
+        super().__init__(function, depth)
+        self.origins = _all_origins(function.__code__, origins)
+
+    def find(self, body: list[ast.stmt]) -> None:
+        code = self.function.__code__
+        local = {*code.co_varnames, *code.co_cellvars}
+        self.writes = WriteFinder(body, self.origins, local, self.callee_of, _MUTATORS)
+        for statement in body:
+            for node in ast.walk(statement):
+                if isinstance(node, (ast.Global, ast.Nonlocal)):
+                    self.check_stores(node)
+                if isinstance(node, ast.Call):
+                    self.check_effect(node, local)
+                write = self.writes.write_reason(node)
+                if write is not None:
+                    raise Unprovable(*write)
+
+    def callee_of(self, node: ast.expr) -> tuple[bool, Any, str]:
+        """(known, value, module) of a free name's attribute chain (WriteFinder's `callee`)."""
+        chain = self._chain(node)
+        if chain is None or (chain[0] in self.writes.local and chain[0] not in self.imported) \
+                or chain[0] in self.origins:
+            return False, None, ""
+        known, value = self._callee(*chain)
+        return known, value, _module_of(value) if known else ""
+
+    def call_origins(self, call: ast.Call, function: Any) -> dict | None:
+        """The origins of a helper's parameters at this call (None: not known, as for a
+        method's call or a call with `*args`)."""
+        chain = self._chain(call.func)
+        if chain is None or (chain[1] and not isinstance(
+                self._callee(chain[0], chain[1][:-1])[1], types.ModuleType)):
+            return None
+        code = function.__code__
+        positional = code.co_varnames[:code.co_argcount]
+        defaults = function.__defaults__ or ()
+        given = {**dict(zip(positional[len(positional) - len(defaults):], defaults)),
+                 **(function.__kwdefaults__ or {})}
+        spread = [a for a in call.args if isinstance(a, ast.Starred)] or \
+            [k for k in call.keywords if k.arg is None]
+        # (a `*args` or `**kwargs` at the call: what it gives is not known, defaults neither)
+        origins = {name: Origin(value=value) for name, value in given.items() if not spread}
+        leading = call.args[:call.args.index(spread[0])] if spread and \
+            isinstance(spread[0], ast.Starred) else call.args
+        for name, argument in [*zip(positional, leading),
+                               *((k.arg, k.value) for k in call.keywords if k.arg)]:
+            made = self.writes.made(argument)
+            values = self.writes.known_values(argument) if not made else None
+            origins[name] = Origin(made) if made else \
+                Origin(value=values[0] if values and len(values) == 1 else UNKNOWN)
+        return origins
+
+    def check_stores(self, node: ast.AST | None) -> None:
+        """A global or nonlocal name the function assigns: eager assigns it at every call."""
+        name = _stored_free_name(self.function.__code__)
+        if name is not None:
+            raise Unprovable(f"assigns `{name}` (global or nonlocal), as eager does at every "
+                             "call", node)
+
+    def check_effect(self, call: ast.Call, local: set[str]) -> None:
+        chain = self._chain(call.func)
+        if chain is None or (chain[0] in local and chain[0] not in self.imported):
+            return  # a value of its own, or an argument's: its writes are WriteFinder's
+        known, value = self._callee(*chain)
+        if known:
+            inlined = getattr(value, "_ndd_trace_inlined", None) or value
+            origins = self.call_origins(call, inlined) \
+                if isinstance(inlined, types.FunctionType) else None
+            self.check_callee(value, snippet(call.func), call, origins)
+
+    def check_callee(self, value: Any, what: str, node: ast.AST,
+                     origins: dict | None = None) -> None:
+        value = getattr(value, "_ndd_trace_inlined", None) or value  # a compiled helper
+        module = _module_of(value)
+        name = getattr(value, "__name__", "")
+        if (module == "builtins" or value is builtins.open) and name in _EFFECT_BUILTINS:
+            raise Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
+        if (module in _CONTAINER_MODULES and name in _MUTATORS) or name in DUNDER_MUTATORS:
+            raise Unprovable(f"calls `{what}`, which changes a Python object at every call",
+                             node)
+        if module.startswith(_EFFECT_MODULES) or (
+                module in ("torch", "torch._C") and name in _TORCH_DRAWS):
+            raise Unprovable(f"calls `{what}`, which gives other values or effects at each "
+                             "call", node)
+        function = _function_called(value)
+        if function is not value:  # (a bound method's or a callable object's: `self` first)
+            origins, module = None, _module_of(function)
+        if isinstance(function, types.FunctionType) and not module.startswith(PURE_MODULES) \
+                and self.depth < MAX_DEPTH:
+            finding = _find_effect_in(function, self.depth + 1, origins)
+            if finding is not None:
+                raise Unprovable(f"calls `{what}`, which {finding.reason} (at {finding.loc})",
+                                 node)
+
+
+def find_effect(function: Any, arguments: dict | None = None) -> Finding | None:
+    """The first call in `function` (or a helper it calls, 3 deep) known to have an effect or
+    to give another value at each call, or write into an object the function did not make;
+    None where there is none. `arguments`: the call's, by parameter name (a bare `x += 1`
+    changes a list in place, and rebinds a Batch or a number)."""
+    if not isinstance(function, types.FunctionType):
+        return None
+    origins = {name: Origin(value=value) for name, value in (arguments or {}).items()}
+    return _find_effect_in(function, 0, origins)
+
+
+def _all_origins(code: types.CodeType, origins: dict | None) -> dict[str, Origin]:
+    """Every parameter's origin: as given, another's object of an unknown value where not
+    given; `*args` and `**kwargs` are made by the call (their items are not)."""
+    found = {name: (origins or {}).get(name, Origin()) for name in _parameters(code)}
+    for flag, index in ((inspect.CO_VARARGS, code.co_argcount + code.co_kwonlyargcount),
+                        (inspect.CO_VARKEYWORDS, len(found) - 1)):
+        if code.co_flags & flag:
+            found[_parameters(code)[index]] = Origin(SHALLOW)
+    return found
+
+
+def _find_effect_in(function: Any, depth: int, origins: dict | None = None) -> Finding | None:
+    if not isinstance(function, types.FunctionType):
+        return None
+    try:
+        tree = source_tree(function)
+    except SyntaxError:
+        tree = None
+    if tree is None:  # `python -c`, exec'd strings: read the bytecode instead
+        return _find_effect_in_code(function, depth, origins)
+    node, filename, first = tree
+    try:
+        _EffectFinder(function, depth, origins).find(node.body)
+    except Unprovable as problem:
+        return Finding(problem.reason, source_loc(filename, first, problem.node, function))
+    return None
+
+
+def _free_name_chains(code: types.CodeType, imported: dict) -> list[tuple[str, list[str],
+                                                                         int | None]]:
+    """Each free name (or name the body imports) and the attributes read off it
+    (`random.choice`), with its line, in the code and the code nested in it (lambdas,
+    comprehensions)."""
+    local = {*code.co_varnames, *code.co_cellvars} - set(imported)
+    chains: list[tuple[str, list[str], int | None]] = []
+    current: tuple[str, list[str], int | None] | None = None
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _ATTRIBUTES and current is not None:
+            current[1].append(instruction.argval)
+            continue
+        if current is not None:
+            chains.append(current)
+            current = None
+        if (instruction.opname in FREE_LOADS or instruction.opname == "LOAD_FAST") \
+                and instruction.argval not in local:
+            line = instruction.positions.lineno if instruction.positions else None
+            current = (instruction.argval, [], line)
+    if current is not None:
+        chains.append(current)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            chains.extend(_free_name_chains(constant, imported))
+    return chains
+
+
+def _find_effect_in_code(function: Any, depth: int, origins: dict | None = None
+                         ) -> Finding | None:
+    """find_effect without the source: every free name's attribute chain the bytecode reads
+    (called or not: a reference counts, which errs toward transparent mode) is checked as a
+    callee would be."""
+    finder = _EffectFinder(function, depth)
+    code = function.__code__
+    stored = _stored_free_name(code)
+    if stored is not None:
+        return Finding(f"assigns `{stored}` (global or nonlocal), as eager does at every call",
+                       SourceLoc(code.co_filename, code.co_firstlineno, function.__name__))
+    written = bytecode_write(code, _parameters(code), {
+        name: origin.value for name, origin in (origins or {}).items()})
+    if written is not None:
+        return Finding(written[0], SourceLoc(code.co_filename, written[1], function.__name__))
+    for root, attrs, line in _free_name_chains(code, finder.imported):
+        known, value = finder._callee(root, attrs)
+        if not known or not callable(value):
+            continue
+        try:
+            finder.check_callee(value, ".".join([root, *attrs]), None)
+        except Unprovable as problem:
+            loc = SourceLoc(code.co_filename, line or code.co_firstlineno, function.__name__)
+            return Finding(problem.reason, loc)
+    return None
+
+
+# -- what code reads of the modules it imports ---------------------------------------------------
+
+_STORES = frozenset({"STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL"})
+_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF"})
+_ATTRIBUTES = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_STACK = frozenset({"SWAP", "POP_TOP", "COPY"})
+
+
+def _imported_names(code: types.CodeType, package: str | None) -> dict[str, tuple]:
+    """The local names the code binds by importing (`import m`, `import m.n as k`, `from m
+    import a`): name -> (module name, attribute chain from that module)."""
+    bound: dict[str, tuple] = {}
+    instructions = list(dis.get_instructions(code))
+    for index, ins in enumerate(instructions):
+        if ins.opname != "IMPORT_NAME" or index < 2:
+            continue
+        level, fromlist = instructions[index - 2].argval, instructions[index - 1].argval
+        try:
+            module = importlib.util.resolve_name("." * (level or 0) + ins.argval, package) \
+                if level else ins.argval
+        except (ImportError, ValueError):
+            continue
+        if not fromlist:
+            module = module.split(".")[0]  # `import a.b` binds `a`, `import a.b as c` a.b
+        chain: tuple = ()
+        for following in instructions[index + 1:]:
+            if following.opname == "IMPORT_FROM":
+                chain = (following.argval,) if fromlist else (*chain, following.argval)
+            elif following.opname in _STORES:
+                bound[following.argval] = (module, chain)
+                if not fromlist:
+                    break
+            elif following.opname not in _STACK:
+                break
+    return bound
+
+
+def attribute_reads(code: types.CodeType, names: Any) -> set[tuple[str, tuple]]:
+    """(name, attribute chain) of each `name.a.b` the code (nested code included) reads of one
+    of `names`, a local or closure variable; `(name, ())` where it reads the name alone."""
+    found: set[tuple[str, tuple]] = set()
+    instructions = list(dis.get_instructions(code))
+    for index, ins in enumerate(instructions):
+        if ins.opname not in _LOADS or ins.argval not in names:
+            continue
+        chain: tuple = ()
+        for following in instructions[index + 1:]:
+            if following.opname not in _ATTRIBUTES:
+                break
+            chain = (*chain, following.argval)
+        found.add((ins.argval, chain))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= attribute_reads(const, names)
+    return found
+
+
+def imported_reads(code: types.CodeType, package: str | None) -> set[tuple[str, tuple]]:
+    """(module name, attribute chain) of each value the code reads from a module it imports in
+    its own body (`from config import SIZE` then `SIZE`, `import config` then `config.SIZE`),
+    nested code included: what a guard reads through `sys.modules` at every call."""
+    bound = _imported_names(code, package)
+    found: set[tuple[str, tuple]] = set()
+    for name, chain in attribute_reads(code, bound) if bound else ():
+        module, start = bound[name]
+        if start or chain:
+            found.add((module, (*start, *chain)))
+    return found

@@ -1,0 +1,500 @@
+"""Guards: the frozen cache key of a call, and an explanation of what changed on a miss.
+
+    key = build_key(args, kwargs, plan)        # a tuple of (label, frozen value) pairs
+    keys.explain_miss(new_key, old_key)        # "size: 224 -> 256", "CFG.size: 48 -> 64"
+    fast = FastGuard.of(args, plan, entry)     # the last call's key, checked without building
+    fast.matches(args)                         # it: identities and data descriptions
+
+Batches and tensors contribute their kind, device, dtype, ndim and layout (not their data or batch
+size); other arguments, module globals and closure values the function reads contribute their
+value, frozen recursively (objects by their attributes; an object or class read only as
+`CFG.size` by those attributes), so a change re-traces. Labels spell what the user wrote:
+`size`, `args[0]`, `kwargs['k']`, `CFG.size`. A per-sample function's keys (`baked=True`) differ
+in one point: only its Batches are fed, so every other argument, a Tensor included, contributes
+its value.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import enum
+import functools
+import inspect
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import _dali
+from ..core.keys import KeyPolicy, Shown, class_key, freeze, is_code, is_user_class
+from . import reads
+from .effects import imported_reads
+
+_MAX_DEPTH = 4
+
+
+class GuardPolicy(KeyPolicy):
+    """Guards' rule for what an object is: its attributes (to a depth), its classes' plain data;
+    code, DALI's stateful objects and generators by identity; data by its description."""
+
+    by_attributes = True
+    unhashable_by_identity = True
+    max_depth = _MAX_DEPTH
+
+    def special(self, value: Any, depth: int) -> Any:
+        if isinstance(value, (_dali.Batch, _dali.Tensor)):
+            return ("data", id(value), describe_data(value))
+        if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource)):
+            return self.by_identity(value)  # stateful: its identity is what matters
+        if isinstance(value, type) and is_user_class(value) and depth < _MAX_DEPTH:
+            return class_key(value, self, depth)
+        if isinstance(value, functools.partial):  # what it calls with is part of what it is
+            return ("partial", freeze(value.func, self, depth + 1),
+                    freeze(value.args, self, depth + 1),
+                    freeze(value.keywords, self, depth + 1))
+        if isinstance(value, types.MethodType):  # a bound method reads its object's state
+            return ("method", freeze(value.__func__, self, depth + 1),
+                    freeze(value.__self__, self, depth + 1))
+        if isinstance(value, types.FunctionType):
+            # by identity and its code (which a reload, IPython's autoreload, replaces in place)
+            function = Shown(("id", id(value), id(value.__code__)), self.named(value))
+            if value.__defaults__ or value.__kwdefaults__:
+                return ("function", function, freeze(value.__defaults__, self, depth + 1),
+                        freeze(value.__kwdefaults__, self, depth + 1))
+            return function
+        if reads.is_lru_cache(value):  # what it answers from: cache_clear() empties it
+            return ("lru_cache", self.by_identity(value), value.cache_info().currsize)
+        if is_code(value) or hasattr(value, "cache_info"):
+            # code is guarded by identity (a compiled function by its own cache, not its state)
+            return self.by_identity(value)
+        if isinstance(value, _dali.DType):
+            return Shown(("enum", "DType", str(value)), _dali.dtype_public_name(value))
+        if isinstance(value, enum.Enum) or isinstance(value, _dali.Device):
+            return Shown(("enum", type(value).__name__, str(value)), str(value))
+        if isinstance(value, np.ndarray):
+            return ("ndarray", value.dtype.str, value.shape, hash(value.tobytes()))
+        if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
+            try:
+                return freeze(value.detach().cpu().numpy(), self, depth + 1)
+            except Exception:
+                return self.by_identity(value)
+        return None
+
+    def named(self, value: Any) -> str:
+        if isinstance(value, types.ModuleType):
+            return f"module {value.__name__}"
+        if isinstance(value, types.BuiltinFunctionType) and \
+                getattr(value, "__module__", None) == "builtins":
+            return f"builtin {value.__name__}"
+        if hasattr(value, "_ndd_trace_inlined"):
+            return f"compiled function {value.__qualname__}"
+        if isinstance(value, type):
+            return f"class {value.__module__}.{value.__qualname__}"
+        if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)) \
+                or hasattr(value, "cache_info"):
+            name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "?")
+            return f"function {getattr(value, '__module__', '?')}.{name}"
+        if isinstance(value, _dali.RNG):
+            return f"RNG at {id(value):#x}"
+        if isinstance(value, _dali.Reader):
+            return f"reader {type(value).__name__} at {id(value):#x}"
+        return super().named(value)
+
+
+GUARDS = GuardPolicy()
+
+
+def describe_data(value: Any) -> tuple:
+    """The part of a Batch/Tensor argument that a trace depends on."""
+    kind = "Batch" if isinstance(value, _dali.Batch) else "Tensor"
+    meta = _dali.meta_of(value)
+    return (kind, meta.device, meta.dtype, meta.ndim, meta.layout)
+
+
+def _argument_key(value: Any) -> Any:
+    if isinstance(value, (_dali.Batch, _dali.Tensor)):
+        return describe_data(value)
+    if isinstance(value, _dali.RNG):
+        return ("RNG",)  # which generator does not matter: it is read at every call
+    if isinstance(value, (list, tuple)) and any(
+            isinstance(v, (_dali.Batch, _dali.Tensor, _dali.RNG, list, tuple, dict))
+            for v in value):
+        return (type(value).__name__, tuple(_argument_key(v) for v in value))
+    if isinstance(value, dict) and any(
+            isinstance(v, (_dali.Batch, _dali.Tensor, _dali.RNG, list, tuple, dict))
+            for v in value.values()):
+        return ("dict", tuple((k, _argument_key(v)) for k, v in value.items()))
+    return ("static", freeze(value, GUARDS))
+
+
+def _baked_argument_key(value: Any) -> Any:
+    """The key of an argument of a per-sample function: its Batches are fed to the pipeline
+    (their description), every other value is baked into it when it is defined (its value,
+    a Tensor's by its data: the pipeline holds that data, not the object)."""
+    if isinstance(value, _dali.Batch):
+        return describe_data(value)
+    if isinstance(value, _dali.Tensor):
+        return ("tensor", describe_data(value), freeze(_dali.host_array(value), GUARDS))
+    return ("static", freeze(value, GUARDS))
+
+
+def _rngs_in(value: Any, found: list) -> None:
+    if isinstance(value, _dali.RNG):
+        found.append(value)
+    elif isinstance(value, (list, tuple, dict)):
+        for v in value.values() if isinstance(value, dict) else value:
+            _rngs_in(v, found)
+
+
+def rng_aliasing(args: tuple, kwargs: dict, others: list) -> tuple:
+    """Which RNG arguments are the same generator (as each other, or as one the function reads
+    from a global or closure): a trace records one generator per op, so this is part of the
+    key."""
+    found: list = []
+    _rngs_in(args, found)
+    _rngs_in(kwargs, found)
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(rng), len(first)) for rng in [*found, *others]) \
+        if found else ()
+
+
+@dataclasses.dataclass
+class GuardPlan:
+    """What a function reads besides its arguments: globals and closure cells, its own and
+    those of the user helper functions it calls (found by following global functions)."""
+
+    globals_read: tuple[tuple[str, str, dict], ...]  # (label prefix, name, globals dict)
+    closure: tuple[tuple[str, Any], ...]  # (label, cell)
+    # attributes read of the user's own modules (`config.SIZE`, a module global reads by
+    # identity): (label prefix, module global's name, globals dict, attribute chain)
+    module_attributes: tuple[tuple[str, str, dict, tuple[str, ...]], ...] = ()
+    # names read only as `name.a.b` (never passed, stored or read bare): the chains read, by
+    # ("global", id(globals dict), name), ("cell", id(cell)) or ("argument", parameter)
+    chains: dict[tuple, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
+    # its parameters, as labels spell arguments: (positional, keyword-only, *args, **kwargs)
+    parameters: tuple = ((), (), None, None)
+
+    def reads_as(self, other: GuardPlan | None) -> bool:
+        """Whether `other` reads the same globals, cells and module attributes (its keys are
+        then built alike: a key made with one holds for the other)."""
+        def reads(plan: GuardPlan) -> tuple:
+            return (tuple((prefix, name, id(namespace)) for prefix, name, namespace
+                          in plan.globals_read),
+                    tuple((label, id(cell)) for label, cell in plan.closure),
+                    tuple((prefix, name, id(namespace), chain) for prefix, name, namespace, chain
+                          in plan.module_attributes))
+
+        return other is not None and reads(self) == reads(other)
+
+
+_MISSING = object()
+
+
+def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
+    """Globals and closure cells `function` reads, following user helpers `max_depth` deep."""
+    globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
+    closure: list[tuple[str, Any]] = []
+    attributes: dict[tuple, tuple[str, str, dict, tuple[str, ...]]] = {}
+    chains: dict[tuple, set[tuple[str, ...]]] = {}
+    bare: set[tuple] = set()  # (what `chains` is keyed by) read otherwise too
+    seen: set[int] = set()
+
+    def helper(value: Any, depth: int) -> None:
+        if isinstance(value, (dict, list, tuple)):  # a table of helpers: each one's reads
+            for item in reads.functions_in(value):
+                helper(item, depth)
+            return
+        value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
+        if isinstance(value, types.MethodType):  # a bound method: its function
+            value = value.__func__
+        elif isinstance(value, type):  # a class called: its __init__
+            value = reads.class_attribute(value, "__init__")
+        elif reads.is_lru_cache(value):  # what it wraps (its globals: read at each new argument)
+            value = value.__wrapped__
+        elif not isinstance(value, types.FunctionType):  # an object called: its __call__, and
+            for item in reads.functions_in(getattr(value, "__dict__", None) or {}):  # self.fn
+                helper(item, depth)
+            value = reads.class_attribute(value, "__call__")
+        if depth < max_depth and reads.is_user_function(value):
+            visit(value, f"{value.__name__}() reads ", depth + 1)
+
+    def visit(fn: Any, prefix: str, depth: int) -> None:
+        if id(fn) in seen:
+            return
+        seen.add(id(fn))
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None:  # functools.wraps, a compiled helper: what it wraps, and
+            visit(wrapped, prefix, depth)  # a user's wrapper itself
+            if not reads.is_user_function(fn):
+                return
+        if not isinstance(fn, types.FunctionType):
+            return
+        code = fn.__code__
+        namespace = fn.__globals__
+        loaded, read, bare_names = reads.global_reads(code)
+        any_name = bool(loaded & reads.ANY_NAME)
+        loaded = loaded | reads.read_by_text(code, loaded, namespace)
+        for name in sorted(loaded):
+            globals_read.setdefault((id(namespace), name), (prefix, name, namespace))
+            helper(namespace.get(name, _MISSING), depth)
+        for name, found in read.items():
+            chains.setdefault(("global", id(namespace), name), set()).update(found)
+            value = namespace.get(name)
+            for chain in sorted(found):
+                if reads.is_user_module(value):
+                    attributes.setdefault((id(namespace), name, chain),
+                                          (prefix, name, namespace, chain))
+                    helper(reads.chain_value(value, chain), depth)  # `utils.augment(x)`
+                else:  # a method or property of a user object or class (`aug.run(x)`)
+                    helper(reads.class_attribute(value, chain[0]), depth)
+        bare.update(("global", id(namespace), name)
+                    for name in (loaded if any_name else bare_names))
+        # modules the code imports itself (`from config import SIZE` in its body): read through
+        # sys.modules at every call (a module not imported yet reads as missing until it is)
+        for name, chain in sorted(imported_reads(code, namespace.get("__package__"))):
+            module = sys.modules.get(name)
+            if module is None or reads.is_user_module(module):
+                attributes.setdefault((id(sys.modules), name, chain),
+                                      (prefix, name, sys.modules, chain))
+                helper(reads.chain_value(module, chain), depth)
+        _, cell_chains, cell_bare = reads.cell_reads(code)
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            closure.append((f"{prefix}{name}", cell))
+            chains.setdefault(("cell", id(cell)), set()).update(cell_chains.get(name, ()))
+            if name in cell_bare or any_name:
+                bare.add(("cell", id(cell)))
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            helper(value, depth)
+            for chain in sorted(cell_chains.get(name, ())):  # as for a global
+                if reads.is_user_module(value):
+                    attributes.setdefault((id(cell), name, chain),
+                                          (prefix, name, {name: value}, chain))
+                    helper(reads.chain_value(value, chain), depth)
+                else:
+                    helper(reads.class_attribute(value, chain[0]), depth)
+        if depth == 0:  # the function's own parameters (not a captured one: a cell)
+            _, read, bare_names = reads.parameter_reads(code)
+            for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+                if name in code.co_cellvars or name in bare_names or any_name:
+                    bare.add(("argument", name))
+                chains[("argument", name)] = set(read.get(name, ()))
+
+    visit(function, "", 0)
+    code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+    return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()),
+                     {where: tuple(sorted(found)) for where, found in chains.items()
+                      if found and where not in bare},
+                     reads.parameters(code) if code is not None else ((), (), None, None))
+
+
+def _narrowed(value: Any) -> bool:
+    """Whether a value read only as `value.a.b` is keyed by those: a user's object or class."""
+    if isinstance(value, type):
+        return is_user_class(value)
+    return hasattr(value, "__dict__") and is_user_class(type(value)) and not is_code(value) \
+        and GUARDS.special(value, 0) is None
+
+
+_CODE_RUNS = object()  # reading the attribute runs code (a property, a method, __getattr__)
+
+
+def _plain_attribute(value: Any, name: str) -> Any:
+    """`value.name` where reading it runs none of the user's code (an attribute of the object's
+    own, a class's plain data): the value, _MISSING, or _CODE_RUNS."""
+    found = inspect.getattr_static(value, name, _MISSING)
+    if found is _MISSING:
+        return _CODE_RUNS if hasattr(type(value), "__getattr__") else _MISSING
+    return _CODE_RUNS if hasattr(type(found), "__get__") else found
+
+
+def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], Any]) -> list:
+    """The key items of a value the function reads: where it reads it only as `CFG.size` and
+    it is `_narrowed`, the attributes it reads (down to a value of another kind, or where one
+    runs code: a method, a property); else the value itself (`whole` makes its key)."""
+    items: dict[str, Any] = {}
+    for chain in chains if chains and _narrowed(value) else ((),):
+        at, current, depth = label, value, 0
+        for attribute in chain:
+            found = _plain_attribute(current, attribute) if _narrowed(current) else _CODE_RUNS
+            if found is _CODE_RUNS:
+                break
+            at, current, depth = f"{at}.{attribute}", found, depth + 1
+            if found is _MISSING:
+                break
+        if at == label:  # (read whole: what it reads through attributes is in it)
+            return [(label, whole(value))]
+        items[at] = ("missing",) if current is _MISSING else freeze(current, GUARDS, depth)
+    return list(items.items())
+
+
+def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
+              batch_sizes: tuple | None = None, names: tuple[str, ...] = (),
+              baked: bool = False) -> tuple:
+    """The guards of one call, labelled as the user spells each (`size`, `args[0]`,
+    `kwargs['k']`, `CFG`, `CFG.size`). `baked`: only Batch arguments are fed, every other
+    argument is part of the pipeline (a per-sample function's), keyed by its value."""
+    argument_key = _baked_argument_key if baked else _argument_key
+    positional, keyword_only, varargs, varkw = plan.parameters
+    names, chains = names or positional, plan.chains
+    key: list[tuple[str, Any]] = []
+    for index, value in enumerate(args):
+        label = names[index] if index < len(names) else \
+            f"{varargs or 'args'}[{index - len(names)}]"
+        key += _read(label, value, chains.get(("argument", label)), argument_key)
+    for name in sorted(kwargs):
+        label = f"{varkw}[{name!r}]" if varkw and name not in keyword_only else name
+        key += _read(label, kwargs[name], chains.get(("argument", name)), argument_key)
+    frozen = functools.partial(freeze, policy=GUARDS)
+    for prefix, name, namespace in plan.globals_read:
+        value = namespace.get(name, _MISSING)
+        if value is _MISSING:
+            value = builtins.__dict__.get(name, _MISSING)
+        key += [(f"{prefix}{name}", ("missing",))] if value is _MISSING else \
+            _read(f"{prefix}{name}", value, chains.get(("global", id(namespace), name)), frozen)
+    for prefix, name, namespace, chain in plan.module_attributes:
+        value = reads.chain_value(namespace.get(name), chain)
+        key.append((f"{prefix}{name}.{'.'.join(chain)}",
+                    ("missing",) if value is _MISSING else freeze(value, GUARDS)))
+    for label, cell in plan.closure:
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            value = None
+        key += _read(label, value, chains.get(("cell", id(cell))), frozen)
+    if batch_sizes is not None:
+        key.append(("batch size", batch_sizes))
+    others = [namespace.get(name) for _, name, namespace in plan.globals_read
+              if isinstance(namespace.get(name), _dali.RNG)]
+    aliasing = rng_aliasing(args, kwargs, others)
+    if aliasing and len(set(aliasing)) < len(aliasing):
+        key.append(("RNG arguments that are the same generator", aliasing))
+    return tuple(key)
+
+
+_IMMUTABLE = (float, bool, int, str, bytes, complex, type(None), np.number, np.bool_)
+_BY_IDENTITY = (types.ModuleType, types.BuiltinFunctionType, enum.Enum)
+
+
+def _same_object_same_guard(value: Any) -> bool:
+    """Whether the guard key of `value` cannot change while `value` stays the same object:
+    immutable values, and what is guarded by identity (code, modules, generators, sources)."""
+    if isinstance(value, _IMMUTABLE):
+        return True
+    if type(value) is tuple:
+        return all(isinstance(v, _IMMUTABLE) for v in value)
+    if isinstance(value, (_dali.Batch, _dali.Tensor, np.ndarray)):
+        return False
+    if isinstance(value, type):
+        return not is_user_class(value)  # a user class is guarded by its attributes
+    if isinstance(value, types.FunctionType):  # defaults can be set or changed in place
+        return value.__defaults__ is None and value.__kwdefaults__ is None
+    if isinstance(value, types.MethodType):  # its object's attributes can change
+        return _same_object_same_guard(value.__self__)
+    if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource, _dali.DType,
+                          _dali.Device, *_BY_IDENTITY)):
+        return True
+    return hasattr(value, "cache_info") and not reads.is_lru_cache(value)  # a compiled helper
+
+
+class FastGuard:
+    """The last call's key, checked without building it: the same number of positional
+    arguments, Batches/Tensors with the same description, and the very same objects
+    everywhere else (arguments, globals, closure cells), each of a kind whose frozen value
+    cannot change while it stays the same object. A match means `build_key` would give the
+    key this guard was made from; anything else takes the full path."""
+
+    __slots__ = ("plan", "entry", "arity", "arguments", "globals_read", "cells", "attributes",
+                 "functions")
+
+    def __init__(self, plan: GuardPlan, entry: Any, arity: int, arguments: tuple,
+                 globals_read: tuple, cells: tuple, attributes: tuple = ()):
+        self.plan = plan
+        self.entry = entry
+        self.arity = arity
+        self.arguments = arguments  # per argument: (Batch/Tensor type, signature) or (None, obj)
+        self.globals_read = globals_read  # (namespace, name, value or _MISSING, builtin value)
+        self.cells = cells  # (cell, value)
+        self.attributes = attributes  # (namespace, name, chain, value): module attributes
+        # the functions among them, with their code: they have no defaults and keep their
+        # code as long as this guard holds
+        self.functions = tuple((value, value.__code__) for value in (
+            *(value for kind, value in arguments if kind is None),
+            *(value for _, _, value, _ in globals_read), *(value for _, value in cells),
+            *(value for *_, value in attributes)) if isinstance(value, types.FunctionType))
+
+    @staticmethod
+    def of(args: tuple, plan: GuardPlan, entry: Any, baked: bool = False) -> FastGuard | None:
+        """The fast guard of a call with these positional arguments (no keyword arguments),
+        or None where one of its guarded values could change in place (`baked`: as in
+        `build_key`)."""
+        arguments = []
+        for value in args:
+            kind = type(value)
+            if kind is _dali.Batch or (kind is _dali.Tensor and not baked):
+                arguments.append((kind, _dali.data_signature(value)))
+            elif _same_object_same_guard(value) and (baked or not isinstance(value, _dali.RNG)):
+                # (an RNG argument's aliasing is keyed; a baked one's identity is)
+                arguments.append((None, value))
+            else:
+                return None
+        globals_read = []
+        for _, name, namespace in plan.globals_read:
+            value = namespace.get(name, _MISSING)
+            builtin = builtins.__dict__.get(name, _MISSING) if value is _MISSING else None
+            if not _same_object_same_guard(builtin if value is _MISSING else value) and \
+                    (value is not _MISSING or builtin is not _MISSING):
+                return None
+            globals_read.append((namespace, name, value, builtin))
+        cells = []
+        for _, cell in plan.closure:
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                return None
+            if not _same_object_same_guard(value):
+                return None
+            cells.append((cell, value))
+        attributes = []
+        for _, name, namespace, chain in plan.module_attributes:
+            value = reads.chain_value(namespace.get(name), chain)
+            if not _same_object_same_guard(value):
+                return None
+            attributes.append((namespace, name, chain, value))
+        return FastGuard(plan, entry, len(args), tuple(arguments), tuple(globals_read),
+                         tuple(cells), tuple(attributes))
+
+    def matches(self, args: tuple) -> bool:
+        if len(args) != self.arity:
+            return False
+        signature = _dali.data_signature
+        for value, (kind, expected) in zip(args, self.arguments):
+            if kind is None:
+                if value is not expected:
+                    return False
+            elif type(value) is not kind or signature(value) != expected:
+                return False
+        for namespace, name, value, builtin in self.globals_read:
+            if namespace.get(name, _MISSING) is not value:
+                return False
+            if value is _MISSING and builtins.__dict__.get(name, _MISSING) is not builtin:
+                return False
+        for cell, value in self.cells:
+            try:
+                if cell.cell_contents is not value:
+                    return False
+            except ValueError:
+                return False
+        for namespace, name, chain, value in self.attributes:
+            if reads.chain_value(namespace.get(name), chain) is not value:
+                return False
+        for function, code in self.functions:  # (defaults given since: the full key has them)
+            if function.__defaults__ is not None or function.__kwdefaults__ is not None or \
+                    function.__code__ is not code:
+                return False
+        return True

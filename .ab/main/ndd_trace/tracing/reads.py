@@ -1,0 +1,176 @@
+"""What a function's bytecode reads: the globals, closure variables and parameters it loads,
+each read bare or only through attribute chains (`CFG.size`), and which code and modules are the
+user's. The guard plan (guards.plan_for) is made from it.
+
+    found = global_reads(function.__code__)  # of `return ndd.resize(x, size=CFG.size)`:
+    found.loaded                             # {"ndd", "CFG"}
+    found.chains                             # {"ndd": {("resize",)}, "CFG": {("size",)}}
+    found.bare                               # set(): neither is passed on, stored or read whole
+    parameters(function.__code__)            # (("x",), (), None, None): *args, **kwargs: None
+
+Reading bytecode sees what the code does, not what it could do: a name given to a call, stored,
+captured by inner code or loaded without an attribute after it is read bare (its whole value
+counts), and a function that calls `globals()`, `locals()`, `vars()`, `eval` or `exec`
+(`ANY_NAME`) may read any name by its text.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import itertools
+import sys
+import types
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..core.keys import is_user_class
+from ..core.source import is_internal_file
+
+ANY_NAME = frozenset({"globals", "locals", "vars", "eval", "exec"})  # read names by their text
+# what reads a global by its text (`globals()["G"]`, `getattr(sys.modules[__name__], "G")`):
+# a code loading one of these reads each global its string constants name
+BY_TEXT = ANY_NAME | {"getattr", "sys"}
+_ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_GLOBAL_USES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
+_CELL_LOADS = frozenset({"LOAD_DEREF"})
+_CELL_USES = frozenset({"LOAD_CLOSURE", "STORE_DEREF", "DELETE_DEREF", "MAKE_CELL",
+                        "LOAD_FROM_DICT_OR_DEREF", "LOAD_CLASSDEREF"})
+_FAST_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
+
+
+class Reads(NamedTuple):
+    """The names a code object loads; per name loaded with attribute loads after it, their
+    chains (`CFG.size.x`: ("size", "x")); the names used otherwise too (bare)."""
+
+    loaded: set[str]
+    chains: dict[str, set[tuple[str, ...]]]
+    bare: set[str]
+
+
+def _reads(code: types.CodeType, loads: frozenset[str], uses: Callable[[str], bool],
+           nested: bool, found: Reads | None = None) -> Reads:
+    """How `code` (and, `nested`, the code nested in it) reads the names `loads` loads; an
+    opname `uses` takes uses its names otherwise (stores, captures)."""
+    found = found or Reads(set(), {}, set())
+    instructions = list(dis.get_instructions(code))
+    for index, ins in enumerate(instructions):
+        if ins.opname in loads:
+            found.loaded.add(ins.argval)
+            chain = tuple(following.argval for following in itertools.takewhile(
+                lambda i: i.opname in _ATTRIBUTE_LOADS, instructions[index + 1:]))
+            if chain:
+                found.chains.setdefault(ins.argval, set()).add(chain)
+            else:
+                found.bare.add(ins.argval)
+        elif uses(ins.opname):  # (3.13's LOAD_FAST_LOAD_FAST: two names)
+            names = ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+            found.bare.update(name for name in names if isinstance(name, str))
+    for const in code.co_consts if nested else ():
+        if isinstance(const, types.CodeType):
+            _reads(const, loads, uses, True, found)
+    return found
+
+
+def string_constants(code: types.CodeType) -> set[str]:
+    """The string constants of `code` and of the code nested in it."""
+    found = {const for const in code.co_consts if isinstance(const, str)}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= string_constants(const)
+    return found
+
+
+def read_by_text(code: types.CodeType, loaded: set[str], namespace: dict) -> set[str]:
+    """The globals of `namespace` that `code` (which loads `loaded`) may read by their text:
+    those its string constants name (`globals()["G"]`, `getattr(module, "G")`), and with `sys`
+    its attribute names too (`sys.modules[__name__].G`); none without a BY_TEXT name."""
+    if not loaded & BY_TEXT:
+        return set()
+    texts = string_constants(code) | (set(code.co_names) if "sys" in loaded else set())
+    return {text for text in texts if text in namespace}
+
+
+def functions_in(table: dict | list | tuple) -> list[types.FunctionType]:
+    """The functions a dict, list or tuple holds (its first 64 items): helpers it dispatches to."""
+    items = list(table.values() if isinstance(table, dict) else table)[:64]
+    return [item for item in items if isinstance(item, types.FunctionType)]
+
+
+def global_reads(code: types.CodeType) -> Reads:
+    """The globals `code` and the code nested in it read (LOAD_GLOBAL: not attribute names, so
+    `ndd.flip` is no read of a global `flip`)."""
+    return _reads(code, _GLOBAL_LOADS, _GLOBAL_USES.__contains__, True)
+
+
+def cell_reads(code: types.CodeType) -> Reads:
+    """The closure variables `code` and the code nested in it read."""
+    return _reads(code, _CELL_LOADS, _CELL_USES.__contains__, True)
+
+
+def parameter_reads(code: types.CodeType) -> Reads:
+    """The local names (parameters among them) `code` reads: a parameter inner code captures
+    is a cell (`code.co_cellvars`), read as such."""
+    return _reads(code, _FAST_LOADS, lambda op: "_FAST" in op and op not in _FAST_LOADS, False)
+
+
+def parameters(code: types.CodeType) -> tuple:
+    """A function's positional and keyword-only parameters, its `*args` and `**kwargs`."""
+    names, count = code.co_varnames, code.co_argcount + code.co_kwonlyargcount
+    varargs = names[count] if code.co_flags & inspect.CO_VARARGS else None
+    varkw = names[count + bool(varargs)] if code.co_flags & inspect.CO_VARKEYWORDS else None
+    return names[:code.co_argcount], names[code.co_argcount:count], varargs, varkw
+
+
+def is_user_function(value: Any) -> bool:
+    """A Python function of the user's files (not a library's, nor generated code)."""
+    if not isinstance(value, types.FunctionType):
+        return False
+    filename = value.__code__.co_filename
+    return not filename.startswith("<") and "site-packages" not in filename and \
+        not is_internal_file(filename)
+
+
+def is_user_module(value: Any) -> bool:
+    """A module of the user's (a file of theirs, or one made at run time, `types.ModuleType`),
+    not a library's, the standard library's or a builtin one."""
+    if not isinstance(value, types.ModuleType):
+        return False
+    filename = getattr(value, "__file__", None) or ""
+    if not filename:
+        return value.__name__ not in sys.builtin_module_names
+    return "site-packages" not in filename and not filename.startswith(sys.prefix) and \
+        not filename.startswith(sys.base_prefix) and not is_internal_file(filename)
+
+
+_MISSING = object()
+
+
+def chain_value(value: Any, chain: tuple[str, ...]) -> Any:
+    for attribute in chain:
+        value = getattr(value, attribute, _MISSING)
+        if value is _MISSING:
+            break
+    return value
+
+
+def is_lru_cache(value: Any) -> bool:
+    """A `functools.lru_cache` (or `functools.cache`) helper: its results are kept state."""
+    return hasattr(value, "cache_clear") and hasattr(value, "cache_info") and \
+        isinstance(getattr(value, "__wrapped__", None), types.FunctionType) and \
+        not hasattr(value, "_ndd_trace_inlined")
+
+
+def class_attribute(value: Any, name: str) -> Any:
+    """The function behind attribute `name` of a user object or class: a method's, a
+    property's getter (None where it is no such thing)."""
+    kind = value if isinstance(value, type) else type(value)
+    if not is_user_class(kind):
+        return None
+    for cls in kind.__mro__:
+        if name in vars(cls):
+            found = vars(cls)[name]
+            found = found.fget if isinstance(found, property) else found
+            return getattr(found, "__func__", found)  # (staticmethod, classmethod)
+    return None
