@@ -424,6 +424,29 @@ def test_the_batch_size_is_an_int_to_isinstance_without_specializing(images):
     assert compiled.cache_info().traces == 1
 
 
+def _kind_of(number):
+    return type(number).__name__
+
+
+def test_the_batch_size_is_an_int_to_type_in_the_function_and_its_helpers(images):
+    """`type(x.batch_size) is int` holds and `type(n).__name__` names int, as for eager's int
+    (found by the twenty-first session's sweep: `type()` named the symbolic number's class, so
+    the other branch ran, silently): a function or a helper it calls that calls `type()` gets
+    the batch size as an int, its trace specialized to it (one trace per batch size)."""
+    def f(x):
+        return x + 1 if type(x.batch_size) is int else x - 1
+
+    def g(x):
+        return ndd.cast(x, dtype=ndd.float32) if _kind_of(x.batch_size) == "int" else x
+
+    for function in (f, g):
+        compiled = ndd.compile(function)
+        for n in (4, 2, 4):
+            data = ndd.as_batch(images[:n], layout="HWC")
+            assert_runs_match(run(function, data, seed=1), run(compiled, data, seed=1, warn=None))
+        assert compiled.cache_info().traces == 2
+
+
 def test_batch_used_only_for_its_batch_size_gives_each_calls_size():
     """A Batch argument used only for its batch size (`ndd.full(..., batch_size=x.batch_size)`):
     each call's result has that call's size, compiled and in transparent mode, from one trace

@@ -225,6 +225,8 @@ class TraceStage:
         sizes = batch_sizes(args, kwargs)
         batch_size, consistent = (max(sizes), len(sizes) == 1) if sizes else (None, True)
         tracer.batch_size = batch_size or 1
+        if cache.plan is not None and cache.plan.reads_builtin("type"):
+            tracer.batch_size_as_int = "calls type() (`type(x.batch_size)` is int, as eagerly)"
         # the default generator only if ndd has made it: making it here would draw its seed
         # from Python's `random` where eager does not (yet); one the trace makes is undone
         default = _dali.existing_default_rng()

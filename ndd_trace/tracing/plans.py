@@ -41,6 +41,11 @@ class GuardPlan:
     # argument_plans answered; a new plan (replan) starts without them
     helper_plans: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
+    def reads_builtin(self, name: str) -> bool:
+        """Whether the function or a helper it reaches by name loads builtin `name`."""
+        return any(read == name and name not in namespace
+                   for _, read, namespace in self.globals_read)
+
     def argument_plans(self, label: str, value: Any,
                        memo: Any = None) -> list[tuple[str, GuardPlan]]:
         """The plans of the user functions a call reaches through one argument (`label`, as

@@ -146,6 +146,9 @@ class Tracer:
         self.batch_size: int = 1
         self.static_batch_sizes: set[int] = set()
         self.specialized_on_batch_size: str | None = None
+        # why a traced batch's batch_size is a plain int here (the code calls type(), which
+        # names the symbolic number's class: eager's is int), or None
+        self.batch_size_as_int: str | None = None
         self.rng_slots: dict[int, tuple] = {}  # id(rng) -> slot, for RNGs the caller passes
         self.rng_objects: dict[int, Any] = {}  # RNGs reached from globals and closures
         self.output_tree: Any = None

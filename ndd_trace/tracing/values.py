@@ -229,7 +229,9 @@ class TracedBatch(_TracedMixin, _dali.Batch):
 
     @property
     def batch_size(self) -> int:
-        return SymbolicBatchSize(self._tracer.batch_size, self._tracer)
+        size = SymbolicBatchSize(self._tracer.batch_size, self._tracer)
+        reason = self._tracer.batch_size_as_int
+        return size if reason is None else size.specialized(reason)
 
     def select(self, sample_range: Any):
         raise graph_break("selects samples with `.select()` (the batch size varies between calls)")
