@@ -37,6 +37,11 @@ Each workload runs in every mode, each in a fresh subprocess (this script re-inv
 - ``fused_decode_only``: the reader and the ROI decoder alone (``fn.decoders.image_random_crop``,
   the same ``hw_decoder_load``): the ceiling of every rewrite that keeps eager's crop windows'
   distribution (what ``optimize`` and ``pipeline_fused`` decode, with nothing after it).
+- ``pipeline_split``: the hand-written pipeline cut where ndd_trace cuts it: the reader in a
+  pipeline of its own (read ahead), its batches handed to a second pipeline (decode onward)
+  through an ``fn.external_source`` callback, both prefetching: the ceiling of a compiled step
+  or generator fed by a reader stream, so ``pipeline`` / ``pipeline_split`` is what the cut
+  costs (``decode_rrc_cmn`` only).
 - ``pipeline_percall``: the same hand-written pipeline, built by hand with a named
   ``fn.external_source`` and driven one step at a time from Python (``feed_input`` + ``run``, no
   prefetching): the floor of a per-call function (``small_ops`` and ``tiny``).
@@ -81,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import itertools
 import json
 import logging
@@ -108,9 +114,11 @@ from _data import jpeg_paths, make_jpeg_dir  # noqa: E402
 
 MODES = ("eager", "capture", "ndd_trace", "ndd_trace_fed", "ndd_trace_loop", "ndd_trace_checked",
          "ndd_trace_optimize", "transparent", "pipeline_percall", "pipeline", "pipeline_fused",
-         "decode_only", "fused_decode_only", "dataloader")
-DECODE_ONLY_MODES = ("ndd_trace_optimize", "pipeline_fused", "decode_only", "fused_decode_only")
-PIPELINE_MODES = ("pipeline", "pipeline_fused", "decode_only", "fused_decode_only")
+         "decode_only", "fused_decode_only", "pipeline_split", "dataloader")
+DECODE_ONLY_MODES = ("ndd_trace_optimize", "pipeline_fused", "decode_only", "fused_decode_only",
+                     "pipeline_split")
+PIPELINE_MODES = ("pipeline", "pipeline_fused", "decode_only", "fused_decode_only",
+                  "pipeline_split")
 WORKLOADS = ("small_ops", "tiny", "decode_rrc_cmn")
 DEFAULT_BATCH_SIZES = {"small_ops": 8, "tiny": 8, "decode_rrc_cmn": 16}
 # the workloads fed in-memory image batches by an ExternalSource: their images' side
@@ -305,6 +313,17 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         return fn.decoders.image_random_crop(jpegs_of_reader(), device=decoder_device, **tuning)
 
     @pipeline_def
+    def reader_only_pipeline():
+        return jpegs_of_reader()
+
+    @pipeline_def
+    def split_body_pipeline(source):  # decode onward, fed the reader pipeline's batches
+        jpegs = fn.external_source(source=source, batch=True)
+        images = fn.decoders.image(jpegs, device=decoder_device)
+        images = fn.random_resized_crop(images, size=[224, 224])
+        return mirror_normalize(images)
+
+    @pipeline_def
     def percall_pipeline():
         images = fn.external_source(name="images", layout="HWC", device=options.device)
         return pipeline_body(images)
@@ -354,6 +373,13 @@ def build_pipeline(workload: str, options: argparse.Namespace, inputs, percall: 
         definition = decode_only_pipeline
     elif variant == "fused_decode_only":
         definition = fused_decode_only_pipeline
+    elif variant == "pipeline_split":
+        reader = reader_only_pipeline(
+            batch_size=options.batch_size, num_threads=options.threads,
+            device_id=0 if options.device == "gpu" else None, seed=options.seed,
+            prefetch_queue_depth=2)
+        reader.build()
+        definition = functools.partial(split_body_pipeline, lambda: reader.run()[0])
     pipe = definition(
         batch_size=options.batch_size,
         num_threads=options.threads,
