@@ -357,6 +357,130 @@ def test_globals_read_by_helpers_reached_through_arguments_are_guarded(case, bat
     assert reason in compiled.last_miss_reason.split("; ")
 
 
+
+# -- objects as users write them (found by the twenty-second session's sweep of object-oriented
+# code: each gave a stale result, or crashed where eager ran, silently) -------------------------
+
+_DEFAULTS = {"size": 4}
+_SCALE_OF_DESCRIPTOR = 2
+
+
+class _AttrDict(dict):  # the common config idiom: every missing attribute raises KeyError
+    __getattr__ = dict.__getitem__
+
+
+class _Options:  # unset options read as None
+    def __init__(self, **given):
+        self.__dict__.update(given)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+class _Fallback:  # a config falling back to a module's defaults
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _DEFAULTS[name]
+
+
+class _Scaled:  # a descriptor reading a global
+    def __get__(self, obj, owner=None):
+        return _SCALE_OF_DESCRIPTOR * obj.base
+
+
+class _Add:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, x):
+        return x + self.k
+
+
+class _Holder:
+    size = _Scaled()
+
+    def __init__(self):
+        self.t = _Add(1)
+        self.base = 2
+        self.cfg = _Fallback()
+
+    def held(self, x):
+        return self.t(x)
+
+    def indexed(self, x):
+        return self[x]
+
+    def __getitem__(self, x):
+        return x + 1
+
+    def described(self, x):
+        return ndd.resize(x, size=[self.size, self.size])
+
+    def defaulted(self, x):
+        return ndd.resize(x, size=[self.cfg.size, self.cfg.size])
+
+
+class _Base:
+    def __init__(self):
+        self.size = 4
+        self.k = 1
+
+    def __call__(self, x):
+        return ndd.resize(x, size=[self.size, self.size])
+
+
+class _Sub(_Base):
+    def __call__(self, x):
+        return super().__call__(x) + self.k
+
+
+def _setting(target, name, value, monkeypatch):
+    return lambda: monkeypatch.setattr(target, name, value)
+
+
+OBJECTS = {
+    # name: (function, make its object, the changes before each call, given the object)
+    "a config whose __getattr__ raises KeyError": (
+        lambda x, cfg: ndd.resize(x, size=[cfg.size, cfg.size]), lambda: _AttrDict(size=4),
+        lambda cfg, mp: [lambda: None, lambda: cfg.update(size=6)]),
+    "a config whose __getattr__ answers None": (
+        lambda x, cfg: ndd.flip(x, horizontal=1) if cfg.flip else x, lambda: _Options(),
+        lambda cfg, mp: [lambda: None, lambda: setattr(cfg, "flip", True)]),
+    "__call__ replaced on the class of an object held": (
+        lambda x, h: h.held(x), _Holder,
+        lambda h, mp: [lambda: None, _setting(_Add, "__call__", lambda self, x: x * 3, mp)]),
+    "__getitem__ replaced on the class": (
+        lambda x, h: h.indexed(x), _Holder,
+        lambda h, mp: [lambda: None, _setting(_Holder, "__getitem__", lambda self, x: x * 3, mp)]),
+    "a global read by a descriptor's __get__": (
+        lambda x, h: h.described(x), _Holder,
+        lambda h, mp: [lambda: None, _set_global(mp, "_SCALE_OF_DESCRIPTOR", 3)]),
+    "a global read by __getattr__": (
+        lambda x, h: h.defaulted(x), _Holder,
+        lambda h, mp: [lambda: None, _setting(sys.modules[__name__], "_DEFAULTS", {"size": 6},
+                                              mp)]),
+    "an attribute read by the method super() calls": (
+        lambda x, s: s(x), _Sub, lambda s, mp: [lambda: None, lambda: setattr(s, "size", 6)]),
+}
+
+
+@pytest.mark.parametrize("case", OBJECTS)
+def test_objects_as_users_write_them_are_guarded_without_running_their_code(case, batch,
+                                                                             monkeypatch):
+    """Configs with a `__getattr__` of their own (an AttrDict raising KeyError, one answering
+    None: the guards ran them, and every compiled call crashed), a dunder method replaced on
+    the class (`__call__`, `__getitem__`: not in the class's key), a global read by a
+    descriptor's `__get__` or by `__getattr__`, an attribute read by the method `super()`
+    calls: each call gives eager's result (each once stayed at the first call's)."""
+    function, make, changes = OBJECTS[case]
+    target = make()
+    assert_each_matches_eager(function, batch, target, changes=changes(target, monkeypatch),
+                              warn=None)
+
+
 # -- the batch size -----------------------------------------------------------------------------
 
 def _floor(number):

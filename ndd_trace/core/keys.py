@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import math
 import struct
 import types
@@ -130,7 +131,7 @@ def freeze(value: Any, policy: KeyPolicy = STATIC, depth: int = 0) -> Any:
             attributes = [*vars(value).items()] if hasattr(value, "__dict__") else []
         except TypeError:
             return policy.by_identity(value)
-        attributes += [(name, getattr(value, name, _UNSET)) for name in slots]
+        attributes += [(name, attribute_held(value, name, _UNSET)) for name in slots]
         # what `value.x` may read: its own attributes (`__slots__` ones too), and its classes'
         # data (the same rule as for a class read as a global), base classes included
         return ("object", id(kind),
@@ -225,13 +226,33 @@ def class_key(cls: type, policy: KeyPolicy, depth: int) -> tuple:
     values, enums, instances of user classes), its methods by identity, and its identity."""
     items = []
     for k, v in vars(cls).items():
-        if k.startswith("__"):
+        if k.startswith("__") and not isinstance(v, _CLASS_CODE):  # (`__call__` replaced: code)
             continue
         if isinstance(v, _CLASS_CODE):
             items.append((k, ("code", id(v))))
         elif isinstance(v, _CLASS_DATA) or (not isinstance(v, type) and is_user_class(type(v))):
             items.append((k, freeze(v, policy, depth + 1)))
     return ("class", id(cls), tuple(items))
+
+
+def attribute_held(value: Any, name: str, default: Any = None) -> Any:
+    """`getattr(value, name, default)` that runs none of the user's code: of a user class or
+    its instance, only what it or its classes hold themselves (no `__getattr__`, property or
+    other descriptor of theirs is called: a function, a property is returned as it is held; a
+    slot is read); of anything else, getattr's answer, its errors read as absent."""
+    kind = value if isinstance(value, type) else type(value)
+    if not is_user_class(kind):
+        try:
+            return getattr(value, name, default)
+        except Exception:  # (a library's __getattr__ raising other than AttributeError)
+            return default
+    found = inspect.getattr_static(value, name, default)
+    if isinstance(found, types.MemberDescriptorType) and not isinstance(value, type):
+        try:  # a `__slots__` attribute: its value (reading a slot runs no user code)
+            return found.__get__(value, kind)
+        except AttributeError:
+            return default
+    return found
 
 
 def is_user_class(cls: type) -> bool:

@@ -206,10 +206,15 @@ def map_leaves(value: Any, is_leaf: Callable[[Any], bool], visit: Callable[[tupl
     if is_leaf(value):
         return visit(path, value)
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(map_leaves(v, is_leaf, visit, path + (i,))
-                           for i, v in enumerate(value))
+        items = [map_leaves(v, is_leaf, visit, path + (i,)) for i, v in enumerate(value)]
+        if all(new is old for new, old in zip(items, value)):
+            return value  # (no leaf in it: the very object, its type kept: an AttrDict's)
+        return type(value)(items)
     if isinstance(value, dict):
-        return {k: map_leaves(v, is_leaf, visit, path + (k,)) for k, v in value.items()}
+        mapped = {k: map_leaves(v, is_leaf, visit, path + (k,)) for k, v in value.items()}
+        if all(mapped[k] is v for k, v in value.items()):
+            return value
+        return mapped
     return value
 
 

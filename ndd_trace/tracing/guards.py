@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
-from ..core.keys import KeyPolicy, Shown, class_key, freeze, is_code, is_user_class
+from ..core.keys import KeyPolicy, Shown, attribute_held, class_key, freeze, is_code, is_user_class
 from . import reads
 from .plans import GuardPlan, may_reach_code
 
@@ -65,7 +65,7 @@ class GuardPolicy(KeyPolicy):
             return function
         if reads.is_lru_cache(value):  # what it answers from: cache_clear() empties it
             return ("lru_cache", self.by_identity(value), value.cache_info().currsize)
-        if is_code(value) or hasattr(value, "cache_info"):
+        if is_code(value) or attribute_held(value, "cache_info") is not None:
             # code is guarded by identity (a compiled function by its own cache, not its state)
             return self.by_identity(value)
         if isinstance(value, _dali.DType):
@@ -87,14 +87,14 @@ class GuardPolicy(KeyPolicy):
         if isinstance(value, types.BuiltinFunctionType) and \
                 getattr(value, "__module__", None) == "builtins":
             return f"builtin {value.__name__}"
-        if hasattr(value, "_ndd_trace_inlined"):
-            return f"compiled function {value.__qualname__}"
+        if attribute_held(value, "_ndd_trace_inlined") is not None:
+            return f"compiled function {attribute_held(value, '__qualname__', '?')}"
         if isinstance(value, type):
             return f"class {value.__module__}.{value.__qualname__}"
         if isinstance(value, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)) \
-                or hasattr(value, "cache_info"):
-            name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "?")
-            return f"function {getattr(value, '__module__', '?')}.{name}"
+                or attribute_held(value, "cache_info") is not None:
+            name = attribute_held(value, "__qualname__") or attribute_held(value, "__name__", "?")
+            return f"function {attribute_held(value, '__module__', '?')}.{name}"
         if isinstance(value, _dali.RNG):
             return f"RNG at {id(value):#x}"
         if isinstance(value, _dali.Reader):
@@ -288,7 +288,8 @@ def _same_object_same_guard(value: Any) -> bool:
     if isinstance(value, (_dali.RNG, _dali.Reader, _dali.ExternalSource, _dali.DType,
                           _dali.Device, *_BY_IDENTITY)):
         return True
-    return hasattr(value, "cache_info") and not reads.is_lru_cache(value)  # a compiled helper
+    # (a compiled helper)
+    return attribute_held(value, "cache_info") is not None and not reads.is_lru_cache(value)
 
 
 class FastGuard:

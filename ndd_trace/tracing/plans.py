@@ -3,7 +3,7 @@ user's modules' attributes), its own and that of the user helper functions it ca
 reading their bytecode (reads.py). Guard keys (guards.build_key) read the values it names.
 
     plan = plan_for(preprocess)   # preprocess reads CFG.size and calls augment(), which reads FLIP
-    plan.globals_read             # (("", "CFG", globals), ("augment() reads ", "FLIP", globals), ...)
+    plan.globals_read     # (("", "CFG", globals), ("augment() reads ", "FLIP", globals), ...)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
+from ..core.keys import attribute_held
 from . import reads
 from .effects import imported_reads
 
@@ -92,7 +93,7 @@ _DATA = (int, float, str, bytes, bool, complex, type(None))
 def may_reach_code(value: Any) -> bool:
     """Whether user code may be reached through this argument (not through a number, a
     string, a Batch or an array: the fast way out)."""
-    return not isinstance(value, _DATA) and not isinstance(value, (_dali.Batch, _dali.Tensor, np.ndarray, np.generic)) and (
+    return not isinstance(value, (*_DATA, _dali.Batch, _dali.Tensor, np.ndarray, np.generic)) and (
         hasattr(value, "__dict__") or isinstance(value, (dict, list, tuple, types.MethodType)))
 
 
@@ -104,7 +105,7 @@ def argument_helpers(value: Any, chains: Any) -> list[tuple[str, types.FunctionT
         return []
     if isinstance(value, functools.partial):
         value = value.func
-    value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
+    value = attribute_held(value, "_ndd_trace_inlined") or value  # a compiled helper: inlined
     if isinstance(value, types.FunctionType):
         return [("", value)] if reads.is_user_function(value) else []
     if isinstance(value, (dict, list, tuple)):
@@ -135,7 +136,7 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
             for item in reads.functions_in(value):
                 helper(item, depth)
             return
-        value = getattr(value, "_ndd_trace_inlined", value)  # a compiled helper: inlined
+        value = attribute_held(value, "_ndd_trace_inlined") or value  # a compiled helper: inlined
         if isinstance(value, types.MethodType):  # a bound method: its function, and what
             for _, item in reads.methods_reached(  # it reaches through its object
                     value.__self__, reads.first_parameter_chains(value.__func__)):
@@ -154,7 +155,7 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
         if id(fn) in seen:
             return
         seen.add(id(fn))
-        wrapped = getattr(fn, "__wrapped__", None)
+        wrapped = attribute_held(fn, "__wrapped__")
         if wrapped is not None:  # functools.wraps, a compiled helper: what it wraps, and
             visit(wrapped, prefix, depth)  # a user's wrapper itself
             if not reads.is_user_function(fn):
@@ -212,8 +213,9 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                         helper(item, depth)
         if depth == 0:  # the function's own parameters (not a captured one: a cell)
             _, read, bare_names = reads.parameter_reads(code)
+            whole = code.co_varnames[:1] if "super" in loaded else ()  # (super() reads it)
             for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
-                if name in code.co_cellvars or name in bare_names or any_name:
+                if name in code.co_cellvars or name in bare_names or any_name or name in whole:
                     bare.add(("argument", name))
                 chains[("argument", name)] = set(read.get(name, ()))
 

@@ -25,7 +25,7 @@ import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..core.keys import is_user_class
+from ..core.keys import attribute_held, is_user_class
 from ..core.source import is_internal_file
 
 ANY_NAME = frozenset({"globals", "locals", "vars", "eval", "exec"})  # read names by their text
@@ -158,23 +158,34 @@ def chain_value(value: Any, chain: tuple[str, ...]) -> Any:
 
 def is_lru_cache(value: Any) -> bool:
     """A `functools.lru_cache` (or `functools.cache`) helper: its results are kept state."""
-    return hasattr(value, "cache_clear") and hasattr(value, "cache_info") and \
-        isinstance(getattr(value, "__wrapped__", None), types.FunctionType) and \
-        not hasattr(value, "_ndd_trace_inlined")
+    return attribute_held(value, "cache_clear") is not None and \
+        attribute_held(value, "cache_info") is not None and \
+        isinstance(attribute_held(value, "__wrapped__"), types.FunctionType) and \
+        attribute_held(value, "_ndd_trace_inlined") is None
 
 
-def class_attribute(value: Any, name: str) -> Any:
-    """The function behind attribute `name` of a user object or class: a method's, a
-    property's getter (None where it is no such thing)."""
+def class_attribute(value: Any, name: str) -> types.FunctionType | None:
+    """The function behind attribute `name` of a user object or class: a method, a static or
+    class method, a property's getter, a user descriptor's `__get__`; where the class holds
+    no `name`, its `__getattr__` (None where it is no such thing)."""
     kind = value if isinstance(value, type) else type(value)
     if not is_user_class(kind):
         return None
     for cls in kind.__mro__:
         if name in vars(cls):
             found = vars(cls)[name]
-            found = found.fget if isinstance(found, property) else found
-            return getattr(found, "__func__", found)  # (staticmethod, classmethod)
-    return None
+            if isinstance(found, property):
+                found = found.fget
+            elif isinstance(found, (staticmethod, classmethod)):
+                found = found.__func__
+            elif not isinstance(found, types.FunctionType) and is_user_class(type(found)):
+                found = inspect.getattr_static(type(found), "__get__", None)  # a descriptor
+            return found if isinstance(found, types.FunctionType) else None
+    own = getattr(value, "__dict__", None) if not isinstance(value, type) else None
+    if name.startswith("__") or (isinstance(own, dict) and name in own):
+        return None
+    found = inspect.getattr_static(kind, "__getattr__", None)  # (what answers a missing name)
+    return found if isinstance(found, types.FunctionType) else None
 
 
 MAX_METHODS = 64  # the most functions followed through one object (and the objects it holds)
@@ -207,6 +218,8 @@ def first_parameter_chains(function: types.FunctionType) -> Any:
 def _first_parameter_chains(code: types.CodeType) -> Any:
     if not code.co_argcount:
         return ()
+    if "super" in global_reads(code).loaded:  # (`super()` reads it whole, with no name)
+        return None
     _, read, bare = parameter_reads(code)
     first = code.co_varnames[0]
     return None if first in bare or first in code.co_cellvars else tuple(read.get(first, ()))

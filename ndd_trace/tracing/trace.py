@@ -146,16 +146,13 @@ class Tracer:
         self.batch_size: int = 1
         self.static_batch_sizes: set[int] = set()
         self.specialized_on_batch_size: str | None = None
-        # why a traced batch's batch_size is a plain int here (the code calls type(), which
-        # names the symbolic number's class: eager's is int), or None
-        self.batch_size_as_int: str | None = None
+        self.batch_size_as_int: str | None = None  # why batch_size is an int (type() called)
         self.rng_slots: dict[int, tuple] = {}  # id(rng) -> slot, for RNGs the caller passes
         self.rng_objects: dict[int, Any] = {}  # RNGs reached from globals and closures
         self.output_tree: Any = None
         self.num_ops = 0
         self.failure_note: str | None = None  # why recording an op failed, for the eager error
-        # random ops called in sample mode (one value): in a batch pipeline each sample would
-        # get its own draw, so a graph that also has batches cannot use them
+        # random ops called in sample mode (one value): a batch pipeline draws one per sample
         self.sample_random_ops: list[SourceLoc | None] = []
         self.entered_deferred = _dali.eval_mode_is_deferred()  # the caller's EvalMode
 
