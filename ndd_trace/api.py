@@ -20,6 +20,7 @@ import importlib
 import inspect
 import pickle
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
@@ -30,7 +31,7 @@ from .ahead.runahead import RUN_AHEAD
 from .core import logs, process_state
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import callers_stack, hide_own_frames, innermost_user_loc, user_location
-from .core.spelling import CallSpelling
+from .core.spelling import CallSpelling, FunctionAttribute
 from .execution import tuning_store
 from .execution.failures import RunEagerly
 from .execution.runtime import Options
@@ -74,6 +75,10 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
     dispatches each call (a cache hit runs, a miss traces, a call that cannot be compiled
     runs in transparent mode). Its cache of entries is a UnitCache (units/cache.py); its trace
     stage (modes/stage.py) traces a miss; `ledger` records every call not run as compiled."""
+
+    # the function's own: `f.__defaults__ = (6,)` changes what its calls bind, as eagerly
+    __defaults__ = FunctionAttribute("__defaults__")
+    __kwdefaults__ = FunctionAttribute("__kwdefaults__")
 
     @property
     def _ndd_trace_inlined(self) -> Callable:
@@ -237,10 +242,11 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                 owner: Any) -> Callable[_P2, R]: ...
 
     def __get__(self, instance: Any, owner: Any) -> Any:
-        """A method: bound to its instance as a function is (its cache is the class's)."""
+        """A method: bound to its instance as a function is (its cache is the class's; equal
+        to another binding to the same instance, as `a.run == a.run` is)."""
         if instance is None:
             return self
-        return functools.partial(self, instance)
+        return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
         return f"<ndd_trace compiled function {self.__qualname__}>"
@@ -349,7 +355,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                 executable.failures.raise_at_call(run, at_call, bound, snapshots)
             except RunEagerly as reason:
                 return self._eager_for_this_call(str(reason), args, kwargs)
-        return entry.results(run, bound, batch_size)
+        return entry.results(run, bound, batch_size, args, kwargs)
 
     def _eager_for_this_call(self, reason: str, args: tuple, kwargs: dict, why: str = "",
                              warn: bool = True) -> Any:

@@ -10,6 +10,7 @@ decided and recorded.
 from __future__ import annotations
 
 import dataclasses
+import types
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -112,6 +113,8 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
                                  else Runs.PER_SAMPLE_LOOP).value,
                            recorded=list(function.ledger.verdicts),
                            rewritten=function.converted_source)
+    if isinstance(function, types.MethodType) and isinstance(function.__func__, CompiledFunction):
+        function, args = function.__func__, (function.__self__, *args)  # a compiled method
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     if compiled.is_generator:
         return _explain_generator(compiled)

@@ -619,6 +619,35 @@ def test_a_result_returned_twice_is_one_object_as_eagerly(batch):
     assert_compiles_exactly(twice, batch, calls=2)
 
 
+class _Counted:
+    def __init__(self):
+        self.stats = {"calls": 0}
+
+    def __call__(self, x):
+        return {"image": ndd.flip(x, horizontal=1), "stats": self.stats}
+
+
+def test_objects_the_function_was_given_come_back_as_the_very_objects(batch):
+    """A dict held by `self` returned (`{"image": y, "stats": self.stats}`) and a list argument
+    of Batches returned unchanged come back as the very objects eager returns, at every call
+    (found by the twenty-second session's sweep: a copy made at the trace, so writes through
+    the result were lost, and its content was the trace's)."""
+    counted, compiled = _Counted(), ndd.compile(_Counted.__call__)
+    for _ in range(3):
+        out = compiled(counted, batch)
+        assert out["stats"] is counted.stats
+        out["stats"]["calls"] += 1
+    assert counted.stats == {"calls": 3}
+
+    def passed_on(xs):
+        return [ndd.flip(x, horizontal=1) for x in xs], xs
+
+    step = ndd.compile(passed_on)
+    for _ in range(2):
+        given = [batch]
+        assert step(given)[1] is given
+
+
 def _doubled(x):
     return ndd.flip(x, horizontal=1) * 2
 
@@ -667,3 +696,42 @@ def test_explain_says_how_the_next_call_runs_past_four_variants(batch):
                 break
     assert "runs as: transparent mode: past cache_limit (5)" in str(
         ndd_trace.explain(spin, batch, 6))
+
+
+# -- a compiled function is a function to Python (found by the twenty-second session's sweep of
+# object-oriented code) ---------------------------------------------------------------------------
+
+class _Hooked:
+    @ndd.compile
+    def run(self, x):
+        return ndd.flip(x, horizontal=1)
+
+
+def test_a_compiled_method_binds_to_its_instance_as_a_function_does(batch):
+    """`a.run == a.run`, `a.run in hooks`, `hooks.remove(a.run)`, `a.run.__self__` and
+    `inspect.ismethod` hold as for a plain method (a bound compiled method was a
+    functools.partial: each binding a new object, equal to none), and it runs as eager's."""
+    import inspect
+
+    a = _Hooked()
+    hooks = [a.run]
+    assert a.run == a.run and a.run in hooks and a.run.__self__ is a
+    assert inspect.ismethod(a.run) and a.run.__func__ is _Hooked.__dict__["run"]
+    hooks.remove(a.run)
+    assert hooks == []
+    assert_runs_match(run(_Hooked.run.__wrapped__, a, batch, seed=0),
+                      run(a.run, batch, seed=0, warn=None))
+
+
+def test_defaults_set_on_a_compiled_function_are_its_functions(batch):
+    """`f.__defaults__ = (6,)` (and `__kwdefaults__`) through the compiled name change what its
+    calls bind, as on the plain function (they were kept on the wrapper and ignored)."""
+    def resize(x, size=4, *, flip=0):
+        return ndd.flip(ndd.resize(x, size=[size, size]), horizontal=flip)
+
+    compiled = ndd.compile(resize)
+    assert tuple(compiled(batch).torch().shape)[1:3] == (4, 4)
+    compiled.__defaults__ = (6,)
+    compiled.__kwdefaults__ = {"flip": 1}
+    assert resize.__defaults__ == (6,) and compiled.__kwdefaults__ == {"flip": 1}
+    assert_runs_match(run(resize, batch, seed=0), run(compiled, batch, seed=0, warn=None))

@@ -17,6 +17,19 @@ from typing import Any
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
+class FunctionAttribute:
+    """An attribute of a wrapper that is its wrapped function's (`__wrapped__`), read and set."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, wrapper: Any, owner: type | None = None) -> Any:
+        return self if wrapper is None else getattr(wrapper.__wrapped__, self.name)
+
+    def __set__(self, wrapper: Any, value: Any) -> None:
+        setattr(wrapper.__wrapped__, self.name, value)
+
+
 class CallSpelling:
     """The one spelling of `function`'s calls, following its defaults as they are now (of a
     functools.partial: its function's, the bound arguments added to each call; of a bound

@@ -129,6 +129,16 @@ def _is_container(kind: type) -> bool:
 
 
 
+def holds_any(value: Any, found: Callable[[Any], bool]) -> bool:
+    """Whether a container holds a leaf `found` accepts, at any depth (as flatten takes it
+    apart)."""
+    if not _is_container(type(value)):
+        return found(value)
+    leaves = optree.tree_leaves(value, is_leaf=lambda item: not _is_container(type(item)),
+                                none_is_leaf=True, namespace=NAMESPACE)
+    return any(found(leaf) for leaf in leaves)
+
+
 def _in_own_order(mapping: collections.OrderedDict) -> None:
     """Store an OrderedDict's items in its own order: optree reads the order of the dict
     underneath, which `move_to_end` does not change (the items, their order and the object

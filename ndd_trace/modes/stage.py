@@ -251,7 +251,9 @@ class TraceStage:
         try:
             with tracer.active():
                 result = self._function(*traced_args, **traced_kwargs)
-            tracer.set_outputs(result, _reachable_ids(self._function, args, kwargs))
+            given = {id(value): ("args", index) for index, value in enumerate(traced_args)}
+            given.update((id(value), ("kwargs", name)) for name, value in traced_kwargs.items())
+            tracer.set_outputs(result, _reachable_ids(self._function, args, kwargs), given)
             if swallowed:  # a bare `except:` in user code caught a graph break: still a break
                 raise swallowed[0]
         except GraphBreakSignal as graph_break:

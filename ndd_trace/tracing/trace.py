@@ -404,10 +404,12 @@ class Tracer:
 
     # -- outputs -------------------------------------------------------------------------------
 
-    def set_outputs(self, result: Any, held: frozenset[int] = frozenset()) -> None:
+    def set_outputs(self, result: Any, held: frozenset[int] = frozenset(),
+                    given: dict[int, tuple] | None = None) -> None:
         """Flatten the returned structure; traced leaves become graph outputs. A numpy array the
         function made (not one of `held`: the ids of what it could reach before it ran) comes
-        back as a copy at each call, as eager makes a new one."""
+        back as a copy at each call, as eager makes a new one; an argument returned as it was
+        given (`given`: id -> ("args", index) or ("kwargs", name)), as each call's own."""
         outputs: list[Ref] = []
 
         def leaf(value: Any) -> tuple | None:
@@ -430,8 +432,12 @@ class Tracer:
                 # wrapped values are the call's results, which a pipeline cannot hand back so
                 raise graph_break("converts a traced value to numpy inside the function (an object "
                                   "array holding it is returned)")
+            if given and id(value) in given and not is_traced(value):
+                return ("argument", given[id(value)])  # (a list of Batches given: the list)
             if isinstance(value, np.ndarray) and id(value) not in held:
                 return ("copied", value)
+            if id(value) in held and not trees.holds_any(value, is_traced):
+                return ("static", value)  # eager's own object (`self.stats`, a list given)
             return None  # concrete data and Python values come back as they are
 
         self.output_tree = trees.flatten(result, leaf)

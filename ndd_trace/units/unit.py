@@ -96,12 +96,17 @@ class Entry(Unit):
             return batch_size, feed.empty_sample_reason, ""
         return batch_size, None, ""
 
-    def results(self, run: Any, bound: dict, batch_size: int) -> Any:
+    def results(self, run: Any, bound: dict, batch_size: int, args: tuple = (),
+                kwargs: dict | None = None) -> Any:
         """What the call returns, as the function returned it: its outputs fetched from `run`
-        when first used, its arguments returned as they are, the batch size as this call's."""
+        when first used, its arguments returned as they are (`args`, `kwargs`: the call's), the
+        batch size as this call's."""
         def leaf(node: tuple) -> Any:
             if node[0] == "batch_size":
                 return batch_size
+            if node[0] == "argument":
+                where, name = node[1]
+                return args[name] if where == "args" else (kwargs or {})[name]
             index, is_batch = node[1], node[2]
             ref: Ref = self.graph.outputs[index]
             if ref.node.kind is NodeKind.INPUT:
