@@ -76,6 +76,15 @@ CASES = {  # name: (op taking the list, the list)
     "resize resize_x, an int": (lambda x, v: ndd.resize(x, resize_x=v), 5),
     "coin_flip probability, a number": (lambda x, v: ndd.random.coin_flip(
         batch_size=2, probability=v, rng=ndd.random.RNG(seed=3)), 0.25),
+    # numpy's scalars held in a variable: as numbers (found by the twenty-second session's
+    # sweep: `mean=arr.mean() - 7` was a construction argument, so normalize ran where eager's
+    # raised)
+    "normalize mean, a numpy float64": (lambda x, v: ndd.normalize(
+        ndd.cast(x, dtype=ndd.float32), mean=v, stddev=2.0), np.float64(3.0)),
+    "normalize mean, a numpy float32": (lambda x, v: ndd.normalize(
+        ndd.cast(x, dtype=ndd.float32), mean=v, stddev=2.0), np.float32(3.0)),
+    "rotate angle, a numpy float32": (lambda x, v: ndd.rotate(x, angle=v), np.float32(30.0)),
+    "flip horizontal, a numpy int": (lambda x, v: ndd.flip(x, horizontal=v), np.int64(1)),
     # written at the call: construction arguments
     "normalize mean, literal": (lambda x, v: ndd.normalize(ndd.cast(x, dtype=ndd.float32),
                                                            mean=118.0, stddev=57.0), None),

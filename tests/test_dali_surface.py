@@ -81,7 +81,9 @@ SURFACE = {
     ("op class", "_argument_conversion_map"): "the dtype ndd converts a tensor argument to",
     ("Operator", "_input_device"): "where ndd copies an input before the op",
     ("Operator", "_supported_backends"): "whether an op has a mixed (GPU decoder) backend",
-    ("Operator", "_process_params"): "replaced by a test's spy: transparent mode runs eagerly then",
+    ("Operator", "_process_params"): "a recorded call replayed as ndd's function makes it "
+                                     "(call_split); replaced by a test's spy",
+    ("Operator", "_get"): "the instance eager's cache holds for a replayed call (call_split)",
     ("Operator", "_cache"): "eager's instance cache an instance belongs to (transparent mode "
                             "leaves the instances eager calls leave)",
     ("Operator", "_key"): "the instance's key in that cache",
@@ -101,6 +103,9 @@ SURFACE = {
     ("_op_builder", "_scalar_decay"): "ndd's decay of DType/Device arguments",
     ("_op_builder", "_unsupported_args"): "arguments ndd's functions do not take",
     ("_op_builder", "_next_pow2"): "the max batch size in eager's instance keys",
+    ("_op_builder", "_check_batch_size_available"): "eager's check of a replayed call "
+                                                    "(call_split)",
+    ("_ops", "_infer_batch_size"): "a replayed call's batch size, as ndd infers it (call_split)",
     ("_call_site", "resolve_callsite_frame"): "the frame eager analyses for a call",
     ("_call_site", "mark_transparent"): "hooks marked as plumbing: call sites resolve past them",
     ("_source_analysis", "constant_kwargs"): "which keyword arguments a call site shows constant",

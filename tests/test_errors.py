@@ -887,6 +887,33 @@ def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
                          modes=("step", "transparent"), warn="ignore")
 
 
+def _normalized_steps(batches):
+    """Each batch normalized with a 3-channel mean written at the call (`stddev=2.0`: a
+    construction argument), a failure caught and the loop going on."""
+    seen = []
+    for images in batches:
+        try:
+            x = ndd.normalize(ndd.cast(images, dtype=ndd.float32),
+                              mean=np.full((1, 1, 3), 5, np.float32), stddev=2.0)
+            seen.append(float(np.asarray(x.select(0)).sum()))
+        except RuntimeError as error:
+            seen.append(str(error.__cause__).splitlines()[0])
+    return seen
+
+
+def test_a_failed_runs_eager_replay_passes_arguments_as_the_users_call_site_does():
+    """A step that fails (a 1-channel batch given a 3-channel mean), caught, then valid steps:
+    each raises or gives what eager's does (found by the twenty-second session's sweep: the
+    replay of a failed region called the op from a line of ndd_trace's, where eager reads no
+    argument as written at the call, so `stddev=2.0` went per call: a different error, and the
+    valid steps after it failed too, through the operator eager's cache kept from it)."""
+    rng = np.random.default_rng(4)
+    rgb = ndd.as_batch([rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)] * 2, layout="HWC")
+    gray = ndd.as_batch([rng.integers(0, 256, (8, 8, 1), dtype=np.uint8)] * 2, layout="HWC")
+    assert_matches_eager(_normalized_steps, [rgb, gray, rgb, gray, rgb, gray, rgb, rgb],
+                         modes=("transparent",), warn="ignore")
+
+
 def test_a_call_whose_pipeline_cannot_be_built_raises_eagers_error_with_no_context():
     """Found by this session's sweep: the first call ran eagerly inside the handler of the
     failed build, so its error's `__context__` was the build's failure ("During handling of

@@ -182,3 +182,39 @@ def test_numpy_and_scalar_constants(batch):
         return ndd.cast(x, dtype=ndd.float32) * weights + 1.5
 
     assert_compiles_exactly(with_constants, batch, calls=2)
+
+
+# -- ops that act besides their result -----------------------------------------------------------
+
+def _dumped_then_flipped(x, step):
+    ndd.dump_image(ndd.flip(x, horizontal=1), suffix=f"step{step}")  # result unused
+    return ndd.flip(x, vertical=1)
+
+
+def test_dump_image_writes_its_files_whether_or_not_its_result_is_used(tmp_path, monkeypatch):
+    """`ndd.dump_image` whose result is never used writes the same files, with the same bytes,
+    compiled and in transparent mode as eagerly (found by the twenty-second session's sweep:
+    an unused result was never computed, so nothing was written)."""
+    import contextlib
+    import warnings
+
+    import ndd_trace
+
+    images = ndd.as_batch([np.full((4, 5, 3), value, np.uint8) for value in (7, 9)], layout="HWC")
+    written = {}
+    for mode in ("eager", "compiled", "transparent"):
+        folder = tmp_path / mode
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        step = ndd_trace.compile(_dumped_then_flipped) if mode == "compiled" else \
+            _dumped_then_flipped
+        with warnings.catch_warnings(), \
+                ndd_trace.enabled() if mode == "transparent" else contextlib.nullcontext():
+            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
+            for index in range(3):
+                step(images, index).torch()
+        if mode == "compiled":
+            assert step.cache_info().fallbacks == 0
+        written[mode] = {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+    assert len(written["eager"]) == 6
+    assert written["compiled"] == written["eager"] and written["transparent"] == written["eager"]

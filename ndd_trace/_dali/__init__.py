@@ -10,7 +10,9 @@ Tested with nvidia-dali-cuda120 2.4.x. What it relies on (private, may change be
 makefun-generated operator functions that call `_func_impl_` from their own globals;
 `Operator._legacy_op`, `_schema`, `_has_random_state_arg`, `_is_stateful`,
 `_argument_conversion_map`, `_input_device`; `_op_builder._resolve_backend`, `_scalar_decay`,
-`_unsupported_args` and `_next_pow2`; `_ops._to_tensor`; `random._draw_state`; `Batch._storage`;
+`_unsupported_args`, `_next_pow2` and `_check_batch_size_available`; `Operator._process_params`
+and `Operator._get` (a recorded call replayed as ndd's function makes it: `call_split`);
+`_ops._infer_batch_size`; `_ops._to_tensor`; `random._draw_state`; `Batch._storage`;
 `Batch._invocation_result` and `Tensor._invocation_result` (what a lazy value stands for: a
 compiled call's output, or the recorded call of a transparent-mode value);
 `TensorList._make_copy`; `TensorListGPU._set_stream`; `_source_analysis.constant_kwargs` and
@@ -41,14 +43,15 @@ from .analysis import stats as analysis_cache_stats
 from .base import (Batch, batch_of, DALI_VERSION, DType, Device, RNG, STATE_WORDS, Tensor, device,
                    dynamic_module, install_compile)
 from .operators import (NOT_PLAIN, SPLIT_VALUES, argument_dtype, argument_names, argument_token,
-                        call_site_frame,
+                        call_site_frame, call_split,
                         data_signature, decay_plain, decay_static, dtype_name, dtype_of,
                         dtype_public_name, eager_instance_key, eager_instance_key_for_batch,
                         eager_split, has_gpu_backend, infer_metadata, input_device,
                         is_tensor_argument, keep_eager_instance, meta_of, op_class_at,
                         resolve_backend, tensor_argument, tensor_argument_meta)
 from .interception import (interceptor, capture_running, eager_inside_trace, eager_mode_entered,
-                           eval_mode_is_sync, hold_interception, intercept, is_random, is_stateful,
+                           eval_mode_is_sync, has_side_effects, hold_interception, intercept,
+                           is_random, is_stateful,
                            op_functions, op_path, plumbing, process_params_replaced, schema_name,
                            synchronous, synchronous_cpu, tracing_active, unwatched)
 from .data import (broadcast_state, concatenated, eager_reads_as_is, host_array, init_proxy,
@@ -87,7 +90,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "argument_dtype",
     "argument_names", "argument_token", "array_of", "autograph_origin", "Batch", "batch_of",
     "cast_node",
-    "broadcast_state", "call_site_frame", "capture_running", "concatenated", "MERGE_OP", "SPLIT_OP",
+    "broadcast_state", "call_site_frame", "call_split", "capture_running", "concatenated",
+    "MERGE_OP", "SPLIT_OP",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
     "crashes_on_empty_samples", "DefinedOp", "defined_ops", "definition_error",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
@@ -103,7 +107,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "has_gpu_backend", "hold_interception", "host_array", "host_ints", "host_samples",
     "in_this_branch", "infer_metadata", "init_proxy", "input_device", "input_node",
     "install_compile", "intercept", "invocation_result_of", "is_data_node",
-    "is_random", "is_stateful", "is_tensor_argument", "keep_eager_instance", "lazy_batch",
+    "has_side_effects", "is_random", "is_stateful", "is_tensor_argument", "keep_eager_instance",
+    "lazy_batch",
     "logical_hooks", "meta_of", "node_key", "NOT_PLAIN", "op_class_at", "op_function_of",
     "op_functions", "op_path", "owned_storage", "park_failed_pipeline", "pending_run_of",
     "pipeline_failure",

@@ -69,6 +69,15 @@ def is_stateful(op_class: type) -> bool:
     return bool(op_class._is_stateful) and not op_class._has_random_state_arg
 
 
+# ops whose call does something besides its result (dump_image writes files): eager starts
+# every call at once, so they act whether or not the result is used
+_SIDE_EFFECT_SCHEMAS = frozenset({"DumpImage"})
+
+
+def has_side_effects(op_class: type) -> bool:
+    return op_class._schema_name in _SIDE_EFFECT_SCHEMAS
+
+
 def capture_running() -> bool:
     """Whether DALI's own capture mode (`next_epoch(capture=True)`, `source.captured()`) is
     running a loop body on this thread: its calls are DALI's to record, not ndd_trace's."""

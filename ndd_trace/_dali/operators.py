@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple
 
+import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
@@ -118,6 +119,30 @@ def eager_split(op_class: type, frame: Any, kwargs: dict) -> EagerSplit:
     if op_class._has_random_state_arg:
         call_args.append("_random_state")
     return EagerSplit(init_args, tuple(call_args))
+
+
+def call_split(op_class: type, inputs: list, device: str, batch_size: int | None,
+               init_args: dict, call_args: dict) -> Any:
+    """Call an operator as its ndd function does, with its construction and per-call
+    arguments given (as eager's reading of the user's call site split them) instead of read
+    from the calling site: the interpreter replays recorded calls from a line of its own, where
+    eager would see no argument as constant (`stddev=2.0` would be per-call there). The same
+    steps as `_op_builder`'s function (its instance from eager's cache, `Operator._get`)."""
+    resolved, backend = _op_builder._resolve_backend(op_class, device, inputs)
+    if batch_size is None:
+        batch_size = _ops._infer_batch_size(*inputs, **call_args)
+    _op_builder._check_batch_size_available(op_class, batch_size)
+    init = {}
+    for name, value in init_args.items():
+        value = _op_builder._scalar_decay(value)
+        if value is not None:
+            init[name] = value
+    inputs, call = op_class._process_params(backend, resolved, batch_size, *inputs, **call_args)
+    instance = op_class._get(max_batch_size=_op_builder._next_pow2(batch_size or 1), name=None,
+                             device=resolved, num_inputs=len(inputs),
+                             call_arg_names=tuple(call.keys()), _backend=backend, inputs=inputs,
+                             init_args=init, call_args=call)
+    return instance(*inputs, batch_size=batch_size, _process_params=False, **call)
 
 
 def tensor_argument(op_class: type, name: str, value: Any, batch_size: int | None = None
@@ -237,9 +262,11 @@ def has_gpu_backend(op_class: type) -> bool:
 
 
 # The Python values eager's split decides about (above): a construction argument where the call
-# site shows the value to be constant, else a per-call tensor argument ndd converts (a number
-# to a 0-d tensor, a list to a 1-d one; arrays and data are tensor arguments either way)
-SPLIT_VALUES = frozenset((list, tuple, int, float, bool))
+# site shows the value to be constant, else a per-call tensor argument ndd converts (a number,
+# numpy's scalars too, to a 0-d tensor, a list to a 1-d one; arrays and data are tensor
+# arguments either way)
+SPLIT_VALUES = frozenset((list, tuple, int, float, bool,
+                          *(np.dtype(code).type for code in "?bhilqBHILQefd")))
 
 
 @functools.lru_cache(maxsize=8192)

@@ -50,7 +50,15 @@ def interpret(graph: Graph, leaves: dict[Any, Any], batch_size: int | None = Non
             if node.is_batch and not inputs:
                 kwargs["batch_size"] = int(node.batch_size if batch_size is None else batch_size)
             try:
-                result = function(*inputs, device=device, **kwargs)
+                if _split_at_call_site(node):  # (its site's split: this line shows no constant)
+                    result = _dali.call_split(
+                        node.op_class, inputs, device,
+                        int(node.batch_size if batch_size is None else batch_size)
+                        if node.is_batch and not inputs else None,
+                        node.static, {key: value for key, value in kwargs.items()
+                                      if key not in node.static and key != "batch_size"})
+                else:
+                    result = function(*inputs, device=device, **kwargs)
             except Exception:
                 if failed is not None:
                     failed.append((node, rejects_call(node, value_of)))
@@ -62,6 +70,12 @@ def interpret(graph: Graph, leaves: dict[Any, Any], batch_size: int | None = Non
                 for index, item in enumerate(items):
                     values[Ref(node, index)] = item
     return values
+
+
+def _split_at_call_site(node: Node) -> bool:
+    """Whether the recorded call passed a tensor argument as a construction argument (a
+    number written at the call: `stddev=2.0`), which a call from here would pass per call."""
+    return any(_dali.is_tensor_argument(node.op_class, key) for key in node.static)
 
 
 def rejects_call(node: Node, value_of: Any) -> bool:

@@ -78,7 +78,10 @@ class _UnlistedGraph(Graph):
 
 def _runs_at_call(node: Node, inputs: tuple, kwargs: dict) -> bool:
     """Whether eager ndd runs this recorded call at once: an input or tensor argument it reads
-    as it is wraps user data (DALI's `has_external_inputs`; under 1 us a call)."""
+    as it is wraps user data (DALI's `has_external_inputs`; under 1 us a call), or the op acts
+    besides its result (dump_image: eager's starts at once, used or not)."""
+    if _dali.has_side_effects(node.op_class):
+        return True
     devices = node.input_devices
     index = 0
     for value in inputs:

@@ -27,7 +27,7 @@ import numpy as np
 from .. import _dali
 from ..core import trees
 from ..core.errors import GraphBreakSignal
-from ..core.ir import Graph, Node, Ref, TensorMeta
+from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
 from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc, frames_within, raise_at, user_frame, user_location
 from .values import (SymbolicBatchSize, TracedBatch, TracedTensor, graph_break,
@@ -418,30 +418,41 @@ class Tracer:
                     raise graph_break("returns a traced value of another compiled call")
                 outputs.append(traced_ref(value))
                 return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
-            if isinstance(value, SymbolicBatchSize):
-                return ("batch_size",)
-            if isinstance(value, collections.abc.Iterator):
-                # a generator's items are made as it is iterated, after the call: a cached
-                # entry would hand back one and the same (exhausted) object every call
-                raise graph_break("returns a generator or iterator (its items are made when it is "
-                                  "iterated, after the call); make the function a generator itself "
-                                  "(`yield from ...`) to compile its loop")
-            if isinstance(value, np.ndarray) and value.dtype == object and \
-                    any(is_traced(item) for item in value.flat):
-                # numpy wraps a Batch it cannot convert (`np.asarray(batch)`), as eagerly: the
-                # wrapped values are the call's results, which a pipeline cannot hand back so
-                raise graph_break("converts a traced value to numpy inside the function (an object "
-                                  "array holding it is returned)")
-            if given and id(value) in given and not is_traced(value):
-                return ("argument", given[id(value)])  # (a list of Batches given: the list)
-            if isinstance(value, np.ndarray) and id(value) not in held:
-                return ("copied", value)
-            if id(value) in held and not trees.holds_any(value, is_traced):
-                return ("static", value)  # eager's own object (`self.stats`, a list given)
-            return None  # concrete data and Python values come back as they are
+            return _returned_leaf(value, held, given)
 
         self.output_tree = trees.flatten(result, leaf)
-        self.graph.outputs = outputs
+        # an op acting besides its result (dump_image) runs at every call, used or not, as
+        # eagerly: an output of the pipeline too, which the call does not hand back
+        self.graph.outputs = outputs + [
+            Ref(node, 0) for node in self.graph.nodes_of(NodeKind.OP)
+            if _dali.has_side_effects(node.op_class) and Ref(node, 0) not in outputs]
+
+
+def _returned_leaf(value: Any, held: frozenset[int], given: dict[int, tuple] | None
+                   ) -> tuple | None:
+    """The output tree's node of a returned value that is not traced (None: taken apart, or
+    returned as the trace saw it); see Tracer.set_outputs."""
+    if isinstance(value, SymbolicBatchSize):
+        return ("batch_size",)
+    if isinstance(value, collections.abc.Iterator):
+        # a generator's items are made as it is iterated, after the call: a cached
+        # entry would hand back one and the same (exhausted) object every call
+        raise graph_break("returns a generator or iterator (its items are made when it is "
+                          "iterated, after the call); make the function a generator itself "
+                          "(`yield from ...`) to compile its loop")
+    if isinstance(value, np.ndarray) and value.dtype == object and \
+            any(is_traced(item) for item in value.flat):
+        # numpy wraps a Batch it cannot convert (`np.asarray(batch)`), as eagerly: the
+        # wrapped values are the call's results, which a pipeline cannot hand back so
+        raise graph_break("converts a traced value to numpy inside the function (an object "
+                          "array holding it is returned)")
+    if given and id(value) in given and not is_traced(value):
+        return ("argument", given[id(value)])  # (a list of Batches given: the list)
+    if isinstance(value, np.ndarray) and id(value) not in held:
+        return ("copied", value)
+    if id(value) in held and not trees.holds_any(value, is_traced):
+        return ("static", value)  # eager's own object (`self.stats`, a list given)
+    return None  # concrete data and Python values come back as they are
 
 
 def add_reader_node(graph: Graph, reader: Any, loc: SourceLoc | None) -> Node:
