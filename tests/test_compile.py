@@ -619,6 +619,24 @@ def test_a_result_returned_twice_is_one_object_as_eagerly(batch):
     assert_compiles_exactly(twice, batch, calls=2)
 
 
+def test_a_container_returned_in_two_places_is_one_object_as_eagerly(batch):
+    """`d = {"image": y}; return d, [d]`: eager returns one dict in both places, so a key added
+    through one is seen through the other; a compiled call would make one per place (found by
+    the twenty-second session's sweep), so it runs as eager does and says so."""
+    def aliased(x):
+        d = {"image": ndd.flip(x, horizontal=1)}
+        return d, [d]
+
+    for mode in ("eager", "compiled"):
+        function = aliased if mode == "eager" else ndd.compile(aliased)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            d, listed = function(batch)
+        assert listed[0] is d, mode
+        if mode == "compiled":
+            assert any("one container in two places" in str(w.message) for w in caught)
+
+
 class _Counted:
     def __init__(self):
         self.stats = {"calls": 0}

@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from harness import Compiler, Step, assert_each_matches_eager, assert_matches_eager, assert_runs_match, \
     assert_same, run
 
@@ -437,6 +438,26 @@ class _Sub(_Base):
         return super().__call__(x) + self.k
 
 
+class _AddModule(torch.nn.Module):
+    def __init__(self, k):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x + self.k
+
+
+class _Augment(torch.nn.Module):  # transforms as torch users hold them
+    def __init__(self):
+        super().__init__()
+        self.ts = torch.nn.ModuleList([_AddModule(1), _AddModule(2)])
+
+    def forward(self, x):
+        for t in self.ts:
+            x = t(x)
+        return x
+
+
 def _setting(target, name, value, monkeypatch):
     return lambda: monkeypatch.setattr(target, name, value)
 
@@ -462,6 +483,9 @@ OBJECTS = {
         lambda x, h: h.defaulted(x), _Holder,
         lambda h, mp: [lambda: None, _setting(sys.modules[__name__], "_DEFAULTS", {"size": 6},
                                               mp)]),
+    "an attribute of a transform in an nn.ModuleList": (
+        lambda x, m: m(x), _Augment,
+        lambda m, mp: [lambda: None, lambda: setattr(m.ts[0], "k", 5)]),
     "an attribute read by the method super() calls": (
         lambda x, s: s(x), _Sub, lambda s, mp: [lambda: None, lambda: setattr(s, "size", 6)]),
 }
@@ -474,7 +498,8 @@ def test_objects_as_users_write_them_are_guarded_without_running_their_code(case
     None: the guards ran them, and every compiled call crashed), a dunder method replaced on
     the class (`__call__`, `__getitem__`: not in the class's key), a global read by a
     descriptor's `__get__` or by `__getattr__`, an attribute read by the method `super()`
-    calls: each call gives eager's result (each once stayed at the first call's)."""
+    calls, a transform's attribute in an nn.ModuleList (torch's tables of submodules counted
+    as one attribute each): each call gives eager's result (each once stayed at the first call's)."""
     function, make, changes = OBJECTS[case]
     target = make()
     assert_each_matches_eager(function, batch, target, changes=changes(target, monkeypatch),

@@ -109,7 +109,7 @@ def _register(kind: type) -> bool:
     return True
 
 
-def _is_container(kind: type) -> bool:
+def is_container(kind: type) -> bool:
     """Whether optree takes values of `kind` apart (registering it here where it is a
     dataclass or a container subclass)."""
     if kind in process_state.container_types:
@@ -132,9 +132,9 @@ def _is_container(kind: type) -> bool:
 def holds_any(value: Any, found: Callable[[Any], bool]) -> bool:
     """Whether a container holds a leaf `found` accepts, at any depth (as flatten takes it
     apart)."""
-    if not _is_container(type(value)):
+    if not is_container(type(value)):
         return found(value)
-    leaves = optree.tree_leaves(value, is_leaf=lambda item: not _is_container(type(item)),
+    leaves = optree.tree_leaves(value, is_leaf=lambda item: not is_container(type(item)),
                                 none_is_leaf=True, namespace=NAMESPACE)
     return any(found(leaf) for leaf in leaves)
 
@@ -170,7 +170,7 @@ def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
             raised.append(error)
             return True
         if node is None:
-            if _is_container(type(item)):
+            if is_container(type(item)):
                 if isinstance(item, collections.OrderedDict):
                     _in_own_order(item)
                 return False

@@ -49,6 +49,8 @@ class GuardPolicy(KeyPolicy):
             return self.by_identity(value)  # stateful: its identity is what matters
         if isinstance(value, type) and is_user_class(value) and depth < _MAX_DEPTH:
             return class_key(value, self, depth)
+        if depth < _MAX_DEPTH and _is_torch_module(type(value)):
+            return _module_key(value, self, depth)
         if isinstance(value, functools.partial):  # what it calls with is part of what it is
             return ("partial", freeze(value.func, self, depth + 1),
                     freeze(value.args, self, depth + 1),
@@ -103,6 +105,27 @@ class GuardPolicy(KeyPolicy):
 
 
 GUARDS = GuardPolicy()
+
+_MODULE_TABLES = ("_parameters", "_buffers", "_modules")
+
+
+@functools.lru_cache(maxsize=None)
+def _is_torch_module(kind: type) -> bool:
+    return any(cls.__name__ == "Module" and cls.__module__ == "torch.nn.modules.module"
+               for cls in kind.__mro__)
+
+
+def _module_key(module: Any, policy: GuardPolicy, depth: int) -> tuple:
+    """A torch.nn.Module as code reads it: its submodules, parameters and buffers one
+    attribute deep each (`self.ts[0].k`), where torch keeps them in tables of its own."""
+    state = vars(module)
+    attributes = [(k, v) for k, v in state.items() if k not in _MODULE_TABLES]
+    for table in _MODULE_TABLES:
+        attributes += [(f"{table}.{k}", v) for k, v in (state.get(table) or {}).items()]
+    return ("module", id(type(module)),
+            tuple((k, freeze(v, policy, depth + 1)) for k, v in attributes),
+            tuple(freeze(cls, policy, depth + 1) for cls in type(module).__mro__
+                  if is_user_class(cls)))
 
 
 def describe_data(value: Any) -> tuple:

@@ -411,6 +411,7 @@ class Tracer:
         back as a copy at each call, as eager makes a new one; an argument returned as it was
         given (`given`: id -> ("args", index) or ("kwargs", name)), as each call's own."""
         outputs: list[Ref] = []
+        taken_apart: set[int] = set()
 
         def leaf(value: Any) -> tuple | None:
             if is_traced(value):
@@ -418,7 +419,7 @@ class Tracer:
                     raise graph_break("returns a traced value of another compiled call")
                 outputs.append(traced_ref(value))
                 return ("out", len(outputs) - 1, isinstance(value, _dali.Batch))
-            return _returned_leaf(value, held, given)
+            return _returned_leaf(value, held, given, taken_apart)
 
         self.output_tree = trees.flatten(result, leaf)
         # an op acting besides its result (dump_image) runs at every call, used or not, as
@@ -428,8 +429,8 @@ class Tracer:
             if _dali.has_side_effects(node.op_class) and Ref(node, 0) not in outputs]
 
 
-def _returned_leaf(value: Any, held: frozenset[int], given: dict[int, tuple] | None
-                   ) -> tuple | None:
+def _returned_leaf(value: Any, held: frozenset[int], given: dict[int, tuple] | None,
+                   taken_apart: set[int]) -> tuple | None:
     """The output tree's node of a returned value that is not traced (None: taken apart, or
     returned as the trace saw it); see Tracer.set_outputs."""
     if isinstance(value, SymbolicBatchSize):
@@ -452,6 +453,12 @@ def _returned_leaf(value: Any, held: frozenset[int], given: dict[int, tuple] | N
         return ("copied", value)
     if id(value) in held and not trees.holds_any(value, is_traced):
         return ("static", value)  # eager's own object (`self.stats`, a list given)
+    if trees.is_container(type(value)) and not isinstance(value, tuple):  # (mutable ones)
+        if id(value) in taken_apart:  # (each place would get a container of its own)
+            raise graph_break("returns one container in two places (`return d, [d]`): a "
+                              "compiled call makes its result's containers anew, one per "
+                              "place; use the container in one place to compile the function")
+        taken_apart.add(id(value))
     return None  # concrete data and Python values come back as they are
 
 
