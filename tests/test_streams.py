@@ -334,6 +334,34 @@ def test_dropped_readers_release_their_streams(jpeg_dir):
     assert len(workers()) <= before
 
 
+def test_a_reader_streamed_in_one_thread_reads_on_in_another(jpeg_dir):
+    """A reader's first epoch read in transparent mode, its next in a worker thread (a
+    background validation or prefetch thread): the worker reads on through the reader's stream
+    (found by the twenty-second session's sweep: DALI's own epoch ran on the reader's operator,
+    moved into the stream: "Python instance was disowned")."""
+    import contextlib
+    import threading
+
+    def epochs(transparent):
+        reader, seen = file_reader(jpeg_dir, seed=3), []  # (16 files: 4 batches)
+
+        def read(where):
+            for jpegs, labels in reader.next_epoch(batch_size=4):
+                seen.append((where, np.asarray(labels.torch()).ravel().tolist(),
+                             [int(np.asarray(j).sum()) for j in jpegs.tensors]))
+
+        with ndd_trace.enabled() if transparent else contextlib.nullcontext():
+            read("main")
+            worker = threading.Thread(target=read, args=("thread",))  # (enabled here only)
+            worker.start()
+            worker.join()
+        return seen
+
+    eager = epochs(False)
+    assert [where for where, *_ in eager].count("thread") == 4
+    assert epochs(True) == eager
+
+
 def test_corrupt_file_raises_at_the_users_line_and_the_reader_goes_on(jpeg_dir, tmp_path):
     """A batch that fails to decode raises in both modes (transparent mode at the user's line);
     the loop catches it and the reader goes on with the same batches as eagerly."""

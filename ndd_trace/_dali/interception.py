@@ -142,7 +142,7 @@ class _Interceptor:
                 replacement = on_reader(reader, *args, **kwargs)
                 if replacement is not None:
                     return replacement
-            return original(reader, *args, **kwargs)
+            return self._beneath(_ops.Reader, "next_epoch", original)(reader, *args, **kwargs)
 
         next_epoch._ndd_trace_original = original  # type: ignore[attr-defined]
         return _plumbing(next_epoch)
@@ -167,6 +167,14 @@ class _Interceptor:
 
         method._ndd_trace_original = original  # type: ignore[attr-defined]
         return _plumbing(method)
+
+    def _beneath(self, owner: type, name: str, original: Callable) -> Callable:
+        """What the class holds beneath the hook: a `watch_method` wrapper installed since (a
+        reader streamed in one thread is read through its stream in the others too)."""
+        for cls, attribute, saved in self._patched:
+            if cls is owner and attribute == name:
+                return saved
+        return original
 
     def _patch(self, owner: type, name: str, hook: Callable) -> None:
         original = owner.__dict__.get(name)
