@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             del sys.path[0]
         if script:
             sys.path.insert(0, os.path.dirname(os.path.realpath(options.target)))
+    _dali.call_stacks_start_above(_THIS_FILE)
     lazy.enable()
     launch.write_report_at_exit()  # NDD_TRACE_REPORT, if set
     try:

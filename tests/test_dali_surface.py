@@ -27,6 +27,7 @@ OWNERS = {
     "_ops": "nvidia.dali.experimental.dynamic._ops",
     "_op_builder": "nvidia.dali.experimental.dynamic._op_builder",
     "_call_site": "nvidia.dali.experimental.dynamic._call_site",
+    "_invocation": "nvidia.dali.experimental.dynamic._invocation",
     "_capture": "nvidia.dali.experimental.dynamic._capture",
     "_eval_context": "nvidia.dali.experimental.dynamic._eval_context",
     "_eval_mode": "nvidia.dali.experimental.dynamic._eval_mode",
@@ -61,6 +62,9 @@ OWNERS = {
 SURFACE = {
     # private modules
     ("ndd", "_call_site"): "eager's call-site resolution: the user's frame an op call came from",
+    ("ndd", "_invocation"): "the op call's recorded stack (call_stacks_start_above)",
+    ("_invocation", "capture_stack_from_frame"): "the stack eager records at an op call: "
+                                                 "the launcher's frames left out",
     ("ndd", "_capture"): "DALI's capture mode: stepping aside while it records or replays",
     ("ndd", "_eval_context"): "the current EvalContext: its instance cache",
     ("ndd", "_eval_mode"): "the EvalModes entered on this thread",

@@ -436,6 +436,18 @@ def test_a_failed_decode_logs_on_stderr_what_a_plain_run_logs(tmp_path):
     assert plain.stderr == traced.stderr
 
 
+def test_tracebacks_of_asynchronous_and_reader_errors_are_a_plain_runs(tmp_path):
+    """Found by the twenty-second session's sweep: the cause of an asynchronous run's error
+    showed the launcher's frames (runpy, ndd_trace/__main__.py), printed and through
+    `traceback.format_exc()`; a batch size eager refuses showed ndd_trace's own frames."""
+    plain = _run(["async_error.py"], tmp_path)
+    traced = _run(["-m", "ndd_trace", "async_error.py"], tmp_path)
+    assert plain.returncode == traced.returncode == 1
+    assert "epoch 0 done" in plain.stdout and "__main__" not in plain.stdout
+    assert plain.stdout == traced.stdout
+    assert plain.stderr == traced.stderr
+
+
 def _casts(batch, types):
     return [ndd.cast(ndd.flip(batch, horizontal=1), dtype=dtype) for dtype in types]
 

@@ -16,7 +16,9 @@ and `Operator._get` (a recorded call replayed as ndd's function makes it: `call_
 `Batch._invocation_result` and `Tensor._invocation_result` (what a lazy value stands for: a
 compiled call's output, or the recorded call of a transparent-mode value);
 `TensorList._make_copy`; `TensorListGPU._set_stream`; `_source_analysis.constant_kwargs` and
-`_call_site.resolve_callsite_frame` (eager's call-site analysis), `_source_analysis`'s
+`_call_site.resolve_callsite_frame` (eager's call-site analysis),
+`_invocation.capture_stack_from_frame` (the stack an asynchronous error shows starts at the
+script under `python -m ndd_trace`), `_source_analysis`'s
 `_get_module_info`, `_file_cache` and `ModuleInfo` (the warm start); `EvalContext._instance_cache`
 and the key format of `Operator._get`; `Operator._supported_backends`; `ops._OperatorInstance`
 (its `__init__` wrapped while a per-sample pipeline is defined, and its `_inputs`: the ops the
@@ -49,7 +51,7 @@ from .operators import (NOT_PLAIN, SPLIT_VALUES, argument_dtype, argument_names,
                         eager_split, has_gpu_backend, infer_metadata, input_device,
                         is_tensor_argument, keep_eager_instance, meta_of, op_class_at,
                         resolve_backend, tensor_argument, tensor_argument_meta)
-from .interception import (interceptor, capture_running, eager_inside_trace, eager_mode_entered,
+from .interception import (interceptor, call_stacks_start_above, capture_running, eager_inside_trace, eager_mode_entered,
                            eval_mode_is_sync, has_side_effects, hold_interception, intercept,
                            is_random, is_stateful,
                            op_functions, op_path, plumbing, process_params_replaced, schema_name,
@@ -90,7 +92,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "argument_dtype",
     "argument_names", "argument_token", "array_of", "autograph_origin", "Batch", "batch_of",
     "cast_node",
-    "broadcast_state", "call_site_frame", "call_split", "capture_running", "concatenated",
+    "broadcast_state", "call_site_frame", "call_split", "call_stacks_start_above",
+    "capture_running", "concatenated",
     "MERGE_OP", "SPLIT_OP",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
     "crashes_on_empty_samples", "DefinedOp", "defined_ops", "definition_error",

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import nvidia.dali.experimental.dynamic as ndd
-from nvidia.dali.experimental.dynamic import (_call_site, _capture, _eval_mode, _ops)
+from nvidia.dali.experimental.dynamic import (_call_site, _capture, _eval_mode, _invocation,
+                                               _ops)
 
 from ..core.source import hide_own_frames, user_location
 from .base import EvalMode
@@ -83,6 +84,25 @@ def capture_running() -> bool:
     running a loop body on this thread: its calls are DALI's to record, not ndd_trace's."""
     context = getattr(_capture.CaptureContext._tls, "current", None)
     return context is not None and context.state is not _capture.State.DISABLED
+
+
+def call_stacks_start_above(launcher_file: str) -> None:
+    """The stack eager records at each op call (the traceback an asynchronous run's error shows
+    as its cause) starts at the user's script, as in a plain run: the frames of the launcher
+    (`launcher_file`, `python -m ndd_trace`) and those below it are left out."""
+    captured = _invocation.capture_stack_from_frame
+    if getattr(captured, "_ndd_trace_original", None) is not None:
+        return
+
+    def capture(frame: Any) -> list:
+        stack = captured(frame)
+        for index, (code, _) in enumerate(stack):
+            if code.co_filename == launcher_file:
+                return stack[:index]
+        return stack
+
+    capture._ndd_trace_original = captured  # type: ignore[attr-defined]
+    _invocation.capture_stack_from_frame = capture
 
 
 def _plumbing(function: Callable) -> Callable:

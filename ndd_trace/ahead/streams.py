@@ -19,6 +19,7 @@ from typing import Any
 from ..core import process_state
 from .. import _dali
 from ..core.errors import LoopError
+from ..core.source import hide_own_frames
 from ..core.ir import Graph, Ref
 from ..units.build import compile_graph
 from ..execution.results import PendingRun
@@ -191,7 +192,11 @@ class ReaderStream(StreamFiles):
         `given`: batches of this epoch eager ndd's own epoch gave before (its rest is read
         here, from where the reader's operator is)."""
         reader = self._reader()
-        _dali.reader_uses_batch_size(reader, batch_size)
+        try:
+            _dali.reader_uses_batch_size(reader, batch_size)
+        except Exception as error:  # eager's error, with eager's traceback
+            hide_own_frames(error)
+            raise
         steps = _dali.shard_steps(reader, self._meta["epoch_size_padded"], batch_size) - given
         self._open_epoch(steps)
         try:

@@ -37,7 +37,7 @@ from ..core import process_state
 from .. import _dali
 from ..core import trees
 from ..core.files import write_atomic
-from ..core.source import portable_path
+from ..core.source import hide_own_frames, portable_path
 
 __all__ = ["BOTTLENECK_SHARE", "GRADES", "LoopTimes", "ReplayComparison", "chart",
            "compare_with_replay", "figure", "loops", "note_fetched", "on_behalf_of", "reset",
@@ -277,6 +277,9 @@ def _timed(iterator: Iterator[Any], times: LoopTimes) -> Iterator[Any]:
     pull = _Pull(times)
     try:  # (send() and throw() reach the iterator's own `yield`: trees.relay)
         return (yield from trees.relay(iterator, pull.around, pull.handed_out))
+    except Exception as error:  # DALI's (a batch size eager refuses): as eager's traceback
+        hide_own_frames(error)
+        raise
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
