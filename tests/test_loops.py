@@ -214,36 +214,50 @@ def test_gpu_loop_matches_eager(jpeg_dir):
                          **EPOCHS)
 
 
-@pytest.mark.parametrize("saved, restored", [("compiled", "compiled"), ("eager", "compiled"),
-                                             ("compiled", "eager")])
-def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path, saved, restored):
-    """Saved mid-epoch and restored in a fresh process, in any mix of modes: the batches of
-    an eager save and restore (the first epoch after a restore is a full one, from the saved
-    position, as eager ndd counts it)."""
+def _checkpoint_worker(*args: str) -> list[str]:
+    """The batches tests/checkpoint_worker.py saw (a fresh process each)."""
     import subprocess
     import sys
 
     from conftest import ROOT, subprocess_env
 
-    worker = [sys.executable, str(ROOT + "/tests/checkpoint_worker.py")]
-    env = subprocess_env()
+    completed = subprocess.run([sys.executable, ROOT + "/tests/checkpoint_worker.py", *args],
+                               capture_output=True, text=True, timeout=300,
+                               env=subprocess_env())
+    assert completed.returncode == 0, completed.stderr
+    return [line.split()[1] for line in completed.stdout.splitlines()]
 
-    def run(*args):
-        completed = subprocess.run([*worker, *args], capture_output=True, text=True,
-                                   timeout=300, env=env)
-        assert completed.returncode == 0, completed.stderr
-        return [line.split()[1] for line in completed.stdout.splitlines()]
 
-    for stop in (2, 7):  # inside the first epoch, and inside the second
-        ckpt = str(tmp_path / f"eager_{stop}.ckpt")
-        eager = run("eager", "save", str(jpeg_dir), ckpt, str(stop)) + \
-            run("eager", "resume", str(jpeg_dir), ckpt)
+_CHECKPOINT_STOPS = (2, 7)  # inside the first epoch, and inside the second
+
+
+@pytest.fixture(scope="module")
+def eager_checkpoints(jpeg_dir, tmp_path_factory):
+    """An eager save and restore at each stop, and an eager full run: what each mix matches."""
+    folder = tmp_path_factory.mktemp("eager_checkpoints")
+    runs = {}
+    for stop in _CHECKPOINT_STOPS:
+        ckpt = str(folder / f"eager_{stop}.ckpt")
+        runs[stop] = _checkpoint_worker("eager", "save", str(jpeg_dir), ckpt, str(stop)) + \
+            _checkpoint_worker("eager", "resume", str(jpeg_dir), ckpt)
+    runs["full"] = _checkpoint_worker("eager", "full", str(jpeg_dir))
+    return runs
+
+
+@pytest.mark.parametrize("saved, restored", [("compiled", "compiled"), ("eager", "compiled"),
+                                             ("compiled", "eager")])
+def test_checkpoint_mid_epoch_restores_in_new_process(jpeg_dir, tmp_path, saved, restored,
+                                                      eager_checkpoints):
+    """Saved mid-epoch and restored in a fresh process, in any mix of modes: the batches of
+    an eager save and restore (the first epoch after a restore is a full one, from the saved
+    position, as eager ndd counts it)."""
+    for stop in _CHECKPOINT_STOPS:
         ckpt = str(tmp_path / f"{saved}_{restored}_{stop}.ckpt")
-        mixed = run(saved, "save", str(jpeg_dir), ckpt, str(stop)) + \
-            run(restored, "resume", str(jpeg_dir), ckpt)
-        assert mixed == eager, (stop, mixed, eager)
-    full = run("compiled", "full", str(jpeg_dir))
-    assert full == run("eager", "full", str(jpeg_dir))
+        mixed = _checkpoint_worker(saved, "save", str(jpeg_dir), ckpt, str(stop)) + \
+            _checkpoint_worker(restored, "resume", str(jpeg_dir), ckpt)
+        assert mixed == eager_checkpoints[stop], (stop, mixed, eager_checkpoints[stop])
+    if saved == restored == "compiled":
+        assert _checkpoint_worker("compiled", "full", str(jpeg_dir)) == eager_checkpoints["full"]
 
 
 def test_break_reseed_and_resume_recomputes_read_ahead(jpeg_dir):
