@@ -28,6 +28,7 @@ OWNERS = {
     "_op_builder": "nvidia.dali.experimental.dynamic._op_builder",
     "_call_site": "nvidia.dali.experimental.dynamic._call_site",
     "_invocation": "nvidia.dali.experimental.dynamic._invocation",
+    "_tensor": "nvidia.dali.experimental.dynamic._tensor",
     "_capture": "nvidia.dali.experimental.dynamic._capture",
     "_eval_context": "nvidia.dali.experimental.dynamic._eval_context",
     "_eval_mode": "nvidia.dali.experimental.dynamic._eval_mode",
@@ -62,6 +63,9 @@ OWNERS = {
 SURFACE = {
     # private modules
     ("ndd", "_call_site"): "eager's call-site resolution: the user's frame an op call came from",
+    ("ndd", "_tensor"): "ndd's conversion of data to a Tensor (asks_as_python_data)",
+    ("_tensor", "_get_array_interface"): "where ndd reads a value's __array__: the batch size "
+                                         "given as data made a 32-bit int, as eager makes one",
     ("ndd", "_invocation"): "the op call's recorded stack (call_stacks_start_above)",
     ("_invocation", "capture_stack_from_frame"): "the stack eager records at an op call: "
                                                  "the launcher's frames left out",

@@ -529,6 +529,10 @@ BATCH_SIZE_USES = {
     "numpy scalar": lambda x: (np.uint8(255) + x.batch_size, x.batch_size - np.int8(1),
                                np.int32(1) + x.batch_size),
     "ufunc": lambda x: np.maximum(x.batch_size, 1),
+    # the twenty-third session's sweep: given to ndd as data, a 64-bit number where eager's int
+    # is a 32-bit one (x * n an int64 batch, silently)
+    "data": lambda x: (x * x.batch_size, x + x.batch_size, ndd.math.max(x, x.batch_size)),
+    "as_tensor": lambda x: ndd.as_tensor(x.batch_size),
     "match": lambda x: _matched(x.batch_size),
 }
 

@@ -12,7 +12,8 @@ makefun-generated operator functions that call `_func_impl_` from their own glob
 `_argument_conversion_map`, `_input_device`; `_op_builder._resolve_backend`, `_scalar_decay`,
 `_unsupported_args`, `_next_pow2` and `_check_batch_size_available`; `Operator._process_params`
 and `Operator._get` (a recorded call replayed as ndd's function makes it: `call_split`);
-`_ops._infer_batch_size`; `_ops._to_tensor`; `random._draw_state`; `Batch._storage`;
+`_ops._infer_batch_size`; `_ops._to_tensor`; `_tensor._get_array_interface` (the batch size
+given as data converted as eager converts an int); `random._draw_state`; `Batch._storage`;
 `Batch._invocation_result` and `Tensor._invocation_result` (what a lazy value stands for: a
 compiled call's output, or the recorded call of a transparent-mode value);
 `TensorList._make_copy`; `TensorListGPU._set_stream`; `_source_analysis.constant_kwargs` and
@@ -56,7 +57,7 @@ from .interception import (interceptor, call_stacks_start_above, capture_running
                            is_random, is_stateful,
                            op_functions, op_path, plumbing, process_params_replaced, schema_name,
                            synchronous, synchronous_cpu, tracing_active, unwatched)
-from .data import (broadcast_state, concatenated, eager_reads_as_is, host_array, init_proxy,
+from .data import (asks_as_python_data, broadcast_state, concatenated, eager_reads_as_is, host_array, init_proxy,
                    invocation_result_of, lazy_batch, op_function_of, owned_storage,
                    pending_run_of, proxy_device,
                    same_data, sample_range, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
@@ -90,7 +91,7 @@ from .conditionals import (MERGE_OP, SPLIT_OP, DefinedOp, array_of, autograph_or
 __all__ = [  # the adapter's names, as the rest of the package uses them
     "advance_shard", "analysis_cache_dir", "as_eager_read_error", "analysis_cache_stats",
     "argument_dtype",
-    "argument_names", "argument_token", "array_of", "autograph_origin", "Batch", "batch_of",
+    "argument_names", "argument_token", "array_of", "asks_as_python_data", "autograph_origin", "Batch", "batch_of",
     "cast_node",
     "broadcast_state", "call_site_frame", "call_split", "call_stacks_start_above",
     "capture_running", "concatenated",

@@ -11,7 +11,7 @@ import numpy as np
 
 import nvidia.dali.backend as backend
 import nvidia.dali.experimental.dynamic as ndd
-from nvidia.dali.experimental.dynamic import _ops
+from nvidia.dali.experimental.dynamic import _ops, _tensor
 
 from .base import Batch, EvalMode, Tensor
 from .interception import interceptor, op_functions
@@ -80,6 +80,12 @@ def to_batch(value: Any, batch_size: int | None) -> Any:
 
 def to_tensor(value: Any) -> Any:
     return _ops._to_tensor(value)
+
+
+def asks_as_python_data(frame: Any) -> bool:
+    """Whether `frame` is ndd converting a value given as data (a Tensor made of it) through
+    its `__array__`: eager ndd makes a Python int a 32-bit number, not numpy's 64-bit one."""
+    return frame is not None and frame.f_code is _tensor._get_array_interface.__code__
 
 
 def broadcast_state(words: np.ndarray, batch_size: int) -> Any:

@@ -13,6 +13,7 @@ eager run with a warning.
 from __future__ import annotations
 
 import operator
+import sys
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -98,7 +99,10 @@ class SymbolicBatchSize:
         return int
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        # numpy makes of it what it makes of eager's int (np.array([n, 7]): int64, not object)
+        # numpy makes of it what it makes of eager's int (np.array([n, 7]): int64, not object);
+        # ndd, given it as data (`x * n`, `ndd.as_tensor(n)`), a 32-bit number, as of an int
+        if dtype is None and _dali.asks_as_python_data(sys._getframe(1)):
+            dtype = np.int32
         return np.asarray(self.specialized("uses the batch size in numpy"), dtype=dtype)
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
