@@ -88,7 +88,9 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
 def _per_sample_compile(function: Callable | None, num_threads: int | None,
                         device_id: Any, cache_limit: int) -> Any:
     def make(f: Callable) -> PerSampleFunction:
-        return PerSampleFunction(getattr(f, "__wrapped__", f), num_threads=num_threads,
+        if isinstance(f, (CompiledFunction, PerSampleFunction)):
+            f = f.__wrapped__  # compiling again applies the new options (a user's wrapper runs)
+        return PerSampleFunction(f, num_threads=num_threads,
                                  device_id=device_id, warning=NddTraceWarning,
                                  cache_limit=cache_limit)
 

@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, os.getcwd())
     function = getattr(importlib.import_module(module_name), function_name)
     wrapped = getattr(function, "__wrapped__", function)
-    parameters = list(inspect.signature(wrapped).parameters)
+    parameters = list(inspect.signature(wrapped, follow_wrapped=False).parameters)
     example = _load_example(options.example, parameters) if options.example else []
     exported = export(function, *example, path=options.out, format=options.format,
                       batch_size=options.batch_size, seed=options.seed)

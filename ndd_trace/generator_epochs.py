@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,8 +66,11 @@ class GeneratorEpochs:
         else:
             epoch = split.generator(*args, **kwargs)
         # the report's loader verdict: the consumer's wait for each item vs its own step
-        return waits.timed(epoch, self.__qualname__, str(self._stage.definition_loc()),
-                           waits.COMPILED_GENERATOR, self._stage.optimize)
+        timed = waits.timed(epoch, self.__qualname__, str(self._stage.definition_loc()),
+                            waits.COMPILED_GENERATOR, self._stage.optimize)
+        if isinstance(timed, types.GeneratorType):  # its repr and name: the function's
+            timed.__name__, timed.__qualname__ = self.__name__, self.__qualname__
+        return timed
 
     def _loop(self) -> Split | None:
         """The generator taken apart (None: its loop body runs in checked mode), at its first

@@ -3,13 +3,14 @@ then, explain, outputs and hand-offs (torch, nested compiled functions, pickling
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import traceback
 import warnings
 
 import numpy as np
 import pytest
-from harness import (Step, assert_compiles_exactly, assert_matches_eager, assert_runs_match,
+from harness import (Fresh, Step, assert_compiles_exactly, assert_matches_eager, assert_runs_match,
                      assert_same, run)
 
 import nvidia.dali.experimental.dynamic as ndd
@@ -756,3 +757,82 @@ def test_defaults_set_on_a_compiled_function_are_its_functions(batch):
     compiled.__kwdefaults__ = {"flip": 1}
     assert resize.__defaults__ == (6,) and compiled.__kwdefaults__ == {"flip": 1}
     assert_runs_match(run(resize, batch, seed=0), run(compiled, batch, seed=0, warn=None))
+
+
+# -- a function with `__wrapped__` runs its own code (found by the twenty-third session's sweep:
+# its source was read through `__wrapped__`, as inspect.getsource does) --------------------------
+
+_WRAPPER_CALLS: list[str] = []
+
+
+def _logged(fn):  # a user's logging decorator
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _WRAPPER_CALLS.append(fn.__name__)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+@_logged
+def _logged_step(jpegs):
+    return ndd.resize(ndd.decoders.image(jpegs), size=[8, 8])
+
+
+def _evens(fn):  # a generator wrapper that filters and overrides a keyword
+    @functools.wraps(fn)
+    def wrapper(reader, **kwargs):
+        for index, item in enumerate(fn(reader, **{**kwargs, "size": 6})):
+            if index % 2 == 0:
+                yield item
+    return wrapper
+
+
+@_evens
+def _resized_epoch(reader, size=8):
+    for jpegs, _ in reader.next_epoch(batch_size=2):
+        yield ndd.resize(ndd.decoders.image(jpegs), size=[size, size])
+
+
+def _unflipped_epoch(reader):
+    for jpegs, _ in reader.next_epoch(batch_size=2):
+        yield ndd.decoders.image(jpegs)
+
+
+def _flipped_epoch(reader):
+    for jpegs, _ in reader.next_epoch(batch_size=2):
+        yield ndd.flip(ndd.decoders.image(jpegs), horizontal=1)
+
+
+_flipped_epoch.__wrapped__ = _unflipped_epoch  # (as a helper library may leave on a function)
+
+
+def _all_steps(function, reader):
+    return list(function(reader))
+
+
+def test_a_wrapped_function_runs_its_own_code_as_eagerly(jpeg_dir, jpeg_bytes):
+    """A step under a user's functools.wraps decorator that logs (its line ran once, at the
+    trace), a generator wrapper that filters the wrapped one's batches and overrides a keyword
+    (NameError at its first step: the wrapped function's loop ran on the wrapper's names), a
+    generator carrying a `__wrapped__` of another (that one's source ran: silently unflipped):
+    each gives eager's values and side effects."""
+    from reader_steps import file_reader
+
+    jpegs = ndd.as_batch(jpeg_bytes[:4])
+    calls = {}
+    for mode in ("eager", "compiled"):
+        _WRAPPER_CALLS.clear()
+        step = _logged_step if mode == "eager" else ndd.compile(_logged_step)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outputs = [np.asarray(step(jpegs).torch()) for _ in range(3)]
+        calls[mode] = (list(_WRAPPER_CALLS), outputs)
+    assert calls["compiled"][0] == calls["eager"][0] == ["_logged_step"] * 3
+    assert all(np.array_equal(a, b) for a, b in zip(calls["eager"][1], calls["compiled"][1]))
+    for generator in (_resized_epoch, _flipped_epoch):
+        assert_matches_eager(_all_steps, Step(generator), Fresh(lambda: file_reader(jpeg_dir)),
+                             modes=("step",), warn="ignore")
+    made = ndd.compile(_flipped_epoch)(file_reader(jpeg_dir))  # named as eager's generator
+    assert (made.__name__, repr(made).split(" at ")[0]) == (
+        "_flipped_epoch", "<generator object _flipped_epoch")
+    made.close()

@@ -55,7 +55,7 @@ class CallSpelling:
                 break
         self.partial = bool(self.bound_args or self.bound_kwargs)
         self.function = function
-        self.signature = inspect.signature(function)
+        self.signature = inspect.signature(function, follow_wrapped=False)
         self._defaults = function.__defaults__  # (what the signature was made from)
         parameters = self.signature.parameters
         self.positional_names = tuple(name for name, parameter in parameters.items()
@@ -88,7 +88,7 @@ class CallSpelling:
         it does not bind)."""
         function = self.function
         if function.__defaults__ is not self._defaults:  # `f.__defaults__ = (...)`
-            self.signature = inspect.signature(function)
+            self.signature = inspect.signature(function, follow_wrapped=False)
             self._defaults = function.__defaults__
         try:
             bound = self.signature.bind(*args, **kwargs)

@@ -76,10 +76,12 @@ class Unprovable(Exception):
 
 
 def source_tree(function: Any) -> tuple[ast.FunctionDef, str, int] | None:
-    """The function's AST, file and first line; None where the source is not available."""
+    """The function's AST, file and first line; None where the source is not available. Its
+    own: not what `__wrapped__` names (a `functools.wraps` wrapper's code is what runs)."""
+    own = getattr(function, "__code__", function)
     try:
-        lines, first = inspect.getsourcelines(function)
-        filename = inspect.getsourcefile(function) or function.__code__.co_filename
+        lines, first = inspect.getsourcelines(own)
+        filename = inspect.getsourcefile(own) or function.__code__.co_filename
     except (OSError, TypeError):
         return None
     tree = ast.parse(textwrap.dedent("".join(lines)))

@@ -151,14 +151,15 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
         if depth < max_depth and reads.is_user_function(value):
             visit(value, f"{value.__name__}() reads ", depth + 1)
 
-    def visit(fn: Any, prefix: str, depth: int) -> None:
+    def visit(fn: Any, prefix: str, depth: int, parameters: bool = True) -> None:
         if id(fn) in seen:
             return
         seen.add(id(fn))
         wrapped = attribute_held(fn, "__wrapped__")
         if wrapped is not None:  # functools.wraps, a compiled helper: what it wraps, and
-            visit(wrapped, prefix, depth)  # a user's wrapper itself
-            if not reads.is_user_function(fn):
+            own = reads.is_user_function(fn)  # a user's wrapper itself (its parameters)
+            visit(wrapped, prefix, depth, parameters=not own)
+            if not own:
                 return
         if not isinstance(fn, types.FunctionType):
             return
@@ -211,7 +212,7 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                 else:
                     for _, item in reads.methods_reached(value, [chain]):
                         helper(item, depth)
-        if depth == 0:  # the function's own parameters (not a captured one: a cell)
+        if depth == 0 and parameters:  # the function's own parameters (not a cell's)
             _, read, bare_names = reads.parameter_reads(code)
             whole = code.co_varnames[:1] if "super" in loaded else ()  # (super() reads it)
             for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
@@ -220,7 +221,9 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                 chains[("argument", name)] = set(read.get(name, ()))
 
     visit(function, "", 0)
-    code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+    called = function if reads.is_user_function(function) else \
+        getattr(function, "__wrapped__", function)  # (a user's wrapper: its own parameters)
+    code = getattr(called, "__code__", None)
     return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()),
                      {where: tuple(sorted(found)) for where, found in chains.items()
                       if found and where not in bare},

@@ -91,7 +91,7 @@ class PerSampleFunction:
         # every call run as the eager per-sample loop, counted, kept and warned (once a site)
         self.ledger = ledger.Ledger(self.__qualname__, warning)
         process_state.compiled_objects.add(self)  # (ndd_trace.reset clears its cache)
-        parameters = inspect.signature(function).parameters
+        parameters = inspect.signature(function, follow_wrapped=False).parameters
         self._parameters = list(parameters)
         # The variants are keyed as compiled functions' entries are (guard keys): the Batches'
         # descriptions, the other arguments' values (baked into the pipeline), and the globals

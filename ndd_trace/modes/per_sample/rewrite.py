@@ -127,7 +127,7 @@ def convert(function: Callable) -> Converted:
     """Rewrite `function`'s truth tests and tensor attributes (see the module docstring)."""
     code = function.__code__
     try:
-        source = textwrap.dedent(inspect.getsource(function))
+        source = textwrap.dedent(inspect.getsource(code))  # (its own, not its __wrapped__)
     except (OSError, TypeError) as error:
         raise noted_error(f"the source of `{function.__qualname__}` is not available "
                           f"({error}); per-sample functions are rewritten from their source",
