@@ -810,6 +810,11 @@ def _all_steps(function, reader):
     return list(function(reader))
 
 
+def _three_calls(step, jpegs):
+    _WRAPPER_CALLS.clear()
+    return [step(jpegs) for _ in range(3)], list(_WRAPPER_CALLS)
+
+
 def test_a_wrapped_function_runs_its_own_code_as_eagerly(jpeg_dir, jpeg_bytes):
     """A step under a user's functools.wraps decorator that logs (its line ran once, at the
     trace), a generator wrapper that filters the wrapped one's batches and overrides a keyword
@@ -818,17 +823,8 @@ def test_a_wrapped_function_runs_its_own_code_as_eagerly(jpeg_dir, jpeg_bytes):
     each gives eager's values and side effects."""
     from reader_steps import file_reader
 
-    jpegs = ndd.as_batch(jpeg_bytes[:4])
-    calls = {}
-    for mode in ("eager", "compiled"):
-        _WRAPPER_CALLS.clear()
-        step = _logged_step if mode == "eager" else ndd.compile(_logged_step)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            outputs = [np.asarray(step(jpegs).torch()) for _ in range(3)]
-        calls[mode] = (list(_WRAPPER_CALLS), outputs)
-    assert calls["compiled"][0] == calls["eager"][0] == ["_logged_step"] * 3
-    assert all(np.array_equal(a, b) for a, b in zip(calls["eager"][1], calls["compiled"][1]))
+    assert_matches_eager(_three_calls, Step(_logged_step), ndd.as_batch(jpeg_bytes[:4]),
+                         modes=("step",), warn="ignore")
     for generator in (_resized_epoch, _flipped_epoch):
         assert_matches_eager(_all_steps, Step(generator), Fresh(lambda: file_reader(jpeg_dir)),
                              modes=("step",), warn="ignore")
