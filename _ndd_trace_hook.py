@@ -5,7 +5,8 @@
     NDD_TRACE=1 NDD_TRACE_REPORT=report.json torchrun ...       # report.rank0.json, ... at exit
 
 ndd_trace installs `ndd_trace.pth` next to itself; Python runs its one line at start-up, which
-imports this module only when NDD_TRACE is set (to anything but "", "0", "false", "no", "off"):
+imports this module only when NDD_TRACE is set (to anything but "", "0", "false", "no", "off";
+1, true, yes or on switch transparent mode on, another value is said on stderr and does not):
 unset, nothing of ndd_trace is imported and nothing changes. Set, this module imports nothing
 heavy either: it waits for the process to import DALI's dynamic mode (or ndd_trace), then imports
 ndd_trace and switches transparent mode on for the importing thread (a script's main thread),
@@ -23,12 +24,20 @@ from typing import Any
 
 ENV_VAR = "NDD_TRACE"
 _WATCHED = ("nvidia.dali.experimental.dynamic", "ndd_trace")
+_ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
+_SAID: list[str] = []
 
 
 def requested() -> bool:
-    """Whether NDD_TRACE asks for transparent mode."""
-    return os.environ.get(ENV_VAR, "").strip().lower() not in _OFF
+    """Whether NDD_TRACE asks for transparent mode (1, true, yes, on); another value than those
+    and 0, false, no, off (`disabled`, `maybe`) is said on stderr and leaves it off."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value not in _ON and value not in _OFF and not _SAID:
+        _SAID.append(value)  # (once: ndd_trace.pth may be on sys.path twice)
+        sys.stderr.write(f"ndd_trace: NDD_TRACE={os.environ[ENV_VAR]!r} is not understood (1, "
+                         "true, yes or on; 0, false, no or off): transparent mode stays off\n")
+    return value in _ON
 
 
 class _Loader:

@@ -28,7 +28,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from . import _dali
 from .ahead import calls as ahead_calls
 from .ahead.runahead import RUN_AHEAD
-from .core import logs, process_state
+from .core import checks, logs, process_state
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import callers_stack, hide_own_frames, innermost_user_loc, user_location
 from .core.spelling import CallSpelling, FunctionAttribute
@@ -52,11 +52,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 _P2 = ParamSpec("_P2")  # (a method's, once bound to its instance: `_T` the instance)
 _T = TypeVar("_T")
-
-
-def _check_fallback(fallback: str) -> None:
-    if fallback not in ("lazy", "eager"):
-        raise ValueError(f"fallback must be 'lazy' or 'eager', got {fallback!r}")
 
 
 @contextmanager
@@ -89,16 +84,20 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
                  num_threads: int | None = None, device_id: Any = "current",
                  prefetch_queue_depth: int = 2, cache_limit: int = DEFAULT_CACHE_LIMIT,
                  fallback: str = "lazy", optimize: bool = False):
-        if not callable(function):
-            raise TypeError(f"ndd.compile expects a function, got {type(function).__name__}")
+        checks.compilable(function)
+        fullgraph, optimize = (checks.flag("ndd.compile", "fullgraph", fullgraph),
+                               checks.flag("ndd.compile", "optimize", optimize))
+        num_threads = checks.count("ndd.compile", "num_threads", num_threads, none=True)
+        cache_limit = checks.count("ndd.compile", "cache_limit", cache_limit)
         self._spelling = CallSpelling(function)  # (a partial: its function is compiled)
         function = self._spelling.function
         functools.update_wrapper(self, function)
         self._function = function
         self._num_threads = num_threads
-        self._device_id = device_id
-        self.prefetch_queue_depth = prefetch_queue_depth
-        _check_fallback(fallback)
+        self._device_id = checks.device_id("ndd.compile", device_id)
+        self.prefetch_queue_depth = checks.count("ndd.compile", "prefetch_queue_depth",
+                                                 prefetch_queue_depth)
+        checks.fallback(fallback)
         self.is_generator = inspect.isgeneratorfunction(function)
         _dali.parse_ahead(getattr(function, "__code__", None))  # (its first call's parse)
         self._notices = Notices(self.__qualname__, fallback, self.is_generator)
@@ -134,7 +133,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
 
     @optimize.setter
     def optimize(self, value: bool) -> None:
-        self._stage.optimize = bool(value)
+        self._stage.optimize = checks.flag("optimize", "the value", value)
 
     @property
     def cache_limit(self) -> int:
@@ -143,7 +142,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
 
     @cache_limit.setter
     def cache_limit(self, value: int) -> None:
-        self._cache.limit = value
+        self._cache.limit = checks.count("cache_limit", "the value", value)
 
     @property
     def fallback(self) -> str:
@@ -152,8 +151,7 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
 
     @fallback.setter
     def fallback(self, value: str) -> None:
-        _check_fallback(value)
-        self._notices.fallback = value
+        self._notices.fallback = checks.fallback(value)
 
     @property
     def ledger(self) -> Ledger:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from .api import DEFAULT_CACHE_LIMIT, CompiledFunction
+from .core import checks
 from .core.errors import NddTraceWarning
 from .modes.per_sample import PerSampleFunction
 
@@ -70,28 +71,38 @@ def compile(function: Callable | None = None, *, fullgraph: bool = False,
     see docs/optimize.md), each listed by `explain`; values may then differ from eager's where
     a rewrite says so (a fused random crop), and stay exact everywhere else.
     """
-    if per_sample:
-        if optimize:
-            raise ValueError("ndd.compile: optimize=True is not available with per_sample=True "
-                             "(a per-sample function runs its own rewritten Python)")
+    if checks.flag("ndd.compile", "per_sample", per_sample):
+        given = [f"{name}={value!r}" for name, value, default in (
+            ("optimize", optimize, False), ("fullgraph", fullgraph, False),
+            ("fallback", fallback, "lazy"), ("prefetch_queue_depth", prefetch_queue_depth, 2))
+            if value is not default and value != default]
+        if given:
+            checks.fail(ValueError(
+                f"ndd.compile: {', '.join(given)} {'is' if len(given) == 1 else 'are'} not "
+                "available with per_sample=True (a "
+                "per-sample function runs its own rewritten Python in one pipeline per call)"))
         return _per_sample_compile(function, num_threads, device_id, cache_limit)
     options = dict(fullgraph=fullgraph, num_threads=num_threads, device_id=device_id,
                    prefetch_queue_depth=prefetch_queue_depth, cache_limit=cache_limit,
                    fallback=fallback, optimize=optimize)
-    if function is None:
-        return lambda f: CompiledFunction(f, **options)
-    if isinstance(function, CompiledFunction):
-        function = function.__wrapped__  # compiling again applies the new options
-    return CompiledFunction(function, **options)
+
+    def make(f: Callable) -> CompiledFunction:
+        if isinstance(f, CompiledFunction):
+            f = f.__wrapped__  # compiling again compiles its function with these options
+        return CompiledFunction(f, **options)
+
+    return make if function is None else make(function)
 
 
 def _per_sample_compile(function: Callable | None, num_threads: int | None,
                         device_id: Any, cache_limit: int) -> Any:
     def make(f: Callable) -> PerSampleFunction:
+        checks.compilable(f)
         if isinstance(f, (CompiledFunction, PerSampleFunction)):
             f = f.__wrapped__  # compiling again applies the new options (a user's wrapper runs)
-        return PerSampleFunction(f, num_threads=num_threads,
-                                 device_id=device_id, warning=NddTraceWarning,
-                                 cache_limit=cache_limit)
+        return PerSampleFunction(
+            f, num_threads=checks.count("ndd.compile", "num_threads", num_threads, none=True),
+            device_id=checks.device_id("ndd.compile", device_id), warning=NddTraceWarning,
+            cache_limit=checks.count("ndd.compile", "cache_limit", cache_limit))
 
     return make if function is None else make(function)

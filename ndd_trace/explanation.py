@@ -17,7 +17,7 @@ from typing import Any
 
 from .api import CompiledFunction
 from .decorator import compile
-from .core import keys
+from .core import checks, keys
 from .core.ledger import Runs, Verdict
 from .ahead.coalescing import twin_reason
 from .ahead.runahead import CALLS_PER_RUN
@@ -115,6 +115,8 @@ def explain(function: Callable, *args: Any, **kwargs: Any) -> Explanation:
                            rewritten=function.converted_source)
     if isinstance(function, types.MethodType) and isinstance(function.__func__, CompiledFunction):
         function, args = function.__func__, (function.__self__, *args)  # a compiled method
+    if not isinstance(function, CompiledFunction):
+        checks.compilable(function)  # (None: what compile(None) would make is no function)
     compiled = function if isinstance(function, CompiledFunction) else compile(function)
     if compiled.is_generator:
         return _explain_generator(compiled)

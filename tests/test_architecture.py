@@ -15,7 +15,7 @@ FOLDERS = ["core", "_dali", "tracing", "codegen", "execution", "units", "ahead",
 LAYERS = [
     {"core.process_state"},
     {"core.source", "core.errors", "core.logs", "core.trees", "core.keys", "core.spelling",
-     "core.ledger", "core.files"},
+     "core.ledger", "core.files", "core.checks"},
     {"core.ir"},
     {"core.passes"},
     {"_dali.base"},

@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .. import _dali
-from ..core import passes
+from ..core import checks, passes
 from ..core.ir import Graph, Node, NodeKind, Ref
 from ..core.keys import freeze_arguments
 from ..core.source import SourceLoc
@@ -92,7 +92,7 @@ def requested(optimize: bool | None) -> bool:
     """`optimize` as given, or where None, whether NDD_TRACE_OPTIMIZE asks for it."""
     if optimize is not None:
         return bool(optimize)
-    return os.environ.get(ENV_VAR, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return checks.env_switch(ENV_VAR, default=False)
 
 
 def optimize(graph: Graph) -> list[Applied]:

@@ -325,6 +325,10 @@ def show(frozen: Any) -> str:
         return f"numpy {frozen[1]} {show(frozen[2])}"
     if kind == "ndarray":
         return f"ndarray({np.dtype(frozen[1]).name}, shape={frozen[2]})"
+    if kind == "torch" and len(frozen) == 3:  # (a torch tensor: its data as numpy's)
+        return "torch." + show(frozen[2]).replace("ndarray", frozen[1], 1)
+    if kind == "module" and len(frozen) == 4:  # (a torch.nn.Module, as an object)
+        return show(("object",) + frozen[1:])
     return repr(frozen)
 
 

@@ -14,6 +14,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from .source import raise_at, user_location
+
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -70,12 +72,27 @@ class CallSpelling:
         return self.bound_args + args, {**self.bound_kwargs, **kwargs}
 
     def normalize(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """The call's arguments in the one spelling (as given where binding fails: the call
-        itself then raises eager's TypeError)."""
+        """The call's arguments in the one spelling; where they do not bind, eager's TypeError
+        (`f() missing 1 required positional argument`), raised at the call as eagerly (a
+        generator's too, whose eager call raises before iterating)."""
         if not kwargs and len(args) == self._simple_arity:
             return args, kwargs
         bound = self._bound(args, kwargs)
-        return (args, kwargs) if bound is None else (bound.args, bound.kwargs)
+        if bound is None:
+            self._raise_as_called(args, kwargs)
+            return args, kwargs
+        return bound.args, bound.kwargs
+
+    def _raise_as_called(self, args: tuple, kwargs: dict) -> None:
+        """Python's own error of the call: the function called with arguments that do not
+        bind raises before its body runs (not called where a `__signature__` of its own may
+        say otherwise than its code)."""
+        if "__signature__" in getattr(self.function, "__dict__", {}):
+            return
+        try:
+            self.function(*args, **kwargs)
+        except TypeError as error:
+            raise_at(error.with_traceback(None), user_location())
 
     def arguments(self, args: tuple, kwargs: dict) -> dict | None:
         """The call's arguments by parameter name, defaults included (None: they do not bind,

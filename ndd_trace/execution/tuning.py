@@ -51,7 +51,7 @@ from typing import Any
 from ..core import process_state
 from .. import _dali
 from ..codegen import optimize as rewrites
-from ..core import logs
+from ..core import checks, logs
 from ..core.ir import NodeKind
 from .tuning_store import FORMAT, Store, current_store, usable_cpus
 
@@ -93,7 +93,7 @@ class Setting:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_VAR, "").strip().lower() not in ("0", "false", "no", "off")
+    return checks.env_switch(ENV_VAR, default=True)
 
 
 def attach(executable: Any, applied: list, relower: Callable[[], Any], *,

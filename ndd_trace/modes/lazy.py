@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from .. import _dali
@@ -31,7 +31,7 @@ from ..ahead.runahead import RUN_AHEAD
 from ..ahead.speculator import Speculator
 from ..ahead.streams import can_stream, reader_epoch, stream_of
 from ..codegen.optimize import requested as optimize_requested
-from ..core import logs
+from ..core import checks, logs
 from ..core.errors import PipelineError, GraphBreakSignal
 from ..core.ledger import Verdict
 from ..core.ir import Graph, Node, NodeKind, Ref, TensorMeta
@@ -381,6 +381,7 @@ def _local() -> Any:
 def enable(optimize: bool | None = None) -> None:
     """Record ndd calls of this thread lazily and run them as cached pipelines; `optimize`:
     with optimize.py's rewrites (None: as NDD_TRACE_OPTIMIZE says, off by default)."""
+    optimize = _checked_optimize("ndd_trace.enable", optimize)
     if not is_enabled():
         _switch_on(new_tracer(optimize))
     elif optimize is not None:
@@ -449,10 +450,21 @@ class Steps:
         self._release()
 
 
-@contextmanager
-def enabled(optimize: bool | None = None) -> Iterator[None]:
+def _checked_optimize(where: str, optimize: Any) -> bool | None:
+    if callable(optimize):  # `@ndd_trace.enabled` without its parentheses
+        checks.fail(TypeError("ndd_trace.enabled is used with parentheses: "
+                              "`@ndd_trace.enabled()` or `with ndd_trace.enabled():`"))
+    return None if optimize is None else checks.flag(where, "optimize", optimize)
+
+
+def enabled(optimize: bool | None = None) -> AbstractContextManager[None]:
     """`with ndd_trace.enabled(): ...` runs the block in transparent mode (`optimize`: as
-    `enable` takes it)."""
+    `enable` takes it); also a decorator, `@ndd_trace.enabled()`."""
+    return _enabled(_checked_optimize("ndd_trace.enabled", optimize))
+
+
+@contextmanager
+def _enabled(optimize: bool | None) -> Iterator[None]:
     was_enabled = is_enabled()
     previous = _local().tracer.optimize if was_enabled else None
     enable(optimize)

@@ -77,8 +77,9 @@ class GuardPolicy(KeyPolicy):
         if isinstance(value, np.ndarray):
             return ("ndarray", value.dtype.str, value.shape, hash(value.tobytes()))
         if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
-            try:
-                return freeze(value.detach().cpu().numpy(), self, depth + 1)
+            try:  # (apart from a numpy array of the same data: eager's results are torch's)
+                return ("torch", type(value).__name__,
+                        freeze(value.detach().cpu().numpy(), self, depth + 1))
             except Exception:
                 return self.by_identity(value)
         return None
