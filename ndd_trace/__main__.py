@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give the script to run (script.py [args ...]) or a module (-m module), "
                      "or a command (export)")
     options.target, options.args = options.command[0], options.command[1:]
+    for flag, path in (("--report-json", options.report_json),
+                       ("--wait-chart", getattr(options, "wait_chart", None))):
+        if path and os.path.isdir(path):  # (said now, not once the script has run)
+            parser.error(f"{flag} {path}: a folder; give a file name in it")
 
     # `python -m ndd_trace` put the current directory first on sys.path, as `python -m mod`
     # does (kept for -m); `python script.py` puts the script's own directory there instead

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import pickle
 import sys
 import types
@@ -31,6 +32,7 @@ from .ahead.runahead import RUN_AHEAD
 from .core import checks, logs, process_state
 from .core.ledger import Ledger, Runs, Verdict
 from .core.source import callers_stack, hide_own_frames, innermost_user_loc, user_location
+from .core.files import path_argument
 from .core.spelling import CallSpelling, FunctionAttribute
 from .execution import tuning_store
 from .execution.failures import RunEagerly
@@ -430,6 +432,12 @@ def set_cache_dir(path: Any) -> None:
     user could write to, or a file there that is not yours, turns the cache off with one
     NddTraceWarning (docs/warm-start.md, "What the cache trusts"). `optimize=True`'s
     per-machine tuning keeps its settings there too (docs/optimize.md)."""
+    if path is not None:
+        path = path_argument(path, "path", "set_cache_dir")
+        if not path or (os.path.exists(path) and not os.path.isdir(path)):
+            checks.fail((ValueError if not path else NotADirectoryError)(
+                f"set_cache_dir: `path` must name a directory (made if missing; None turns the "
+                f"cache off), got {'an empty name' if not path else 'the file ' + repr(path)}"))
     _dali.set_analysis_cache_dir(path)
     tuning_store.forget()  # the tuning read from another directory
 

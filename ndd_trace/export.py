@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -43,6 +44,7 @@ from . import _dali
 from .api import CompiledFunction
 from .decorator import compile
 from .codegen.lower import lower
+from .core import checks
 from .core.errors import ExportError
 from .core.files import path_argument, write_atomic
 from .core.ir import Graph, NodeKind, Ref
@@ -152,6 +154,11 @@ def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLi
     `seed`) or "inputs" (random states are inputs, for eager's exact values).
     """
     path = path_argument(path, "path", "export")  # (one str: the module and its inputs alike)
+    _check_target(path)
+    batch_size = checks.count("export", "batch_size", batch_size, none=True)
+    num_threads = checks.count("export", "num_threads", num_threads, none=True)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        checks.fail(TypeError(f"export: seed must be an int or None, got {seed!r}"))
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     if random not in ("pipeline", "inputs"):
@@ -175,6 +182,19 @@ def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLi
         options["seed"] = int(seed)
     return _write(compiled.__name__, compiled.__qualname__, graph, args, kwargs, str(path),
                   format, random, options)
+
+
+def _check_target(path: str) -> None:
+    """Where export writes, checked before anything is written: a file name in a folder that
+    exists, not a folder itself."""
+    if not path or path.endswith(os.sep) or os.path.isdir(path):
+        checks.fail(IsADirectoryError(
+            f"export: `path` must name a file (the pipeline module, such as "
+            f"{os.path.join(path or '.', 'pipeline.py')!r}), got the folder {path!r}"))
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        checks.fail(FileNotFoundError(
+            f"export: the folder of `path` {path!r} does not exist ({folder}): make it first"))
 
 
 def _write(name: str, qualname: str, graph: Graph, args: tuple, kwargs: dict, path: str,
@@ -206,10 +226,17 @@ def _write(name: str, qualname: str, graph: Graph, args: tuple, kwargs: dict, pa
         buffer = io.BytesIO()  # (np.savez to a path writes in place: a full disk cuts it short)
         np.savez(buffer, **{f"{key}__{i}": sample for key, samples in example.items()
                             for i, sample in enumerate(samples)})
+        written = not os.path.exists(example_path)
         write_atomic(example_path, buffer.getbuffer())
         exported.example_path = example_path
-    write_atomic(path, _module_text(name, lowered, inputs, os.path.basename(example_path), random,
-                                    str(path)))
+    try:
+        write_atomic(path, _module_text(name, lowered, inputs, os.path.basename(example_path),
+                                        random, str(path)))
+    except BaseException:
+        if example and written:  # (all or nothing: not the inputs of a module not written)
+            with contextlib.suppress(OSError):
+                os.unlink(example_path)
+        raise
     return exported
 
 
@@ -346,12 +373,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int)
     options = parser.parse_args(argv)
     module_name, _, function_name = options.target.partition(":")
+    if not module_name or not function_name:
+        parser.error(f"target {options.target!r}: give module:function (such as "
+                     "train:preprocess)")
     sys.path.insert(0, os.getcwd())
-    function = getattr(importlib.import_module(module_name), function_name)
+    module = importlib.import_module(module_name)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        found = "" if function is None else f" ({type(function).__name__} there)"
+        parser.error(f"target {options.target!r}: module {module_name} has no function "
+                     f"{function_name}{found}")
     wrapped = getattr(function, "__wrapped__", function)
     parameters = list(inspect.signature(wrapped, follow_wrapped=False).parameters)
-    example = _load_example(options.example, parameters) if options.example else []
-    exported = export(function, *example, path=options.out, format=options.format,
-                      batch_size=options.batch_size, seed=options.seed)
+    try:
+        example = _load_example(options.example, parameters) if options.example else []
+    except (OSError, ValueError) as error:
+        parser.error(f"--example {options.example}: not an .npz file of example inputs ({error})")
+    try:
+        exported = export(function, *example, path=options.out, format=options.format,
+                          batch_size=options.batch_size, seed=options.seed)
+    except (TypeError, ValueError, OSError) as error:  # (the command line's: said as argparse)
+        hint = "" if options.example else " (its example inputs: --example inputs.npz)"
+        parser.error(f"{type(error).__name__}: {error}{hint}")
     print(f"wrote {exported.path} ({exported.format}; inputs: {', '.join(exported.inputs)}; "
           f"batch size {exported.batch_size})")

@@ -25,8 +25,9 @@ import threading
 from collections.abc import Collection
 
 from .core import process_state
-from .core import logs
+from .core import ledger, logs
 from .core.files import write_atomic
+from .core.source import importer_location
 from .modes import lazy
 
 REPORT_ENV_VAR = "NDD_TRACE_REPORT"
@@ -84,6 +85,10 @@ def write_report_at_exit(path: str | None = None) -> None:
     """Write the JSON report to `path` (default: $NDD_TRACE_REPORT) when the process exits, to
     a file of its own where a process it descends from writes the same one (see module doc)."""
     path = path or os.environ.get(REPORT_ENV_VAR, "").strip()
+    if path and os.path.isdir(path):  # (said now, not as an error at exit)
+        ledger.warn(f"ndd_trace: {REPORT_ENV_VAR}={path} is a folder: no report is written; "
+                    "give a file name in it", importer_location())
+        return
     if path and path not in process_state.reports_registered:
         process_state.reports_registered.add(path)
         taken = _claimed()

@@ -69,3 +69,32 @@ def test_an_unknown_log_channel_keeps_the_known_ones_and_warns_at_the_import(tmp
     assert f"{script}:4: UserWarning: NDD_TRACE_LOGS: unknown channel 'recompil'" in warning
     assert "applied: recompiles, builds (DEBUG)" in warning
     assert "__init__.py" not in warning
+
+
+def test_mistakes_on_the_command_line_are_said_as_argparse_says_them(tmp_path):
+    """Found by the twenty-third session's sweep: a folder for --report-json was found only
+    after the script had run (an IsADirectoryError traceback, exit 1); export's target without
+    :function, a name that is no function, a missing --example, no --example, a missing --out
+    folder and a bad --batch-size each printed a traceback."""
+    (tmp_path / "mymod.py").write_text(textwrap.dedent("""\
+        import nvidia.dali.experimental.dynamic as ndd
+        import ndd_trace
+        VALUE = 3
+        def pre(x):
+            return ndd.flip(x, horizontal=1)
+        """))
+    (tmp_path / "script.py").write_text("print('ran')\n")
+    cases = {
+        ("--report-json", str(tmp_path), "script.py"): "a folder",
+        ("export", "mymod", "--out", "o.py"): "give module:function",
+        ("export", "mymod:VALUE", "--out", "o.py"): "has no function VALUE",
+        ("export", "mymod:pre", "--example", "missing.npz", "--out", "o.py"): "--example",
+        ("export", "mymod:pre", "--out", "o.py"): "--example inputs.npz",
+        ("export", "mymod:pre", "--out", "nodir/o.py"): "does not exist",
+    }
+    for arguments, words in cases.items():
+        done = _python(["-m", "ndd_trace", *arguments], tmp_path)
+        assert done.returncode == 2 and words in done.stderr, (arguments, done.stderr)
+        assert "Traceback" not in done.stderr and "ran" not in done.stdout, arguments
+    left = {p.name for p in tmp_path.iterdir()} - {"mymod.py", "script.py", "__pycache__"}
+    assert not left, left  # (nothing written: no module, no example inputs, no report)

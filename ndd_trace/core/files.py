@@ -44,16 +44,20 @@ def write_atomic(path: Any, data: bytes | bytearray | memoryview | str, *,
     target = os.fsdecode(os.fspath(path))
     content = data.encode("utf-8") if isinstance(data, str) else data
     folder, name = os.path.split(os.path.abspath(target))
-    descriptor, temporary = _create_temporary(folder, name, mode)
+    temporary = None
     try:
+        descriptor, temporary = _create_temporary(folder, name, mode)
         with os.fdopen(descriptor, "wb") as file:
             file.write(content)
             file.flush()
             os.fsync(file.fileno())  # on disk before it takes the target's name
         os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+    except BaseException as error:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        if isinstance(error, OSError) and error.errno is not None:  # named by the target,
+            raise type(error)(error.errno, error.strerror, target) from None  # not our file
         raise
     _sync_folder(folder)
 
