@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give the script to run (script.py [args ...]) or a module (-m module), "
                      "or a command (export)")
     options.target, options.args = options.command[0], options.command[1:]
+    if not options.module and not os.path.exists(options.target):  # as `python missing.py`
+        print(f"{sys.orig_argv[0]}: can't open file {os.path.abspath(options.target)!r}: "
+              "[Errno 2] No such file or directory", file=sys.stderr)
+        sys.exit(2)
     for flag, path in (("--report-json", options.report_json),
                        ("--wait-chart", getattr(options, "wait_chart", None))):
         if path and os.path.isdir(path):  # (said now, not once the script has run)

@@ -86,6 +86,7 @@ def test_mistakes_on_the_command_line_are_said_as_argparse_says_them(tmp_path):
     (tmp_path / "script.py").write_text("print('ran')\n")
     cases = {
         ("--report-json", str(tmp_path), "script.py"): "a folder",
+        ("missing.py",): "can't open file",  # (python's own words and exit status)
         ("export", "mymod", "--out", "o.py"): "give module:function",
         ("export", "mymod:VALUE", "--out", "o.py"): "has no function VALUE",
         ("export", "mymod:pre", "--example", "missing.npz", "--out", "o.py"): "--example",
