@@ -17,6 +17,7 @@ its value.
 from __future__ import annotations
 
 import builtins
+import collections
 import enum
 import functools
 import inspect
@@ -108,6 +109,7 @@ class GuardPolicy(KeyPolicy):
 GUARDS = GuardPolicy()
 
 _MODULE_TABLES = ("_parameters", "_buffers", "_modules")
+_EMPTY_TABLES = (dict, collections.OrderedDict, set, list)
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,8 +121,9 @@ def _is_torch_module(kind: type) -> bool:
 def _module_key(module: Any, policy: GuardPolicy, depth: int) -> tuple:
     """A torch.nn.Module as code reads it: its submodules, parameters and buffers one
     attribute deep each (`self.ts[0].k`), where torch keeps them in tables of its own."""
-    state = vars(module)
-    attributes = [(k, v) for k, v in state.items() if k not in _MODULE_TABLES]
+    state = vars(module)  # (torch's empty hook tables left out: one filled changes the key)
+    attributes = [(k, v) for k, v in state.items() if k not in _MODULE_TABLES
+                  and not (type(v) in _EMPTY_TABLES and not v)]
     for table in _MODULE_TABLES:
         attributes += [(f"{table}.{k}", v) for k, v in (state.get(table) or {}).items()]
     return ("module", id(type(module)),
