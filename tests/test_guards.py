@@ -486,6 +486,10 @@ OBJECTS = {
     "an attribute of a transform in an nn.ModuleList": (
         lambda x, m: m(x), _Augment,
         lambda m, mp: [lambda: None, lambda: setattr(m.ts[0], "k", 5)]),
+    "a forward hook registered on a submodule": (
+        lambda x, m: m(x), _Augment,
+        lambda m, mp: [lambda: None, lambda: m.ts[1].register_forward_hook(
+            lambda module, given, out: out * 2)]),
     "an attribute read by the method super() calls": (
         lambda x, s: s(x), _Sub, lambda s, mp: [lambda: None, lambda: setattr(s, "size", 6)]),
 }
