@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{sys.orig_argv[0]}: can't open file {os.path.abspath(options.target)!r}: "
               "[Errno 2] No such file or directory", file=sys.stderr)
         sys.exit(2)
+    if not options.module and os.path.isdir(options.target) and \
+            not os.path.exists(os.path.join(options.target, "__main__.py")):
+        print(f"{sys.orig_argv[0]}: can't find '__main__' module in "
+              f"{os.path.abspath(options.target)!r}", file=sys.stderr)
+        sys.exit(1)
     for flag, path in (("--report-json", options.report_json),
                        ("--wait-chart", getattr(options, "wait_chart", None))):
         if path and os.path.isdir(path):  # (said now, not once the script has run)

@@ -99,11 +99,15 @@ def test_mistakes_on_the_command_line_are_said_as_argparse_says_them(tmp_path, m
         ("export", "mymod:pre", "--out", "o.py"): "--example inputs.npz",
         ("export", "mymod:pre", "--out", "nodir/o.py"): "does not exist",
     }
+    (tmp_path / "empty").mkdir()
+    cases[("empty",)] = "can't find '__main__' module"  # (exit 1, as python's)
     for arguments, words in cases.items():
         with pytest.raises(SystemExit) as exited:
             launcher.main(list(arguments))
         said = capsys.readouterr()
-        assert exited.value.code == 2 and words in said.err, (arguments, said.err)
+        assert exited.value.code == (1 if arguments == ("empty",) else 2), arguments
+        assert words in said.err, (arguments, said.err)
         assert "ran" not in said.out, arguments
-    left = {p.name for p in tmp_path.iterdir()} - {"mymod.py", "script.py", "__pycache__"}
+    left = {p.name for p in tmp_path.iterdir()} - {"mymod.py", "script.py", "__pycache__",
+                                                   "empty"}
     assert not left, left  # (nothing written: no module, no example inputs, no report)
