@@ -157,7 +157,7 @@ def export(function: Callable, *example_args: Any, path: str | bytes | os.PathLi
     _check_target(path)
     batch_size = checks.count("export", "batch_size", batch_size, none=True)
     num_threads = checks.count("export", "num_threads", num_threads, none=True)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+    if seed is not None and not checks.is_int(seed):
         checks.fail(TypeError(f"export: seed must be an int or None, got {seed!r}"))
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {format!r}")

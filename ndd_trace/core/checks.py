@@ -30,13 +30,17 @@ def flag(where: str, name: str, value: Any) -> bool:
     return bool(value)
 
 
+def is_int(value: Any) -> bool:
+    """An int (numpy's too), not a bool: what a count, an index or a seed is given as."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def count(where: str, name: str, value: Any, none: bool = False) -> Any:
     """A positive int option (`cache_limit`, `num_threads`, `prefetch_queue_depth`); `none`:
     None is taken too (the default from ndd's settings)."""
     if value is None and none:
         return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or \
-            value < 1:
+    if not is_int(value) or value < 1:
         takes = "a positive int" + (" or None" if none else "")
         fail((ValueError if isinstance(value, (int, np.integer)) else TypeError)(
             f"{where}: {name} must be {takes}, got {value!r}"))
@@ -47,8 +51,7 @@ def device_id(where: str, value: Any) -> Any:
     """`device_id`: "current" (ndd's current device), None (CPU only) or a GPU's index."""
     if value in ("current", None):
         return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or \
-            value < 0:
+    if not is_int(value) or value < 0:
         fail(TypeError(f"{where}: device_id must be \"current\", None or a GPU's index (an int "
                        f"from 0), got {value!r}"))
     return int(value)

@@ -39,25 +39,24 @@ def interpret(graph: Graph, leaves: dict[Any, Any], batch_size: int | None = Non
             if node.kind is not NodeKind.OP:
                 continue
             function = _dali.op_function_of(node.op_class)
-            kwargs: dict[str, Any] = dict(node.static)
+            call_args: dict[str, Any] = {}
             for key, ref in node.arg_inputs.items():
                 if key == "_random_state":
-                    kwargs["rng"] = _dali.ReplayRNG(value_of(ref))
+                    call_args["rng"] = _dali.ReplayRNG(value_of(ref))
                 else:
-                    kwargs[key] = value_of(ref)
+                    call_args[key] = value_of(ref)
             inputs = [value_of(ref) for ref in node.inputs]
             device = "gpu" if node.backend in ("gpu", "mixed") else "cpu"
-            if node.is_batch and not inputs:
-                kwargs["batch_size"] = int(node.batch_size if batch_size is None else batch_size)
+            own_size = int(node.batch_size if batch_size is None else batch_size) \
+                if node.is_batch and not inputs else None
             try:
                 if _split_at_call_site(node):  # (its site's split: this line shows no constant)
-                    result = _dali.call_split(
-                        node.op_class, inputs, device,
-                        int(node.batch_size if batch_size is None else batch_size)
-                        if node.is_batch and not inputs else None,
-                        node.static, {key: value for key, value in kwargs.items()
-                                      if key not in node.static and key != "batch_size"})
+                    result = _dali.call_split(node.op_class, inputs, device, own_size,
+                                              node.static, call_args)
                 else:
+                    kwargs = {**node.static, **call_args}
+                    if own_size is not None:
+                        kwargs["batch_size"] = own_size
                     result = function(*inputs, device=device, **kwargs)
             except Exception:
                 if failed is not None:
