@@ -118,6 +118,15 @@ def _is_torch_module(kind: type) -> bool:
                for cls in kind.__mro__)
 
 
+@functools.lru_cache(maxsize=None)
+def _reads_torch_tables(kind: type) -> bool:
+    """Whether `module.name` of this class reads torch's tables of submodules, parameters and
+    buffers (torch's own `__getattr__`, not one of the user's)."""
+    getter = getattr(kind, "__getattr__", None)
+    return _is_torch_module(kind) and getattr(getter, "__qualname__", "") == "Module.__getattr__" \
+        and getattr(getter, "__module__", "") == "torch.nn.modules.module"
+
+
 def _module_key(module: Any, policy: GuardPolicy, depth: int) -> tuple:
     """A torch.nn.Module as code reads it: its submodules, parameters and buffers one
     attribute deep each (`self.ts[0].k`), where torch keeps them in tables of its own."""
@@ -193,8 +202,9 @@ def _narrowed(value: Any) -> bool:
     """Whether a value read only as `value.a.b` is keyed by those: a user's object or class."""
     if isinstance(value, type):
         return is_user_class(value)
-    return hasattr(value, "__dict__") and is_user_class(type(value)) and not is_code(value) \
-        and GUARDS.special(value, 0) is None
+    if not (hasattr(value, "__dict__") and is_user_class(type(value))) or is_code(value):
+        return False
+    return _is_torch_module(type(value)) or GUARDS.special(value, 0) is None
 
 
 _CODE_RUNS = object()  # reading the attribute runs code (a property, a method, __getattr__)
@@ -204,6 +214,9 @@ def _plain_attribute(value: Any, name: str) -> Any:
     """`value.name` where reading it runs none of the user's code (an attribute of the object's
     own, a class's plain data): the value, _MISSING, or _CODE_RUNS."""
     found = inspect.getattr_static(value, name, _MISSING)
+    if found is _MISSING and _reads_torch_tables(type(value)):
+        found = next((table[name] for table in map(vars(value).get, _MODULE_TABLES)
+                      if table and name in table), _MISSING)
     if found is _MISSING:
         return _CODE_RUNS if hasattr(type(value), "__getattr__") else _MISSING
     return _CODE_RUNS if hasattr(type(found), "__get__") else found
@@ -212,21 +225,50 @@ def _plain_attribute(value: Any, name: str) -> Any:
 def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], Any]) -> list:
     """The key items of a value the function reads: where it reads it only as `CFG.size` and
     it is `_narrowed`, the attributes it reads (down to a value of another kind, or where one
-    runs code: a method, a property); else the value itself (`whole` makes its key)."""
+    runs code: a property, a method, followed through what it reads of its own `self`); else
+    the value itself (`whole` makes its key)."""
+    if not (chains and _narrowed(value)):
+        return [(label, whole(value))]
     items: dict[str, Any] = {}
-    for chain in chains if chains and _narrowed(value) else ((),):
-        at, current, depth = label, value, 0
+    todo = [(label, value, chain, 0) for chain in reversed(chains)]
+    followed: set[tuple[int, int]] = set()
+    while todo:
+        at, current, chain, depth = todo.pop()
         for attribute in chain:
             found = _plain_attribute(current, attribute) if _narrowed(current) else _CODE_RUNS
             if found is _CODE_RUNS:
+                method = _method_read(current, attribute)
+                if method is None or len(followed) >= reads.MAX_METHODS:
+                    break
+                function, own_chains = method  # (its code, and what it reads of `self`)
+                items[f"{at}.{attribute}"] = freeze(function, GUARDS, depth + 1)
+                if (id(current), id(function)) not in followed:
+                    followed.add((id(current), id(function)))
+                    todo += [(at, current, own, depth) for own in reversed(own_chains)]
+                at = None
                 break
             at, current, depth = f"{at}.{attribute}", found, depth + 1
             if found is _MISSING:
                 break
+        if at is None:
+            continue
         if at == label:  # (read whole: what it reads through attributes is in it)
             return [(label, whole(value))]
         items[at] = ("missing",) if current is _MISSING else freeze(current, GUARDS, depth)
     return list(items.items())
+
+
+def _method_read(value: Any, name: str) -> tuple[types.FunctionType, tuple] | None:
+    """`value.name` where it is a method or property of the user's class whose code reads its
+    `self` only through attribute chains: the function, and those chains."""
+    if isinstance(value, type) or not _narrowed(value) or name in vars(value):
+        return None
+    found = inspect.getattr_static(value, name, None)
+    found = found.fget if isinstance(found, property) else found
+    if not (isinstance(found, types.FunctionType) and reads.is_user_function(found)):
+        return None
+    chains = reads.first_parameter_chains(found)
+    return None if chains is None else (found, chains)
 
 
 def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
