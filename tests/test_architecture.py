@@ -813,6 +813,24 @@ def test_eager_and_ndd_trace_are_compared_by_the_harness():
     assert not found, f"eager and ndd_trace compared by hand, outside tests/harness.py: {found}"
 
 
+def _loops_over_modes(node: ast.AST) -> bool:
+    """`for mode in ("eager", "compiled")` (or a comprehension over such a literal): a test
+    running each mode by hand, the harness's job."""
+    iterated = node.iter if isinstance(node, (ast.For, ast.comprehension)) else None
+    return isinstance(iterated, (ast.Tuple, ast.List)) and any(
+        isinstance(item, ast.Constant) and item.value == "eager" for item in iterated.elts)
+
+
+def test_modes_are_run_by_the_harness():
+    """A test does not loop over modes itself (`for mode in ("eager", "compiled",
+    "transparent")`, each run set up and compared by hand): the harness's modes run them
+    (the twenty-third session's review found four, the pattern the rule above misses)."""
+    found = [f"{name}:{function.name}" for name, tree in _test_modules().items()
+             for function in ast.walk(tree) if isinstance(function, ast.FunctionDef)
+             and any(_loops_over_modes(node) for node in ast.walk(function))]
+    assert not found, f"modes looped over by hand, outside tests/harness.py: {found}"
+
+
 def _verdict_text(node: ast.AST) -> bool:
     """`x.eager_reason`, or the `.reason` of a verdict (`verdict.reason`, `entry.verdict.reason`,
     `ledger.verdicts[-1].reason`): a verdict's text."""

@@ -1121,13 +1121,9 @@ def test_a_deferred_failures_traceback_shows_the_steps_call_as_eagerly():
     """Found by the nineteenth session's sweep: an error that surfaces at a result's first use
     showed the op's line but not the user's frames it was called from (the call of the
     compiled step), which eager's traceback shows (the op call's whole stack)."""
-    def lines_in(mode):  # (each mode's lines from this one line of this test)
-        step = ndd_trace.compile(_out_of_bounds_crop) if mode == "compiled" else _out_of_bounds_crop
-        with _quiet_stderr(), ndd_trace.enabled() if mode == "transparent" else contextlib.nullcontext():
-            return _user_lines_of_a_deferred_failure(step)
-
-    eager, compiled, transparent = [lines_in(mode) for mode in ("eager", "compiled", "transparent")]
-    assert compiled == eager and transparent == eager, (eager, compiled, transparent)
+    with _quiet_stderr():
+        assert_matches_eager(_user_lines_of_a_deferred_failure, Step(_out_of_bounds_crop),
+                             modes=("step", "transparent"), warn="ignore")
 
 
 def _crop_in_a_helper(images, side):

@@ -8,9 +8,11 @@ covered by the explicit table below.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
-from harness import assert_compiles_exactly, seeded
+from harness import Fresh, Step, assert_compiles_exactly, assert_matches_eager, seeded
 
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
@@ -191,30 +193,28 @@ def _dumped_then_flipped(x, step):
     return ndd.flip(x, vertical=1)
 
 
+def _files_dumped_in(folder, step, images):
+    """The files three steps write in a folder of their own, by name, with their bytes."""
+    os.chdir(folder)
+    for index in range(3):
+        step(images, index).torch()
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
 def test_dump_image_writes_its_files_whether_or_not_its_result_is_used(tmp_path, monkeypatch):
     """`ndd.dump_image` whose result is never used writes the same files, with the same bytes,
     compiled and in transparent mode as eagerly (found by the twenty-second session's sweep:
     an unused result was never computed, so nothing was written)."""
-    import contextlib
-    import warnings
+    monkeypatch.chdir(tmp_path)  # (restored after the test)
+    folders = iter(range(100))
 
-    import ndd_trace
+    def new_folder():
+        folder = tmp_path / f"run{next(folders)}"
+        folder.mkdir()
+        return folder
 
     images = ndd.as_batch([np.full((4, 5, 3), value, np.uint8) for value in (7, 9)], layout="HWC")
-    written = {}
-    for mode in ("eager", "compiled", "transparent"):
-        folder = tmp_path / mode
-        folder.mkdir()
-        monkeypatch.chdir(folder)
-        step = ndd_trace.compile(_dumped_then_flipped) if mode == "compiled" else \
-            _dumped_then_flipped
-        with warnings.catch_warnings(), \
-                ndd_trace.enabled() if mode == "transparent" else contextlib.nullcontext():
-            warnings.simplefilter("error", ndd_trace.NddTraceWarning)
-            for index in range(3):
-                step(images, index).torch()
-        if mode == "compiled":
-            assert step.cache_info().fallbacks == 0
-        written[mode] = {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
-    assert len(written["eager"]) == 6
-    assert written["compiled"] == written["eager"] and written["transparent"] == written["eager"]
+    runs = assert_matches_eager(_files_dumped_in, Fresh(new_folder), Step(_dumped_then_flipped),
+                                images, modes=("step", "transparent"))
+    assert len(runs["eager"].result.items) == 6  # (two files a step)
+    assert runs["step"].steps[0].cache_info().fallbacks == 0
