@@ -487,6 +487,25 @@ def test_a_cache_directory_others_may_write_to_is_refused(cache_dir, tmp_path, i
     assert os.listdir(cache_dir) == []
 
 
+def test_a_cache_directory_that_names_a_file_is_refused_with_one_warning(cache_dir, tmp_path,
+                                                                         images):
+    """`NDD_TRACE_CACHE_DIR=model.ckpt` (a file, as a typo makes it): the warm start is off,
+    said once at the user's line (it was said in the cache log only, at every module)."""
+    from ndd_trace._dali import analysis
+
+    named = tmp_path / "model.ckpt"
+    named.write_bytes(b"weights")
+    analysis.set_directory(str(named))  # (as NDD_TRACE_CACHE_DIR sets it at start-up)
+    first, second = _user_module(tmp_path, "augment_f"), _user_module(tmp_path, "augment_g")
+    with pytest.warns(ndd_trace.NddTraceWarning, match="cannot be used: File exists") as warned:
+        assert_runs_match(_prepared_eagerly(first, images), _prepared(first, images))
+        assert_runs_match(_prepared_eagerly(second, images), _prepared(second, images))
+    (warning,) = [w for w in warned if "cache directory" in str(w.message)]
+    assert warning.filename == first.__file__ and "unset NDD_TRACE_CACHE_DIR" in \
+        str(warning.message)
+    assert named.read_bytes() == b"weights"
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="makes files of another user (root only)")
 def test_a_cache_directory_of_another_user_is_refused(cache_dir, tmp_path, images):

@@ -89,15 +89,24 @@ def directory() -> str | None:
 
 def trusted_directory() -> str | None:
     """The cache directory where this process may use it: made if missing (mode 0o700), checked
-    once; None without one, or where another user could have written to it (then refused, with
-    one warning). OSError where it cannot be made or read (not remembered: tried again)."""
+    once; None without one, where it cannot be made or read (a file of that name, no
+    permission), or where another user could have written to it (each refused, with one
+    warning)."""
     where = _directory
     if where is None:
         return None
     if where in _verdicts:
         return where if _verdicts[where] is None else None
-    os.makedirs(where, mode=0o700, exist_ok=True)
-    reason = files.foreign_directory_reason(where)
+    try:
+        os.makedirs(where, mode=0o700, exist_ok=True)
+        reason = files.foreign_directory_reason(where)
+    except OSError as error:
+        _warn_once(where, f"ndd_trace: the warm-start cache directory {where} "
+                   "(NDD_TRACE_CACHE_DIR, ndd_trace.set_cache_dir) cannot be used: "
+                   f"{error.strerror or error}. Nothing is loaded from it or saved to it in "
+                   "this process. Name a directory you can write to (such as "
+                   "~/.cache/ndd_trace), or unset NDD_TRACE_CACHE_DIR.")
+        return None
     if reason is not None:
         refuse(where, where, reason)
         return None
@@ -109,26 +118,32 @@ def refuse(where: str, path: str, reason: str) -> None:
     """Use the cache directory `where` no more in this process: `path` (itself, or a file in
     it) may have been written by another user (`reason`). Warned once per directory, at the
     user's line where one is on the stack."""
+    if path == where:
+        what = "it"
+        remedy = ("Name a directory that you own and only you can write to (such as "
+                  "~/.cache/ndd_trace), or make this one yours with mode 700 (chown, then "
+                  f"chmod 700 {where})")
+    else:
+        what = f"its file {os.path.basename(path)}"
+        remedy = (f"Delete {path} if you did not put it there yourself (ndd_trace writes "
+                  "its entries again), or name another directory")
+    message = (f"ndd_trace: the warm-start cache directory {where} (NDD_TRACE_CACHE_DIR, "
+               f"ndd_trace.set_cache_dir) is not used in this process: {what} {reason}. "
+               "Another user could have put files there, and its entries are pickles, "
+               "which run code as you when loaded: nothing is loaded from it or saved to "
+               f"it. {remedy}.")
+    _warn_once(where, message)
+
+
+def _warn_once(where: str, message: str) -> None:
+    """The cache directory `where` is used no more in this process, for `message`'s reason:
+    said once, at the user's line where one is on the stack."""
     with _lock:
         if _verdicts.get(where) is not None:
             return  # refused already, and said so
-        if path == where:
-            what = "it"
-            remedy = ("Name a directory that you own and only you can write to (such as "
-                      "~/.cache/ndd_trace), or make this one yours with mode 700 (chown, then "
-                      f"chmod 700 {where})")
-        else:
-            what = f"its file {os.path.basename(path)}"
-            remedy = (f"Delete {path} if you did not put it there yourself (ndd_trace writes "
-                      "its entries again), or name another directory")
-        message = (f"ndd_trace: the warm-start cache directory {where} (NDD_TRACE_CACHE_DIR, "
-                   f"ndd_trace.set_cache_dir) is not used in this process: {what} {reason}. "
-                   "Another user could have put files there, and its entries are pickles, "
-                   "which run code as you when loaded: nothing is loaded from it or saved to "
-                   f"it. {remedy}.")
         _verdicts[where] = message
-    logs.cache.info("analysis cache: %s refused: %s %s", where, path, reason)
-    ledger.warn(message, user_location(), stacklevel=3)
+    logs.cache.info("analysis cache: %s refused: %s", where, message)
+    ledger.warn(message, user_location(), stacklevel=4)
 
 
 def _mapping_proxy(mapping: dict) -> types.MappingProxyType:
