@@ -519,6 +519,37 @@ def test_only_the_results_that_use_a_failing_op_raise_as_eagerly():
     assert [index for index, seen in eager if isinstance(seen, bytes)] == [0, 2, 0, 2]
 
 
+def _some_fail_returning_an_argument(wrap):
+    def step(images, labels):
+        crop = ndd.crop(ndd.flip(images, horizontal=1), crop=[20, 20],
+                        out_of_bounds_policy="error")  # the images are 10x12: fails
+        drawn = ndd.random.uniform(batch_size=images.batch_size)
+        return crop, labels, drawn
+
+    step = wrap(step)
+    images = ndd.as_batch([np.full((10, 12, 3), i, np.uint8) for i in range(2)], layout="HWC")
+    labels = ndd.as_batch([np.array([i], np.int32) for i in range(2)])
+    seen = []
+    for _ in range(3):
+        crop, given, drawn = step(images, labels)
+        for output in (drawn, given, crop):
+            try:
+                seen.append(np.asarray(output.torch()).tobytes())
+            except Exception as error:  # noqa: BLE001
+                seen.append(_chain(error)[-2:])
+    return seen
+
+
+def test_a_failing_op_leaves_the_arguments_returned_and_other_results_readable():
+    """Found by the twenty-fourth session's sweep: a step returning one of its arguments as it
+    was given (labels beside the augmented images), whose crop fails when it runs: eager
+    gives the random draw and the labels and fails the crop alone; ndd_trace failed every
+    output (the argument returned as given stopped the search for the unaffected ones)."""
+    eager = assert_matches_eager(_some_fail_returning_an_argument, Compiler(),
+                                 **THREE_WAYS)["eager"].result
+    assert [isinstance(seen, bytes) for seen in eager] == [True, True, False] * 3
+
+
 def test_pipeline_error_names_the_op_and_line_in_a_note():
     prep = ndd.compile(lambda data: ndd.decoders.image(data))
     with _quiet_stderr(), pytest.raises(ndd_trace.PipelineError) as info:

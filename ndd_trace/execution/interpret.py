@@ -117,13 +117,20 @@ def interpret_unaffected(graph: Graph, failed: Node, leaves: dict[Any, Any],
     if not any(unaffected):
         return None
     needed = Graph(graph.name)
-    needed.outputs = [ref for ref, keep in zip(graph.outputs, unaffected) if keep]
+    # (an output the function returns as it was given, or a constant, is a leaf's value)
+    needed.outputs = [ref for ref, keep in zip(graph.outputs, unaffected)
+                      if keep and ref.node.kind is NodeKind.OP]
     needed.nodes = list(graph.nodes)
     passes.eliminate_dead_code(needed)
     try:
         with _dali.synchronous():
             values = interpret(needed, leaves, batch_size)
-            data = {id(ref): _dali.storage_of(values[ref]) for ref in needed.outputs}
+            for ref in graph.outputs:
+                if ref.node.kind is not NodeKind.OP:
+                    key = (id(ref.node), ref.index)
+                    values[ref] = leaves[key] if key in leaves else leaves[id(ref.node)]
+            data = {id(ref): _dali.storage_of(values[ref])
+                    for ref, keep in zip(graph.outputs, unaffected) if keep}
     except Exception:  # noqa: BLE001 (another op fails too: the run's error stands)
         return None
     return [data[id(ref)] if keep else None for ref, keep in zip(graph.outputs, unaffected)]
