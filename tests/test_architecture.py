@@ -14,8 +14,8 @@ FOLDERS = ["core", "_dali", "tracing", "codegen", "execution", "units", "ahead",
 # (or of its own layer, where several are listed together).
 LAYERS = [
     {"core.process_state"},
-    {"core.source", "core.errors", "core.logs", "core.trees", "core.keys", "core.spelling",
-     "core.ledger", "core.files", "core.checks"},
+    {"core.source", "core.errors", "core.logs", "core.trees", "core.keys", "core.objects",
+     "core.spelling", "core.ledger", "core.files", "core.checks"},
     {"core.ir"},
     {"core.passes"},
     {"_dali.base"},

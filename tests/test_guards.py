@@ -14,6 +14,7 @@ import importlib
 import textwrap
 import sys
 import threading
+import types
 import warnings
 
 import numpy as np
@@ -552,6 +553,229 @@ def test_a_module_is_keyed_by_what_its_method_reads_not_by_its_weights(batch):
     key = guards.build_key((model, batch), {}, plans.plan_for(_Scaled.scaled))
     assert [label for label, _ in key if label.startswith("self")] == [
         "self._shift", "self.k", "self.gain"], key
+
+
+# -- what an object holds, reached as users write it (the twenty-fourth session's sweep: each of
+#    these once gave the first call's result after the change) -----------------------------------
+
+_HELD_ANGLE = 10.0
+
+
+class _RotateByGlobal:
+    def __call__(self, x):
+        return ndd.rotate(x, angle=_HELD_ANGLE, keep_size=True)
+
+
+class _Compose:  # a transform list, as torchvision's Compose holds it
+    def __init__(self):
+        self.transforms = [_RotateByGlobal(), _FlipBy(1)]
+        self.ops = [self.rotate, self.flip]  # bound methods in a table
+        self.fn = functools.partial(_rotate_then_flip, flip=1)
+        self.crop = _Deep()
+
+    def rotate(self, x):
+        return ndd.rotate(x, angle=_HELD_ANGLE, keep_size=True)
+
+    def flip(self, x):
+        return ndd.flip(x, horizontal=1)
+
+    def all_transforms(self, x):
+        for transform in self.transforms:
+            x = transform(x)
+        return x
+
+    def all_ops(self, x):
+        for op in self.ops:
+            x = op(x)
+        return x
+
+    def held_partial(self, x):
+        return self.fn(x)
+
+    def op(self, x):
+        return ndd.flip(x, horizontal=1)
+
+    def own_op(self, x):
+        return self.op(x)
+
+    def deep_crop(self, x):
+        return ndd.crop(x, crop=self.crop.train.aug.size.hw)
+
+
+class _FlipBy:
+    def __init__(self, horizontal):
+        self.horizontal = horizontal
+
+    def __call__(self, x):
+        return ndd.flip(x, horizontal=self.horizontal)
+
+
+class _Deep:  # a config five attributes deep: self.crop.train.aug.size.hw
+    def __init__(self):
+        self.train = types.SimpleNamespace(aug=types.SimpleNamespace(
+            size=types.SimpleNamespace(hw=[12, 12])))
+
+
+def _rotate_then_flip(x, flip):
+    return ndd.flip(ndd.rotate(x, angle=_HELD_ANGLE, keep_size=True), horizontal=flip)
+
+
+class _RotateModule(torch.nn.Module):
+    def forward(self, x):
+        return ndd.rotate(x, angle=_HELD_ANGLE, keep_size=True)
+
+
+class _Preprocess(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rot = _RotateModule()
+        self.gain = torch.tensor([2.0], dtype=torch.bfloat16)
+
+    def rotated(self, x):
+        return self.rot(x)
+
+    def scaled(self, x):
+        return x * float(self.gain[0])
+
+
+class _Base:
+    MEAN = torch.tensor([10.0, 20.0, 30.0])
+
+    def op(self, x):
+        return ndd.rotate(x, angle=_HELD_ANGLE, keep_size=True)
+
+    def normalized(self, x):
+        return ndd.crop_mirror_normalize(x, mean=self.MEAN.tolist(), std=[1.0])
+
+
+class _Derived(_Base):
+    def op(self, x):
+        return ndd.flip(super().op(x), horizontal=1)
+
+    def run(self, x):
+        return self.op(x)
+
+    def normalized(self, x):  # (`super()`: its `self` read whole)
+        return super().normalized(x)
+
+
+class _Size:  # compared by value on two of its three attributes
+    __slots__ = ("h", "w", "flip")
+
+    def __init__(self):
+        self.h, self.w, self.flip = 8, 8, 0
+
+    def __eq__(self, other):
+        return isinstance(other, _Size) and (self.h, self.w) == (other.h, other.w)
+
+    def __hash__(self):
+        return hash((self.h, self.w))
+
+
+_GLOBAL_TRANSFORMS = [_RotateByGlobal()]
+_GLOBAL_PARTIAL = functools.partial(_rotate_then_flip, flip=1)
+
+
+@functools.cache
+def _cached_angle():
+    return _HELD_ANGLE
+
+
+def _rotate_by_methodtype(self, x):
+    return ndd.rotate(x, angle=_HELD_ANGLE, keep_size=True)
+
+
+def _global_transforms(x):
+    for transform in _GLOBAL_TRANSFORMS:
+        x = transform(x)
+    return x
+
+
+def _angle_changed(mp):
+    return _set_global(mp, "_HELD_ANGLE", 45.0)
+
+
+def _cleared_after_the_angle_changed(mp):
+    """The angle changed (the cache still answers 10, eagerly too), then the cache cleared and
+    filled again by an eager call: eager's next answer is 45."""
+    def change():
+        mp.setitem(globals(), "_HELD_ANGLE", 45.0)
+        _cached_angle.cache_clear()
+        _cached_angle()
+    return change
+
+
+HELD = {
+    # name: (function, make its object, the changes before each call, given the object)
+    "a transform in a list the object holds reads a global": (
+        lambda x, c: c.all_transforms(x), _Compose, lambda c, mp: [lambda: None,
+                                                                  _angle_changed(mp)]),
+    "a bound method in a table reads a global": (
+        lambda x, c: c.all_ops(x), _Compose, lambda c, mp: [lambda: None, _angle_changed(mp)]),
+    "a partial the object holds calls a function reading a global": (
+        lambda x, c: c.held_partial(x), _Compose, lambda c, mp: [lambda: None,
+                                                                _angle_changed(mp)]),
+    "a method set on the object reads a global": (
+        lambda x, c: c.own_op(x), _Compose, lambda c, mp: [
+            lambda: None, lambda: setattr(c, "op", types.MethodType(_rotate_by_methodtype, c)),
+            _angle_changed(mp)]),
+    "a list five attributes deep, changed in place": (
+        lambda x, c: c.deep_crop(x), _Compose, lambda c, mp: [
+            lambda: None, lambda: c.crop.train.aug.size.hw.__setitem__(0, 8)]),
+    "a list five attributes deep, replaced": (
+        lambda x, c: c.deep_crop(x), _Compose, lambda c, mp: [
+            lambda: None, lambda: setattr(c.crop.train.aug.size, "hw", None),
+            lambda: setattr(c.crop.train.aug.size, "hw", [8, 8])]),
+    "a transform in a global list reads a global": (
+        lambda x, _: _global_transforms(x), lambda: None, lambda _, mp: [lambda: None,
+                                                                         _angle_changed(mp)]),
+    "a global partial's function reads a global": (
+        lambda x, _: _GLOBAL_PARTIAL(x), lambda: None, lambda _, mp: [lambda: None,
+                                                                      _angle_changed(mp)]),
+    "an nn.Module's submodule reads a global in forward": (
+        lambda x, m: m.rotated(x), _Preprocess, lambda m, mp: [lambda: None, _angle_changed(mp)]),
+    "a class attribute tensor, replaced": (
+        lambda x, d: d.normalized(x), _Derived, lambda d, mp: [
+            lambda: None, lambda: mp.setattr(_Base, "MEAN", torch.tensor([99.0] * 3))]),
+    "a bfloat16 tensor changed in place": (
+        lambda x, m: m.scaled(x), _Preprocess, lambda m, mp: [lambda: None,
+                                                             lambda: m.gain.mul_(2)]),
+    "the method super() reaches reads a global": (
+        lambda x, d: d.run(x), _Derived, lambda d, mp: [lambda: None, _angle_changed(mp)]),
+    "a slotted object's attribute its __eq__ leaves out": (
+        lambda x, size: ndd.flip(ndd.resize(x, size=[size.h, size.w]), horizontal=size.flip),
+        _Size, lambda size, mp: [lambda: None, lambda: setattr(size, "flip", 1)]),
+    "an lru_cache helper cleared after what it reads changed": (
+        lambda x, _: ndd.rotate(x, angle=_cached_angle(), keep_size=True), lambda: None,
+        lambda _, mp: [lambda: None, _angle_changed(mp), _cleared_after_the_angle_changed(mp)]),
+}
+
+
+@pytest.mark.parametrize("case", HELD)
+def test_what_objects_hold_is_guarded_as_code_reaches_it(case, batch, monkeypatch):
+    """Code reached through what an object holds (a transform list, bound methods in a table,
+    a partial, a method set on the object, an nn.Module's submodules, the method `super()`
+    reaches) is followed for the globals it reads; a value five attributes deep, a class's
+    tensor, a bfloat16 tensor and a slotted object's attributes are keyed by value; an
+    lru_cache helper cleared and filled again is another key: each call gives eager's result."""
+    _cached_angle.cache_clear()
+    function, make, changes = HELD[case]
+    target = make()
+    assert_each_matches_eager(function, batch, target, changes=changes(target, monkeypatch),
+                              warn=None)
+
+
+def test_an_object_keyed_by_identity_is_another_key_once_freed():
+    """A value keyed by its identity (five levels down, unhashable) is a key only while that
+    very object lives: another object given the same address once it is freed is another key
+    (an id alone once hit the freed object's entry: the sweep saw `crop = None; crop = [8, 8]`
+    reuse the address)."""
+    held, other = [12, 12], [8, 8]
+    key = guards.GUARDS.by_identity(held)
+    assert key == guards.GUARDS.by_identity(held)
+    reused = guards.GUARDS.by_identity(other)
+    reused.key = key.key  # (the freed list's address, given to the new one)
+    assert reused != key and hash(reused) == hash(key)
 
 
 # -- the batch size -----------------------------------------------------------------------------

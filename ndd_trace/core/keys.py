@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import inspect
 import math
 import struct
 import types
+import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from .objects import UNSET, attribute_held, is_user_class, slot_names
 
 _DOUBLE = struct.Struct("<d")
 
@@ -60,6 +62,27 @@ class Shown:
         return self.text
 
 
+class Identity(Shown):
+    """An object keyed by its identity, equal only while it is the very same live object (held
+    weakly, or strongly where it cannot be: a list), so an object given a freed one's address
+    is another key, not a stale hit."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, value: Any, text: str, *more: Any):
+        super().__init__(("id", id(value), *more), text)
+        try:
+            self.held = weakref.ref(value)
+        except TypeError:
+            self.held = (lambda held: lambda: held)(value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Identity) and other.key == self.key and \
+            self.held() is not None and self.held() is other.held()
+
+    __hash__ = Shown.__hash__
+
+
 class KeyPolicy:
     """What `freeze` makes of values that are not plain data (numbers, strings, containers).
     The base policy is an op's static arguments'; guards.GuardPolicy extends it."""
@@ -77,7 +100,7 @@ class KeyPolicy:
         return f"{type(value).__name__} object at {id(value):#x}"
 
     def by_identity(self, value: Any) -> Shown:
-        return Shown(("id", id(value)), self.named(value))
+        return Identity(value, self.named(value))
 
 
 STATIC = KeyPolicy()
@@ -124,14 +147,14 @@ def freeze(value: Any, policy: KeyPolicy = STATIC, depth: int = 0) -> Any:
                               for k, v in value.items()))
     if isinstance(value, (set, frozenset)):
         return ("set", frozenset(freeze(v, policy, depth + 1) for v in value))
-    slots = _slot_names(kind) if policy.by_attributes else ()
+    slots = slot_names(kind) if policy.by_attributes else ()
     if policy.by_attributes and (dataclasses.is_dataclass(value) or hasattr(value, "__dict__")
                                  or slots):
         try:
             attributes = [*vars(value).items()] if hasattr(value, "__dict__") else []
         except TypeError:
             return policy.by_identity(value)
-        attributes += [(name, attribute_held(value, name, _UNSET)) for name in slots]
+        attributes += [(name, attribute_held(value, name, UNSET)) for name in slots]
         # what `value.x` may read: its own attributes (`__slots__` ones too), and its classes'
         # data (the same rule as for a class read as a global), base classes included
         return ("object", id(kind),
@@ -193,32 +216,12 @@ def parts_of(key: tuple, kind: type) -> list[tuple[str, Any]]:
     return [(label, part) for label, part in key if type(part) is kind]
 
 
-_UNSET = object()  # a `__slots__` attribute never set
-
 # what a class attribute holds that its key keeps by value (besides instances of user classes)
 _CLASS_DATA = (bool, int, float, str, bytes, complex, list, tuple, dict, set, frozenset,
                type(None), np.generic, np.ndarray, enum.Enum)
+_LIBRARY_DATA = ("torch",)  # modules whose values a class may hold as data (a tensor constant)
 # and what it keeps by identity: its methods (a method replaced on the class changes it)
 _CLASS_CODE = (types.FunctionType, staticmethod, classmethod, property)
-
-
-def _slot_names(kind: type) -> tuple[str, ...]:
-    """The `__slots__` attributes (as stored: private ones mangled) of a user class whose
-    instances compare by identity (or a dataclass): what such an object's state is. Empty for
-    anything else: a library's objects, and objects compared by value (keyed by their value)."""
-    if not is_user_class(kind) or (not dataclasses.is_dataclass(kind) and
-                                   kind.__eq__ is not object.__eq__ and kind.__hash__ is not None):
-        return ()
-    names: list[str] = []
-    for cls in kind.__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            if name.startswith("__") and not name.endswith("__"):
-                name = f"_{cls.__name__.lstrip('_')}{name}"
-            names.append(name)
-    return tuple(names)
 
 
 def class_key(cls: type, policy: KeyPolicy, depth: int) -> tuple:
@@ -230,43 +233,10 @@ def class_key(cls: type, policy: KeyPolicy, depth: int) -> tuple:
             continue
         if isinstance(v, _CLASS_CODE):
             items.append((k, ("code", id(v))))
-        elif isinstance(v, _CLASS_DATA) or (not isinstance(v, type) and is_user_class(type(v))):
+        elif isinstance(v, _CLASS_DATA) or (not isinstance(v, type) and (
+                is_user_class(type(v)) or type(v).__module__.startswith(_LIBRARY_DATA))):
             items.append((k, freeze(v, policy, depth + 1)))
     return ("class", id(cls), tuple(items))
-
-
-def attribute_held(value: Any, name: str, default: Any = None) -> Any:
-    """`getattr(value, name, default)` that runs none of the user's code: of a user class or
-    its instance, only what it or its classes hold themselves (no `__getattr__`, property or
-    other descriptor of theirs is called: a function, a property is returned as it is held; a
-    slot is read); of anything else, getattr's answer, its errors read as absent."""
-    kind = value if isinstance(value, type) else type(value)
-    if not is_user_class(kind):
-        try:
-            return getattr(value, name, default)
-        except Exception:  # (a library's __getattr__ raising other than AttributeError)
-            return default
-    found = inspect.getattr_static(value, name, default)
-    if isinstance(found, types.MemberDescriptorType) and not isinstance(value, type):
-        try:  # a `__slots__` attribute: its value (reading a slot runs no user code)
-            return found.__get__(value, kind)
-        except AttributeError:
-            return default
-    return found
-
-
-def is_user_class(cls: type) -> bool:
-    """A class of the user's (whose attributes a function may read as data), not a library's."""
-    module = getattr(cls, "__module__", "") or ""
-    return not module.startswith(("builtins", "nvidia", "numpy", "torch", "ndd_trace",
-                                  "typing", "collections", "enum", "abc"))
-
-
-def is_code(value: Any) -> bool:
-    """Modules, functions, classes and methods: keyed by identity by every policy that looks
-    into objects (their state is code, not data)."""
-    return isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
-                              type, types.MethodType))
 
 
 # -- printing ----------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ log_handler: list = []  # the one handler printing the ndd_trace loggers (logs.p
 container_types: set[type] = {tuple, list, dict}
 leaf_types: set[type] = {type(None), int, float, str, bool}
 deprecations_warned: set[str] = set()  # deprecated settings said once a process (units/build.py)
+# an lru_cache helper -> how many times its cache_clear() ran since ndd_trace first keyed it
+# (tracing/guards.py: a cleared helper computes its answers anew)
+lru_clears: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # .breaks: every GraphBreakSignal raised while a trace collects them, else None (errors.py)
 graph_breaks_raised = threading.local()
 

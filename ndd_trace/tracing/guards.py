@@ -21,6 +21,7 @@ import collections
 import enum
 import functools
 import inspect
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
-from ..core.keys import KeyPolicy, Shown, attribute_held, class_key, freeze, is_code, is_user_class
+from ..core import process_state
+from ..core.keys import Identity, KeyPolicy, Shown, class_key, freeze
+from ..core.objects import attribute_held, is_code, is_user_class
 from . import reads
 from .plans import GuardPlan, may_reach_code
 
@@ -50,7 +53,7 @@ class GuardPolicy(KeyPolicy):
             return self.by_identity(value)  # stateful: its identity is what matters
         if isinstance(value, type) and is_user_class(value) and depth < _MAX_DEPTH:
             return class_key(value, self, depth)
-        if depth < _MAX_DEPTH and _is_torch_module(type(value)):
+        if depth < _MAX_DEPTH and reads.is_torch_module(type(value)):
             return _module_key(value, self, depth)
         if isinstance(value, functools.partial):  # what it calls with is part of what it is
             return ("partial", freeze(value.func, self, depth + 1),
@@ -61,13 +64,14 @@ class GuardPolicy(KeyPolicy):
                     freeze(value.__self__, self, depth + 1))
         if isinstance(value, types.FunctionType):
             # by identity and its code (which a reload, IPython's autoreload, replaces in place)
-            function = Shown(("id", id(value), id(value.__code__)), self.named(value))
+            function = Identity(value, self.named(value), id(value.__code__))
             if value.__defaults__ or value.__kwdefaults__:
                 return ("function", function, freeze(value.__defaults__, self, depth + 1),
                         freeze(value.__kwdefaults__, self, depth + 1))
             return function
         if reads.is_lru_cache(value):  # what it answers from: cache_clear() empties it
-            return ("lru_cache", self.by_identity(value), value.cache_info().currsize)
+            return ("lru_cache", self.by_identity(value), _clears(value),
+                    value.cache_info().currsize)
         if is_code(value) or attribute_held(value, "cache_info") is not None:
             # code is guarded by identity (a compiled function by its own cache, not its state)
             return self.by_identity(value)
@@ -79,8 +83,8 @@ class GuardPolicy(KeyPolicy):
             return ("ndarray", value.dtype.str, value.shape, hash(value.tobytes()))
         if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
             try:  # (apart from a numpy array of the same data: eager's results are torch's)
-                return ("torch", type(value).__name__,
-                        freeze(value.detach().cpu().numpy(), self, depth + 1))
+                return ("torch", type(value).__name__, str(value.dtype), tuple(value.shape),
+                        freeze(_torch_bytes(value), self, depth + 1))
             except Exception:
                 return self.by_identity(value)
         return None
@@ -112,10 +116,35 @@ _MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 _EMPTY_TABLES = (dict, collections.OrderedDict, set, list)
 
 
-@functools.lru_cache(maxsize=None)
-def _is_torch_module(kind: type) -> bool:
-    return any(cls.__name__ == "Module" and cls.__module__ == "torch.nn.modules.module"
-               for cls in kind.__mro__)
+def _clears(helper: Any) -> int:
+    """How many times an lru_cache helper was cleared since first keyed: its `cache_clear` is
+    counted from then on (an answer computed after a clear may differ from one cached before,
+    with as many held)."""
+    clears = process_state.lru_clears
+    if helper not in clears:
+        clears[helper] = 0
+        clear = helper.cache_clear
+
+        @functools.wraps(clear)
+        def counted_clear() -> None:
+            clears[helper] = clears.get(helper, 0) + 1
+            clear()
+
+        try:
+            helper.cache_clear = counted_clear
+        except AttributeError:
+            return -1  # (its clears cannot be counted: keyed by what it holds alone)
+    return clears[helper]
+
+
+def _torch_bytes(tensor: Any) -> np.ndarray:
+    """A torch tensor's data as numpy holds it; its bytes where numpy has no such dtype
+    (bfloat16)."""
+    data = tensor.detach().cpu()
+    try:
+        return data.numpy()
+    except TypeError:
+        return data.contiguous().view(sys.modules["torch"].uint8).numpy()
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,7 +152,7 @@ def _reads_torch_tables(kind: type) -> bool:
     """Whether `module.name` of this class reads torch's tables of submodules, parameters and
     buffers (torch's own `__getattr__`, not one of the user's)."""
     getter = getattr(kind, "__getattr__", None)
-    return _is_torch_module(kind) and getattr(getter, "__qualname__", "") == "Module.__getattr__" \
+    return reads.is_torch_module(kind) and getattr(getter, "__qualname__", "") == "Module.__getattr__" \
         and getattr(getter, "__module__", "") == "torch.nn.modules.module"
 
 
@@ -195,7 +224,7 @@ def rng_aliasing(args: tuple, kwargs: dict, others: list) -> tuple:
         if found else ()
 
 
-_MISSING = object()
+_MISSING = reads.MISSING
 
 
 def _narrowed(value: Any) -> bool:
@@ -204,7 +233,7 @@ def _narrowed(value: Any) -> bool:
         return is_user_class(value)
     if not (hasattr(value, "__dict__") and is_user_class(type(value))) or is_code(value):
         return False
-    return _is_torch_module(type(value)) or GUARDS.special(value, 0) is None
+    return reads.is_torch_module(type(value)) or GUARDS.special(value, 0) is None
 
 
 _CODE_RUNS = object()  # reading the attribute runs code (a property, a method, __getattr__)
@@ -215,8 +244,7 @@ def _plain_attribute(value: Any, name: str) -> Any:
     own, a class's plain data): the value, _MISSING, or _CODE_RUNS."""
     found = inspect.getattr_static(value, name, _MISSING)
     if found is _MISSING and _reads_torch_tables(type(value)):
-        found = next((table[name] for table in map(vars(value).get, _MODULE_TABLES)
-                      if table and name in table), _MISSING)
+        found = reads.torch_table_item(value, name)
     if found is _MISSING:
         return _CODE_RUNS if hasattr(type(value), "__getattr__") else _MISSING
     return _CODE_RUNS if hasattr(type(found), "__get__") else found
@@ -230,10 +258,10 @@ def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], A
     if not (chains and _narrowed(value)):
         return [(label, whole(value))]
     items: dict[str, Any] = {}
-    todo = [(label, value, chain, 0) for chain in reversed(chains)]
+    todo = [(label, value, chain) for chain in reversed(chains)]
     followed: set[tuple[int, int]] = set()
     while todo:
-        at, current, chain, depth = todo.pop()
+        at, current, chain = todo.pop()
         for attribute in chain:
             found = _plain_attribute(current, attribute) if _narrowed(current) else _CODE_RUNS
             if found is _CODE_RUNS:
@@ -241,20 +269,21 @@ def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], A
                 if method is None or len(followed) >= reads.MAX_METHODS:
                     break
                 function, own_chains = method  # (its code, and what it reads of `self`)
-                items[f"{at}.{attribute}"] = freeze(function, GUARDS, depth + 1)
+                items[f"{at}.{attribute}"] = freeze(function, GUARDS)
                 if (id(current), id(function)) not in followed:
                     followed.add((id(current), id(function)))
-                    todo += [(at, current, own, depth) for own in reversed(own_chains)]
+                    todo += [(at, current, own) for own in reversed(own_chains)]
                 at = None
                 break
-            at, current, depth = f"{at}.{attribute}", found, depth + 1
+            at, current = f"{at}.{attribute}", found
             if found is _MISSING:
                 break
         if at is None:
             continue
         if at == label:  # (read whole: what it reads through attributes is in it)
             return [(label, whole(value))]
-        items[at] = ("missing",) if current is _MISSING else freeze(current, GUARDS, depth)
+        # (from depth 0: a chain the code spells out is no nesting to bound)
+        items[at] = ("missing",) if current is _MISSING else freeze(current, GUARDS)
     return list(items.items())
 
 

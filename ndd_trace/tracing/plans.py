@@ -9,7 +9,6 @@ reading their bytecode (reads.py). Guard keys (guards.build_key) read the values
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 import types
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
-from ..core.keys import attribute_held
+from ..core.objects import attribute_held
 from . import reads
 from .effects import imported_reads
 
@@ -100,25 +99,11 @@ def may_reach_code(value: Any) -> bool:
 def argument_helpers(value: Any, chains: Any) -> list[tuple[str, types.FunctionType]]:
     """The user functions reached through an argument the function reads as `value.<chain>`
     for each of `chains` (None: read whole), each with the path that reaches it (`.augment`,
-    `[0]`, `` for the argument itself)."""
+    `[0]`, `` for the argument itself): `reads.methods_reached`."""
     if not may_reach_code(value):
         return []
-    if isinstance(value, functools.partial):
-        value = value.func
     value = attribute_held(value, "_ndd_trace_inlined") or value  # a compiled helper: inlined
-    if isinstance(value, types.FunctionType):
-        return [("", value)] if reads.is_user_function(value) else []
-    if isinstance(value, (dict, list, tuple)):
-        return [(f"[{index}]", function)
-                for index, function in enumerate(reads.functions_in(value))
-                if reads.is_user_function(function)]
-    if isinstance(value, types.MethodType):  # the function, and what it reaches through self
-        function = value.__func__
-        if not reads.is_user_function(function):
-            return []
-        reached = reads.methods_reached(value.__self__, reads.first_parameter_chains(function))
-        return [("", function), *((f".{path}", found) for path, found in reached)]
-    return [(f".{path}", found) for path, found in reads.methods_reached(value, chains)]
+    return reads.methods_reached(value, chains)
 
 
 
@@ -132,21 +117,12 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
     seen: set[int] = set()
 
     def helper(value: Any, depth: int) -> None:
-        if isinstance(value, (dict, list, tuple)):  # a table of helpers: each one's reads
-            for item in reads.functions_in(value):
-                helper(item, depth)
-            return
         value = attribute_held(value, "_ndd_trace_inlined") or value  # a compiled helper: inlined
-        if isinstance(value, types.MethodType):  # a bound method: its function, and what
-            for _, item in reads.methods_reached(  # it reaches through its object
-                    value.__self__, reads.first_parameter_chains(value.__func__)):
-                helper(item, depth)
-            value = value.__func__
-        elif reads.is_lru_cache(value):  # what it wraps (its globals: read at each new argument)
+        if reads.is_lru_cache(value):  # what it wraps (its globals: read at each new argument)
             value = value.__wrapped__
-        elif not isinstance(value, types.FunctionType):  # a class or object read whole: every
-            for _, item in reads.methods_reached(value, None):  # function it leads to
-                helper(item, depth)
+        if not isinstance(value, types.FunctionType):  # what it leads to: a bound method's
+            for _, item in reads.methods_reached(value, None):  # function, a table's, an
+                helper(item, depth)  # object's methods (read whole), a partial's function
             return
         if depth < max_depth and reads.is_user_function(value):
             visit(value, f"{value.__name__}() reads ", depth + 1)

@@ -25,7 +25,7 @@ import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..core.keys import attribute_held, is_user_class
+from ..core.objects import attribute_held, is_user_class
 from ..core.source import is_internal_file
 
 ANY_NAME = frozenset({"globals", "locals", "vars", "eval", "exec"})  # read names by their text
@@ -93,12 +93,6 @@ def read_by_text(code: types.CodeType, loaded: set[str], namespace: dict) -> set
     return {text for text in texts if text in namespace}
 
 
-def functions_in(table: dict | list | tuple) -> list[types.FunctionType]:
-    """The functions a dict, list or tuple holds (its first 64 items): helpers it dispatches to."""
-    items = list(table.values() if isinstance(table, dict) else table)[:64]
-    return [item for item in items if isinstance(item, types.FunctionType)]
-
-
 def global_reads(code: types.CodeType) -> Reads:
     """The globals `code` and the code nested in it read (LOAD_GLOBAL: not attribute names, so
     `ndd.flip` is no read of a global `flip`)."""
@@ -145,13 +139,13 @@ def is_user_module(value: Any) -> bool:
         not filename.startswith(sys.base_prefix) and not is_internal_file(filename)
 
 
-_MISSING = object()
+MISSING = object()  # (a value not held: no attribute, no table entry)
 
 
 def chain_value(value: Any, chain: tuple[str, ...]) -> Any:
     for attribute in chain:
-        value = getattr(value, attribute, _MISSING)
-        if value is _MISSING:
+        value = getattr(value, attribute, MISSING)
+        if value is MISSING:
             break
     return value
 
@@ -171,9 +165,12 @@ def class_attribute(value: Any, name: str) -> types.FunctionType | None:
     kind = value if isinstance(value, type) else type(value)
     if not is_user_class(kind):
         return None
+    own = getattr(value, "__dict__", None) if not isinstance(value, type) else None
     for cls in kind.__mro__:
         if name in vars(cls):
             found = vars(cls)[name]
+            if isinstance(own, dict) and name in own and not hasattr(type(found), "__set__"):
+                return None  # the object's own attribute hides its class's (`a.op = ...`)
             if isinstance(found, property):
                 found = found.fget
             elif isinstance(found, (staticmethod, classmethod)):
@@ -181,31 +178,77 @@ def class_attribute(value: Any, name: str) -> types.FunctionType | None:
             elif not isinstance(found, types.FunctionType) and is_user_class(type(found)):
                 found = inspect.getattr_static(type(found), "__get__", None)  # a descriptor
             return found if isinstance(found, types.FunctionType) else None
-    own = getattr(value, "__dict__", None) if not isinstance(value, type) else None
-    if name.startswith("__") or (isinstance(own, dict) and name in own):
+    if name.startswith("__") or (isinstance(own, dict) and name in own) or \
+            torch_table_item(value, name) is not MISSING:
         return None
     found = inspect.getattr_static(kind, "__getattr__", None)  # (what answers a missing name)
     return found if isinstance(found, types.FunctionType) else None
 
 
 MAX_METHODS = 64  # the most functions followed through one object (and the objects it holds)
+_TABLE_ITEMS = 64  # the most items of a list, tuple or dict followed (helpers it dispatches to)
+_TORCH_TABLES = ("_parameters", "_buffers", "_modules")
+
+
+@functools.lru_cache(maxsize=None)
+def is_torch_module(kind: type) -> bool:
+    """Whether `kind` is a `torch.nn.Module` (found by name: torch is not imported for it)."""
+    return any(cls.__name__ == "Module" and cls.__module__ == "torch.nn.modules.module"
+               for cls in kind.__mro__)
+
+
+def torch_table_item(value: Any, name: str) -> Any:
+    """`value.name` where `value` is an nn.Module holding `name` in torch's tables of
+    submodules, parameters and buffers (where torch's `__getattr__` finds it), else MISSING."""
+    if not is_torch_module(type(value)):
+        return MISSING
+    state = getattr(value, "__dict__", None) or {}
+    for table in _TORCH_TABLES:
+        held = state.get(table)
+        if held and name in held:
+            return held[name]
+    return MISSING
 
 
 def _held_names(value: Any) -> list[str]:
     """Every attribute name a whole object (or class) read may reach code through: its user
-    classes' functions and properties, its own attributes."""
+    classes' functions and properties, its own attributes (an nn.Module's submodules too)."""
     kind = value if isinstance(value, type) else type(value)
     names = [name for cls in kind.__mro__ if is_user_class(cls) for name in vars(cls)
              if not (name.startswith("__") and name not in ("__call__", "__init__"))]
-    return names + list(getattr(value, "__dict__", None) or {}) if not isinstance(value, type) \
-        else names
+    if isinstance(value, type):
+        return names
+    state = getattr(value, "__dict__", None) or {}
+    return names + list(state) + (list(state.get("_modules") or {})
+                                  if is_torch_module(kind) else [])
 
 
-def _is_user_object(value: Any) -> bool:
+def _walked(value: Any) -> bool:
+    """An object whose attributes are followed: the user's, or an nn.Module (torch's own
+    containers, ModuleList and Sequential, hold the user's modules)."""
     if isinstance(value, type):
         return is_user_class(value)
-    return hasattr(value, "__dict__") and is_user_class(type(value)) and \
-        not isinstance(value, (types.FunctionType, types.MethodType, types.ModuleType))
+    if isinstance(value, (types.FunctionType, types.MethodType, types.ModuleType,
+                          functools.partial)):
+        return False
+    return hasattr(value, "__dict__") and (is_user_class(type(value)) or
+                                           is_torch_module(type(value)))
+
+
+def _own_functions(value: Any) -> list[tuple[str, types.FunctionType]]:
+    """Every function the user classes of an object read whole define (a method an override
+    hides included: `super()` reaches it), by `Class.name`."""
+    kind = value if isinstance(value, type) else type(value)
+    found = []
+    for cls in kind.__mro__:
+        if not is_user_class(cls):
+            continue
+        for name, held in vars(cls).items():
+            held = held.fget if isinstance(held, property) else \
+                held.__func__ if isinstance(held, (staticmethod, classmethod)) else held
+            if isinstance(held, types.FunctionType):
+                found.append((f"{cls.__name__}.{name}", held))
+    return found
 
 
 def first_parameter_chains(function: types.FunctionType) -> Any:
@@ -226,20 +269,26 @@ def _first_parameter_chains(code: types.CodeType) -> Any:
 
 
 def methods_reached(value: Any, chains: Any) -> list[tuple[str, types.FunctionType]]:
-    """The user functions code reaches through an object (or class) it reads as `value.<chain>`
-    for each of `chains` (None: it reads it whole, so every attribute counts): its class's
-    methods and properties (`self.augment(x)`), functions it holds (`self.fn = helper`, a table
-    of them), those of the user objects it holds (`self.aug.run(x)`), and within each method
-    found, what that method reaches through its own first parameter (`self._inner(x)`). Each
-    with the attribute path that reaches it (`augment`, `aug.run`); MAX_METHODS at most."""
+    """The user functions code reaches through a value it reads as `value.<chain>` for each
+    of `chains` (None: it reads it whole, so every attribute counts): a function, a bound
+    method (and what it reaches through its object), a `functools.partial` (its function and
+    what it is given), the items of a list, tuple or dict; of an object or class, its class's
+    methods and properties (`self.augment(x)`, every one of its user classes' where it is read
+    whole), the functions and values it holds (`self.fn = helper`, a table of transforms, an
+    nn.Module's submodules), and within each method found, what that method reaches through
+    its own first parameter (`self._inner(x)`). Each with the path that reaches it
+    (`.augment`, `.aug.run`, `.transforms[0].__call__`, `` for the value itself);
+    MAX_METHODS at most."""
     found: dict[int, tuple[str, types.FunctionType]] = {}
     read_whole: set[int] = set()
     todo: list[tuple[Any, str, Any]] = [(value, "", chains)]
     while todo and len(found) < MAX_METHODS:
         obj, base, obj_chains = todo.pop()
-        if not _is_user_object(obj):
+        if not _walked(obj):
+            _reach_held(obj, base, found, todo)
             continue
-        if obj_chains is None:
+        whole = obj_chains is None
+        if whole:
             if id(obj) in read_whole or len(read_whole) >= MAX_METHODS:
                 continue
             read_whole.add(id(obj))
@@ -247,23 +296,51 @@ def methods_reached(value: Any, chains: Any) -> list[tuple[str, types.FunctionTy
         for chain in obj_chains:
             current, at = obj, base
             for step, attribute in enumerate(chain):
-                path = f"{at}.{attribute}" if at else attribute
+                path = f"{at}.{attribute}"
                 function = class_attribute(current, attribute)
                 if function is not None:  # a method: and what its own `self` reaches
-                    if is_user_function(function) and id(function) not in found:
-                        found[id(function)] = (path, function)
-                        todo.append((current, at, first_parameter_chains(function)))
+                    _found(found, path, function, todo, current, at)
                     break
-                held = inspect.getattr_static(current, attribute, None) \
-                    if _is_user_object(current) else None
-                if isinstance(held, (dict, list, tuple)):
-                    held = functions_in(held)
-                for item in held if isinstance(held, list) else (held,):
-                    if is_user_function(item) and id(item) not in found:
-                        found[id(item)] = (path, item)
-                if not _is_user_object(held):
+                held = MISSING
+                if _walked(current):
+                    held = torch_table_item(current, attribute)
+                    if held is MISSING:
+                        held = inspect.getattr_static(current, attribute, None)
+                if not _walked(held):
+                    _reach_held(held, path, found, todo)
                     break
                 current, at = held, path
                 if step == len(chain) - 1:  # an object read whole (`self.aug(x)`, passed on)
                     todo.append((held, path, None))
+        for name, function in _own_functions(obj) if whole else ():  # (those an override
+            _found(found, f"{base}.{name}", function, todo, obj, base)  # hides: `super()`)
     return list(found.values())
+
+
+def _found(found: dict, path: str, function: types.FunctionType, todo: list,
+           owner: Any = None, owner_path: str = "") -> None:
+    """A user function reached at `path`, whose first parameter is `owner` (a method's
+    object, at `owner_path`; None for a plain function): what it reaches through that, next."""
+    if is_user_function(function) and id(function) not in found:
+        found[id(function)] = (path, function)
+        if owner is not None:
+            todo.append((owner, owner_path, first_parameter_chains(function)))
+
+
+def _reach_held(held: Any, path: str, found: dict, todo: list) -> None:
+    """What a value that is no walked object leads to (see methods_reached)."""
+    if isinstance(held, functools.partial):
+        _reach_held(held.func, path, found, todo)
+        for index, item in enumerate((*held.args, *held.keywords.values())):
+            todo.append((item, f"{path}.args[{index}]", None))
+    elif isinstance(held, types.MethodType):
+        owner = held.__self__
+        _found(found, path, held.__func__, todo, owner if _walked(owner) else None, path)
+    elif isinstance(held, types.FunctionType):
+        _found(found, path, held, todo)
+    elif isinstance(held, (dict, list, tuple)):
+        items = held.items() if isinstance(held, dict) else enumerate(held)
+        for key, item in itertools.islice(items, _TABLE_ITEMS):
+            if isinstance(item, (types.FunctionType, types.MethodType, functools.partial,
+                                 dict, list, tuple)) or _walked(item):
+                todo.append((item, f"{path}[{key!r}]", None))
