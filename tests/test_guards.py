@@ -672,6 +672,22 @@ class _Size:  # compared by value on two of its three attributes
         return hash((self.h, self.w))
 
 
+class _Trained(torch.nn.Module):  # a model whose preprocessing extends its base's
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+        self.body = torch.nn.Linear(16, 16)
+        self.rot = _RotateModule()
+
+    def preprocess(self, x):
+        return ndd.flip(x, horizontal=1)
+
+
+class _TrainedMore(_Trained):
+    def preprocess(self, x):
+        return self.rot(super().preprocess(x))
+
+
 _GLOBAL_TRANSFORMS = [_RotateByGlobal()]
 _GLOBAL_PARTIAL = functools.partial(_rotate_then_flip, flip=1)
 
@@ -740,6 +756,9 @@ HELD = {
     "a bfloat16 tensor changed in place": (
         lambda x, m: m.scaled(x), _Preprocess, lambda m, mp: [lambda: None,
                                                              lambda: m.gain.mul_(2)]),
+    "the base's submodule, reached through super(), reads a global": (
+        lambda x, m: m.preprocess(x), _TrainedMore, lambda m, mp: [lambda: None,
+                                                                   _angle_changed(mp)]),
     "the method super() reaches reads a global": (
         lambda x, d: d.run(x), _Derived, lambda d, mp: [lambda: None, _angle_changed(mp)]),
     "a slotted object's attribute its __eq__ leaves out": (
@@ -763,6 +782,28 @@ def test_what_objects_hold_is_guarded_as_code_reaches_it(case, batch, monkeypatc
     target = make()
     assert_each_matches_eager(function, batch, target, changes=changes(target, monkeypatch),
                               warn=None)
+
+
+def test_a_method_calling_super_is_keyed_by_what_it_reads():
+    """A compiled method calling `super().preprocess(x)` is keyed by that method and what it
+    reads, not by the whole object: a step counter bumped and the weights trained between
+    calls re-trace nothing (every call missed, hashing every weight, once the cache limit was
+    reached every call ran eagerly); the global the base's submodule reads still re-traces."""
+    model = _TrainedMore()
+
+    def train_step():
+        model.steps += 1
+        with torch.no_grad():
+            model.body.weight.add_(1.0)
+
+    compiled = assert_each_matches_eager(_TrainedMore.preprocess, model, _images_for_super(),
+                                         changes=[lambda: None, train_step, train_step],
+                                         warn="error")
+    assert compiled.cache_info().traces == 1
+
+
+def _images_for_super():
+    return ndd.as_batch([np.full((6, 8, 3), i, np.uint8) for i in range(2)], layout="HWC")
 
 
 def test_an_object_keyed_by_identity_is_another_key_once_freed():

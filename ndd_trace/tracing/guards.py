@@ -147,15 +147,6 @@ def _torch_bytes(tensor: Any) -> np.ndarray:
         return data.contiguous().view(sys.modules["torch"].uint8).numpy()
 
 
-@functools.lru_cache(maxsize=None)
-def _reads_torch_tables(kind: type) -> bool:
-    """Whether `module.name` of this class reads torch's tables of submodules, parameters and
-    buffers (torch's own `__getattr__`, not one of the user's)."""
-    getter = getattr(kind, "__getattr__", None)
-    return reads.is_torch_module(kind) and getattr(getter, "__qualname__", "") == "Module.__getattr__" \
-        and getattr(getter, "__module__", "") == "torch.nn.modules.module"
-
-
 def _module_key(module: Any, policy: GuardPolicy, depth: int) -> tuple:
     """A torch.nn.Module as code reads it: its submodules, parameters and buffers one
     attribute deep each (`self.ts[0].k`), where torch keeps them in tables of its own."""
@@ -243,7 +234,7 @@ def _plain_attribute(value: Any, name: str) -> Any:
     """`value.name` where reading it runs none of the user's code (an attribute of the object's
     own, a class's plain data): the value, _MISSING, or _CODE_RUNS."""
     found = inspect.getattr_static(value, name, _MISSING)
-    if found is _MISSING and _reads_torch_tables(type(value)):
+    if found is _MISSING and reads.torch_getattr(type(value)):
         found = reads.torch_table_item(value, name)
     if found is _MISSING:
         return _CODE_RUNS if hasattr(type(value), "__getattr__") else _MISSING
@@ -263,6 +254,17 @@ def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], A
     while todo:
         at, current, chain = todo.pop()
         for attribute in chain:
+            if isinstance(attribute, reads.Super):  # `super().name` of a method followed
+                found = reads.super_attribute(current, attribute)
+                own = reads.first_parameter_chains(found) \
+                    if isinstance(found, types.FunctionType) else ()
+                if own is None:
+                    break  # (it reads its `self` whole: that object is keyed whole)
+                items[f"{at}.{attribute}"] = ("missing",) if found is _MISSING else \
+                    freeze(found, GUARDS)
+                todo += [(at, current, chain) for chain in reversed(own)]
+                at = None
+                break
             found = _plain_attribute(current, attribute) if _narrowed(current) else _CODE_RUNS
             if found is _CODE_RUNS:
                 method = _method_read(current, attribute)

@@ -190,17 +190,20 @@ def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
                         helper(item, depth)
         if depth == 0 and parameters:  # the function's own parameters (not a cell's)
             _, read, bare_names = reads.parameter_reads(code)
-            whole = code.co_varnames[:1] if "super" in loaded else ()  # (super() reads it)
+            first = reads.first_parameter_chains(fn) if "super" in loaded else None
+            whole = code.co_varnames[:1] if "super" in loaded and first is None else ()
             for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
                 if name in code.co_cellvars or name in bare_names or any_name or name in whole:
                     bare.add(("argument", name))
                 chains[("argument", name)] = set(read.get(name, ()))
+            if first is not None:  # (`super().name`: a chain of the first parameter's)
+                chains[("argument", code.co_varnames[0])] = set(first)
 
     visit(function, "", 0)
     called = function if reads.is_user_function(function) else \
         getattr(function, "__wrapped__", function)  # (a user's wrapper: its own parameters)
     code = getattr(called, "__code__", None)
     return GuardPlan(tuple(globals_read.values()), tuple(closure), tuple(attributes.values()),
-                     {where: tuple(sorted(found)) for where, found in chains.items()
+                     {where: tuple(sorted(found, key=str)) for where, found in chains.items()
                       if found and where not in bare},
                      reads.parameters(code) if code is not None else ((), (), None, None))

@@ -190,11 +190,23 @@ _TABLE_ITEMS = 64  # the most items of a list, tuple or dict followed (helpers i
 _TORCH_TABLES = ("_parameters", "_buffers", "_modules")
 
 
+_TORCH_MODULE = "torch.nn.modules.module"
+
+
 @functools.lru_cache(maxsize=None)
 def is_torch_module(kind: type) -> bool:
     """Whether `kind` is a `torch.nn.Module` (found by name: torch is not imported for it)."""
-    return any(cls.__name__ == "Module" and cls.__module__ == "torch.nn.modules.module"
+    return any(cls.__name__ == "Module" and cls.__module__ == _TORCH_MODULE
                for cls in kind.__mro__)
+
+
+@functools.lru_cache(maxsize=None)
+def torch_getattr(kind: type) -> bool:
+    """Whether `module.name` of an nn.Module class reads torch's tables of submodules,
+    parameters and buffers (torch's own `__getattr__`, not one of the user's)."""
+    getter = getattr(kind, "__getattr__", None)
+    return is_torch_module(kind) and getattr(getter, "__module__", "") == _TORCH_MODULE and \
+        getattr(getter, "__qualname__", "") == "Module.__getattr__"
 
 
 def torch_table_item(value: Any, name: str) -> Any:
@@ -251,21 +263,95 @@ def _own_functions(value: Any) -> list[tuple[str, types.FunctionType]]:
     return found
 
 
+class Super(NamedTuple):
+    """A chain's step `super().name` in a method of `owner` (its class's `__class__`): what it
+    reaches is looked up past `owner` in the object's classes."""
+
+    name: str
+    owner: type
+
+    def __str__(self) -> str:
+        return f"super({self.owner.__name__}).{self.name}"
+
+
 def first_parameter_chains(function: types.FunctionType) -> Any:
     """The attribute chains a function reads of its first parameter (`self.augment`:
-    ("augment",)); None where it reads it whole (passes it on, stores it, captures it)."""
-    return _first_parameter_chains(function.__code__)
+    ("augment",); `super().op(x)`: (Super("op", its class),)); None where it reads it whole
+    (passes it on, stores it, captures it, calls `super()` otherwise)."""
+    chains = _first_parameter_chains(function.__code__)
+    if not chains or not any(chain[0] == _SUPER for chain in chains):
+        return chains
+    owner = super_owner(function)
+    if owner is None:
+        return None
+    return tuple((Super(chain[1], owner),) if chain[0] == _SUPER else chain for chain in chains)
+
+
+_SUPER = "<super>"  # (a chain `(_SUPER, name)` of `super().name`, before its class is known)
 
 
 @functools.lru_cache(maxsize=1024)  # (read at every call of a function given an object)
 def _first_parameter_chains(code: types.CodeType) -> Any:
     if not code.co_argcount:
         return ()
-    if "super" in global_reads(code).loaded:  # (`super()` reads it whole, with no name)
-        return None
+    supers: tuple = ()
+    if "super" in global_reads(code).loaded:
+        supers = super_attributes(code)
+        if supers is None:  # (`super(...)` spelled otherwise: reads it whole, unnamed)
+            return None
     _, read, bare = parameter_reads(code)
     first = code.co_varnames[0]
-    return None if first in bare or first in code.co_cellvars else tuple(read.get(first, ()))
+    if first in bare or first in code.co_cellvars:
+        return None
+    return tuple(read.get(first, ())) + tuple((_SUPER, name) for name in supers)
+
+
+def super_attributes(code: types.CodeType) -> tuple[str, ...] | None:
+    """The names `code` reads as `super().name` (zero-argument `super()`, each followed by an
+    attribute); None where it uses `super` otherwise, or in code nested in it."""
+    if any(isinstance(const, types.CodeType) and "super" in global_reads(const).loaded
+           for const in code.co_consts):
+        return None
+    instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in
+                    ("PRECALL", "CACHE", "EXTENDED_ARG")]
+    names = []
+    for index, ins in enumerate(instructions):
+        if ins.opname not in _GLOBAL_LOADS or ins.argval != "super":
+            continue
+        after = instructions[index + 1:index + 3]
+        if len(after) < 2 or after[0].opname != "CALL" or after[0].arg != 0 or \
+                after[1].opname not in _ATTRIBUTE_LOADS:
+            return None
+        names.append(after[1].argval)
+    return tuple(dict.fromkeys(names))
+
+
+def super_owner(function: types.FunctionType) -> type | None:
+    """The class whose method `function` is (its `__class__` cell, which `super()` reads)."""
+    if "__class__" not in function.__code__.co_freevars or function.__closure__ is None:
+        return None
+    cell = function.__closure__[function.__code__.co_freevars.index("__class__")]
+    try:
+        owner = cell.cell_contents
+    except ValueError:
+        return None
+    return owner if isinstance(owner, type) else None
+
+
+def super_attribute(value: Any, step: Super) -> Any:
+    """What `super().name` finds in a method of `step.owner` called on `value`: the function
+    behind it (a method, a property's getter, a static or class method's function) or the
+    value a class past the owner holds; MISSING where none holds it."""
+    kind = value if isinstance(value, type) else type(value)
+    mro = kind.__mro__
+    if step.owner not in mro:
+        return MISSING
+    for cls in mro[mro.index(step.owner) + 1:]:
+        if step.name in vars(cls):
+            found = vars(cls)[step.name]
+            return found.fget if isinstance(found, property) else \
+                found.__func__ if isinstance(found, (staticmethod, classmethod)) else found
+    return MISSING
 
 
 def methods_reached(value: Any, chains: Any) -> list[tuple[str, types.FunctionType]]:
@@ -297,6 +383,11 @@ def methods_reached(value: Any, chains: Any) -> list[tuple[str, types.FunctionTy
             current, at = obj, base
             for step, attribute in enumerate(chain):
                 path = f"{at}.{attribute}"
+                if isinstance(attribute, Super):  # `super().name`: past its method's class
+                    held = super_attribute(current, attribute)
+                    if isinstance(held, types.FunctionType):
+                        _found(found, path, held, todo, current, at)
+                    break
                 function = class_attribute(current, attribute)
                 if function is not None:  # a method: and what its own `self` reaches
                     _found(found, path, function, todo, current, at)
