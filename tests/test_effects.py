@@ -546,3 +546,27 @@ def test_a_callable_object_or_bound_method_that_draws_runs_at_every_call(uniform
     compiled = ndd.compile(step)
     with pytest.warns(ndd_trace.NddTraceWarning, match="random"):
         compiled(uniform_batch)
+
+
+class _SeededAugment:
+    """A generator of its own on the object, as a dataset or transform seeds one per worker."""
+
+    def __init__(self, kind):
+        self.rng = np.random.default_rng(0) if kind == "numpy" else random.Random(0)
+
+    def rotated(self, images):
+        return ndd.rotate(images, angle=float(self.rng.uniform(0, 90)), keep_size=True)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "random.Random"])
+def test_a_generator_the_object_holds_draws_at_every_call(uniform_batch, kind):
+    """Found by the twenty-fourth session's sweep: `self.rng.uniform(...)` in a compiled
+    method (numpy's Generator, `random.Random`) drew at the trace only, so every later call
+    repeated the first angle (silently); the draw is now found, and runs at every call."""
+    from harness import Fresh, Step, assert_matches_eager
+
+    def six_calls(augment, step):
+        return [step(augment, uniform_batch) for _ in range(6)]
+
+    assert_matches_eager(six_calls, Fresh(lambda: _SeededAugment(kind)),
+                         Step(_SeededAugment.rotated), modes=("step",), warn="ignore")

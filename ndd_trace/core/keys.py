@@ -33,6 +33,7 @@ import numpy as np
 from .objects import UNSET, attribute_held, is_user_class, slot_names
 
 _DOUBLE = struct.Struct("<d")
+_HELD_TABLES = (list, tuple, dict)  # an object's transform list: its items one level down
 
 
 def float_key(value: float) -> Any:
@@ -157,8 +158,9 @@ def freeze(value: Any, policy: KeyPolicy = STATIC, depth: int = 0) -> Any:
         attributes += [(name, attribute_held(value, name, UNSET)) for name in slots]
         # what `value.x` may read: its own attributes (`__slots__` ones too), and its classes'
         # data (the same rule as for a class read as a global), base classes included
-        return ("object", id(kind),
-                tuple((k, freeze(v, policy, depth + 1)) for k, v in attributes),
+        return ("object", id(kind),  # (a list an object holds is no level of its own)
+                tuple((k, freeze(v, policy, depth + (type(v) not in _HELD_TABLES)))
+                      for k, v in attributes),
                 tuple(freeze(cls, policy, depth + 1) for cls in kind.__mro__
                       if is_user_class(cls)))
     try:
@@ -226,17 +228,20 @@ _CLASS_CODE = (types.FunctionType, staticmethod, classmethod, property)
 
 def class_key(cls: type, policy: KeyPolicy, depth: int) -> tuple:
     """A class read for its attributes (`Config.scale`): its data (numbers, containers, numpy
-    values, enums, instances of user classes), its methods by identity, and its identity."""
+    values, enums, instances and classes of the user's: `CFG.aug.angle`), its methods by
+    identity, its identity, and its user base classes the same way."""
     items = []
     for k, v in vars(cls).items():
         if k.startswith("__") and not isinstance(v, _CLASS_CODE):  # (`__call__` replaced: code)
             continue
         if isinstance(v, _CLASS_CODE):
             items.append((k, ("code", id(v))))
-        elif isinstance(v, _CLASS_DATA) or (not isinstance(v, type) and (
+        elif isinstance(v, _CLASS_DATA) or (is_user_class(v) if isinstance(v, type) else (
                 is_user_class(type(v)) or type(v).__module__.startswith(_LIBRARY_DATA))):
             items.append((k, freeze(v, policy, depth + 1)))
-    return ("class", id(cls), tuple(items))
+    bases = tuple(freeze(base, policy, depth + 1) for base in cls.__bases__
+                  if is_user_class(base))
+    return ("class", id(cls), tuple(items), *((bases,) if bases else ()))
 
 
 # -- printing ----------------------------------------------------------------------------------

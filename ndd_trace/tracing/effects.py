@@ -280,6 +280,8 @@ class _EffectFinder(Resolver):
 
     def check_effect(self, call: ast.Call, local: set[str]) -> None:
         chain = self._chain(call.func)
+        if chain is not None and chain[1] and chain[0] in self.origins:
+            self.check_held_draw(call, *chain)
         if chain is None or (chain[0] in local and chain[0] not in self.imported):
             return  # a value of its own, or an argument's: its writes are WriteFinder's
         known, value = self._callee(*chain)
@@ -288,6 +290,20 @@ class _EffectFinder(Resolver):
             origins = self.call_origins(call, inlined) \
                 if isinstance(inlined, types.FunctionType) else None
             self.check_callee(value, snippet(call.func), call, origins)
+
+    def check_held_draw(self, call: ast.Call, root: str, attrs: list[str]) -> None:
+        """`self.rng.uniform(...)`: a generator an argument holds (numpy's, `random.Random`),
+        drawn from: other values at each call."""
+        value = self.origins[root].value
+        for attr in attrs if value is not UNKNOWN else ():
+            try:
+                value = inspect.getattr_static(value, attr)
+            except AttributeError:
+                return
+        module = _module_of(getattr(value, "__func__", value)) if value is not UNKNOWN else ""
+        if module.startswith(IMPURE_MODULES):
+            raise Unprovable(f"calls `{snippet(call.func)}`, which gives other values or "
+                             "effects at each call", call)
 
     def check_callee(self, value: Any, what: str, node: ast.AST,
                      origins: dict | None = None) -> None:

@@ -29,13 +29,12 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
-from ..core import process_state
 from ..core.keys import Identity, KeyPolicy, Shown, class_key, freeze
 from ..core.objects import attribute_held, is_code, is_user_class
 from . import reads
 from .plans import GuardPlan, may_reach_code
 
-_MAX_DEPTH = 4
+_MAX_DEPTH = 6  # (levels of nesting below a value read: a transform list in a Compose in a Compose)
 
 
 class GuardPolicy(KeyPolicy):
@@ -70,8 +69,9 @@ class GuardPolicy(KeyPolicy):
                         freeze(value.__kwdefaults__, self, depth + 1))
             return function
         if reads.is_lru_cache(value):  # what it answers from: cache_clear() empties it
-            return ("lru_cache", self.by_identity(value), _clears(value),
-                    value.cache_info().currsize)
+            clears = reads.lru_clears(value)  # (what it holds counts where they cannot be counted)
+            return ("lru_cache", self.by_identity(value), clears,
+                    value.cache_info().currsize if clears < 0 else None)
         if is_code(value) or attribute_held(value, "cache_info") is not None:
             # code is guarded by identity (a compiled function by its own cache, not its state)
             return self.by_identity(value)
@@ -114,27 +114,6 @@ GUARDS = GuardPolicy()
 
 _MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 _EMPTY_TABLES = (dict, collections.OrderedDict, set, list)
-
-
-def _clears(helper: Any) -> int:
-    """How many times an lru_cache helper was cleared since first keyed: its `cache_clear` is
-    counted from then on (an answer computed after a clear may differ from one cached before,
-    with as many held)."""
-    clears = process_state.lru_clears
-    if helper not in clears:
-        clears[helper] = 0
-        clear = helper.cache_clear
-
-        @functools.wraps(clear)
-        def counted_clear() -> None:
-            clears[helper] = clears.get(helper, 0) + 1
-            clear()
-
-        try:
-            helper.cache_clear = counted_clear
-        except AttributeError:
-            return -1  # (its clears cannot be counted: keyed by what it holds alone)
-    return clears[helper]
 
 
 def _torch_bytes(tensor: Any) -> np.ndarray:
@@ -219,20 +198,29 @@ _MISSING = reads.MISSING
 
 
 def _narrowed(value: Any) -> bool:
-    """Whether a value read only as `value.a.b` is keyed by those: a user's object or class."""
+    """Whether a value read only as `value.a.b` is keyed by those: a user's object or class,
+    a torch tensor read for its metadata (`self.net.weight.dtype`: not its data)."""
     if isinstance(value, type):
         return is_user_class(value)
+    if reads.is_torch_tensor(type(value)) or reads.is_torch_module(type(value)):
+        return True  # (torch's own modules too: `self.net.weight` read through their tables)
     if not (hasattr(value, "__dict__") and is_user_class(type(value))) or is_code(value):
         return False
-    return reads.is_torch_module(type(value)) or GUARDS.special(value, 0) is None
+    return GUARDS.special(value, 0) is None
 
 
 _CODE_RUNS = object()  # reading the attribute runs code (a property, a method, __getattr__)
 
 
+_TENSOR_METADATA = frozenset({"dtype", "device", "shape", "ndim", "layout", "is_cuda",
+                              "requires_grad"})
+
+
 def _plain_attribute(value: Any, name: str) -> Any:
     """`value.name` where reading it runs none of the user's code (an attribute of the object's
-    own, a class's plain data): the value, _MISSING, or _CODE_RUNS."""
+    own, a class's plain data; a torch tensor's metadata): the value, _MISSING, or _CODE_RUNS."""
+    if reads.is_torch_tensor(type(value)):
+        return getattr(value, name) if name in _TENSOR_METADATA else _CODE_RUNS
     found = inspect.getattr_static(value, name, _MISSING)
     if found is _MISSING and reads.torch_getattr(type(value)):
         found = reads.torch_table_item(value, name)
@@ -255,14 +243,16 @@ def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], A
         at, current, chain = todo.pop()
         for attribute in chain:
             if isinstance(attribute, reads.Super):  # `super().name` of a method followed
-                found = reads.super_attribute(current, attribute)
-                own = reads.first_parameter_chains(found) \
-                    if isinstance(found, types.FunctionType) else ()
+                found, owner = reads.super_attribute(current, attribute)
+                own = reads.first_parameter_chains(found) if owner is not None else ()
                 if own is None:
                     break  # (it reads its `self` whole: that object is keyed whole)
                 items[f"{at}.{attribute}"] = ("missing",) if found is _MISSING else \
                     freeze(found, GUARDS)
-                todo += [(at, current, chain) for chain in reversed(own)]
+                if owner is not current and own:  # (a class method: chains of its class)
+                    items[f"{at}.{attribute}()"] = freeze(owner, GUARDS)
+                else:
+                    todo += [(at, current, chain) for chain in reversed(own)]
                 at = None
                 break
             found = _plain_attribute(current, attribute) if _narrowed(current) else _CODE_RUNS

@@ -107,7 +107,7 @@ def argument_helpers(value: Any, chains: Any) -> list[tuple[str, types.FunctionT
 
 
 
-def plan_for(function: Callable, max_depth: int = 3) -> GuardPlan:
+def plan_for(function: Callable, max_depth: int = 6) -> GuardPlan:
     """Globals and closure cells `function` reads, following user helpers `max_depth` deep."""
     globals_read: dict[tuple[int, str], tuple[str, str, dict]] = {}
     closure: list[tuple[str, Any]] = []

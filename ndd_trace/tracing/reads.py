@@ -25,6 +25,7 @@ import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from ..core import process_state
 from ..core.objects import attribute_held, is_user_class
 from ..core.source import is_internal_file
 
@@ -158,6 +159,27 @@ def is_lru_cache(value: Any) -> bool:
         attribute_held(value, "_ndd_trace_inlined") is None
 
 
+def lru_clears(helper: Any) -> int:
+    """How many times an lru_cache helper was cleared since first keyed: its `cache_clear` is
+    counted from then on (an answer computed after a clear may differ from one cached before,
+    with as many held)."""
+    clears = process_state.lru_clears
+    if helper not in clears:
+        clears[helper] = 0
+        clear = helper.cache_clear
+
+        @functools.wraps(clear)
+        def counted_clear() -> None:
+            clears[helper] = clears.get(helper, 0) + 1
+            clear()
+
+        try:
+            helper.cache_clear = counted_clear
+        except AttributeError:
+            return -1  # (its clears cannot be counted: keyed by what it holds alone)
+    return clears[helper]
+
+
 def class_attribute(value: Any, name: str) -> types.FunctionType | None:
     """The function behind attribute `name` of a user object or class: a method, a static or
     class method, a property's getter, a user descriptor's `__get__`; where the class holds
@@ -171,7 +193,8 @@ def class_attribute(value: Any, name: str) -> types.FunctionType | None:
             found = vars(cls)[name]
             if isinstance(own, dict) and name in own and not hasattr(type(found), "__set__"):
                 return None  # the object's own attribute hides its class's (`a.op = ...`)
-            if isinstance(found, property):
+            found = attribute_held(found, "_ndd_trace_inlined") or found  # (compiled: its
+            if isinstance(found, property):  # function, whose ops join the caller's)
                 found = found.fget
             elif isinstance(found, (staticmethod, classmethod)):
                 found = found.__func__
@@ -207,6 +230,12 @@ def torch_getattr(kind: type) -> bool:
     getter = getattr(kind, "__getattr__", None)
     return is_torch_module(kind) and getattr(getter, "__module__", "") == _TORCH_MODULE and \
         getattr(getter, "__qualname__", "") == "Module.__getattr__"
+
+
+@functools.lru_cache(maxsize=None)
+def is_torch_tensor(kind: type) -> bool:
+    """Whether `kind` is a torch tensor's class (a Parameter's too), found by name."""
+    return any(cls.__name__ == "Tensor" and cls.__module__ == "torch" for cls in kind.__mro__)
 
 
 def torch_table_item(value: Any, name: str) -> Any:
@@ -292,8 +321,8 @@ _SUPER = "<super>"  # (a chain `(_SUPER, name)` of `super().name`, before its cl
 
 @functools.lru_cache(maxsize=1024)  # (read at every call of a function given an object)
 def _first_parameter_chains(code: types.CodeType) -> Any:
-    if not code.co_argcount:
-        return ()
+    if not code.co_argcount:  # (a wrapper's `*args` holds its object: read whole)
+        return None if code.co_flags & inspect.CO_VARARGS else ()
     supers: tuple = ()
     if "super" in global_reads(code).loaded:
         supers = super_attributes(code)
@@ -338,20 +367,23 @@ def super_owner(function: types.FunctionType) -> type | None:
     return owner if isinstance(owner, type) else None
 
 
-def super_attribute(value: Any, step: Super) -> Any:
+def super_attribute(value: Any, step: Super) -> tuple[Any, Any]:
     """What `super().name` finds in a method of `step.owner` called on `value`: the function
     behind it (a method, a property's getter, a static or class method's function) or the
-    value a class past the owner holds; MISSING where none holds it."""
+    value a class past the owner holds (MISSING where none holds it), and what that function's
+    first parameter is: `value`, its class (a class method), None (a static method, a value)."""
     kind = value if isinstance(value, type) else type(value)
     mro = kind.__mro__
     if step.owner not in mro:
-        return MISSING
+        return MISSING, None
     for cls in mro[mro.index(step.owner) + 1:]:
         if step.name in vars(cls):
             found = vars(cls)[step.name]
-            return found.fget if isinstance(found, property) else \
-                found.__func__ if isinstance(found, (staticmethod, classmethod)) else found
-    return MISSING
+            if isinstance(found, (staticmethod, classmethod)):
+                return found.__func__, kind if isinstance(found, classmethod) else None
+            found = found.fget if isinstance(found, property) else found
+            return found, value if isinstance(found, types.FunctionType) else None
+    return MISSING, None
 
 
 def methods_reached(value: Any, chains: Any) -> list[tuple[str, types.FunctionType]]:
@@ -384,9 +416,9 @@ def methods_reached(value: Any, chains: Any) -> list[tuple[str, types.FunctionTy
             for step, attribute in enumerate(chain):
                 path = f"{at}.{attribute}"
                 if isinstance(attribute, Super):  # `super().name`: past its method's class
-                    held = super_attribute(current, attribute)
+                    held, owner = super_attribute(current, attribute)
                     if isinstance(held, types.FunctionType):
-                        _found(found, path, held, todo, current, at)
+                        _found(found, path, held, todo, owner, at)
                     break
                 function = class_attribute(current, attribute)
                 if function is not None:  # a method: and what its own `self` reaches
