@@ -35,8 +35,14 @@ def attribute_held(value: Any, name: str, default: Any = None) -> Any:
 def is_user_class(cls: type) -> bool:
     """A class of the user's (whose attributes a function may read as data), not a library's."""
     module = getattr(cls, "__module__", "") or ""
-    return not module.startswith(("builtins", "nvidia", "numpy", "torch", "ndd_trace",
-                                  "typing", "collections", "enum", "abc"))
+    return not module.startswith(_LIBRARIES)
+
+
+# modules whose classes are not the user's data: a logger, a lock, a queue is a handle (keyed by
+# identity), whose attributes reach the whole process (every logger, every thread)
+_LIBRARIES = ("builtins", "nvidia", "numpy", "torch", "ndd_trace", "typing", "collections",
+              "enum", "abc", "logging", "threading", "multiprocessing", "concurrent", "asyncio",
+              "queue", "socket", "io", "_io", "weakref", "subprocess", "tempfile")
 
 
 def is_code(value: Any) -> bool:

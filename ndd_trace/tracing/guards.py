@@ -34,7 +34,7 @@ from ..core.objects import attribute_held, is_code, is_user_class
 from . import reads
 from .plans import GuardPlan, may_reach_code
 
-_MAX_DEPTH = 6  # (levels of nesting below a value read: a transform list in a Compose in a Compose)
+_MAX_DEPTH = 4  # (levels of objects below a value read: a list an object holds is none)
 
 
 class GuardPolicy(KeyPolicy):
