@@ -28,11 +28,7 @@ def interpret(graph: Graph, leaves: dict[Any, Any], batch_size: int | None = Non
     values: dict[Ref, Any] = {}
 
     def value_of(ref: Ref) -> Any:
-        if ref.node.kind is NodeKind.OP:
-            return values[ref]
-        if (id(ref.node), ref.index) in leaves:  # one entry per output of multi-output leaves
-            return leaves[(id(ref.node), ref.index)]
-        return leaves[id(ref.node)]
+        return values[ref] if ref.node.kind is NodeKind.OP else leaf_value(leaves, ref)
 
     with _dali.eager_inside_trace():
         for node in graph.nodes:
@@ -69,6 +65,14 @@ def interpret(graph: Graph, leaves: dict[Any, Any], batch_size: int | None = Non
                 for index, item in enumerate(items):
                     values[Ref(node, index)] = item
     return values
+
+
+def leaf_value(leaves: dict[Any, Any], ref: Ref) -> Any:
+    """The value of an output of a node that is no op (an input, a constant, random-state
+    words, a reader) in `interpret`'s `leaves`."""
+    if (id(ref.node), ref.index) in leaves:  # one entry per output of multi-output leaves
+        return leaves[(id(ref.node), ref.index)]
+    return leaves[id(ref.node)]
 
 
 def _split_at_call_site(node: Node) -> bool:
@@ -125,11 +129,8 @@ def interpret_unaffected(graph: Graph, failed: Node, leaves: dict[Any, Any],
     try:
         with _dali.synchronous():
             values = interpret(needed, leaves, batch_size)
-            for ref in graph.outputs:
-                if ref.node.kind is not NodeKind.OP:
-                    key = (id(ref.node), ref.index)
-                    values[ref] = leaves[key] if key in leaves else leaves[id(ref.node)]
-            data = {id(ref): _dali.storage_of(values[ref])
+            data = {id(ref): _dali.storage_of(values[ref] if ref.node.kind is NodeKind.OP
+                                              else leaf_value(leaves, ref))
                     for ref, keep in zip(graph.outputs, unaffected) if keep}
     except Exception:  # noqa: BLE001 (another op fails too: the run's error stands)
         return None
