@@ -157,15 +157,19 @@ class Resolver:
         """(known, value) of a free name's attribute chain (`log.info`), read without running
         any code (methods unwrapped to their functions)."""
         known, value = self._resolve(root)
-        if not known:
+        return _attribute_chain(value, attrs) if known else (False, None)
+
+
+def _attribute_chain(value: Any, attrs: list[str]) -> tuple[bool, Any]:
+    """(known, value) of `value.a.b`, read without running any code (methods unwrapped to
+    their functions)."""
+    for attr in attrs:
+        try:
+            value = inspect.getattr_static(value, attr)
+        except AttributeError:
             return False, None
-        for attr in attrs:
-            try:
-                value = inspect.getattr_static(value, attr)
-            except AttributeError:
-                return False, None
-            value = getattr(value, "__func__", value)
-        return True, value
+        value = getattr(value, "__func__", value)
+    return True, value
 
 
 def _function_called(value: Any) -> Any:
@@ -294,14 +298,9 @@ class _EffectFinder(Resolver):
     def check_held_draw(self, call: ast.Call, root: str, attrs: list[str]) -> None:
         """`self.rng.uniform(...)`: a generator an argument holds (numpy's, `random.Random`),
         drawn from: other values at each call."""
-        value = self.origins[root].value
-        for attr in attrs if value is not UNKNOWN else ():
-            try:
-                value = inspect.getattr_static(value, attr)
-            except AttributeError:
-                return
-        module = _module_of(getattr(value, "__func__", value)) if value is not UNKNOWN else ""
-        if module.startswith(IMPURE_MODULES):
+        given = self.origins[root].value
+        known, value = _attribute_chain(given, attrs) if given is not UNKNOWN else (False, None)
+        if known and _module_of(value).startswith(IMPURE_MODULES):
             raise Unprovable(f"calls `{snippet(call.func)}`, which gives other values or "
                              "effects at each call", call)
 
