@@ -180,6 +180,14 @@ def lru_clears(helper: Any) -> int:
     return clears[helper]
 
 
+def _function_behind(held: Any) -> Any:
+    """What a class holds as the function it runs: a property's getter, a static or class
+    method's function; anything else as it is."""
+    if isinstance(held, property):
+        return held.fget
+    return held.__func__ if isinstance(held, (staticmethod, classmethod)) else held
+
+
 def class_attribute(value: Any, name: str) -> types.FunctionType | None:
     """The function behind attribute `name` of a user object or class: a method, a static or
     class method, a property's getter, a user descriptor's `__get__`; where the class holds
@@ -193,12 +201,10 @@ def class_attribute(value: Any, name: str) -> types.FunctionType | None:
             found = vars(cls)[name]
             if isinstance(own, dict) and name in own and not hasattr(type(found), "__set__"):
                 return None  # the object's own attribute hides its class's (`a.op = ...`)
-            found = attribute_held(found, "_ndd_trace_inlined") or found  # (compiled: its
-            if isinstance(found, property):  # function, whose ops join the caller's)
-                found = found.fget
-            elif isinstance(found, (staticmethod, classmethod)):
-                found = found.__func__
-            elif not isinstance(found, types.FunctionType) and is_user_class(type(found)):
+            held = attribute_held(found, "_ndd_trace_inlined") or found  # (compiled: its
+            found = _function_behind(held)  # function, whose ops join the caller's)
+            if found is held and not isinstance(found, types.FunctionType) and \
+                    is_user_class(type(found)):
                 found = inspect.getattr_static(type(found), "__get__", None)  # a descriptor
             return found if isinstance(found, types.FunctionType) else None
     if name.startswith("__") or (isinstance(own, dict) and name in own) or \
@@ -216,11 +222,16 @@ _TORCH_TABLES = ("_parameters", "_buffers", "_modules")
 _TORCH_MODULE = "torch.nn.modules.module"
 
 
+def _derives_from(kind: type, module: str, name: str) -> bool:
+    """Whether one of `kind`'s classes is `module.name` (found by name: torch is not imported
+    for it)."""
+    return any(cls.__name__ == name and cls.__module__ == module for cls in kind.__mro__)
+
+
 @functools.lru_cache(maxsize=None)
 def is_torch_module(kind: type) -> bool:
-    """Whether `kind` is a `torch.nn.Module` (found by name: torch is not imported for it)."""
-    return any(cls.__name__ == "Module" and cls.__module__ == _TORCH_MODULE
-               for cls in kind.__mro__)
+    """Whether `kind` is a `torch.nn.Module`."""
+    return _derives_from(kind, _TORCH_MODULE, "Module")
 
 
 @functools.lru_cache(maxsize=None)
@@ -234,8 +245,8 @@ def torch_getattr(kind: type) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def is_torch_tensor(kind: type) -> bool:
-    """Whether `kind` is a torch tensor's class (a Parameter's too), found by name."""
-    return any(cls.__name__ == "Tensor" and cls.__module__ == "torch" for cls in kind.__mro__)
+    """Whether `kind` is a torch tensor's class (a Parameter's too)."""
+    return _derives_from(kind, "torch", "Tensor")
 
 
 def torch_table_item(value: Any, name: str) -> Any:
@@ -285,8 +296,7 @@ def _own_functions(value: Any) -> list[tuple[str, types.FunctionType]]:
         if not is_user_class(cls):
             continue
         for name, held in vars(cls).items():
-            held = held.fget if isinstance(held, property) else \
-                held.__func__ if isinstance(held, (staticmethod, classmethod)) else held
+            held = _function_behind(held)
             if isinstance(held, types.FunctionType):
                 found.append((f"{cls.__name__}.{name}", held))
     return found
@@ -378,10 +388,10 @@ def super_attribute(value: Any, step: Super) -> tuple[Any, Any]:
         return MISSING, None
     for cls in mro[mro.index(step.owner) + 1:]:
         if step.name in vars(cls):
-            found = vars(cls)[step.name]
-            if isinstance(found, (staticmethod, classmethod)):
-                return found.__func__, kind if isinstance(found, classmethod) else None
-            found = found.fget if isinstance(found, property) else found
+            held = vars(cls)[step.name]
+            found = _function_behind(held)
+            if isinstance(held, (staticmethod, classmethod)):
+                return found, kind if isinstance(held, classmethod) else None
             return found, value if isinstance(found, types.FunctionType) else None
     return MISSING, None
 
