@@ -243,33 +243,28 @@ def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], A
         at, current, chain = todo.pop()
         for attribute in chain:
             if isinstance(attribute, reads.Super):  # `super().name` of a method followed
-                found, owner = reads.super_attribute(current, attribute)
-                own = reads.first_parameter_chains(found) if owner is not None else ()
-                if own is None:
-                    break  # (it reads its `self` whole: that object is keyed whole)
-                items[f"{at}.{attribute}"] = ("missing",) if found is _MISSING else \
-                    freeze(found, GUARDS)
-                if owner is not current and own:  # (a class method: chains of its class)
-                    items[f"{at}.{attribute}()"] = freeze(owner, GUARDS)
-                else:
-                    todo += [(at, current, chain) for chain in reversed(own)]
-                at = None
-                break
-            found = _plain_attribute(current, attribute) if _narrowed(current) else _CODE_RUNS
-            if found is _CODE_RUNS:
+                method = _super_read(current, attribute)
+            else:
+                found = _plain_attribute(current, attribute) if _narrowed(current) \
+                    else _CODE_RUNS
+                if found is not _CODE_RUNS:
+                    at, current = f"{at}.{attribute}", found
+                    if found is _MISSING:
+                        break
+                    continue
                 method = _method_read(current, attribute)
-                if method is None or len(followed) >= reads.MAX_METHODS:
-                    break
-                function, own_chains = method  # (its code, and what it reads of `self`)
-                items[f"{at}.{attribute}"] = freeze(function, GUARDS)
-                if (id(current), id(function)) not in followed:
-                    followed.add((id(current), id(function)))
-                    todo += [(at, current, own) for own in reversed(own_chains)]
-                at = None
-                break
-            at, current = f"{at}.{attribute}", found
-            if found is _MISSING:
-                break
+            if method is None or len(followed) >= reads.MAX_METHODS:
+                break  # (code it cannot follow, or reading its `self` whole: keyed whole)
+            function, own_chains, owner = method  # (its code, and what it reads of `self`)
+            items[f"{at}.{attribute}"] = ("missing",) if function is _MISSING else \
+                freeze(function, GUARDS)
+            if owner is not current and owner is not None and own_chains:  # (a class method:
+                items[f"{at}.{attribute}()"] = freeze(owner, GUARDS)  # what it reads, its class's)
+            elif owner is current and (id(current), id(function)) not in followed:
+                followed.add((id(current), id(function)))
+                todo += [(at, current, own) for own in reversed(own_chains)]
+            at = None
+            break
         if at is None:
             continue
         if at == label:  # (read whole: what it reads through attributes is in it)
@@ -279,9 +274,9 @@ def _read(label: str, value: Any, chains: tuple | None, whole: Callable[[Any], A
     return list(items.items())
 
 
-def _method_read(value: Any, name: str) -> tuple[types.FunctionType, tuple] | None:
+def _method_read(value: Any, name: str) -> tuple[types.FunctionType, tuple, Any] | None:
     """`value.name` where it is a method or property of the user's class whose code reads its
-    `self` only through attribute chains: the function, and those chains."""
+    `self` only through attribute chains: the function, those chains, and `value`."""
     if isinstance(value, type) or not _narrowed(value) or name in vars(value):
         return None
     found = inspect.getattr_static(value, name, None)
@@ -289,7 +284,17 @@ def _method_read(value: Any, name: str) -> tuple[types.FunctionType, tuple] | No
     if not (isinstance(found, types.FunctionType) and reads.is_user_function(found)):
         return None
     chains = reads.first_parameter_chains(found)
-    return None if chains is None else (found, chains)
+    return None if chains is None else (found, chains, value)
+
+
+def _super_read(value: Any, step: reads.Super) -> tuple[Any, tuple, Any] | None:
+    """`super().name` in a method called on `value`, as `_method_read` answers: what it finds
+    (a function, a value, MISSING), the chains that function reads of its first parameter
+    (none for a value or a static method), and that parameter (`value`, or its class for a
+    class method, None); None where it reads that parameter whole."""
+    found, owner = reads.super_attribute(value, step)
+    chains = reads.first_parameter_chains(found) if owner is not None else ()
+    return None if chains is None else (found, chains, owner)
 
 
 def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
