@@ -800,6 +800,11 @@ def _angle_changed(mp):
     return _set_global(mp, "_HELD_ANGLE", 45.0)
 
 
+def _then_the_angle(_, mp):
+    """The changes before each call: none, then the global angle 10 -> 45."""
+    return [lambda: None, _angle_changed(mp)]
+
+
 def _cleared_after_the_angle_changed(mp):
     """The angle changed (the cache still answers 10, eagerly too), then the cache cleared and
     filled again by an eager call: eager's next answer is 45."""
@@ -813,13 +818,11 @@ def _cleared_after_the_angle_changed(mp):
 HELD = {
     # name: (function, make its object, the changes before each call, given the object)
     "a transform in a list the object holds reads a global": (
-        lambda x, c: c.all_transforms(x), _Compose, lambda c, mp: [lambda: None,
-                                                                  _angle_changed(mp)]),
+        lambda x, c: c.all_transforms(x), _Compose, _then_the_angle),
     "a bound method in a table reads a global": (
-        lambda x, c: c.all_ops(x), _Compose, lambda c, mp: [lambda: None, _angle_changed(mp)]),
+        lambda x, c: c.all_ops(x), _Compose, _then_the_angle),
     "a partial the object holds calls a function reading a global": (
-        lambda x, c: c.held_partial(x), _Compose, lambda c, mp: [lambda: None,
-                                                                _angle_changed(mp)]),
+        lambda x, c: c.held_partial(x), _Compose, _then_the_angle),
     "a method set on the object reads a global": (
         lambda x, c: c.own_op(x), _Compose, lambda c, mp: [
             lambda: None, lambda: setattr(c, "op", types.MethodType(_rotate_by_methodtype, c)),
@@ -832,13 +835,11 @@ HELD = {
             lambda: None, lambda: setattr(c.crop.train.aug.size, "hw", None),
             lambda: setattr(c.crop.train.aug.size, "hw", [8, 8])]),
     "a transform in a global list reads a global": (
-        lambda x, _: _global_transforms(x), lambda: None, lambda _, mp: [lambda: None,
-                                                                         _angle_changed(mp)]),
+        lambda x, _: _global_transforms(x), lambda: None, _then_the_angle),
     "a global partial's function reads a global": (
-        lambda x, _: _GLOBAL_PARTIAL(x), lambda: None, lambda _, mp: [lambda: None,
-                                                                      _angle_changed(mp)]),
+        lambda x, _: _GLOBAL_PARTIAL(x), lambda: None, _then_the_angle),
     "an nn.Module's submodule reads a global in forward": (
-        lambda x, m: m.rotated(x), _Preprocess, lambda m, mp: [lambda: None, _angle_changed(mp)]),
+        lambda x, m: m.rotated(x), _Preprocess, _then_the_angle),
     "a class attribute tensor, replaced": (
         lambda x, d: d.normalized(x), _Derived, lambda d, mp: [
             lambda: None, lambda: mp.setattr(_Base, "MEAN", torch.tensor([99.0] * 3))]),
@@ -846,8 +847,7 @@ HELD = {
         lambda x, m: m.scaled(x), _Preprocess, lambda m, mp: [lambda: None,
                                                              lambda: m.gain.mul_(2)]),
     "the base's submodule, reached through super(), reads a global": (
-        lambda x, m: m.preprocess(x), _TrainedMore, lambda m, mp: [lambda: None,
-                                                                   _angle_changed(mp)]),
+        lambda x, m: m.preprocess(x), _TrainedMore, _then_the_angle),
     "a transform in Composes three deep, changed in place": (
         lambda x, d: d.nested(x), _Decorated, lambda d, mp: [
             lambda: None,
@@ -856,7 +856,7 @@ HELD = {
         lambda x, d: d.run(x), _Decorated, lambda d, mp: [lambda: None,
                                                          lambda: setattr(d, "angle", 45.0)]),
     "a compiled __call__ reads a global": (
-        lambda x, c: c(x), _CompiledCall, lambda c, mp: [lambda: None, _angle_changed(mp)]),
+        lambda x, c: c(x), _CompiledCall, _then_the_angle),
     "a class method reached through super() reads its class": (
         lambda x, o: o.run(x), _Overriding, lambda o, mp: [
             lambda: None, lambda: mp.setattr(_Defaults, "ANGLE", 30.0)]),
@@ -864,10 +864,9 @@ HELD = {
         lambda x, _: _rotate_by_config(x, _NestedConfig), lambda: None, lambda _, mp: [
             lambda: None, lambda: mp.setattr(_NestedConfig.aug, "angle", 45.0)]),
     "a global read four helper calls deep": (
-        lambda x, _: _helper1(x), lambda: None, lambda _, mp: [lambda: None,
-                                                               _angle_changed(mp)]),
+        lambda x, _: _helper1(x), lambda: None, _then_the_angle),
     "the method super() reaches reads a global": (
-        lambda x, d: d.run(x), _Derived, lambda d, mp: [lambda: None, _angle_changed(mp)]),
+        lambda x, d: d.run(x), _Derived, _then_the_angle),
     "a slotted object's attribute its __eq__ leaves out": (
         lambda x, size: ndd.flip(ndd.resize(x, size=[size.h, size.w]), horizontal=size.flip),
         _Size, lambda size, mp: [lambda: None, lambda: setattr(size, "flip", 1)]),
@@ -891,7 +890,7 @@ def test_what_objects_hold_is_guarded_as_code_reaches_it(case, batch, monkeypatc
                               warn=None)
 
 
-def test_a_method_calling_super_is_keyed_by_what_it_reads():
+def test_a_method_calling_super_is_keyed_by_what_it_reads(batch):
     """A compiled method calling `super().preprocess(x)` is keyed by that method and what it
     reads, not by the whole object: a step counter bumped and the weights trained between
     calls re-trace nothing (every call missed, hashing every weight, once the cache limit was
@@ -903,7 +902,7 @@ def test_a_method_calling_super_is_keyed_by_what_it_reads():
         with torch.no_grad():
             model.body.weight.add_(1.0)
 
-    compiled = assert_each_matches_eager(_TrainedMore.preprocess, model, _images_for_super(),
+    compiled = assert_each_matches_eager(_TrainedMore.preprocess, model, batch,
                                          changes=[lambda: None, train_step, train_step],
                                          warn="error")
     assert compiled.cache_info().traces == 1
@@ -929,18 +928,14 @@ def test_what_a_call_does_not_read_re_traces_nothing(batch):
         with torch.no_grad():
             model.body.weight.add_(1.0)
 
-    def other_code():
-        angle_for(len(angle_for.cache_info()) + angle_for.cache_info().currsize + 100)
+    def other_code():  # (a new level each time: the helper holds one more answer)
+        angle_for(100 + angle_for.cache_info().currsize)
 
     for function, args, change in ((by_dtype, (model, batch), train_step),
                                    (rotated, (batch,), other_code)):
         compiled = assert_each_matches_eager(function, *args, changes=[lambda: None, change,
                                                                        change], warn="error")
         assert compiled.cache_info().traces == 1, function
-
-
-def _images_for_super():
-    return ndd.as_batch([np.full((6, 8, 3), i, np.uint8) for i in range(2)], layout="HWC")
 
 
 def test_an_object_keyed_by_identity_is_another_key_once_freed():
