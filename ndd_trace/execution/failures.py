@@ -218,7 +218,24 @@ def interpreted_error(graph: Graph, leaves: dict, error: BaseException,
     replayed = eager_replay(graph, leaves)
     if replayed is None or replayed[1] is None:
         return error
-    return _interpreted_op_error(*replayed, deferred, graph, read)
+    eager, node = replayed
+    first = _first_runs_own_error(error)
+    if first is not None and type(first) is type(eager):
+        # the first run's own error: its calls met eager's operator cache as eager would (the
+        # replay's find their instances taken, and build them anew)
+        setattr(first, _REJECTED, getattr(eager, _REJECTED, False))
+        eager = first.with_traceback(None)
+    return _interpreted_op_error(eager, node, deferred, graph, read)
+
+
+def _first_runs_own_error(error: BaseException) -> BaseException | None:
+    """The operator's own error under DALI's "An error happened during asynchronous execution"
+    (or "... deferred evaluation"), which raises it as its cause; None for any other error."""
+    cause = error.__cause__
+    if cause is None or str(error) not in (_dali.deferred_error_text(True),
+                                           _dali.deferred_error_text(False)):
+        return None
+    return cause
 
 
 def validated_at_call(node: Node) -> bool:
