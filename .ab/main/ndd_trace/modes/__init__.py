@@ -1,1 +1,0 @@
-"""The modes: compiled generators (loop), transparent mode (lazy) and per-sample functions."""
