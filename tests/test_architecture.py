@@ -261,7 +261,7 @@ def _references(name: str) -> list[str]:
 
 def test_one_cache_of_units():
     """I2: guard keys are built, fast guards kept and misses explained in units/cache.py only;
-    entries, regions and per-sample variants are all held in a UnitCache (f7fb7da: modes/cache.py,
+    entries, regions, per-sample variants and reader streams are all held in a UnitCache (f7fb7da: modes/cache.py,
     per_sample.py and api.py built keys; report.py held the regions, per_sample.py its variants)."""
     for name in ("build_key", "FastGuard"):
         assert _references(name) == ["tracing.guards", "units.cache"], name
@@ -274,6 +274,10 @@ def test_one_cache_of_units():
             if "UnitCache(" in file.read():
                 holders.add(module)
     assert holders == {"api", "modes.per_sample.function", "units.cache"}, sorted(holders)
+    # reader streams too: held as units of READER_STREAMS, in no registry of their own
+    assert _references("READER_STREAMS") == ["ahead.streams", "units.cache"]
+    with open(_modules()["core.process_state"]) as file:
+        assert "\nstreams" not in file.read()  # (its reader -> stream registry, before)
 
 
 def test_one_warning_sink():

@@ -22,7 +22,8 @@ from harness import Fresh, Step, assert_matches_eager, assert_runs_match, observ
 from reader_steps import augment, file_reader
 
 import ndd_trace
-from ndd_trace.ahead.streams import stream_of
+from ndd_trace.ahead.streams import stream_key, stream_of
+from ndd_trace.units.cache import READER_STREAMS
 
 
 def _ahead(report):
@@ -332,6 +333,31 @@ def test_dropped_readers_release_their_streams(jpeg_dir):
         gc.collect()
         time.sleep(0.2)
     assert len(workers()) <= before
+
+
+def test_a_readers_stream_is_a_pinned_unit_of_the_one_unit_cache(jpeg_dir):
+    """Reader streams are units of the unit cache READER_STREAMS, keyed by their reader's
+    identity: a reader's first epoch is a miss (explained as any cache's), its later ones hits;
+    a stream is never freed as the least recently run live pipeline (its reader's position
+    lives in it), and is forgotten once its reader is collected."""
+    import gc
+
+    before = READER_STREAMS.info()
+    first, second = file_reader(jpeg_dir, seed=1), file_reader(jpeg_dir, seed=2)
+    with ndd_trace.enabled():
+        for reader in (first, first, second):
+            for jpegs, _ in reader.next_epoch(batch_size=4):
+                np.asarray(augment(jpegs).torch())
+    info = READER_STREAMS.info()
+    assert (info.hits - before.hits, info.misses - before.misses) == (1, 2), (before, info)
+    assert READER_STREAMS.last_miss_reason.startswith("reader: File "), \
+        READER_STREAMS.last_miss_reason
+    unit = READER_STREAMS.get(stream_key(first))
+    assert unit.stream is stream_of(first) and unit.pinned and not unit.release()
+    del first, reader, unit, jpegs
+    gc.collect()
+    assert READER_STREAMS.info().entries == info.entries - 1
+    assert stream_of(second) is not None
 
 
 def test_a_reader_streamed_in_one_thread_reads_on_in_another(jpeg_dir):

@@ -1,6 +1,6 @@
 """The one unit cache (ndd_trace/units/cache.py): a compiled function's entries, transparent
-mode's regions and a per-sample function's variants are held alike, and every built pipeline is
-in the process's one LRU of live pipelines."""
+mode's regions, a per-sample function's variants and reader streams are held alike, and every
+built pipeline is in the process's one LRU of live pipelines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from harness import assert_same
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace.units.cache import LIVE_PIPELINES, REGIONS
+from ndd_trace.units.cache import LIVE_PIPELINES, REGIONS, LivePipelines
+from ndd_trace.units.unit import Unit
 
 
 def _images(value: int) -> ndd.Batch:
@@ -306,3 +307,32 @@ def test_what_making_a_unit_cost_reaches_its_sightings_once_at_its_first_build()
     assert REGIONS.sightings.cost(region.site) == \
         region.make_s + region.executable.backoff.build_s
     assert REGIONS.sightings.cost() is None
+
+
+class _Freed(Unit):
+    """A unit whose pipeline release is recorded (`pinned`: a reader stream's, never freed)."""
+
+    def __init__(self, name: str, freed: list, pinned: bool = False):
+        super().__init__(key=(("unit", name),))
+        self.freed = freed
+        self.pinned = pinned
+
+    def release(self) -> bool:
+        self.freed.append(self.key[0][1])
+        return True
+
+
+def test_live_pipelines_pass_over_pinned_units_and_free_the_next_least_recently_run():
+    """A reader stream counts as a live pipeline and is never freed (its reader's position
+    lives in it): past the limit, the least recently run unit that is not pinned goes, and the
+    pinned one keeps its place."""
+    freed: list = []
+    live = LivePipelines(2)
+    stream, a, b, c = (_Freed("stream", freed, pinned=True), _Freed("a", freed),
+                       _Freed("b", freed), _Freed("c", freed))
+    for unit in (stream, a, b):
+        live.note_run(unit)
+    assert freed == ["a"]
+    live.note_run(c)
+    assert freed == ["a", "b"]
+    assert [held() for held in live._units.values()] == [stream, c]

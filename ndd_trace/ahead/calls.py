@@ -110,17 +110,21 @@ def _open_epoch(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
         batch_size = stream.request(args, kwargs)
         if batch_size is None:  # eager ndd's own answer: its errors for a reader in batches
             return original(reader, *args, **kwargs)
-        return stream.epoch(batch_size, _note_for_calls)
+        return reader_epoch(reader, batch_size, _stream_options(), _note_for_calls)
     streams = in_compiled_loop() or reader in process_state.feeding_readers
     if streams and can_stream(reader) is None:
         batch_size = _dali.reader_epoch_request(reader, args, kwargs)
         if batch_size is not None:
-            options = Options(_dali.current_num_threads(), _dali.current_device_id(), READ_AHEAD)
-            return reader_epoch(reader, batch_size, options, _note_for_calls)
+            return reader_epoch(reader, batch_size, _stream_options(), _note_for_calls)
     epoch = original(reader, *args, **kwargs)
     if not process_state.compiled_functions or kwargs.get("capture") or len(args) > 2 and args[2]:
         return epoch
     return _tag_epoch(reader, epoch, args, kwargs)
+
+
+def _stream_options() -> Options:
+    """A new stream's pipeline options: ndd's threads and device now."""
+    return Options(_dali.current_num_threads(), _dali.current_device_id(), READ_AHEAD)
 
 
 def _on_metadata(reader: Any, original: Any, args: tuple, kwargs: dict) -> Any:
@@ -149,9 +153,8 @@ def _tag_epoch(reader: Any, epoch: Any, args: tuple, kwargs: dict) -> Iterator[A
             batch_size = _dali.reader_epoch_request(reader, args, kwargs)
             if batch_size is not None:
                 epoch.close()  # (eager's epoch left at this step: its shard does not advance)
-                options = Options(_dali.current_num_threads(), _dali.current_device_id(),
-                                  READ_AHEAD)
-                yield from reader_epoch(reader, batch_size, options, _note_for_calls, given)
+                yield from reader_epoch(reader, batch_size, _stream_options(), _note_for_calls,
+                                        given)
                 return
 
 

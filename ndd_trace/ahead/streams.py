@@ -1,5 +1,6 @@
 """Reader streams: a reader's operator in a pipeline of its own, read ahead by a worker thread,
-one stream per reader for the whole process; and the epochs a compiled loop opens.
+one stream per reader for the whole process (a pinned unit of the unit cache READER_STREAMS,
+keyed by its reader's identity); and the epochs a compiled loop opens.
 
     epoch = reader_epoch(reader, batch_size=64, options=options, on_batch=None)
     for jpegs, labels in epoch: ...            # eager's epoch: as many batches, the same order
@@ -16,12 +17,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..core import process_state
+from ..core import keys, process_state
 from .. import _dali
 from ..core.errors import LoopError
 from ..core.source import hide_own_frames
 from ..core.ir import Graph, Ref
 from ..units.build import compile_graph
+from ..units.cache import LIVE_PIPELINES, READER_STREAMS, Found
+from ..units.unit import Unit
 from ..execution.results import PendingRun
 from ..execution.runtime import Executable, Options
 from ..tracing.trace import add_reader_node
@@ -270,13 +273,27 @@ def _stop_workers() -> None:
         stream.stop()
 
 
-# reader -> its stream, for as long as the reader lives (the stream holds it weakly)
-# called when a reader's first stream is made (calls.py: the readers' methods are then watched,
-# so that eager code reads through the stream too)
+@dataclasses.dataclass(eq=False)
+class StreamUnit(Unit):
+    """A reader stream as the unit cache holds it, under its reader's identity: pinned (its
+    reader's position lives in its pipeline, which is never freed while the reader lives)."""
+
+    stream: ReaderStream | None = None
+    pinned = True
+
+    def release(self) -> bool:
+        return False
+
+
+def stream_key(reader: Any) -> tuple:
+    """A reader stream's key: its reader, by identity (equal only while that reader lives)."""
+    name = f"{type(reader).__name__} {_dali.reader_name(reader)}"
+    return (("reader", keys.Identity(reader, name)),)
 
 
 def stream_of(reader: Any) -> ReaderStream | None:
-    return process_state.streams.get(reader)
+    unit = READER_STREAMS.get(stream_key(reader))
+    return unit.stream if unit is not None else None  # type: ignore[attr-defined]
 
 
 def reader_epoch(reader: Any, batch_size: int, options: Options,
@@ -284,14 +301,21 @@ def reader_epoch(reader: Any, batch_size: int, options: Options,
     """A batch epoch of `reader` read through its stream: the first one moves the reader into
     it (eager ndd's checks raise here, at the first `next`, as eagerly). `given`: the batches
     of this epoch an eager epoch gave before (see ReaderStream.epoch)."""
-    stream = stream_of(reader)
-    if stream is None:
+    key = stream_key(reader)
+
+    def make() -> StreamUnit:
         stream = ReaderStream(reader, batch_size, options)
         stream.start()
-        process_state.streams[reader] = stream
+        return StreamUnit(key=key, executable=stream.executable, stream=stream)
+
+    unit, found = READER_STREAMS.lookup(key, make)
+    if found is Found.NEW:
+        LIVE_PIPELINES.note_run(unit)  # (a live pipeline: counted, never freed)
+        # forgotten with its reader (the key, which holds the reader weakly, found as itself)
+        weakref.finalize(reader, READER_STREAMS.drop, key, close=False)
         for hook in process_state.on_new_stream:
             hook()
-    yield from stream.epoch(batch_size, on_batch, given)
+    yield from unit.stream.epoch(batch_size, on_batch, given)  # type: ignore[union-attr]
 
 
 def can_stream(reader: Any) -> str | None:

@@ -52,7 +52,6 @@ tuning_stores: dict[str | None, Any] = {}  # directory -> tuning_store.Store
 
 # -- ahead: reader streams and compiled calls run ahead ------------------------------------------
 
-streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reader -> its ReaderStream
 stream_workers: weakref.WeakSet = weakref.WeakSet()  # streams with a worker, stopped at exit
 on_new_stream: list = []  # called at a reader's first stream (calls.py watches its epochs)
 compiled_calls = threading.local()  # .speculator: this thread's Speculator for compiled calls

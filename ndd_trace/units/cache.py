@@ -113,7 +113,9 @@ class CacheInfo(NamedTuple):
 
 class LivePipelines:
     """The units holding a built pipeline, least recently run first: past `limit`, the least
-    recently run one's pipeline is freed (its threads go; it is built again if it runs again)."""
+    recently run one's pipeline is freed (its threads go; it is built again if it runs again).
+    A pinned unit (a reader stream, whose reader's position lives in its pipeline) counts, and
+    is passed over."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -131,8 +133,16 @@ class LivePipelines:
                 units[id(unit)] = weakref.ref(unit)
             units.move_to_end(id(unit))
             oldest = None
-            while len(units) > self.limit and oldest is None:
-                oldest = units.popitem(last=False)[1]()
+            passed = []
+            while units and len(units) + len(passed) > self.limit and oldest is None:
+                item = units.popitem(last=False)
+                oldest = item[1]()
+                if oldest is not None and oldest.pinned:
+                    passed.append(item)
+                    oldest = None
+            for key, held in reversed(passed):  # (back in their place, oldest first)
+                units[key] = held
+                units.move_to_end(key, last=False)
         if oldest is not None and oldest.release():  # (outside the lock: it waits for runs)
             with self._lock:
                 self.releases += 1
@@ -240,7 +250,7 @@ class UnitCache:
         self.ledger.counters.misses += 1
         self.last_miss_reason = self.explain(key, self.last_key)
         (logs.recompiles if self.units else logs.trace).info(
-            "`%s`: cache miss (%d of cache_limit %d %s held): %s", self.name, len(self.units),
+            "`%s`: cache miss (%d of cache_limit %s %s held): %s", self.name, len(self.units),
             self.limit, self.kind, self.last_miss_reason)
 
     def lookup(self, key: tuple, make: Callable[[], Unit | None], *,
@@ -317,12 +327,14 @@ class UnitCache:
     def store(self, key: tuple, unit: Unit) -> None:
         self.units[key] = unit
 
-    def drop(self, key: tuple) -> None:
-        """Forget `key`'s unit (a failed one, replaced), its pipeline closed."""
+    def drop(self, key: tuple, close: bool = True) -> None:
+        """Forget `key`'s unit (a failed one, replaced), its pipeline closed (`close=False`:
+        left to close when collected, as a reader stream's, whose worker may be reading)."""
         unit = self.units.pop(key, None)
         if unit is not None:
             LIVE_PIPELINES.forget(unit)
-            unit.close()
+            if close:
+                unit.close()
         self._fast = None
 
     def last(self) -> Unit | None:
@@ -365,3 +377,8 @@ class UnitCache:
 # a pipeline per value.
 REGIONS = UnitCache("transparent mode", float("inf"), Ledger("transparent mode"), site_limit=32,
                     kind="regions")
+
+# Reader streams (ahead/streams.py), one per live reader for the whole process: a stream holds
+# its reader's position, so it is never freed while its reader lives, nor limited in number.
+READER_STREAMS = UnitCache("reader streams", float("inf"), Ledger("reader streams"),
+                           kind="streams")

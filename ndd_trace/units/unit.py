@@ -1,6 +1,7 @@
 """A compiled unit, what every mode caches: its key, its executable (or none) and its verdict
 (compiled, or why its calls run otherwise). Entries (a compiled function's), regions
-(transparent mode's) and variants (a per-sample function's) are units with their own fields.
+(transparent mode's), variants (a per-sample function's) and reader streams (ahead/streams.py)
+are units with their own fields.
 
     entry = Entry(key=key, graph=graph, executable=program.executable)
     entry.eager                  # whether its calls run otherwise (entry.verdict says why)
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import _dali
 from ..codegen.lower import Lowered
@@ -37,6 +38,7 @@ class Unit:
     optimizations: list = dataclasses.field(default_factory=list)  # optimize.Applied, in order
     releases: int = 0  # times its pipeline was freed as the least recently run (rebuilt on use)
     make_s: float = 0.0  # seconds its making took (a trace, lowering), before its builds
+    pinned: ClassVar[bool] = False  # never freed as the least recently run (a reader stream's)
 
     @property
     def site(self) -> str | None:
