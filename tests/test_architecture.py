@@ -261,8 +261,9 @@ def _references(name: str) -> list[str]:
 
 def test_one_cache_of_units():
     """I2: guard keys are built, fast guards kept and misses explained in units/cache.py only;
-    entries, regions, per-sample variants and reader streams are all held in a UnitCache (f7fb7da: modes/cache.py,
-    per_sample.py and api.py built keys; report.py held the regions, per_sample.py its variants)."""
+    entries, regions, per-sample variants and reader streams are all held in a UnitCache
+    (f7fb7da: modes/cache.py, per_sample.py and api.py built keys; report.py held the regions,
+    per_sample.py its variants; process_state held the reader streams until the 25th session)."""
     for name in ("build_key", "FastGuard"):
         assert _references(name) == ["tracing.guards", "units.cache"], name
     assert _references("plan_for") == ["tracing.plans", "units.cache"]
