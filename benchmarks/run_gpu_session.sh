@@ -26,7 +26,7 @@
 # batches: the train workload at each batch size of BATCHES (default 16 32 64 128 256), every exact
 #          way (BATCH_MODES, default the compiled step, the compiled generator, transparent mode)
 #          beside capture mode and the pipeline, 16 threads, BATCH_STEPS steps (default 100):
-#          issue 34's per-step cost, and benchmarks/chart.py --batches
+#          issue 34's per-step cost, and benchmarks/chart.py --scaling (batches.png)
 # scaling: throughput against batch size (SCALING_BATCHES, default 32 64 256 512) and threads (4,
 #          16) for the pipeline, capture mode, the compiled generator and optimize, SCALING_STEPS
 #          steps (default 200) after a quarter as many (benchmarks/chart.py --scaling)

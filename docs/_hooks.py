@@ -1,8 +1,9 @@
 """mkdocs hooks: the API reference page is generated from `ndd_trace.__all__` (read from the
-source, nothing imported), so every public name has its entry; the benchmark chart
-(benchmarks/ratios.png and scaling.png, made by benchmarks/chart.py), the measured results
-(benchmarks/RESULTS.md: the current figures) and their session log (benchmarks/HISTORY.md) go
-into the site as img/*.png, results.md and history.md, without copies in docs/.
+source, nothing imported), so every public name has its entry; the benchmark charts
+(benchmarks/ratios.png, scaling.png and batches.png, made by benchmarks/chart.py), the
+measured results (benchmarks/RESULTS.md: the current figures) and their session log
+(benchmarks/HISTORY.md) go into the site as img/*.png, results.md and history.md, without
+copies in docs/.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 
 from mkdocs.structure.files import File
 
-CHARTS = ("ratios.png", "scaling.png")
+CHARTS = ("ratios.png", "scaling.png", "batches.png")
 log = logging.getLogger("mkdocs.hooks.ndd_trace")
 
 
