@@ -360,6 +360,28 @@ def test_a_readers_stream_is_a_pinned_unit_of_the_one_unit_cache(jpeg_dir):
     assert stream_of(second) is not None
 
 
+def test_a_collected_readers_stream_is_forgotten_inside_the_live_pipelines_lock(jpeg_dir):
+    """A reader's finalizer forgets its stream; a garbage collection can run it anywhere, also
+    while the LRU of live pipelines holds its lock (found by this session's stream sweep: the
+    finalizer took that lock again, and the call hung)."""
+    import threading
+
+    from ndd_trace.units.cache import LIVE_PIPELINES
+
+    reader = file_reader(jpeg_dir, seed=3)
+    with ndd_trace.enabled():
+        for jpegs, _ in reader.next_epoch(batch_size=4):
+            np.asarray(augment(jpegs).torch())
+    key = stream_key(reader)
+    with LIVE_PIPELINES._lock:  # (as a collection inside note_run finds it)
+        worker = threading.Thread(target=READER_STREAMS.drop, args=(key,),
+                                  kwargs={"close": False}, daemon=True)
+        worker.start()
+        worker.join(timeout=10)
+        assert not worker.is_alive(), "forgetting a stream waited for the live pipelines' lock"
+    assert stream_of(reader) is None
+
+
 def test_a_reader_streamed_in_one_thread_reads_on_in_another(jpeg_dir):
     """A reader's first epoch read in transparent mode, its next in a worker thread (a
     background validation or prefetch thread): the worker reads on through the reader's stream

@@ -328,13 +328,14 @@ class UnitCache:
         self.units[key] = unit
 
     def drop(self, key: tuple, close: bool = True) -> None:
-        """Forget `key`'s unit (a failed one, replaced), its pipeline closed (`close=False`:
-        left to close when collected, as a reader stream's, whose worker may be reading)."""
+        """Forget `key`'s unit (a failed one, replaced), its pipeline closed. `close=False`: a
+        reader's finalizer's call, which a garbage collection may make inside any lock: it
+        takes none, and leaves the pipeline to close when collected (its worker may be reading)
+        and the LRU's weak reference to go with it."""
         unit = self.units.pop(key, None)
-        if unit is not None:
+        if unit is not None and close:
             LIVE_PIPELINES.forget(unit)
-            if close:
-                unit.close()
+            unit.close()
         self._fast = None
 
     def last(self) -> Unit | None:
