@@ -58,7 +58,7 @@ def test_readme_setup_is_two_commands_cpu_torch_first():
     assert _is_pip_install(package_step) and package_step[4:] == ["-e", ".[test]"]
     # 3. the main example, on its default device
     assert example_step == ["python", "examples/preprocess.py"]
-    assert _words(test) == ["python", "-m", "pytest", "-q", "tests"]
+    assert _words(test) == ["python", "-m", "pytest", "-q", "-n", "2", "tests"]
 
 
 def _words(command: str) -> list[str]:
