@@ -132,23 +132,28 @@ class LivePipelines:
             if held is None or held() is not unit:
                 units[id(unit)] = weakref.ref(unit)
             units.move_to_end(id(unit))
-            oldest = None
-            passed = []
-            while units and len(units) + len(passed) > self.limit and oldest is None:
-                item = units.popitem(last=False)
-                oldest = item[1]()
-                if oldest is not None and oldest.pinned:
-                    passed.append(item)
-                    oldest = None
-            for key, held in reversed(passed):  # (back in their place, oldest first)
-                units[key] = held
-                units.move_to_end(key, last=False)
+            oldest = self._take_oldest_unpinned() if len(units) > self.limit else None
         if oldest is not None and oldest.release():  # (outside the lock: it waits for runs)
             with self._lock:
                 self.releases += 1
             logs.runtime.info("%s: pipeline freed (the least recently run of %d live)",
                               getattr(oldest, "loc", None) or keys.describe(oldest.key)[:1],
                               self.limit)
+
+    def _take_oldest_unpinned(self) -> Unit | None:
+        """Past the limit (the lock held): the least recently run unit that is not pinned,
+        taken out of the list, the pinned ones passed over left in their place; or None."""
+        units, passed, oldest = self._units, [], None
+        while units and len(units) + len(passed) > self.limit and oldest is None:
+            item = units.popitem(last=False)
+            oldest = item[1]()
+            if oldest is not None and oldest.pinned:
+                passed.append(item)
+                oldest = None
+        for key, held in reversed(passed):  # (back in their place, oldest first)
+            units[key] = held
+            units.move_to_end(key, last=False)
+        return oldest
 
     def forget(self, unit: Unit) -> None:
         with self._lock:
