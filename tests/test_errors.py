@@ -898,16 +898,19 @@ def _transpose_rejected(images):
     return ndd.transpose(images, perm=[0, 0, 1])
 
 
-def _texts_of_two_rejected_calls(step):
+def _texts_of_rejected_calls(step, count=2, keep_errors=False):
+    """The first lines of `count` calls' errors, DALI rejecting each at construction
+    (`keep_errors`: each error kept until the end, as a loop that logs its failures at the end
+    keeps them)."""
     images = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
-    texts = []
+    errors = []
     with ndd.EvalContext():  # (an operator cache of its own: each mode's run starts with none)
-        for _ in range(2):
+        for _ in range(count):
             try:
                 step(images).evaluate()
             except RuntimeError as error:
-                texts.append(str(error).splitlines()[0])
-    return texts
+                errors.append(error if keep_errors else str(error).splitlines()[0])
+    return [str(error).splitlines()[0] for error in errors] if keep_errors else errors
 
 
 def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
@@ -916,22 +919,8 @@ def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
     num_threads again); ndd_trace repeated the first one, from the op-by-op replay that finds
     the failed op, whose call built its operator anew (found by a new-user probe as
     probe5/13). The interpreted run's own error is now raised."""
-    assert_matches_eager(_texts_of_two_rejected_calls, Step(_transpose_rejected),
+    assert_matches_eager(_texts_of_rejected_calls, Step(_transpose_rejected),
                          modes=("step", "transparent"), warn="ignore")
-
-
-def _kept_texts_of_three_rejected_calls(step):
-    """The texts of three calls DALI rejects at construction, each error kept in a list (as a
-    loop that logs its failures at the end does)."""
-    images = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
-    kept = []
-    with ndd.EvalContext():  # (an operator cache of its own: each mode's run starts with none)
-        for _ in range(3):
-            try:
-                step(images).evaluate()
-            except RuntimeError as error:
-                kept.append(error)
-    return [str(error).splitlines()[0] for error in kept]
 
 
 @pytest.mark.xfail(strict=True, reason="issue 35: a kept error keeps eager's failed operator "
@@ -940,8 +929,8 @@ def test_rejected_calls_whose_errors_are_kept_each_fail_anew_as_eagerly():
     """Eager's errors are all the construction's own (each kept error holds its call's operator
     instance, so the next call builds one anew); ndd_trace's third reads 'Argument with name
     "num_threads" already exists' (found by this session's error-path sweep, p14)."""
-    assert_matches_eager(_kept_texts_of_three_rejected_calls, Step(_transpose_rejected),
-                         modes=("step", "transparent"), warn="ignore")
+    assert_matches_eager(_texts_of_rejected_calls, Step(_transpose_rejected), count=3,
+                         keep_errors=True, modes=("step", "transparent"), warn="ignore")
 
 
 def _normalized_steps(batches):
