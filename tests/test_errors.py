@@ -923,12 +923,12 @@ def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
                          modes=("step", "transparent"), warn="ignore")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: a kept error keeps eager's failed operator "
-                   "instance out of DALI's operator cache; ndd_trace's eager runs free theirs")
 def test_rejected_calls_whose_errors_are_kept_each_fail_anew_as_eagerly():
     """Eager's errors are all the construction's own (each kept error holds its call's operator
-    instance, so the next call builds one anew); ndd_trace's third reads 'Argument with name
-    "num_threads" already exists' (found by this session's error-path sweep, p14)."""
+    instance, so the next call builds one anew); ndd_trace's third read 'Argument with name
+    "num_threads" already exists' (found by the twenty-fifth session's error-path sweep, p14):
+    the op-by-op replay that finds the failed op freed its call at once, putting its instance
+    back in the cache. The raised error now holds the replay's failed calls."""
     assert_matches_eager(_texts_of_rejected_calls, Step(_transpose_rejected), count=3,
                          keep_errors=True, modes=("step", "transparent"), warn="ignore")
 

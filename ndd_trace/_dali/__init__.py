@@ -21,7 +21,8 @@ compiled call's output, or the recorded call of a transparent-mode value);
 `_invocation.capture_stack_from_frame` (the stack an asynchronous error shows starts at the
 script under `python -m ndd_trace`), `_source_analysis`'s
 `_get_module_info`, `_file_cache` and `ModuleInfo` (the warm start); `EvalContext._instance_cache`
-and the key format of `Operator._get`; `Operator._supported_backends`; `ops._OperatorInstance`
+and the key format of `Operator._get`; `_invocation.Invocation` (the calls a
+kept error holds, whose instances stay out of that cache: `invocations_held_by`); `Operator._supported_backends`; `ops._OperatorInstance`
 (its `__init__` wrapped while a per-sample pipeline is defined, and its `_inputs`: the ops the
 definition makes, recorded as the IR).
 
@@ -50,7 +51,8 @@ from .operators import (NOT_PLAIN, SPLIT_VALUES, argument_dtype, argument_names,
                         data_signature, decay_plain, decay_static, dtype_name, dtype_of,
                         dtype_public_name, eager_instance_key, eager_instance_key_for_batch,
                         eager_split, has_gpu_backend, infer_metadata, input_device,
-                        is_tensor_argument, keep_eager_instance, meta_of, op_class_at,
+                        invocations_held_by, is_tensor_argument, keep_eager_instance, meta_of,
+                        op_class_at,
                         resolve_backend, tensor_argument, tensor_argument_meta)
 from .interception import (interceptor, call_stacks_start_above, capture_running, eager_inside_trace, eager_mode_entered,
                            eval_mode_is_sync, has_side_effects, hold_interception, intercept,
@@ -110,7 +112,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "native_logs_dropped",
     "has_gpu_backend", "hold_interception", "host_array", "host_ints", "host_samples",
     "in_this_branch", "infer_metadata", "init_proxy", "input_device", "input_node",
-    "install_compile", "intercept", "invocation_result_of", "is_data_node",
+    "install_compile", "intercept", "invocation_result_of", "invocations_held_by", "is_data_node",
     "has_side_effects", "is_random", "is_stateful", "is_tensor_argument", "keep_eager_instance",
     "lazy_batch",
     "logical_hooks", "meta_of", "node_key", "NOT_PLAIN", "op_class_at", "op_function_of",

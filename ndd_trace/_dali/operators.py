@@ -11,8 +11,8 @@ import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
-from nvidia.dali.experimental.dynamic import (_call_site, _eval_context, _op_builder, _ops,
-                                              _source_analysis)
+from nvidia.dali.experimental.dynamic import (_call_site, _eval_context, _invocation,
+                                              _op_builder, _ops, _source_analysis)
 
 from ..core.ir import TensorMeta
 from ..core.keys import freeze, freeze_arguments
@@ -234,6 +234,20 @@ def keep_eager_instance(op_class: type, key: tuple, init_args: dict) -> None:
     instance._cache = cache
     instance._key = key
     cache[key] = instance
+
+
+def invocations_held_by(error: BaseException) -> tuple:
+    """The operator invocations the frames of `error`'s traceback hold: while one lives, its
+    operator instance stays out of the EvalContext's cache (it goes back when the invocation
+    is freed), so that an eager call's kept error keeps its failed instance from the next
+    call."""
+    held = []
+    trace = error.__traceback__
+    while trace is not None:
+        held.extend(value for value in trace.tb_frame.f_locals.values()
+                    if type(value) is _invocation.Invocation)
+        trace = trace.tb_next
+    return tuple(held)
 
 
 def argument_dtype(op_class: type, name: str) -> str | None:

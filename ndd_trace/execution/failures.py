@@ -24,6 +24,15 @@ from .feed import Feed
 from .interpret import interpret
 
 _REJECTED = "_ndd_trace_rejected_call"  # set on an eager re-run's error: DALI rejected the call
+# an eager re-run's failed calls, held by the error raised for it: their operator instances stay
+# out of eager's cache while the user keeps the error, as an eager call's kept error keeps its own
+_HELD = "_ndd_trace_held_calls"
+
+
+class _HeldCalls(tuple):
+    def __reduce__(self) -> tuple:  # (pickled as none: an error pickles as it was made)
+        return tuple, ()
+
 _GENERATED_LINE = re.compile(r'File "(<ndd_trace:[^>]*>)", line (\d+)')
 
 
@@ -127,6 +136,7 @@ def op_error(eager: BaseException, node: Node | None, name: str | None, note: st
     loc: SourceLoc | None = node.loc if node is not None else None
     wrapped = pipeline_error_type(type(eager))(str(eager), loc, name)
     wrapped.at_call = bool(getattr(eager, _REJECTED, False))
+    setattr(wrapped, _HELD, getattr(eager, _HELD, ()))
     what = f"`{name}`" if name else "an operator"
     where = f" (created at {loc})" if loc else ""
     wrapped.add_note(f"ndd_trace: raised by {what}{where} {note}")
@@ -168,17 +178,25 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
     rejects)."""
     with _dali.native_logs_dropped():  # (the failed run logged what the ops log: not twice)
         _, error, node = _op_by_op(graph, leaves, batch_size)
-    # its text and type are used, not its traceback, whose frames would hold it (a cycle)
-    return None if error is None else (error.with_traceback(None), node)
+    if error is None:
+        return None
+    # its text and type are used, not its traceback, whose frames would hold it (a cycle);
+    # its failed calls are held instead, so long as the error raised for it lives
+    setattr(error, _HELD, _HeldCalls(_dali.invocations_held_by(error)))
+    return error.with_traceback(None), node
 
 
 def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | None = None,
-                          graph: Graph | None = None, read: int | None = None) -> BaseException:
+                          graph: Graph | None = None, read: int | None = None,
+                          held: tuple | None = None) -> BaseException:
     """The failure of `node`'s call in an interpreted run (`eager`: eager's error for it) as a
     pipeline run's: the op's own error at the user's line, as a result's first use raises it
-    (`deferred`: whether the call was made in EvalMode.deferred; None: the mode now)."""
+    (`deferred`: whether the call was made in EvalMode.deferred; None: the mode now); `held`:
+    the calls it holds, where not `eager`'s (`_HELD`)."""
     own = op_error(eager, node, f"ndd.{node.name}", "while running it eagerly (interpreted)",
                    stack_of(node, ()))  # (a recorded call's own, as a run's)
+    if held is not None:
+        setattr(own, _HELD, held)
     own.own_mode = node.deferred
     if graph is not None:
         own.consumers = consumer_links(graph, node, lambda op: op)
@@ -224,7 +242,10 @@ def interpreted_error(graph: Graph, leaves: dict, error: BaseException,
         # the first run's own error: its calls met eager's operator cache as eager would (the
         # replay's find their instances taken, and build them anew)
         setattr(first, _REJECTED, getattr(eager, _REJECTED, False))
-        eager = first.with_traceback(None)
+        # (the replay's calls held by the error raised, not by `first`, which DALI's failed
+        # run holds in a cycle: they would live until a garbage collection)
+        held, eager = getattr(eager, _HELD, ()), first.with_traceback(None)
+        return _interpreted_op_error(eager, node, deferred, graph, read, held)
     return _interpreted_op_error(eager, node, deferred, graph, read)
 
 
