@@ -69,6 +69,9 @@ SURFACE = {
     ("ndd", "_invocation"): "the op call's recorded stack (call_stacks_start_above)",
     ("_invocation", "capture_stack_from_frame"): "the stack eager records at an op call: "
                                                  "the launcher's frames left out",
+    ("_invocation", "Invocation"): "an op call, whose operator instance goes back to the "
+                                   "EvalContext's cache when it is freed: the calls a raised "
+                                   "error holds (invocations_held_by)",
     ("ndd", "_capture"): "DALI's capture mode: stepping aside while it records or replays",
     ("ndd", "_eval_context"): "the current EvalContext: its instance cache",
     ("ndd", "_eval_mode"): "the EvalModes entered on this thread",
