@@ -271,8 +271,7 @@ class LazyTracer(Tracer):
         if node.is_batch and node.batch_size is not None and int(node.batch_size) == 0:
             # eager ndd runs (and fails) such calls its own way; a pipeline runs no empty batch
             return self._eager(original, inputs, kwargs, name, "an empty batch")
-        if (site.validated if replayed else validated_at_call(node)) and \
-                not self._accepts(node):
+        if validated_at_call(node) and not self._accepts(node):
             return self._eager(original, inputs, kwargs, name, "DALI rejects the call, given "
                                "the real metadata of its inputs")
         state = node.arg_inputs.get("_random_state")

@@ -15,14 +15,12 @@ from typing import Any
 
 from .. import _dali
 from ..core.ir import Node, Ref
-from ..execution.failures import validated_at_call
 from ..tracing.trace import is_concrete_data
 from .proxies import lazy_handle, node_of
 
 _IGNORED_KWARGS = frozenset(("_backend", "_caller_frame"))  # what recording drops too
 _DATA, _RNG = object(), object()  # argument tokens: recorded data; a random op's generator
 MAX_SITES = 4096
-_PLAIN = frozenset((int, float, bool, str, list, tuple))  # argument_token's plain kinds
 _SITE_FIELDS = ("name", "schema", "backend", "arg_casts", "static", "frozen_static",
                 "num_outputs", "output_names", "is_batch", "loc")
 
@@ -39,10 +37,6 @@ class _Site:
     is_random: bool
     fields: dict  # the recorded node's derived fields (_SITE_FIELDS), passed to add_op
     instance: tuple | None  # eager's operator instance: (key, construction arguments, batch size)
-    validated: bool  # failures.validated_at_call of the node (the same for the same input metas)
-    # the constants made for `converted` at the last replay, and its batch size: equal tokens
-    # (`arguments`) and batch size give the same converted values, made once (~40 us each)
-    converted_refs: tuple = (None, None)
 
 
 class CallSites:
@@ -99,7 +93,6 @@ class CallSites:
                        if key != "_random_state"},
             converted=converted,
             instance=instance,
-            validated=validated_at_call(node),
             is_random="_random_state" in node.arg_inputs,
             # the node's derived fields as recorded (its metadata may be refined later, from
             # that call's data), not the node: it would keep its results alive
@@ -111,12 +104,6 @@ class CallSites:
         recorded by this tracer (compared by its metadata); None if one has neither."""
         described = []
         for key, value in kwargs.items():
-            if type(value) in _PLAIN:  # (most arguments: no data, no generator)
-                token = _dali.argument_token(value)
-                if token is None:
-                    return None
-                described.append((key, token))
-                continue
             if value is None or key in _IGNORED_KWARGS:  # (recording drops them too)
                 continue
             if key == "rng" and _dali.is_random(op_class):
@@ -174,19 +161,12 @@ class CallSites:
             return None  # (constants made for the inputs are left unused)
         tracer.note_call_mode(batch_size, site.is_random, loc)
         arg_inputs = {}
-        converted_size, converted_refs = site.converted_refs
-        if converted_size != batch_size:
-            converted_refs = None
         for key in site.arg_metas:
-            if key not in site.converted:
-                arg_inputs[key] = lazy_handle(kwargs[key]).ref
-            elif converted_refs is not None:  # the same value (its token), made before
-                arg_inputs[key] = converted_refs[key]
-            else:  # converted as recorded
+            if key in site.converted:  # the same value (its token): converted as recorded
                 value = tracer.tensor_argument(op_class, key, kwargs[key], batch_size)
                 arg_inputs[key] = tracer.ref_of(value, is_batch, loc)
-        if site.converted and converted_refs is None:
-            site.converted_refs = (batch_size, {key: arg_inputs[key] for key in site.converted})
+            else:
+                arg_inputs[key] = lazy_handle(kwargs[key]).ref
         if site.instance is not None:
             key, init_args, recorded_batch_size = site.instance
             if batch_size != recorded_batch_size:
