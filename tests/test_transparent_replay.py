@@ -679,6 +679,23 @@ def test_list_variables_change_and_repeat_between_steps(data):
     assert eager[3][0] != "ok"  # DALI rejects the flat matrix as a tensor argument
 
 
+def test_converted_arguments_across_batch_sizes_and_values(data):
+    """Per-call tensor arguments from variables (converted as ndd converts them) on replayed
+    sites: the batch size changes and comes back, the value changes and comes back, on two
+    sites of one op."""
+    batches = [data["hwc"], data["hwc"], data["hwc3"], data["hwc3"], data["hwc"], data["hwc"]]
+    angles = [10.0, 10.0, 10.0, 25.0, 25.0, 10.0]
+    mean = [10.0, 20.0, 30.0]
+
+    def body(step):
+        angle = angles[step]
+        rotated = ndd.rotate(batches[step], angle=angle, keep_size=True)
+        twice = ndd.rotate(rotated, angle=angle, keep_size=True)
+        return ndd.normalize(ndd.cast(twice, dtype=ndd.float32), mean=mean, stddev=2.0)
+
+    differential(body, len(batches), min_replayed=6)
+
+
 def test_eager_operator_instances_are_left_as_eager_leaves_them(data):
     """Code that reads `EvalContext._instance_cache` (DALI's own tests do) finds the instances
     eager calls leave: keyed by which arguments the call site shows to be constant
