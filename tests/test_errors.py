@@ -948,13 +948,11 @@ def _texts_of_rejected_calls_deferred_first(step):
     return texts
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: eager's deferred failure keeps its operator "
-                   "instance in DALI's own reference cycle until a garbage collection; "
-                   "transparent mode's op-by-op replay puts its instance back at once")
 def test_a_rejected_call_failing_deferred_then_at_the_call_as_eagerly():
     """Eager's second error is the construction's own (the first call's instance is held by
-    its failed asynchronous run), its third 'num_threads'; transparent mode's second reads
-    'num_threads' (found by the twenty-sixth session's probe of the orders)."""
+    its failed asynchronous run, in DALI's own reference cycle until a garbage collection),
+    its third 'num_threads'; transparent mode's second read 'num_threads' (its op-by-op replay
+    put its instance back at once; found by the twenty-sixth session's probe of the orders)."""
     assert_matches_eager(_texts_of_rejected_calls_deferred_first, Step(_transpose_rejected),
                          modes=("step", "transparent"), warn="ignore")
 

@@ -236,6 +236,11 @@ def keep_eager_instance(op_class: type, key: tuple, init_args: dict) -> None:
     cache[key] = instance
 
 
+class _HeldCalls(tuple):
+    def __reduce__(self) -> tuple:  # (pickled as none: an error pickles as it was made)
+        return tuple, ()
+
+
 def invocations_held_by(error: BaseException) -> tuple:
     """The operator invocations the frames of `error`'s traceback hold: while one lives, its
     operator instance stays out of the EvalContext's cache (it goes back when the invocation
@@ -247,7 +252,7 @@ def invocations_held_by(error: BaseException) -> tuple:
         held.extend(value for value in trace.tb_frame.f_locals.values()
                     if type(value) is _invocation.Invocation)
         trace = trace.tb_next
-    return tuple(held)
+    return _HeldCalls(held)
 
 
 def argument_dtype(op_class: type, name: str) -> str | None:

@@ -28,11 +28,6 @@ _REJECTED = "_ndd_trace_rejected_call"  # set on an eager re-run's error: DALI r
 # out of eager's cache while the user keeps the error, as an eager call's kept error keeps its own
 _HELD = "_ndd_trace_held_calls"
 
-
-class _HeldCalls(tuple):
-    def __reduce__(self) -> tuple:  # (pickled as none: an error pickles as it was made)
-        return tuple, ()
-
 _GENERATED_LINE = re.compile(r'File "(<ndd_trace:[^>]*>)", line (\d+)')
 
 
@@ -182,7 +177,7 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
         return None
     # its text and type are used, not its traceback, whose frames would hold it (a cycle);
     # its failed calls are held instead, so long as the error raised for it lives
-    setattr(error, _HELD, _HeldCalls(_dali.invocations_held_by(error)))
+    setattr(error, _HELD, _dali.invocations_held_by(error))
     return error.with_traceback(None), node
 
 
@@ -227,12 +222,13 @@ def interpret_at_once(graph: Graph, leaves: dict, deferred: bool | None = None,
 
 
 def interpreted_error(graph: Graph, leaves: dict, error: BaseException,
-                      deferred: bool | None = None, read: int | None = None) -> BaseException:
+                      deferred: bool | None = None, read: int | None = None,
+                      deferred_failure: bool = False) -> BaseException:
     """The error an interpreted run of `graph` (`interpret(graph, leaves)`, which raised `error`)
     is raised as: as a pipeline run's (`surfacing` of the failed op's own error, at the user's
     line of its call), so that the call that runs it at once raises the op's own error as
     eagerly (see lazy's `_run_at_call`); `error` itself where a synchronous replay names no
-    op."""
+    op. `deferred_failure`: raised at a result's use, not at the call."""
     replayed = eager_replay(graph, leaves)
     if replayed is None or replayed[1] is None:
         return error
@@ -242,9 +238,11 @@ def interpreted_error(graph: Graph, leaves: dict, error: BaseException,
         # the first run's own error: its calls met eager's operator cache as eager would (the
         # replay's find their instances taken, and build them anew)
         setattr(first, _REJECTED, getattr(eager, _REJECTED, False))
-        # (the replay's calls held by the error raised, not by `first`, which DALI's failed
-        # run holds in a cycle: they would live until a garbage collection)
+        # the replay's calls held by the error raised, and by `first` (in DALI's cycle until a
+        # collection) where the failure is deferred, as eager's failed run holds its call
         held, eager = getattr(eager, _HELD, ()), first.with_traceback(None)
+        if deferred_failure:
+            setattr(first, _HELD, held)
         return _interpreted_op_error(eager, node, deferred, graph, read, held)
     return _interpreted_op_error(eager, node, deferred, graph, read)
 

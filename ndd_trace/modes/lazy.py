@@ -296,6 +296,7 @@ class LazyTracer(Tracer):
         """Run `node`'s region now, as eager ndd runs a call given user data as it is, so that
         its run-time error raises at this call (the calls after it never happen, nor draw):
         the op's own error, or eager's error for a result used if an op it reads failed."""
+        self.regions.at_call = True
         try:
             self.materialize(Ref(node, 0))
             return
@@ -303,6 +304,8 @@ class LazyTracer(Tracer):
             own = error.__cause__
             at_call = without_call_stack(own) if isinstance(own, PipelineError) and \
                 own.loc == node.loc and own.op_name == f"ndd.{node.name}" else error
+        finally:
+            self.regions.at_call = False
         try:  # (outside the handler: no internal context)
             raise at_call
         finally:  # (its traceback holds this frame: no cycle through it)

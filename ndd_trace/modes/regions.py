@@ -39,6 +39,9 @@ class RegionRunner:
         self.speculator = speculator
         self.optimize = False  # regions get optimize.py's rewrites (enable(optimize=True))
         self.calls_deferred = False  # a call was recorded in EvalMode.deferred (_made_deferred)
+        # a region run at a call (lazy's _run_at_call: its failure raises at the call, as an
+        # eager call given user data raises); else at a use, as a deferred failure (interpreted)
+        self.at_call = False
 
     def materialize(self, ref: Ref) -> Any:
         """Run the pending region `ref` depends on; return that output's TensorList."""
@@ -106,7 +109,7 @@ class RegionRunner:
                                            self._empty_sample_call(region, view.leaves)):
             outputs = self._interpreted(region_view(region_ops, target, clone=True),
                                         deferred=self._made_deferred(region_ops),
-                                        read=position)
+                                        read=position, at_call=self.at_call)
         elif failed_ahead is None and self._eager_after_failure(region):
             outputs = self._interpreted(region_view(region_ops, target, clone=True), True,
                                         self._made_deferred(region_ops), position)
@@ -159,10 +162,11 @@ class RegionRunner:
 
     @staticmethod
     def _interpreted(view: _RegionView, at_once: bool = False, deferred: bool = False,
-                     read: int | None = None) -> list:
+                     read: int | None = None, at_call: bool = True) -> list:
         """The region's outputs, its calls run eagerly (`at_once`: synchronously, failures
         expected); a failure raised as a pipeline run's (`interpreted_error`: the failed op's
-        own error at its line, as a result's first use reads it: of output `read`)."""
+        own error at its line, as a result's first use reads it: of output `read`; `at_call`:
+        raised at the call, else at a use, as a deferred failure)."""
         leaves = {id(leaf): _leaf_value(leaf) for leaf in view.leaves}
         if at_once:
             values = interpret_at_once(view.graph, leaves, deferred, read)
@@ -172,7 +176,8 @@ class RegionRunner:
             return [_dali.storage_of(values[ref]) for ref in view.graph.outputs]
         except Exception as error:  # noqa: BLE001 (raised below, outside the handler)
             failure = error
-        raised = interpreted_error(view.graph, leaves, failure, deferred, read)
+        raised = interpreted_error(view.graph, leaves, failure, deferred, read,
+                                   deferred_failure=not at_call)
         try:  # (no local left referring to it: failures.py, raising without a cycle)
             raise raised
         finally:
