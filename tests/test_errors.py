@@ -933,30 +933,6 @@ def test_rejected_calls_whose_errors_are_kept_each_fail_anew_as_eagerly():
                          keep_errors=True, modes=("step", "transparent"), warn="ignore")
 
 
-def _texts_of_rejected_calls_deferred_first(step):
-    """The first lines of three calls' errors, DALI rejecting each at construction: the first
-    given DALI-owned data (its failure surfaces at the result's use), the others the user's
-    (failing at the call); each error dropped at once."""
-    images = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
-    texts = []
-    with ndd.EvalContext():
-        for given in (ndd.copy(images).evaluate(), images, images):
-            try:
-                step(given).evaluate()
-            except RuntimeError as error:
-                texts.append(str(error).splitlines()[0])
-    return texts
-
-
-def test_a_rejected_call_failing_deferred_then_at_the_call_as_eagerly():
-    """Eager's second error is the construction's own (the first call's instance is held by
-    its failed asynchronous run, in DALI's own reference cycle until a garbage collection),
-    its third 'num_threads'; transparent mode's second read 'num_threads' (its op-by-op replay
-    put its instance back at once; found by the twenty-sixth session's probe of the orders)."""
-    assert_matches_eager(_texts_of_rejected_calls_deferred_first, Step(_transpose_rejected),
-                         modes=("step", "transparent"), warn="ignore")
-
-
 def _normalized_steps(batches):
     """Each batch normalized with a 3-channel mean written at the call (`stddev=2.0`: a
     construction argument), a failure caught and the loop going on."""
@@ -1333,3 +1309,43 @@ def test_a_blur_of_samples_without_layout_raises_as_eagerly():
     images = ndd.as_batch([rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(4)],
                           layout="HWC")
     assert_matches_eager(_blurred_flat_samples, images, raises=True, warn="ignore")
+
+
+def _transpose_rejected_after_flip(images):
+    """A call DALI rejects when it builds the operator, given another op's result."""
+    return ndd.transpose(ndd.flip(images, horizontal=1), perm=[0, 0, 1])
+
+
+def _texts_of_rejected_calls_in_order(step, order, keep_errors):
+    """The first lines of a rejected call's errors, given in `order` the user's batch ("user",
+    failing at the call) or a DALI-owned copy ("owned", failing at the result's use). With
+    the garbage collector off: a deferred failure's instance waits for a collection, eagerly
+    too, so a collection in between would decide the text."""
+    images = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
+    errors = []
+    gc.collect()
+    gc.disable()
+    try:
+        with ndd.EvalContext():
+            for given in order:
+                try:
+                    step(images if given == "user" else ndd.copy(images).evaluate()).evaluate()
+                except RuntimeError as error:
+                    errors.append(error if keep_errors else str(error).splitlines()[0])
+    finally:
+        gc.enable()
+    return [str(error).splitlines()[0] for error in errors]
+
+
+@pytest.mark.parametrize("keep_errors", [False, True], ids=["dropped", "kept"])
+@pytest.mark.parametrize("order", [("owned",) * 3, ("owned", "user", "user"),
+                                   ("user", "owned", "owned"), ("user", "user", "owned")],
+                         ids="-".join)
+@pytest.mark.parametrize("op", [_transpose_rejected, _transpose_rejected_after_flip],
+                         ids=["alone", "after_flip"])
+def test_rejected_calls_in_every_order_as_eagerly(op, order, keep_errors):
+    """DALI's operator cache decides a rejected call's text ('num_threads' where it reuses the
+    failed instance): each order of failures at the call and at a use, errors kept or
+    dropped, gives eager's texts (the twenty-sixth session's probe of the orders)."""
+    assert_matches_eager(_texts_of_rejected_calls_in_order, Step(op), order, keep_errors,
+                         modes=("step", "transparent"), warn="ignore")
