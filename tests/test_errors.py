@@ -1298,13 +1298,12 @@ def _blurred_flat_samples(images):
     return ndd.gaussian_blur(flat, sigma=0.5, window_size=3)
 
 
-@pytest.mark.xfail(strict=True, reason="an eager run's check of an operator's output layout "
-                   "(DALI's C++, not the pipeline's) is not made by a pipeline")
 def test_a_blur_of_samples_without_layout_raises_as_eagerly():
     """Eager raises ValueError 'Unexpected layout of output 0. Got "", expected "*"' at the
-    result's use (GaussianBlur and Laplacian check their output's layout when run eagerly);
-    a pipeline runs them and gives values (found by the twenty-sixth session's sweep of
-    transparent mode's replayed tensor arguments, p01115)."""
+    result's use (GaussianBlur and Laplacian check their output's layout when run eagerly, on
+    1-D samples without a layout); a pipeline ran them and gave values (found by the
+    twenty-sixth session's sweep of transparent mode's replayed tensor arguments, p01115).
+    Such a call now runs eagerly (a graph break)."""
     rng = np.random.default_rng(5)
     images = ndd.as_batch([rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(4)],
                           layout="HWC")

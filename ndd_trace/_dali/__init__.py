@@ -77,6 +77,7 @@ from .readers import (Reader, ReaderFiles, advance_shard, as_eager_read_error, c
                       shard_steps, stand_in_batch, transfer_reader, watch_reader_methods,
                       with_samples)
 from .pipelines import (ExternalSource, crashes_on_empty_samples, current_device_id,
+                        eager_rejects_output_layout,
                         current_num_threads, deferred_error_text, eval_mode_is_deferred, feed,
                         frees_after_failure, has_empty_sample, native_logs_dropped,
                         park_failed_pipeline,
@@ -99,7 +100,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "capture_running", "concatenated",
     "MERGE_OP", "SPLIT_OP",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
-    "crashes_on_empty_samples", "DefinedOp", "defined_ops", "definition_error",
+    "crashes_on_empty_samples", "eager_rejects_output_layout", "DefinedOp", "defined_ops", "definition_error",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
     "do_not_convert", "draw_state", "dynamic_module", "DType", "dtype_name", "dtype_of",

@@ -73,6 +73,16 @@ def crashes_on_empty_samples(schema: str | None) -> bool:
     return schema in _EMPTY_SAMPLE_UNSAFE
 
 
+def eager_rejects_output_layout(schema: str | None, input_metas: list) -> bool:
+    """Whether eager ndd rejects this call's output when it runs it: DALI 2.4's separable
+    convolutions given 1-D samples without a layout raise ValueError ("Unexpected layout of
+    output 0") at the result's use, a check of eager's run that a pipeline does not make."""
+    if schema not in _EMPTY_SAMPLE_UNSAFE or not input_metas:
+        return False
+    meta = input_metas[0]
+    return meta.ndim in (1, None) and not meta.layout
+
+
 def has_empty_sample(value: Any) -> bool:
     """Whether a Batch, Tensor or TensorList holds a sample with no elements."""
     if isinstance(value, (Batch, Tensor)):

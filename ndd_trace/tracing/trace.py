@@ -391,6 +391,10 @@ class Tracer:
                                  f"called at {loc} ({type(error).__name__}: {error})")
             raise
 
+        if _dali.eager_rejects_output_layout(_dali.schema_name(op_class), input_metas):
+            raise GraphBreakSignal(f"calls `ndd.{name}` on 1-D samples without a layout, whose "
+                                   "output eager rejects when it runs the call (a check a "
+                                   "pipeline does not make)", loc)
         if random_state is not None:
             arg_inputs["_random_state"] = Ref(random_state, 0)
         return self.record_op(
