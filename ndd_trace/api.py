@@ -374,6 +374,9 @@ def _instead_of_a_failed_run(compiled: CompiledFunction, entry: Entry,
     """How a call whose run raised `error` runs instead, its verdict recorded (the variant's
     pipelines retired: as a fallback; none could be built: eagerly); None: the error is the
     call's own. (Called outside the handler: the failure is no context of its errors.)"""
+    if isinstance(error, RunEagerly):  # this call: an argument's own run failed
+        reason = str(error)
+        return lambda args, kwargs: compiled._eager_for_this_call(reason, args, kwargs)
     executable = entry.executable
     if executable.retired is not None:  # its failed pipelines cannot be freed: no new ones
         entry.verdict = Verdict.eager_variant(executable.retired, user_location(),

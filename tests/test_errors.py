@@ -1348,3 +1348,30 @@ def test_rejected_calls_in_every_order_as_eagerly(op, order, keep_errors):
     dropped, gives eager's texts (the twenty-sixth session's probe of the orders)."""
     assert_matches_eager(_texts_of_rejected_calls_in_order, Step(op), order, keep_errors,
                          modes=("step", "transparent"), warn="ignore")
+
+
+def _flip_and_noise(x):
+    return ndd.flip(x, horizontal=1), ndd.random.uniform(batch_size=x.batch_size, range=[0, 1])
+
+
+def _step_given_a_failed_result(step):
+    """A step given a result whose own run fails (a crop larger than its DALI-owned image):
+    the call goes through, the result that does not read it is computed, the one that does
+    fails at its use."""
+    image = ndd.copy(ndd.as_batch([np.zeros((12, 16, 3), np.uint8)], layout="HWC")).evaluate()
+    step(ndd.crop(image, crop=[4, 4]))[1].evaluate()  # (traced and built on a good one)
+    flipped, noise = step(ndd.crop(image, crop=[40, 40]))
+    seen = [np.asarray(noise.select(0)).tolist()]
+    try:
+        flipped.evaluate()
+    except RuntimeError as error:
+        seen.append(str(error.__cause__).splitlines()[0])
+    return seen
+
+
+def test_a_failed_result_given_to_a_compiled_call_fails_only_where_read():
+    """Eager defers the failure of a result given to a function to the results that read it,
+    at their use; a compiled call raised it at the call, losing the others (found by the
+    twenty-sixth session's error-path sweep, p18). The call now runs eagerly, and says so."""
+    assert_matches_eager(_step_given_a_failed_result, Step(_flip_and_noise),
+                         modes=("step",), warn="ignore")

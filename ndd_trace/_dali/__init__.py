@@ -63,7 +63,7 @@ from .data import (asks_as_python_data, broadcast_state, concatenated, eager_rea
                    invocation_result_of, lazy_batch, op_function_of, owned_storage,
                    pending_run_of, proxy_device,
                    same_data, sample_range, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
-                   wrap_batch, wrap_tensor, wraps_user_data)
+                   failed_argument, wrap_batch, wrap_tensor, wraps_user_data)
 from .random import (ReplayRNG, default_rng, draw_state, existing_default_rng, forget_default_rng,
                      resolve_rng, rng_advance, rng_clone, rng_position, rng_restore, rng_snapshot)
 from .readers import (Reader, ReaderFiles, advance_shard, as_eager_read_error, claim_reader,
@@ -139,5 +139,5 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader",
     "trusted_cache_dir",
     "unwatched", "watch_reader_methods", "with_samples", "wrap_batch", "wrap_tensor",
-    "wraps_user_data", "zero_state", "interceptor",
+    "wraps_user_data", "failed_argument", "zero_state", "interceptor",
 ]

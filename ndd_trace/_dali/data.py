@@ -233,6 +233,18 @@ def eager_reads_as_is(value: Any, is_batch: bool) -> str | None:
     return None
 
 
+def failed_argument(bound: dict) -> bool:
+    """Whether a Batch or Tensor among a call's data arguments (`bound`'s values) is a result
+    whose own run fails when it is evaluated (evaluating each, as feeding it would)."""
+    for value in bound.values():
+        if type(value) is Batch or type(value) is Tensor:
+            try:
+                value.evaluate()
+            except Exception:  # noqa: BLE001 (raised by eager where a result reads it)
+                return True
+    return False
+
+
 def wraps_user_data(value: Any) -> bool:
     """Whether eager ndd reads `value` (a concrete Batch/Tensor) as external data: an op call
     given it runs at the call, and raises its run-time error there (`has_external_inputs`)."""

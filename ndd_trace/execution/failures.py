@@ -70,8 +70,9 @@ def surfacing(error: BaseException, deferred: bool = False, index: int | None = 
 
 
 class RunEagerly(Exception):
-    """A call whose failure eager raises inside the function, under the user's `try`/`with`:
-    it runs eagerly instead (the generators as they were before it), so that code handles it."""
+    """A call that runs eagerly instead (the generators as they were before it): its failure
+    eager raises inside the function, under the user's `try`/`with`, so that code handles it;
+    or an argument whose own run failed, which eager fails only the results that read."""
 
 
 def _guarding_line(node: Node) -> str | None:

@@ -21,7 +21,7 @@ from .. import _dali
 from ..codegen.lower import Lowered
 from ..core import logs
 from ..core.ir import Graph, Node, NodeKind
-from .failures import Failures
+from .failures import Failures, RunEagerly
 from .feed import Feed
 from . import building
 from .building import Options, SettingsSwap
@@ -169,6 +169,7 @@ class Executable(SettingsSwap):
                 self.feed.draw_states(bound)
             return None
 
+        _raise_if_an_argument_failed(bound)  # (before any draw: the eager call draws them)
         drawn: dict = {}
 
         def data() -> list:
@@ -178,8 +179,7 @@ class Executable(SettingsSwap):
 
         run = self.start(batch_size, data)
         leaves = run.leaves = lambda: self.failures.leaves_of(bound, drawn["states"])
-        # (`leaves`, not `run.leaves`: a replay that held the run would be a cycle, the run
-        # holding its error, and the data it was fed, until a garbage collection)
+        # (not `run.leaves`: a replay holding the run, its error and data, would be a cycle)
         run.replay = lambda: self.failures.eager_error(leaves(), batch_size)
         return run
 
@@ -377,3 +377,11 @@ class Executable(SettingsSwap):
             self._prepared = None  # (its thread's build is discarded)
             self._pending.clear()
             self.pipeline = None
+
+
+def _raise_if_an_argument_failed(bound: dict) -> None:
+    """RunEagerly where a data argument is a result whose own run fails: eager fails only the
+    results that read it, at their first use, and computes the others."""
+    if _dali.failed_argument(bound):
+        raise RunEagerly("an argument's own run failed (eager fails only the results that "
+                         "read it, at their first use)")

@@ -67,6 +67,8 @@ _PASS_SIZES = ("compute what needs the data's shapes outside the function and pa
                "Fixing a break)")
 # a part of the reason -> the fix to try; one table for every break the tracer raises
 _FIXES = (
+    ("on 1-D samples without a layout", "give the samples a layout (`ndd.reshape(x, shape=..., "
+     "layout=\"X\")`) or blur them in 2-D; as written, eager raises at the result's use"),
     ("reads `.shape`", _PASS_SIZES),
     ("reads `.size`", _PASS_SIZES),
     ("takes `len()`", _PASS_SIZES + "; `x.batch_size` is known while tracing"),
