@@ -1398,11 +1398,10 @@ def _results_of_two_failing_ops(step):
     return seen
 
 
-@pytest.mark.xfail(strict=True, reason="a failed run's other results are computed only where "
-                   "one op failed: with two, every result raises the first one's error")
 def test_two_failing_ops_of_one_call_each_fail_their_own_results_as_eagerly():
     """Eager computes the flip and fails each crop's result with that crop's own error; a
-    compiled call's run fails every result with the first crop's (found by the twenty-sixth
-    session's error-path sweep, p32/p36)."""
+    compiled call's run failed every result with the first crop's (found by the twenty-sixth
+    session's error-path sweep, p32/p36): its other results are now interpreted past every op
+    that fails on its own."""
     assert_matches_eager(_results_of_two_failing_ops, Step(_flip_and_two_crops),
                          modes=("step",), warn="ignore")

@@ -182,7 +182,7 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
     return error.with_traceback(None), node
 
 
-def _interpreted_op_error(eager: BaseException, node: Node, deferred: bool | None = None,
+def interpreted_op_error(eager: BaseException, node: Node, deferred: bool | None = None,
                           graph: Graph | None = None, read: int | None = None,
                           held: tuple | None = None) -> BaseException:
     """The failure of `node`'s call in an interpreted run (`eager`: eager's error for it) as a
@@ -214,7 +214,7 @@ def interpret_at_once(graph: Graph, leaves: dict, deferred: bool | None = None,
     values, failure, node = _op_by_op(graph, leaves)
     if failure is None:
         return values
-    raised = failure if node is None else _interpreted_op_error(failure, node, deferred, graph,
+    raised = failure if node is None else interpreted_op_error(failure, node, deferred, graph,
                                                                 read)
     try:  # (no local left referring to it: raising without a cycle)
         raise raised
@@ -244,8 +244,8 @@ def interpreted_error(graph: Graph, leaves: dict, error: BaseException,
         held, eager = getattr(eager, _HELD, ()), first.with_traceback(None)
         if deferred_failure:
             setattr(first, _HELD, held)
-        return _interpreted_op_error(eager, node, deferred, graph, read, held)
-    return _interpreted_op_error(eager, node, deferred, graph, read)
+        return interpreted_op_error(eager, node, deferred, graph, read, held)
+    return interpreted_op_error(eager, node, deferred, graph, read)
 
 
 def _first_runs_own_error(error: BaseException) -> BaseException | None:

@@ -109,29 +109,41 @@ def interpret_unaffected(graph: Graph, failed: Node, leaves: dict[Any, Any],
                          batch_size: int | None = None) -> list | None:
     """The outputs of `graph` that do not read the op `failed` (a failed pipeline run's), as
     eager ndd gives them: eager fails only the results that use a failing call, and computes
-    the others. Their ops are interpreted on the run's `leaves`, each call synchronous; one
-    TensorList per output, None for an output that reads `failed`. None where no output is
-    unaffected, or where one of their ops fails too (the run's error then stands for all)."""
-    reads: set[int] = set()  # ids of `failed` and of the ops that read it (program order)
-    for node in graph.nodes:
-        if node is failed or any(id(ref.node) in reads
-                                 for ref in (*node.inputs, *node.arg_inputs.values())):
-            reads.add(id(node))
-    unaffected = [id(ref.node) not in reads for ref in graph.outputs]
-    if not any(unaffected):
-        return None
-    needed = Graph(graph.name)
-    # (an output the function returns as it was given, or a constant, is a leaf's value)
-    needed.outputs = [ref for ref, keep in zip(graph.outputs, unaffected)
-                      if keep and ref.node.kind is NodeKind.OP]
-    needed.nodes = list(graph.nodes)
-    passes.eliminate_dead_code(needed)
-    try:
-        with _dali.synchronous():
-            values = interpret(needed, leaves, batch_size)
-            data = {id(ref): _dali.storage_of(values[ref] if ref.node.kind is NodeKind.OP
-                                              else leaf_value(leaves, ref))
-                    for ref, keep in zip(graph.outputs, unaffected) if keep}
-    except Exception:  # noqa: BLE001 (another op fails too: the run's error stands)
-        return None
-    return [data[id(ref)] if keep else None for ref, keep in zip(graph.outputs, unaffected)]
+    the others. Their ops are interpreted on the run's `leaves`, each call synchronous; per
+    output a TensorList, None where it reads `failed`, or (eager's error, the op) where it
+    reads another op that fails on its own (that op's results fail with its own error, as
+    eagerly). None where no output is unaffected."""
+    failing: dict[int, tuple] = {id(failed): ()}  # id(op) -> (its error, op), () for `failed`
+    while True:
+        reads: dict[int, tuple] = {}  # id(op) -> the failure it reads (program order)
+        for node in graph.nodes:
+            found = failing.get(id(node))
+            if found is None:
+                found = next((reads[id(ref.node)] for ref in (*node.inputs,
+                                                              *node.arg_inputs.values())
+                              if id(ref.node) in reads), None)
+            if found is not None:
+                reads[id(node)] = found
+        unaffected = [id(ref.node) not in reads for ref in graph.outputs]
+        if not any(unaffected):
+            return None
+        needed = Graph(graph.name)
+        # (an output the function returns as it was given, or a constant, is a leaf's value)
+        needed.outputs = [ref for ref, keep in zip(graph.outputs, unaffected)
+                          if keep and ref.node.kind is NodeKind.OP]
+        needed.nodes = list(graph.nodes)
+        passes.eliminate_dead_code(needed)
+        stopped: list[tuple[Node, bool]] = []
+        try:
+            with _dali.synchronous():
+                values = interpret(needed, leaves, batch_size, stopped)
+                data = {id(ref): _dali.storage_of(values[ref] if ref.node.kind is NodeKind.OP
+                                                  else leaf_value(leaves, ref))
+                        for ref, keep in zip(graph.outputs, unaffected) if keep}
+            break
+        except Exception as error:  # noqa: BLE001 (another op fails on its own)
+            if not stopped or id(stopped[0][0]) in failing:
+                return None  # (the run's error stands for all)
+            failing[id(stopped[0][0])] = (error.with_traceback(None), stopped[0][0])
+    return [data[id(ref)] if keep else (reads[id(ref.node)] or None)
+            for ref, keep in zip(graph.outputs, unaffected)]

@@ -14,7 +14,7 @@ from typing import Any
 from .. import _dali
 from ..core.ir import Node, TensorMeta
 from . import waits
-from .failures import surfacing
+from .failures import interpreted_op_error, surfacing
 from .interpret import interpret_unaffected
 
 
@@ -80,6 +80,10 @@ class PendingRun:
             readable = self._readable()
             if not readable or readable[index] is None:
                 raise
+        if type(readable[index]) is tuple:  # another op of the run failed on its own: its error
+            eager, node = readable[index]
+            raise interpreted_op_error(eager, node, self.deferred,
+                                       self._executable.failures.graph, index)
         return readable[index]
 
     def _readable(self) -> list | tuple:
