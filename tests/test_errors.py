@@ -898,19 +898,25 @@ def _transpose_rejected(images):
     return ndd.transpose(images, perm=[0, 0, 1])
 
 
-def _texts_of_rejected_calls(step, count=2, keep_errors=False):
-    """The first lines of `count` calls' errors, DALI rejecting each at construction
-    (`keep_errors`: each error kept until the end, as a loop that logs its failures at the end
-    keeps them)."""
+def _texts_of_rejected_calls_in_order(step, order, keep_errors):
+    """The first lines of a rejected call's errors, given in `order` the user's batch ("user",
+    failing at the call) or a DALI-owned copy ("owned", failing at the result's use). With
+    the garbage collector off: a deferred failure's instance waits for a collection, eagerly
+    too, so a collection in between would decide the text."""
     images = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
     errors = []
-    with ndd.EvalContext():  # (an operator cache of its own: each mode's run starts with none)
-        for _ in range(count):
-            try:
-                step(images).evaluate()
-            except RuntimeError as error:
-                errors.append(error if keep_errors else str(error).splitlines()[0])
-    return [str(error).splitlines()[0] for error in errors] if keep_errors else errors
+    gc.collect()
+    gc.disable()
+    try:
+        with ndd.EvalContext():
+            for given in order:
+                try:
+                    step(images if given == "user" else ndd.copy(images).evaluate()).evaluate()
+                except RuntimeError as error:
+                    errors.append(error if keep_errors else str(error).splitlines()[0])
+    finally:
+        gc.enable()
+    return [str(error).splitlines()[0] for error in errors]
 
 
 def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
@@ -919,8 +925,8 @@ def test_a_call_rejected_at_operator_construction_called_again_as_eagerly():
     num_threads again); ndd_trace repeated the first one, from the op-by-op replay that finds
     the failed op, whose call built its operator anew (found by a new-user probe as
     probe5/13). The interpreted run's own error is now raised."""
-    assert_matches_eager(_texts_of_rejected_calls, Step(_transpose_rejected),
-                         modes=("step", "transparent"), warn="ignore")
+    assert_matches_eager(_texts_of_rejected_calls_in_order, Step(_transpose_rejected),
+                         ("user", "user"), False, modes=("step", "transparent"), warn="ignore")
 
 
 def test_rejected_calls_whose_errors_are_kept_each_fail_anew_as_eagerly():
@@ -929,8 +935,8 @@ def test_rejected_calls_whose_errors_are_kept_each_fail_anew_as_eagerly():
     "num_threads" already exists' (found by the twenty-fifth session's error-path sweep, p14):
     the op-by-op replay that finds the failed op freed its call at once, putting its instance
     back in the cache. The raised error now holds the replay's failed calls."""
-    assert_matches_eager(_texts_of_rejected_calls, Step(_transpose_rejected), count=3,
-                         keep_errors=True, modes=("step", "transparent"), warn="ignore")
+    assert_matches_eager(_texts_of_rejected_calls_in_order, Step(_transpose_rejected),
+                         ("user",) * 3, True, modes=("step", "transparent"), warn="ignore")
 
 
 def _normalized_steps(batches):
@@ -1315,27 +1321,6 @@ def _transpose_rejected_after_flip(images):
     return ndd.transpose(ndd.flip(images, horizontal=1), perm=[0, 0, 1])
 
 
-def _texts_of_rejected_calls_in_order(step, order, keep_errors):
-    """The first lines of a rejected call's errors, given in `order` the user's batch ("user",
-    failing at the call) or a DALI-owned copy ("owned", failing at the result's use). With
-    the garbage collector off: a deferred failure's instance waits for a collection, eagerly
-    too, so a collection in between would decide the text."""
-    images = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)] * 2, layout="HWC")
-    errors = []
-    gc.collect()
-    gc.disable()
-    try:
-        with ndd.EvalContext():
-            for given in order:
-                try:
-                    step(images if given == "user" else ndd.copy(images).evaluate()).evaluate()
-                except RuntimeError as error:
-                    errors.append(error if keep_errors else str(error).splitlines()[0])
-    finally:
-        gc.enable()
-    return [str(error).splitlines()[0] for error in errors]
-
-
 @pytest.mark.parametrize("keep_errors", [False, True], ids=["dropped", "kept"])
 @pytest.mark.parametrize("order", [("owned",) * 3, ("owned", "user", "user"),
                                    ("user", "owned", "owned"), ("user", "user", "owned")],
@@ -1374,7 +1359,7 @@ def test_a_failed_result_given_to_a_compiled_call_fails_only_where_read():
     at their use; a compiled call raised it at the call, losing the others (found by the
     twenty-sixth session's error-path sweep, p18). The call now runs eagerly, and says so."""
     assert_matches_eager(_step_given_a_failed_result, Step(_flip_and_noise),
-                         modes=("step",), warn="ignore")
+                         modes=("step", "transparent"), warn="ignore")
 
 
 def _flip_and_two_crops(a, b):
@@ -1404,4 +1389,4 @@ def test_two_failing_ops_of_one_call_each_fail_their_own_results_as_eagerly():
     session's error-path sweep, p32/p36): its other results are now interpreted past every op
     that fails on its own."""
     assert_matches_eager(_results_of_two_failing_ops, Step(_flip_and_two_crops),
-                         modes=("step",), warn="ignore")
+                         modes=("step", "transparent"), warn="ignore")
