@@ -21,8 +21,9 @@ compiled call's output, or the recorded call of a transparent-mode value);
 `_invocation.capture_stack_from_frame` (the stack an asynchronous error shows starts at the
 script under `python -m ndd_trace`), `_source_analysis`'s
 `_get_module_info`, `_file_cache` and `ModuleInfo` (the warm start); `EvalContext._instance_cache`
-and the key format of `Operator._get`; `_invocation.Invocation` (the calls a
-kept error holds, whose instances stay out of that cache: `invocations_held_by`); `Operator._supported_backends`; `ops._OperatorInstance`
+and the key format of `Operator._get`; `_invocation.Invocation` (the calls a kept error holds,
+whose instances stay out of that cache: `invocations_held_by`); `Operator._supported_backends`;
+`ops._OperatorInstance`
 (its `__init__` wrapped while a per-sample pipeline is defined, and its `_inputs`: the ops the
 definition makes, recorded as the IR).
 
@@ -100,7 +101,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "capture_running", "concatenated",
     "MERGE_OP", "SPLIT_OP",
     "claim_reader", "claim_reader_unmapped", "condition_chain", "conditional_pipeline",
-    "crashes_on_empty_samples", "eager_rejects_output_layout", "DefinedOp", "defined_ops", "definition_error",
+    "crashes_on_empty_samples", "eager_rejects_output_layout", "DefinedOp", "defined_ops",
+    "definition_error",
     "cuda_node_meta", "current_device_id", "current_num_threads", "DALI_VERSION", "data_signature",
     "decay_plain", "decay_static", "default_rng", "deferred_error_text", "Device", "device",
     "do_not_convert", "draw_state", "dynamic_module", "DType", "dtype_name", "dtype_of",

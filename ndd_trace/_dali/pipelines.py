@@ -65,19 +65,20 @@ def pipeline_outputs(pipe: Pipeline) -> tuple:
 # common CPU image ops in a pipeline (blurs, resize, rotate, warps, crops, color ops, normalize,
 # pad, slice, transpose, paste, erase, reductions, ...) on 1x0, 0x2 and 2x2x0 samples found
 # only these.
-_EMPTY_SAMPLE_UNSAFE = frozenset(("GaussianBlur", "Laplacian"))
+_SEPARABLE_CONVOLUTIONS = frozenset(("GaussianBlur", "Laplacian"))
 
 
 def crashes_on_empty_samples(schema: str | None) -> bool:
     """Whether a pipeline running this operator crashes on a sample with no elements."""
-    return schema in _EMPTY_SAMPLE_UNSAFE
+    return schema in _SEPARABLE_CONVOLUTIONS
 
 
 def eager_rejects_output_layout(schema: str | None, input_metas: list) -> bool:
-    """Whether eager ndd rejects this call's output when it runs it: DALI 2.4's separable
+    """Whether eager ndd may reject this call's output when it runs it: DALI 2.4's separable
     convolutions given 1-D samples without a layout raise ValueError ("Unexpected layout of
-    output 0") at the result's use, a check of eager's run that a pipeline does not make."""
-    if schema not in _EMPTY_SAMPLE_UNSAFE or not input_metas:
+    output 0") at the result's use, a check of eager's run that a pipeline does not make
+    (samples whose ndim the trace does not know may be 1-D)."""
+    if schema not in _SEPARABLE_CONVOLUTIONS or not input_metas:
         return False
     meta = input_metas[0]
     return meta.ndim in (1, None) and not meta.layout

@@ -183,8 +183,8 @@ def eager_replay(graph: Graph, leaves: dict, batch_size: int | None = None
 
 
 def interpreted_op_error(eager: BaseException, node: Node, deferred: bool | None = None,
-                          graph: Graph | None = None, read: int | None = None,
-                          held: tuple | None = None) -> BaseException:
+                         graph: Graph | None = None, read: int | None = None,
+                         held: tuple | None = None) -> BaseException:
     """The failure of `node`'s call in an interpreted run (`eager`: eager's error for it) as a
     pipeline run's: the op's own error at the user's line, as a result's first use raises it
     (`deferred`: whether the call was made in EvalMode.deferred; None: the mode now); `held`:
@@ -215,7 +215,7 @@ def interpret_at_once(graph: Graph, leaves: dict, deferred: bool | None = None,
     if failure is None:
         return values
     raised = failure if node is None else interpreted_op_error(failure, node, deferred, graph,
-                                                                read)
+                                                               read)
     try:  # (no local left referring to it: raising without a cycle)
         raise raised
     finally:

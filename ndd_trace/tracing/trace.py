@@ -67,7 +67,7 @@ _PASS_SIZES = ("compute what needs the data's shapes outside the function and pa
                "Fixing a break)")
 # a part of the reason -> the fix to try; one table for every break the tracer raises
 _FIXES = (
-    ("on 1-D samples without a layout", "give the samples a layout (`ndd.reshape(x, shape=..., "
+    ("(or may be) 1-D", "give the samples a layout (`ndd.reshape(x, shape=..., "
      "layout=\"X\")`) or blur them in 2-D; as written, eager raises at the result's use"),
     ("reads `.shape`", _PASS_SIZES),
     ("reads `.size`", _PASS_SIZES),
@@ -394,9 +394,9 @@ class Tracer:
             raise
 
         if _dali.eager_rejects_output_layout(_dali.schema_name(op_class), input_metas):
-            raise GraphBreakSignal(f"calls `ndd.{name}` on 1-D samples without a layout, whose "
-                                   "output eager rejects when it runs the call (a check a "
-                                   "pipeline does not make)", loc)
+            raise GraphBreakSignal(f"calls `ndd.{name}` on samples without a layout that are "
+                                   "(or may be) 1-D, whose output eager rejects when it runs "
+                                   "the call (a check a pipeline does not make)", loc)
         if random_state is not None:
             arg_inputs["_random_state"] = Ref(random_state, 0)
         return self.record_op(
