@@ -1362,6 +1362,17 @@ def test_a_failed_result_given_to_a_compiled_call_fails_only_where_read():
                          modes=("step", "transparent"), warn="ignore")
 
 
+def test_a_failed_result_given_to_a_compiled_call_after_reader_steps(jpeg_dir):
+    """The same once compiled calls were fed a reader's batches: a call then goes through the
+    run-ahead path, which checked no argument (found by the suite's order: it failed only
+    after a test with a reader loop)."""
+    decode = ndd_trace.compile(lambda jpegs: ndd.resize(ndd.decoders.image(jpegs), size=[8, 8]))
+    for jpegs, _ in ndd.readers.File(file_root=str(jpeg_dir)).next_epoch(batch_size=2):
+        decode(jpegs).evaluate()
+    assert_matches_eager(_step_given_a_failed_result, Step(_flip_and_noise),
+                         modes=("step", "transparent"), warn="ignore")
+
+
 def _flip_and_two_crops(a, b):
     return ndd.flip(a, horizontal=1), ndd.crop(a, crop=[40, 40]), ndd.crop(b, crop=[50, 50])
 

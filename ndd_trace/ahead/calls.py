@@ -15,7 +15,7 @@ from ..core import process_state
 from .. import _dali
 from ..core.ir import NodeKind
 from ..execution.results import PendingRun
-from ..execution.runtime import Executable, Options
+from ..execution.runtime import Executable, Options, raise_if_an_argument_failed
 from .runahead import READ_AHEAD
 from .loop_epochs import in_compiled_loop, loop_stand_in
 from .speculator import Speculator
@@ -194,6 +194,7 @@ def run_call(executable: Executable, key: tuple, bound: dict,
     if speculator is None or not speculator.active or executable.pipeline is None or \
             batch_size > executable.max_batch_size or not executable.graph.outputs:
         return executable.run(bound, batch_size)
+    raise_if_an_argument_failed(bound)  # (before any draw, as executable.run checks)
     states: dict[int, Any] = {}
     drawn: dict[int, tuple] = {}
     for slot, node in executable.draws:  # in eager call order, from the caller's generators

@@ -169,7 +169,7 @@ class Executable(SettingsSwap):
                 self.feed.draw_states(bound)
             return None
 
-        _raise_if_an_argument_failed(bound)  # (before any draw: the eager call draws them)
+        raise_if_an_argument_failed(bound)  # (before any draw: the eager call draws them)
         drawn: dict = {}
 
         def data() -> list:
@@ -379,7 +379,7 @@ class Executable(SettingsSwap):
             self.pipeline = None
 
 
-def _raise_if_an_argument_failed(bound: dict) -> None:
+def raise_if_an_argument_failed(bound: dict) -> None:
     """RunEagerly where a data argument is a result whose own run fails: eager fails only the
     results that read it, at their first use, and computes the others."""
     if _dali.failed_argument(bound):
