@@ -1868,3 +1868,43 @@ def test_an_lru_cache_helper_is_keyed_by_what_it_reads_and_holds(batch):
     reads; the compiled function kept its variant."""
     assert_matches_eager(_factor_changed_then_cleared, Step(_scaled_by_a_cached_factor), batch,
                          modes=("step",))
+
+
+def _blend_or_pass(batches, k):
+    a, b = batches
+    if a is b:  # the same batch twice: passed through
+        return a
+    return ndd.cast(a, dtype=ndd.float32) * k + ndd.cast(b, dtype=ndd.float32)
+
+
+def _calls_with_arguments_aliased_or_not(step):
+    x = ndd.as_batch([np.full((2, 2, 1), 10, np.uint8)] * 2, layout="HWC")
+    y = ndd.as_batch([np.full((2, 2, 1), 20, np.uint8)] * 2, layout="HWC")
+    results = [step((x, y), 2), step((x, x), 2), step([y, x], 2), step([y, y], 3), step((x, y), 2)]
+    return results, [result is x or result is y for result in results]
+
+
+def _blend_two(a, b):
+    return _blend_or_pass((a, b), 2)
+
+
+def _calls_with_two_arguments(step):
+    x = ndd.as_batch([np.full((2, 2, 1), 10, np.uint8)] * 2, layout="HWC")
+    y = ndd.as_batch([np.full((2, 2, 1), 20, np.uint8)] * 2, layout="HWC")
+    results = [step(x, y), step(x, x), step(x, y), step(y, y)]  # (the fast guard's path)
+    return results, [result is x or result is y for result in results]
+
+
+def test_arguments_that_are_the_same_object_are_keyed_as_such():
+    """Found by the twenty-seventh session's sweep: `a is b` on two arguments (or two items of
+    one) read the trace's two proxies; a call given one batch twice reused the variant traced
+    for two. Now one object is one proxy, and which data arguments are the same object is in
+    the key and checked by the fast guard."""
+    assert_matches_eager(_calls_with_arguments_aliased_or_not, Step(_blend_or_pass),
+                         modes=("step",))
+    assert_matches_eager(_calls_with_arguments_aliased_or_not,
+                         Step(lambda batches, k: _blend_or_pass(batches, k)), modes=("step",))
+    assert_matches_eager(_calls_with_two_arguments, Step(_blend_two), modes=("step",))
+    x = ndd.as_batch([np.zeros((2, 2, 1), np.uint8)] * 2, layout="HWC")
+    assert guards.data_aliasing([x, (x, 1)]) == (0, 0)
+    assert guards.data_aliasing([x, ndd.as_batch([np.zeros((1,), np.uint8)])]) is None

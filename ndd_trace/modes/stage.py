@@ -233,12 +233,17 @@ class TraceStage:
         rngs: list[Any] = [default] if default is not None else []
         python_random = random.getstate() if default is None else None
 
+        placeholders: dict[int, Any] = {}  # (one object given twice is one proxy: `a is b`)
+
         def visit(path: tuple, value: Any) -> Any:
             if isinstance(value, _dali.RNG):
                 tracer.register_rng(value, ("arg", path))
                 rngs.append(value)
                 return value
-            return tracer.placeholder(self._argument_name(path), path, value)
+            if id(value) not in placeholders:
+                placeholders[id(value)] = tracer.placeholder(self._argument_name(path), path,
+                                                             value)
+            return placeholders[id(value)]
 
         traced_args = walk_data(args, ("args",), visit)
         traced_kwargs = walk_data(kwargs, ("kwargs",), visit)

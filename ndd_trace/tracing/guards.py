@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
+from ..core import trees
 from ..core.keys import Identity, KeyPolicy, Shown, class_key, freeze
 from ..core.objects import attribute_held, is_code, is_user_class
 from . import reads
@@ -332,7 +333,23 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
     aliasing = rng_aliasing(args, kwargs, others)
     if aliasing and len(set(aliasing)) < len(aliasing):
         key.append(("RNG arguments that are the same generator", aliasing))
+    aliasing = data_aliasing([*args, *(kwargs[name] for name in sorted(kwargs))])
+    if aliasing is not None:
+        key.append(("Batch or Tensor arguments that are the same object", aliasing))
     return tuple(key)
+
+
+def data_aliasing(values: list) -> tuple | None:
+    """Which of the Batch and Tensor values are the same object (each one's first position
+    among them), where two are (`a is b` reads it; a trace records them apart); else None."""
+    data: list = []
+    trees.map_leaves(values, lambda value: isinstance(value, (_dali.Batch, _dali.Tensor)),
+                     lambda _, value: data.append(value))  # (in lists, tuples and dicts too)
+    if len(data) < 2:
+        return None
+    first: dict[int, int] = {}
+    pattern = tuple(first.setdefault(id(value), len(first)) for value in data)
+    return pattern if len(first) < len(data) else None
 
 
 def _reads_key(plan: GuardPlan, outer: str) -> list:
@@ -395,7 +412,7 @@ class FastGuard:
     key this guard was made from; anything else takes the full path."""
 
     __slots__ = ("plan", "entry", "arity", "arguments", "globals_read", "cells", "attributes",
-                 "functions")
+                 "functions", "data_positions")
 
     def __init__(self, plan: GuardPlan, entry: Any, arity: int, arguments: tuple,
                  globals_read: tuple, cells: tuple, attributes: tuple = ()):
@@ -412,12 +429,17 @@ class FastGuard:
             *(value for kind, value in arguments if kind is None),
             *(value for _, _, value, _ in globals_read), *(value for _, value in cells),
             *(value for *_, value in attributes)) if isinstance(value, types.FunctionType))
+        # (two Batch/Tensor arguments or more: each call's are distinct objects, as the key's)
+        positions = tuple(index for index, (kind, _) in enumerate(arguments) if kind is not None)
+        self.data_positions = positions if len(positions) > 1 else ()
 
     @staticmethod
     def of(args: tuple, plan: GuardPlan, entry: Any, baked: bool = False) -> FastGuard | None:
         """The fast guard of a call with these positional arguments (no keyword arguments),
         or None where one of its guarded values could change in place (`baked`: as in
         `build_key`)."""
+        if data_aliasing(list(args)) is not None:
+            return None  # (its key has the aliasing; the fast guard's calls have none)
         arguments = []
         for value in args:
             kind = type(value)
@@ -468,6 +490,9 @@ class FastGuard:
                     return False
             elif type(value) is not kind or signature(value) != expected:
                 return False
+        if self.data_positions and len({id(args[index]) for index in self.data_positions}) \
+                < len(self.data_positions):
+            return False
         for namespace, name, value, builtin in self.globals_read:
             if namespace.get(name, _MISSING) is not value:
                 return False
