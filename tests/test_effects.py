@@ -570,3 +570,39 @@ def test_a_generator_the_object_holds_draws_at_every_call(uniform_batch, kind):
 
     assert_matches_eager(six_calls, Fresh(lambda: _SeededAugment(kind)),
                          Step(_SeededAugment.rotated), modes=("step",), warn="ignore")
+
+
+def _describe_by_class(x):
+    kind = type(x).__name__
+    doubled = ndd.cast(x, dtype=ndd.float32)
+    if type(x) is ndd.Batch:  # the user's "batch" path
+        doubled = doubled * 2
+    return kind, x.__class__.__qualname__, doubled
+
+
+def _by_class_attribute(x):
+    return ndd.flip(x, horizontal=1) * (2 if x.__class__ is ndd.Batch else 1)
+
+
+def _counts_with_the_batch_sizes_type(x):
+    return type(x.batch_size).__name__, ndd.flip(x, horizontal=1)  # (an int, as eagerly)
+
+
+def _calls_on_a_batch_and_a_tensor(step, batch):
+    return step(batch), step(batch.select(0))
+
+
+def test_a_function_reading_its_arguments_class_runs_as_eager():
+    """Found by the twenty-seventh session's sweep: `type(x)` of a traced argument is the
+    trace's proxy class, so `type(x) is ndd.Batch` took the other branch, silently, and
+    `type(x).__name__` named the proxy. `type(...)` and `.__class__` keep a function from being
+    compiled whole, said at the line; `type(x.batch_size)` stays compiled."""
+    from harness import Step, assert_matches_eager
+    batch = ndd.as_batch([np.arange(4, dtype=np.uint8).reshape(2, 2, 1)] * 2, layout="HWC")
+    for function in (_describe_by_class, _by_class_attribute):
+        assert_matches_eager(_calls_on_a_batch_and_a_tensor, Step(function), batch,
+                             modes=("step", "transparent"), warn="ignore")
+        compiled = ndd_trace.compile(function)
+        with pytest.warns(ndd_trace.NddTraceWarning, match="a proxy of a class of its own"):
+            compiled(batch)
+    assert_compiles_exactly(_counts_with_the_batch_sizes_type, batch, calls=2)

@@ -218,8 +218,7 @@ class TraceStage:
         if self.runs is not Runs.COMPILED_LOOP:  # (a loop body was checked as a loop)
             found = find_effect(self._function, self._spelling.arguments(args, kwargs))
             if found is not None:  # before the trace: its Python runs once on this call too
-                record = GraphBreakRecord(f"{found.reason}: a compiled function's Python runs "
-                                          "at its trace only", found.loc)
+                record = GraphBreakRecord(f"{found.reason}: {found.why}", found.loc)
                 return self.break_entry(Entry(key=key), record)
         tracer = Tracer(self._function.__name__, self._options().device_id)
         sizes = batch_sizes(args, kwargs)

@@ -18,7 +18,6 @@ import ast
 import builtins
 import dataclasses
 import dis
-import importlib.util
 import inspect
 import sys
 import textwrap
@@ -27,6 +26,7 @@ from typing import Any
 
 from ..core.source import SourceLoc
 from .code_writes import FREE_LOADS, bytecode_write
+from .imports import imported_names
 from .writes import DUNDER_MUTATORS, SHALLOW, UNKNOWN, Origin, WriteFinder
 
 # modules whose functions are pure computations (their random/time submodules are not)
@@ -51,6 +51,11 @@ _MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "insert",
                        "setdefault", "sort", "reverse", "rotate", "write", "writelines",
                        "flush"})
 MAX_DEPTH = 3
+_ATTRIBUTES = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+AT_TRACE_ONLY = "a compiled function's Python runs at its trace only"
+# why `type(x)` keeps a function from being compiled whole (isinstance is the proxies' own)
+PROXY_CLASS = ("a trace's Batch or Tensor is a proxy of a class of its own (`isinstance(x, "
+               "ndd.Batch)` stays compiled)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,18 +66,20 @@ class Finding:
     reason: str
     loc: SourceLoc
     captures: bool = False
+    why: str = AT_TRACE_ONLY  # why the construct keeps it from being compiled whole
 
     def __str__(self) -> str:
         return f"{self.loc}: {self.reason}"
 
 
 class Unprovable(Exception):
-    """What a check could not prove (the reason), at an AST node."""
+    """What a check could not prove (the reason), at an AST node; `why` it matters."""
 
-    def __init__(self, reason: str, node: ast.AST | None):
+    def __init__(self, reason: str, node: ast.AST | None, why: str = ""):
         super().__init__(reason)
         self.reason = reason
         self.node = node
+        self.why = why or AT_TRACE_ONLY
 
 
 def source_tree(function: Any) -> tuple[ast.FunctionDef, str, int] | None:
@@ -122,7 +129,7 @@ class Resolver:
                                 (c.cell_contents for c in function.__closure__ or ()
                                  if _cell_filled(c))))
         # names the body binds by importing (`import torch` in it): read through sys.modules
-        self.imported = _imported_names(code, self.globals.get("__package__"))
+        self.imported = imported_names(code, self.globals.get("__package__"))
 
     def _resolve(self, name: str) -> tuple[bool, Any]:
         """(known, value) of a free name: a closure cell, a global or a builtin, or a name the
@@ -236,6 +243,8 @@ class _EffectFinder(Resolver):
                     self.check_stores(node)
                 if isinstance(node, ast.Call):
                     self.check_effect(node, local)
+                if isinstance(node, ast.Attribute) and node.attr == "__class__":
+                    raise Unprovable(f"reads `{snippet(node)}`", node, PROXY_CLASS)
                 write = self.writes.write_reason(node)
                 if write is not None:
                     raise Unprovable(*write)
@@ -271,6 +280,8 @@ class _EffectFinder(Resolver):
                                *((k.arg, k.value) for k in call.keywords if k.arg)]:
             made = self.writes.made(argument)
             values = self.writes.known_values(argument) if not made else None
+            if isinstance(argument, ast.Attribute) and argument.attr == "batch_size":
+                values = [0]  # (an int, whatever its value: `type(n)` of it is eager's)
             origins[name] = Origin(made) if made else \
                 Origin(value=values[0] if values and len(values) == 1 else UNKNOWN)
         return origins
@@ -311,6 +322,9 @@ class _EffectFinder(Resolver):
         name = getattr(value, "__name__", "")
         if (module == "builtins" or value is builtins.open) and name in _EFFECT_BUILTINS:
             raise Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
+        if value is type and _may_name_a_proxys_class(node, self.origins):
+            raise Unprovable(f"calls `{snippet(node) if node is not None else what}`", node,
+                             PROXY_CLASS)
         if (module in _CONTAINER_MODULES and name in _MUTATORS) or name in DUNDER_MUTATORS:
             raise Unprovable(f"calls `{what}`, which changes a Python object at every call",
                              node)
@@ -327,6 +341,21 @@ class _EffectFinder(Resolver):
             if finding is not None:
                 raise Unprovable(f"calls `{what}`, which {finding.reason} (at {finding.loc})",
                                  node)
+
+
+def _may_name_a_proxys_class(node: ast.AST | None, origins: dict) -> bool:
+    """Whether a `type(...)` call may be given a traced Batch or Tensor: one argument, not a
+    constant, a `.batch_size` (an int, as eagerly) or a parameter known to hold a number; a
+    reference without source may."""
+    if not isinstance(node, ast.Call):
+        return node is None
+    if len(node.args) != 1 or node.keywords:
+        return False
+    given = node.args[0]
+    if isinstance(given, ast.Name) and given.id in origins:
+        return not isinstance(origins[given.id].value, (int, float))
+    return not isinstance(given, ast.Constant) and not (
+        isinstance(given, ast.Attribute) and given.attr == "batch_size")
 
 
 def find_effect(function: Any, arguments: dict | None = None) -> Finding | None:
@@ -364,7 +393,8 @@ def _find_effect_in(function: Any, depth: int, origins: dict | None = None) -> F
     try:
         _EffectFinder(function, depth, origins).find(node.body)
     except Unprovable as problem:
-        return Finding(problem.reason, source_loc(filename, first, problem.node, function))
+        return Finding(problem.reason, source_loc(filename, first, problem.node, function),
+                       why=problem.why)
     return None
 
 
@@ -418,75 +448,8 @@ def _find_effect_in_code(function: Any, depth: int, origins: dict | None = None
             finder.check_callee(value, ".".join([root, *attrs]), None)
         except Unprovable as problem:
             loc = SourceLoc(code.co_filename, line or code.co_firstlineno, function.__name__)
-            return Finding(problem.reason, loc)
+            return Finding(problem.reason, loc, why=problem.why)
     return None
 
 
 # -- what code reads of the modules it imports ---------------------------------------------------
-
-_STORES = frozenset({"STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL"})
-_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF"})
-_ATTRIBUTES = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
-_STACK = frozenset({"SWAP", "POP_TOP", "COPY"})
-
-
-def _imported_names(code: types.CodeType, package: str | None) -> dict[str, tuple]:
-    """The local names the code binds by importing (`import m`, `import m.n as k`, `from m
-    import a`): name -> (module name, attribute chain from that module)."""
-    bound: dict[str, tuple] = {}
-    instructions = list(dis.get_instructions(code))
-    for index, ins in enumerate(instructions):
-        if ins.opname != "IMPORT_NAME" or index < 2:
-            continue
-        level, fromlist = instructions[index - 2].argval, instructions[index - 1].argval
-        try:
-            module = importlib.util.resolve_name("." * (level or 0) + ins.argval, package) \
-                if level else ins.argval
-        except (ImportError, ValueError):
-            continue
-        if not fromlist:
-            module = module.split(".")[0]  # `import a.b` binds `a`, `import a.b as c` a.b
-        chain: tuple = ()
-        for following in instructions[index + 1:]:
-            if following.opname == "IMPORT_FROM":
-                chain = (following.argval,) if fromlist else (*chain, following.argval)
-            elif following.opname in _STORES:
-                bound[following.argval] = (module, chain)
-                if not fromlist:
-                    break
-            elif following.opname not in _STACK:
-                break
-    return bound
-
-
-def attribute_reads(code: types.CodeType, names: Any) -> set[tuple[str, tuple]]:
-    """(name, attribute chain) of each `name.a.b` the code (nested code included) reads of one
-    of `names`, a local or closure variable; `(name, ())` where it reads the name alone."""
-    found: set[tuple[str, tuple]] = set()
-    instructions = list(dis.get_instructions(code))
-    for index, ins in enumerate(instructions):
-        if ins.opname not in _LOADS or ins.argval not in names:
-            continue
-        chain: tuple = ()
-        for following in instructions[index + 1:]:
-            if following.opname not in _ATTRIBUTES:
-                break
-            chain = (*chain, following.argval)
-        found.add((ins.argval, chain))
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found |= attribute_reads(const, names)
-    return found
-
-
-def imported_reads(code: types.CodeType, package: str | None) -> set[tuple[str, tuple]]:
-    """(module name, attribute chain) of each value the code reads from a module it imports in
-    its own body (`from config import SIZE` then `SIZE`, `import config` then `config.SIZE`),
-    nested code included: what a guard reads through `sys.modules` at every call."""
-    bound = _imported_names(code, package)
-    found: set[tuple[str, tuple]] = set()
-    for name, chain in attribute_reads(code, bound) if bound else ():
-        module, start = bound[name]
-        if start or chain:
-            found.add((module, (*start, *chain)))
-    return found

@@ -19,7 +19,7 @@ import numpy as np
 from .. import _dali
 from ..core.objects import attribute_held
 from . import reads
-from .effects import imported_reads
+from .imports import imported_reads
 
 @dataclasses.dataclass
 class GuardPlan:
