@@ -29,7 +29,7 @@ LAYERS = [
     {"_dali.conditionals"},
     {"_dali"},
     {"tracing.writes"},
-    {"tracing.code_writes"},
+    {"tracing.code_writes", "tracing.imports", "tracing.aliasing"},
     {"tracing.values", "tracing.effects", "tracing.reads"},
     {"tracing.plans"},
     {"tracing.trace", "tracing.guards", "tracing.stepcheck"},

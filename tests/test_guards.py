@@ -25,7 +25,7 @@ from harness import Compiler, Step, assert_each_matches_eager, assert_matches_ea
 
 import nvidia.dali.experimental.dynamic as ndd
 import ndd_trace
-from ndd_trace.tracing import guards, plans
+from ndd_trace.tracing import aliasing, guards, plans
 
 
 @pytest.mark.parametrize("change", ["dtype", "layout", "ndim", "kind", "static"])
@@ -1906,5 +1906,5 @@ def test_arguments_that_are_the_same_object_are_keyed_as_such():
                          Step(lambda batches, k: _blend_or_pass(batches, k)), modes=("step",))
     assert_matches_eager(_calls_with_two_arguments, Step(_blend_two), modes=("step",))
     x = ndd.as_batch([np.zeros((2, 2, 1), np.uint8)] * 2, layout="HWC")
-    assert guards.data_aliasing([x, (x, 1)]) == (0, 0)
-    assert guards.data_aliasing([x, ndd.as_batch([np.zeros((1,), np.uint8)])]) is None
+    assert aliasing.data_aliasing([x, (x, 1)]) == (0, 0)
+    assert aliasing.data_aliasing([x, ndd.as_batch([np.zeros((1,), np.uint8)])]) is None

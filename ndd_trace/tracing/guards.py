@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from .. import _dali
-from ..core import trees
 from ..core.keys import Identity, KeyPolicy, Shown, class_key, freeze
 from ..core.objects import attribute_held, is_code, is_user_class
 from . import reads
+from .aliasing import data_aliasing, rng_aliasing
 from .plans import GuardPlan, may_reach_code
 
 _MAX_DEPTH = 4  # (levels of objects below a value read: a list an object holds is none)
@@ -173,26 +173,6 @@ def _baked_argument_key(value: Any) -> Any:
     if isinstance(value, _dali.Tensor):
         return ("tensor", describe_data(value), freeze(_dali.host_array(value), GUARDS))
     return ("static", freeze(value, GUARDS))
-
-
-def _rngs_in(value: Any, found: list) -> None:
-    if isinstance(value, _dali.RNG):
-        found.append(value)
-    elif isinstance(value, (list, tuple, dict)):
-        for v in value.values() if isinstance(value, dict) else value:
-            _rngs_in(v, found)
-
-
-def rng_aliasing(args: tuple, kwargs: dict, others: list) -> tuple:
-    """Which RNG arguments are the same generator (as each other, or as one the function reads
-    from a global or closure): a trace records one generator per op, so this is part of the
-    key."""
-    found: list = []
-    _rngs_in(args, found)
-    _rngs_in(kwargs, found)
-    first: dict[int, int] = {}
-    return tuple(first.setdefault(id(rng), len(first)) for rng in [*found, *others]) \
-        if found else ()
 
 
 _MISSING = reads.MISSING
@@ -338,18 +318,6 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
         key.append(("Batch or Tensor arguments that are the same object", aliasing))
     return tuple(key)
 
-
-def data_aliasing(values: list) -> tuple | None:
-    """Which of the Batch and Tensor values are the same object (each one's first position
-    among them), where two are (`a is b` reads it; a trace records them apart); else None."""
-    data: list = []
-    trees.map_leaves(values, lambda value: isinstance(value, (_dali.Batch, _dali.Tensor)),
-                     lambda _, value: data.append(value))  # (in lists, tuples and dicts too)
-    if len(data) < 2:
-        return None
-    first: dict[int, int] = {}
-    pattern = tuple(first.setdefault(id(value), len(first)) for value in data)
-    return pattern if len(first) < len(data) else None
 
 
 def _reads_key(plan: GuardPlan, outer: str) -> list:
