@@ -1401,3 +1401,21 @@ def test_two_failing_ops_of_one_call_each_fail_their_own_results_as_eagerly():
     that fails on its own."""
     assert_matches_eager(_results_of_two_failing_ops, Step(_flip_and_two_crops),
                          modes=("step", "transparent"), warn="ignore")
+
+
+def _rotated_by(images, angle):
+    return ndd.rotate(images, angle=angle, fill_value=0)
+
+
+def _rotate_by_none(step):
+    images = ndd.as_batch([np.zeros((6, 6, 3), np.uint8)] * 2, layout="HWC")
+    return step(images, None)
+
+
+def test_a_required_argument_given_none_raises_eagers_error_in_every_mode():
+    """Found by the twenty-seventh session's sweep: `angle=None` (a required argument) is
+    recorded as not given, and transparent mode's eager replay then left it out, raising
+    Python's TypeError ("missing 1 required keyword-only argument") where eager raises DALI's
+    ValueError ("doesn't have a default value")."""
+    assert_matches_eager(_rotate_by_none, Step(_rotated_by), modes=("step", "transparent"),
+                         warn="ignore")

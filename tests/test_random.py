@@ -138,3 +138,21 @@ def test_tracing_does_not_make_the_default_generator_before_eager_would():
     assert result[0] == result[1]
 
 
+
+
+def _pick(batch_size, options, p=None):
+    return ndd.random.choice(options, p=p, batch_size=batch_size)
+
+
+def _picks_of_every_kind():
+    ndd.random.set_seed(49)
+    calls = [(4, [1, 2, 3]), (4, [1, 2, 3], [0.1, 0.1, 0.8]), (4, 5), (4, [1.5, 2.5]),
+             (4, np.array([7, 8, 9], dtype=np.int16)), (3, np.array([1, 2], dtype=np.int64))]
+    return [_pick(*arguments) for arguments in calls]
+
+
+def test_choice_of_a_tensor_given_its_batch_size_as_eagerly():
+    """Found by the twenty-seventh session's sweep: a random op given a Tensor (options) and a
+    batch size, run eagerly by transparent mode (a fifth variant at one line, its first call
+    eager), was called without its batch size: one sample, where eager gives four."""
+    assert_matches_eager(_picks_of_every_kind, modes=("transparent",))

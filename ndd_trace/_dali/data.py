@@ -4,6 +4,8 @@ pipelines.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +129,16 @@ def op_function_of(op_class: type) -> Callable:
 
 
 _function_by_class: dict | None = None
+
+
+@functools.lru_cache(maxsize=None)
+def required_keywords(function: Callable) -> tuple[str, ...]:
+    """An ndd op function's keyword-only parameters without a default: a recorded call holds
+    no argument given None (as DALI reads it: not given), and its replay passes None for
+    these again, as the user's call did (DALI raises its own error for it)."""
+    return tuple(name for name, parameter in inspect.signature(function).parameters.items()
+                 if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+                 and parameter.default is inspect.Parameter.empty)
 
 
 # Proxies: ndd_trace's Batch/Tensor subclasses (the traced values of a compiled function)

@@ -43,14 +43,19 @@ def interpret(graph: Graph, leaves: dict[Any, Any], batch_size: int | None = Non
                     call_args[key] = value_of(ref)
             inputs = [value_of(ref) for ref in node.inputs]
             device = "gpu" if node.backend in ("gpu", "mixed") else "cpu"
+            # (a batch op given no Batch input, a Tensor's `choice(options, batch_size=4)`
+            # included, was given its batch size)
             own_size = int(node.batch_size if batch_size is None else batch_size) \
-                if node.is_batch and not inputs else None
+                if node.is_batch and not any(isinstance(value, _dali.Batch) for value in inputs) \
+                else None
             try:
                 if _split_at_call_site(node):  # (its site's split: this line shows no constant)
                     result = _dali.call_split(node.op_class, inputs, device, own_size,
                                               node.static, call_args)
                 else:
                     kwargs = {**node.static, **call_args}
+                    for name in _dali.required_keywords(function):
+                        kwargs.setdefault(name, None)  # (given None: not recorded)
                     if own_size is not None:
                         kwargs["batch_size"] = own_size
                     result = function(*inputs, device=device, **kwargs)
