@@ -209,15 +209,15 @@ def under_call_stack(error: BaseException, stack: tuple) -> None:
     as eager ndd's traceback of a deferred error shows the op call's whole stack (its frames
     made up: a file, function and line each, holding nothing of the user's)."""
     stack = tuple(entry for entry in stack if not is_internal_file(entry[0].co_filename))
-    keys = [(code.co_filename, code.co_name, lineno) for code, lineno in stack]
-    missing = [key for key in keys if key not in process_state.made_frames]
-    made: dict = {}
+    lines = [(code.co_filename, code.co_name, lineno) for code, lineno in stack]
+    frames = {line: process_state.made_frames.get(line) for line in lines}
+    missing = [line for line, frame in frames.items() if frame is None]
 
     def make() -> None:  # (on a thread of its own: see below)
         for filename, function, lineno in missing:
             code = _FRAME_TEMPLATE.replace(co_filename=filename, co_name=function,
                                            co_firstlineno=lineno)
-            made[filename, function, lineno] = types.FunctionType(
+            frames[filename, function, lineno] = types.FunctionType(
                 code, {"sys": sys, _STACK_FRAME: True})()
 
     if missing:
@@ -225,11 +225,10 @@ def under_call_stack(error: BaseException, stack: tuple) -> None:
         # this one, which holds `error` (a cycle keeping it, and what it holds, until a
         # collection)
         _on_a_thread_of_its_own(make, "ndd_trace call stack")
-        _keep_made_frames(made)
+        _keep_made_frames({line: frames[line] for line in missing})
     tb = error.__traceback__
-    for key in keys:
-        frame = made.get(key) or process_state.made_frames[key]
-        tb = types.TracebackType(tb, frame, 0, key[2])
+    for filename, function, lineno in lines:
+        tb = types.TracebackType(tb, frames[filename, function, lineno], 0, lineno)
     error.__traceback__ = tb
 
 
