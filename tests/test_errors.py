@@ -1018,6 +1018,20 @@ def test_a_run_error_traceback_shows_the_users_call_as_eagerly():
     assert compiled == eager and transparent == eager, (eager, compiled, transparent)
 
 
+def test_an_error_raised_again_at_one_line_shows_the_same_traceback():
+    """The frame that claims the user's line is made once a line and kept: the second and
+    third failures there print as the first, as eager's do, in every mode."""
+    data = ndd.as_batch([np.arange(100, dtype=np.uint8)] * 2)
+    compiled_step = ndd_trace.compile(_decode_in_a_step)
+    with _quiet_stderr():
+        eager = [_user_frames_of(_decode_in_a_step, data) for _ in range(3)]
+        compiled = [_user_frames_of(compiled_step, data) for _ in range(3)]
+        with ndd_trace.enabled():
+            transparent = [_user_frames_of(_decode_in_a_step, data) for _ in range(3)]
+    assert eager == [eager[0]] * 3, eager
+    assert compiled == eager and transparent == eager, (eager, compiled, transparent)
+
+
 class _Probe:
     """Hung on a caught exception: alive as long as the exception is."""
 

@@ -33,6 +33,10 @@ deprecations_warned: set[str] = set()  # deprecated settings said once a process
 lru_clears: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # .breaks: every GraphBreakSignal raised while a trace collects them, else None (errors.py)
 graph_breaks_raised = threading.local()
+# frames source.py made to claim a user's line, kept: making one costs a thread (~100 us).
+# raise_at's: (file, line, function, statement) -> (frame, lasti); under_call_stack's:
+# (file, function, line) -> frame
+made_frames: dict[tuple, Any] = {}
 
 # -- codegen: the numbers that make generated files' names unique in the process --------------
 

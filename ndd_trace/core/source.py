@@ -209,21 +209,39 @@ def under_call_stack(error: BaseException, stack: tuple) -> None:
     as eager ndd's traceback of a deferred error shows the op call's whole stack (its frames
     made up: a file, function and line each, holding nothing of the user's)."""
     stack = tuple(entry for entry in stack if not is_internal_file(entry[0].co_filename))
-    frames: list = []
+    lines = [(code.co_filename, code.co_name, lineno) for code, lineno in stack]
+    frames = {line: process_state.made_frames.get(line) for line in lines}
+    missing = [line for line, frame in frames.items() if frame is None]
 
     def make() -> None:  # (on a thread of its own: see below)
-        for code, lineno in stack:
-            made = _FRAME_TEMPLATE.replace(co_filename=code.co_filename, co_name=code.co_name,
+        for filename, function, lineno in missing:
+            code = _FRAME_TEMPLATE.replace(co_filename=filename, co_name=function,
                                            co_firstlineno=lineno)
-            frames.append(types.FunctionType(made, {"sys": sys, _STACK_FRAME: True})())
+            frames[filename, function, lineno] = types.FunctionType(
+                code, {"sys": sys, _STACK_FRAME: True})()
 
-    # a made frame's f_back is the frame that made it: made here, it would lead back to this
-    # one, which holds `error` (a cycle keeping it, and what it holds, until a collection)
-    _on_a_thread_of_its_own(make, "ndd_trace call stack")
+    if missing:
+        # a made frame's f_back is the frame that made it: made here, it would lead back to
+        # this one, which holds `error` (a cycle keeping it, and what it holds, until a
+        # collection)
+        _on_a_thread_of_its_own(make, "ndd_trace call stack")
+        _keep_made_frames({line: frames[line] for line in missing})
     tb = error.__traceback__
-    for frame, (_, lineno) in zip(frames, stack):
-        tb = types.TracebackType(tb, frame, 0, lineno)
+    for filename, function, lineno in lines:
+        tb = types.TracebackType(tb, frames[filename, function, lineno], 0, lineno)
     error.__traceback__ = tb
+
+
+_MADE_FRAMES_KEPT = 512  # lines a process keeps a made frame for (the oldest go first)
+
+
+def _keep_made_frames(made: dict) -> None:
+    """Keep the frames just made for the next error at the same line (a made frame holds
+    nothing of the user's: its namespace is emptied)."""
+    kept = process_state.made_frames
+    kept.update(made)
+    while len(kept) > _MADE_FRAMES_KEPT:
+        kept.pop(next(iter(kept)), None)
 
 
 def without_call_stack(error: BaseException) -> BaseException:
@@ -401,42 +419,59 @@ def raise_at(error: BaseException, loc: SourceLoc | None) -> None:
     """Raise `error` from a frame that claims the user's `file:line`, so tracebacks end there.
 
     The same trick Jinja2 uses for template tracebacks: compile a `raise` statement under the
-    user's file name, padded so that it lands on the user's line. It runs on a thread of its
-    own: the frame kept in the traceback then leads back (`f_back`) to that thread's frames,
-    not to this package's callers, whose locals would hold the error (a cycle that only a
-    garbage collection frees, keeping DALI's operator instances of the failed call from
-    eager ndd's next call, which then makes them anew: ~270 ms for a GPU decoder).
+    user's file name, padded so that it lands on the user's line; its frame is made once a
+    line (`_frame_at`) and put in front of the error's traceback.
     """
     if loc is None:
         raise error
+    frame, lasti = _frame_at(loc)
+    tb = types.TracebackType(error.__traceback__, frame, lasti, loc.lineno)
+    try:
+        raise error.with_traceback(tb)
+    finally:
+        del error, tb
+
+
+class _FrameWanted(Exception):
+    """Raised by the statement _frame_at runs, for the frame it leaves in its traceback."""
+
+
+def _frame_at(loc: SourceLoc) -> tuple[types.FrameType, int]:
+    """A finished frame of code claiming `loc`'s file, function and line, and the offset of
+    its raising call (a traceback's carets fall under the user's call, as under eager's).
+
+    Made on a thread of its own: the frame then leads back (`f_back`) to that thread's
+    frames, not to this package's callers, whose locals may hold an error (a cycle that only a
+    garbage collection frees, keeping DALI's operator instances of the failed call from
+    eager ndd's next call, which then makes them anew: ~270 ms for a GPU decoder). Kept for
+    the next error at that line: a thread costs ~100 us, a raise from a kept frame ~1 us.
+    """
     statement, name = _raising_statement(loc)
+    key = (loc.filename, loc.lineno, loc.function, statement)
+    made = process_state.made_frames.get(key)
+    if made is not None:
+        return made
     code = compile("\n" * (loc.lineno - 1) + statement, loc.filename, "exec")
     code = code.replace(co_name=loc.function)
-    errors = [error]
-    del error
 
-    def raiser() -> None:  # (its frame is this package's: left out of the traceback)
-        raise errors.pop()
+    def raiser() -> None:  # (its frame is this package's: not the one kept)
+        raise _FrameWanted
 
-    handed = [{"__ndd_trace_error__": errors[0], name: raiser}]
+    found: list = []
 
     def run() -> None:
-        namespace = handed.pop()
+        namespace = {"__ndd_trace_error__": _FrameWanted, name: raiser}
         try:
             exec(code, namespace)
-        except BaseException as raised:  # noqa: BLE001 (handed back, raised below)
-            handed.append(raised)
+        except _FrameWanted as raised:
+            found.extend((entry.tb_frame, entry.tb_lasti)
+                         for entry in traceback_entries(raised.__traceback__)
+                         if entry.tb_frame.f_code is code)
+            raised.__traceback__ = None
         finally:
             namespace.clear()
-            namespace[_MADE_UP] = True  # (its frame, kept in the traceback, says so)
+            namespace[_MADE_UP] = True  # (its frame, kept in tracebacks, says so)
 
     _on_a_thread_of_its_own(run, "ndd_trace raise_at")
-    raised = handed.pop()
-    rebuilt = traceback_of([  # (the raiser's frame left out: the user's line is the innermost)
-        entry for entry in traceback_entries(raised.__traceback__)
-        if entry.tb_frame.f_code is not raiser.__code__])
-    try:
-        raise raised.with_traceback(rebuilt)
-    finally:
-        errors.clear()
-        del run, raised, rebuilt
+    _keep_made_frames({key: found[0]})
+    return found[0]
