@@ -676,6 +676,32 @@ def test_files_rewritten_in_place_between_epochs_shuffled(tmp_path):
     assert_matches_eager(scenario, Fresh(make), modes=("transparent",))
 
 
+def _new_reader_over_replaced_files(root):
+    """A new shuffling reader over the same paths after each rewrite of the directory."""
+    out = []
+    for epoch in range(3):
+        _fresh_arrays(root)
+        _arrays(root, epoch, range(16))
+        reader = ndd.readers.Numpy(file_root=str(root), random_shuffle=True, seed=3)
+        for _ in range(2):
+            out.extend(arrays + 1 for (arrays,) in reader.next_epoch(batch_size=4))
+    return out
+
+
+def test_a_new_reader_over_files_replaced_reads_them_anew(tmp_path):
+    """Found by the twenty-seventh session (the shuffled in-place test's race): a reader
+    stream's pipeline stayed alive after its reader died (its executable's build hook was a
+    bound method of the stream: a cycle), so a new shuffling reader of the same paths got
+    DALI's mappings of the deleted files: the old arrays, silently, until a collection."""
+    import gc
+    gc.disable()
+    try:
+        assert_matches_eager(_new_reader_over_replaced_files, tmp_path / "arrays",
+                             modes=("transparent",))
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("position", [9, 8, 15], ids=["in-its-batch", "first-of-its-batch",
                                                       "last"])
 def test_file_deleted_between_epochs(jpeg_dir, tmp_path, position):

@@ -65,8 +65,11 @@ class ReaderStream(StreamFiles):
         self.names = node.output_names
         self.batch_size = batch_size
         self._operator: Any = None  # the reader's operator, claimed and moved into the pipeline
-        self.executable = compile_graph(graph, options,
-                                        before_build=self._move_reader_in).executable
+        # (held weakly: a bound method would be a cycle, the pipeline alive until a garbage
+        # collection, its mapped files reused by a new reader of the same paths)
+        move_in = weakref.WeakMethod(self._move_reader_in)
+        self.executable = compile_graph(
+            graph, options, before_build=lambda pipe, size: move_in()(pipe, size)).executable
         self.count = 0  # batches handed out so far
         self._ready: list[tuple] = []  # the Batches of counts self.count, self.count + 1, ...
         self._cond = threading.Condition()
