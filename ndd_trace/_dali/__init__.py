@@ -61,8 +61,8 @@ from .interception import (interceptor, call_stacks_start_above, capture_running
                            op_functions, op_path, plumbing, process_params_replaced, schema_name,
                            synchronous, synchronous_cpu, tracing_active, unwatched)
 from .data import (asks_as_python_data, broadcast_state, concatenated, eager_reads_as_is, host_array, init_proxy,
-                   invocation_result_of, lazy_batch, op_function_of, owned_storage, required_keywords,
-                   pending_run_of, proxy_device,
+                   invocation_result_of, lazy_batch, op_function_of, owned_storage,
+                   pending_run_of, proxy_device, required_keywords,
                    same_data, sample_range, snapshot, storage_of, tensor_subscript, to_batch, to_tensor,
                    failed_argument, wrap_batch, wrap_tensor, wraps_user_data)
 from .random import (ReplayRNG, default_rng, draw_state, existing_default_rng, forget_default_rng,
@@ -118,7 +118,8 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "install_compile", "intercept", "invocation_result_of", "invocations_held_by", "is_data_node",
     "has_side_effects", "is_random", "is_stateful", "is_tensor_argument", "keep_eager_instance",
     "lazy_batch",
-    "logical_hooks", "meta_of", "node_key", "NOT_PLAIN", "op_class_at", "op_function_of", "required_keywords",
+    "logical_hooks", "meta_of", "node_key", "NOT_PLAIN", "op_class_at", "op_function_of",
+    "required_keywords",
     "op_functions", "op_path", "owned_storage", "park_failed_pipeline", "pending_run_of",
     "pipeline_failure",
     "pipeline_options", "pipeline_outputs", "plumbing", "process_params_replaced", "proxy_device",

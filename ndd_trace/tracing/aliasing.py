@@ -29,9 +29,7 @@ def rng_aliasing(args: tuple, kwargs: dict, others: list) -> tuple:
     found: list = []
     _rngs_in(args, found)
     _rngs_in(kwargs, found)
-    first: dict[int, int] = {}
-    return tuple(first.setdefault(id(rng), len(first)) for rng in [*found, *others]) \
-        if found else ()
+    return _first_positions([*found, *others]) if found else ()
 
 
 def data_aliasing(values: list) -> tuple | None:
@@ -43,6 +41,11 @@ def data_aliasing(values: list) -> tuple | None:
                      lambda _, value: data.append(value))  # (in lists, tuples and dicts too)
     if len(data) < 2:
         return None
+    pattern = _first_positions(data)
+    return pattern if max(pattern) + 1 < len(data) else None
+
+
+def _first_positions(values: list) -> tuple[int, ...]:
+    """Each value's number among the distinct objects, in order of first appearance."""
     first: dict[int, int] = {}
-    pattern = tuple(first.setdefault(id(value), len(first)) for value in data)
-    return pattern if len(first) < len(data) else None
+    return tuple(first.setdefault(id(value), len(first)) for value in values)

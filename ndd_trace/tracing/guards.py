@@ -319,7 +319,6 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
     return tuple(key)
 
 
-
 def _reads_key(plan: GuardPlan, outer: str) -> list:
     """The key items of what a plan reads besides arguments: globals, the user's modules'
     attributes, closure cells (each label after `outer`)."""
