@@ -18,9 +18,10 @@ import warnings
 import numpy as np
 import nvidia.dali.experimental.dynamic as ndd
 import pytest
-from harness import assert_compiles_exactly, assert_same
+from harness import Step, assert_compiles_exactly, assert_matches_eager, assert_same
 
 import ndd_trace
+from ndd_trace.tracing import effects
 
 
 # A compiled function's Python runs at its trace only: a call known to be impure (print, next,
@@ -606,3 +607,91 @@ def test_a_function_reading_its_arguments_class_runs_as_eager():
         with pytest.warns(ndd_trace.NddTraceWarning, match="a proxy of a class of its own"):
             compiled(batch)
     assert_compiles_exactly(_counts_with_the_batch_sizes_type, batch, calls=2)
+
+
+# Found by the twenty-eighth session's sweep of new-user programs, each a silent difference.
+
+def _jitter():
+    return random.uniform(-10, 10)
+
+
+_AUGMENTS = {"jitter": _jitter}
+
+
+def _rotate_by_a_held_helper(x):
+    return ndd.rotate(x, angle=_AUGMENTS["jitter"](), fill_value=0)
+
+
+def _warn_when_large(x, k):
+    if k > 1:
+        warnings.warn(f"k={k} is large")
+    return x * k
+
+
+def _three_calls(x, step):
+    random.seed(0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        results = [step(x) for _ in range(3)]
+    return results, [str(warning.message) for warning in seen
+                     if not issubclass(warning.category, ndd_trace.NddTraceWarning)]
+
+
+def _class_names_through_a_lambda(reads):
+    def step(x):
+        return x * 2, reads(x)
+    return step
+
+
+@pytest.mark.parametrize("function", [
+    _rotate_by_a_held_helper,
+    lambda x: _warn_when_large(x, 2),
+    _class_names_through_a_lambda(lambda v: v.__class__.__name__),
+    _class_names_through_a_lambda(lambda v: sorted(vars(v))[0]),
+    _class_names_through_a_lambda(lambda v: [n for n in dir(v) if not n.startswith("__")][0])],
+    ids=["helper-in-a-dict", "warnings.warn", "lambda-__class__", "vars", "dir"])
+def test_effects_and_class_reads_found_where_the_sweep_found_them(function):
+    """A helper called out of a global dict that draws from `random`; `warnings.warn`; a
+    lambda (no source of its own: its bytecode is read) reading `.__class__`, `vars()` or
+    `dir()` of a traced value: each runs at every call, in transparent mode, as eagerly."""
+    x = ndd.as_batch([np.arange(48, dtype=np.uint8).reshape(4, 4, 3)] * 2, layout="HWC")
+    runs = assert_matches_eager(_three_calls, x, Step(function), modes=("step",),
+                                warn="ignore")
+    assert runs["step"].steps[0].cache_info().fallbacks == 3
+
+
+def _sum_what_it_gives(x, it):
+    for value in it:
+        x = x + value
+    return x
+
+
+def _one_iterator_twice(x, step):
+    it = iter([1.0, 2.0])
+    return step(x, it), step(x, it)
+
+
+def test_an_iterator_argument_is_advanced_at_every_call():
+    """An iterator given as an argument: eager's loop consumes it, so the second call sees it
+    exhausted; a compiled call's Python runs at its trace only, so it runs in transparent
+    mode, said at the function."""
+    x = ndd.as_batch([np.zeros((2,), np.float32)])
+    assert_matches_eager(_one_iterator_twice, x, Step(_sum_what_it_gives), modes=("step",),
+                         warn="ignore")
+    with pytest.warns(ndd_trace.NddTraceWarning, match="is given an iterator as `it`"):
+        ndd_trace.compile(_sum_what_it_gives)(x, iter([1.0]))
+
+
+def _kind_of_failure(x):
+    try:
+        return ndd.rotate(x, angle=None)
+    except Exception as error:  # noqa: BLE001
+        return type(error).__name__
+
+
+def test_type_of_a_caught_exception_stays_compiled():
+    """`type(e)` of an exception the function caught is no traced value: no graph break for it
+    (the sweep found the warning blaming a proxy's class)."""
+    x = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)], layout="HWC")
+    finding = effects.find_effect(_kind_of_failure, {"x": x})
+    assert finding is None or "type(" not in finding.reason, finding

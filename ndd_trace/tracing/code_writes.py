@@ -1,7 +1,10 @@
-"""Writes a function without source makes (`python -c`, exec'd text), read in its bytecode:
-writes.py's rules where only the bytecode is there (effects._find_effect_in_code).
+"""Writes a function without source makes (`python -c`, exec'd text, a lambda), read in its
+bytecode: writes.py's rules where only the bytecode is there (effects._find_effect_in_code),
+and the other bytecode readers it uses.
 
     bytecode_write(function.__code__, parameters, values)   # None, or (why, line)
+    free_name_chains(code, imported)    # [("random", ["choice"], line), ...]
+    class_read_line(code)               # the line of a `.__class__` read, or None
 
 An item or attribute written (`STATS["n"] += 1`, `obj.x = v`, `del log[:]`) into an object the
 code did not make, found by following the written object back on the stack to where it was
@@ -161,3 +164,44 @@ def bytecode_write(code: types.CodeType, parameters: tuple[str, ...],
             if found is not None:
                 return found
     return None
+
+
+# attributes read (`x.attr`, `x.method(...)`)
+ATTRIBUTE_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+
+def free_name_chains(code: types.CodeType, imported: dict) -> list[tuple[str, list[str],
+                                                                         int | None]]:
+    """Each free name (or name the body imports) and the attributes read off it
+    (`random.choice`), with its line, in the code and the code nested in it (lambdas,
+    comprehensions)."""
+    local = {*code.co_varnames, *code.co_cellvars} - set(imported)
+    chains: list[tuple[str, list[str], int | None]] = []
+    current: tuple[str, list[str], int | None] | None = None
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ATTRIBUTE_LOADS and current is not None:
+            current[1].append(instruction.argval)
+            continue
+        if current is not None:
+            chains.append(current)
+            current = None
+        if (instruction.opname in FREE_LOADS or instruction.opname == "LOAD_FAST") \
+                and instruction.argval not in local:
+            line = instruction.positions.lineno if instruction.positions else None
+            current = (instruction.argval, [], line)
+    if current is not None:
+        chains.append(current)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            chains.extend(free_name_chains(constant, imported))
+    return chains
+
+
+def class_read_line(code: types.CodeType) -> int | None:
+    """The line of the first `.__class__` the code (or code nested in it) reads; None: none."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ATTRIBUTE_LOADS and instruction.argval == "__class__":
+            return (instruction.positions.lineno if instruction.positions else None) or \
+                code.co_firstlineno
+    nested = (class_read_line(c) for c in code.co_consts if isinstance(c, types.CodeType))
+    return next((line for line in nested if line is not None), None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections.abc
 import dataclasses
 import dis
 import inspect
@@ -25,7 +26,7 @@ import types
 from typing import Any
 
 from ..core.source import SourceLoc
-from .code_writes import FREE_LOADS, bytecode_write
+from .code_writes import bytecode_write, class_read_line, free_name_chains
 from .imports import imported_names
 from .writes import DUNDER_MUTATORS, SHALLOW, UNKNOWN, Origin, WriteFinder
 
@@ -42,7 +43,9 @@ _TORCH_DRAWS = frozenset({"rand", "rand_like", "randint", "randint_like", "randn
 # builtins whose call is an effect, or gives another value at each call
 _EFFECT_BUILTINS = frozenset({"print", "next", "input", "open", "exec", "eval", "setattr",
                               "delattr", "breakpoint"})
-_EFFECT_MODULES = (*IMPURE_MODULES, "queue", "threading")
+_EFFECT_MODULES = (*IMPURE_MODULES, "queue", "threading", "warnings", "_warnings")
+# builtins that read a value's class or attributes: a traced proxy's are not eager's
+_CLASS_READERS = (type, vars, dir)
 # methods that change the Python object they are called on, for Python's own containers and
 # streams (a deque or a stream is guarded by its identity only: its change would go unseen)
 _CONTAINER_MODULES = ("builtins", "collections", "_collections", "io", "_io", "array")
@@ -51,7 +54,6 @@ _MUTATORS = frozenset({"append", "appendleft", "extend", "extendleft", "insert",
                        "setdefault", "sort", "reverse", "rotate", "write", "writelines",
                        "flush"})
 MAX_DEPTH = 3
-_ATTRIBUTES = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 AT_TRACE_ONLY = "a compiled function's Python runs at its trace only"
 # why `type(x)` keeps a function from being compiled whole (isinstance is the proxies' own)
 PROXY_CLASS = ("a trace's Batch or Tensor is a proxy of a class of its own (`isinstance(x, "
@@ -232,9 +234,12 @@ class _EffectFinder(Resolver):
     def __init__(self, function: Any, depth: int = 0, origins: dict | None = None):
         super().__init__(function, depth)
         self.origins = _all_origins(function.__code__, origins)
+        self.caught: frozenset = frozenset()  # names `except ... as` binds (`find` fills it)
 
     def find(self, body: list[ast.stmt]) -> None:
         code = self.function.__code__
+        self.caught = frozenset(node.name for statement in body for node in ast.walk(statement)
+                                if isinstance(node, ast.ExceptHandler) and node.name)
         local = {*code.co_varnames, *code.co_cellvars}
         self.writes = WriteFinder(body, self.origins, local, self.callee_of, _MUTATORS)
         for statement in body:
@@ -294,6 +299,8 @@ class _EffectFinder(Resolver):
                              "call", node)
 
     def check_effect(self, call: ast.Call, local: set[str]) -> None:
+        if isinstance(call.func, ast.Subscript):
+            return self.check_held_helpers(call, local)
         chain = self._chain(call.func)
         if chain is not None and chain[1] and chain[0] in self.origins:
             self.check_held_draw(call, *chain)
@@ -305,6 +312,26 @@ class _EffectFinder(Resolver):
             origins = self.call_origins(call, inlined) \
                 if isinstance(inlined, types.FunctionType) else None
             self.check_callee(value, snippet(call.func), call, origins)
+
+    def check_held_helpers(self, call: ast.Call, local: set[str]) -> None:
+        """`AUGS["jitter"]()`: a helper held in a global dict, list or tuple, checked as a
+        call by its name is (every one it holds where the index is not a constant)."""
+        chain = self._chain(call.func.value)
+        if chain is None or chain[0] in local or chain[0] in self.origins:
+            return
+        known, held = self._callee(*chain)
+        if not known or not isinstance(held, (dict, list, tuple)):
+            return
+        index = call.func.slice
+        items = held.values() if isinstance(held, dict) else held
+        if isinstance(index, ast.Constant):
+            try:
+                items = [held[index.value]]
+            except (KeyError, IndexError, TypeError):
+                return
+        for value in list(items):
+            if callable(value):
+                self.check_callee(value, snippet(call.func), call)
 
     def check_held_draw(self, call: ast.Call, root: str, attrs: list[str]) -> None:
         """`self.rng.uniform(...)`: a generator an argument holds (numpy's, `random.Random`),
@@ -322,7 +349,8 @@ class _EffectFinder(Resolver):
         name = getattr(value, "__name__", "")
         if (module == "builtins" or value is builtins.open) and name in _EFFECT_BUILTINS:
             raise Unprovable(f"calls `{what}`, whose effect eager has at every call", node)
-        if value is type and _may_name_a_proxys_class(node, self.origins):
+        if any(value is reader for reader in _CLASS_READERS) and \
+                _may_name_a_proxys_class(node, self.origins, self.caught):
             raise Unprovable(f"calls `{snippet(node) if node is not None else what}`", node,
                              PROXY_CLASS)
         if (module in _CONTAINER_MODULES and name in _MUTATORS) or name in DUNDER_MUTATORS:
@@ -340,18 +368,21 @@ class _EffectFinder(Resolver):
             finding = _find_effect_in(function, self.depth + 1, origins)
             if finding is not None:
                 raise Unprovable(f"calls `{what}`, which {finding.reason} (at {finding.loc})",
-                                 node)
+                                 node, finding.why)
 
 
-def _may_name_a_proxys_class(node: ast.AST | None, origins: dict) -> bool:
-    """Whether a `type(...)` call may be given a traced Batch or Tensor: one argument, not a
-    constant, a `.batch_size` (an int, as eagerly) or a parameter known to hold a number; a
-    reference without source may."""
+def _may_name_a_proxys_class(node: ast.AST | None, origins: dict,
+                             caught: frozenset = frozenset()) -> bool:
+    """Whether a `type(...)` (`vars`, `dir`) call may be given a traced Batch or Tensor: one
+    argument, not a constant, a `.batch_size` (an int, as eagerly), an exception caught by
+    name (`caught`) or a parameter known to hold a number; a reference without source may."""
     if not isinstance(node, ast.Call):
         return node is None
     if len(node.args) != 1 or node.keywords:
         return False
     given = node.args[0]
+    if isinstance(given, ast.Name) and given.id in caught:
+        return False
     if isinstance(given, ast.Name) and given.id in origins:
         return not isinstance(origins[given.id].value, (int, float))
     return not isinstance(given, ast.Constant) and not (
@@ -365,6 +396,12 @@ def find_effect(function: Any, arguments: dict | None = None) -> Finding | None:
     changes a list in place, and rebinds a Batch or a number)."""
     if not isinstance(function, types.FunctionType):
         return None
+    for name, value in (arguments or {}).items():  # (a generator, `iter(...)`, a file)
+        if isinstance(value, collections.abc.Iterator):
+            code = function.__code__
+            return Finding(f"is given an iterator as `{name}`, which eager's Python advances "
+                           "at every call", SourceLoc(code.co_filename, code.co_firstlineno,
+                                                      function.__name__))
     origins = {name: Origin(value=value) for name, value in (arguments or {}).items()}
     return _find_effect_in(function, 0, origins)
 
@@ -398,33 +435,6 @@ def _find_effect_in(function: Any, depth: int, origins: dict | None = None) -> F
     return None
 
 
-def _free_name_chains(code: types.CodeType, imported: dict) -> list[tuple[str, list[str],
-                                                                         int | None]]:
-    """Each free name (or name the body imports) and the attributes read off it
-    (`random.choice`), with its line, in the code and the code nested in it (lambdas,
-    comprehensions)."""
-    local = {*code.co_varnames, *code.co_cellvars} - set(imported)
-    chains: list[tuple[str, list[str], int | None]] = []
-    current: tuple[str, list[str], int | None] | None = None
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in _ATTRIBUTES and current is not None:
-            current[1].append(instruction.argval)
-            continue
-        if current is not None:
-            chains.append(current)
-            current = None
-        if (instruction.opname in FREE_LOADS or instruction.opname == "LOAD_FAST") \
-                and instruction.argval not in local:
-            line = instruction.positions.lineno if instruction.positions else None
-            current = (instruction.argval, [], line)
-    if current is not None:
-        chains.append(current)
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            chains.extend(_free_name_chains(constant, imported))
-    return chains
-
-
 def _find_effect_in_code(function: Any, depth: int, origins: dict | None = None
                          ) -> Finding | None:
     """find_effect without the source: every free name's attribute chain the bytecode reads
@@ -440,7 +450,11 @@ def _find_effect_in_code(function: Any, depth: int, origins: dict | None = None
         name: origin.value for name, origin in (origins or {}).items()})
     if written is not None:
         return Finding(written[0], SourceLoc(code.co_filename, written[1], function.__name__))
-    for root, attrs, line in _free_name_chains(code, finder.imported):
+    line = class_read_line(code)
+    if line is not None:
+        return Finding("reads `.__class__`", SourceLoc(code.co_filename, line,
+                                                        function.__name__), why=PROXY_CLASS)
+    for root, attrs, line in free_name_chains(code, finder.imported):
         known, value = finder._callee(root, attrs)
         if not known or not callable(value):
             continue

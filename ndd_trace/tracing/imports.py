@@ -13,9 +13,10 @@ import importlib.util
 import types
 from typing import Any
 
+from .code_writes import ATTRIBUTE_LOADS
+
 _STORES = frozenset({"STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL"})
 _LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_NAME", "LOAD_CLASSDEREF"})
-_ATTRIBUTES = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _STACK = frozenset({"SWAP", "POP_TOP", "COPY"})
 
 
@@ -58,7 +59,7 @@ def attribute_reads(code: types.CodeType, names: Any) -> set[tuple[str, tuple]]:
             continue
         chain: tuple = ()
         for following in instructions[index + 1:]:
-            if following.opname not in _ATTRIBUTES:
+            if following.opname not in ATTRIBUTE_LOADS:
                 break
             chain = (*chain, following.argval)
         found.add((ins.argval, chain))
