@@ -1908,3 +1908,41 @@ def test_arguments_that_are_the_same_object_are_keyed_as_such():
     x = ndd.as_batch([np.zeros((2, 2, 1), np.uint8)] * 2, layout="HWC")
     assert aliasing.data_aliasing([x, (x, 1)]) == (0, 0)
     assert aliasing.data_aliasing([x, ndd.as_batch([np.zeros((1,), np.uint8)])]) is None
+
+
+# Found by the twenty-eighth session's sweep of new-user programs: a hit replayed a trace whose
+# Python had iterated an argument in another order.
+
+def _apply_in_keyword_order(x, **ops):
+    for name, value in ops.items():
+        x = x * value if name == "mul" else x + value
+    return x, list(ops)
+
+
+def _both_keyword_orders(x, step):
+    return step(x, mul=2.0, add=1.0), step(x, add=1.0, mul=2.0)
+
+
+def _iterate_the_plan(x, plan):
+    for k in plan:
+        x = x * 2 if k == 0 else x + 1
+    return x, list(plan)
+
+
+def _two_orders_of_one_set(x, step):
+    first, second = set(), set()
+    first.add(0), first.add(8)
+    second.add(8), second.add(0)  # (equal sets: `8` and `0` collide, so the order is the adds')
+    assert first == second and list(first) != list(second)
+    return step(x, first), step(x, second), step(x, frozenset(second))
+
+
+@pytest.mark.parametrize("scenario, function", [
+    (_both_keyword_orders, _apply_in_keyword_order),
+    (_two_orders_of_one_set, _iterate_the_plan)], ids=["kwargs", "set"])
+def test_the_order_an_argument_iterates_in_is_part_of_the_key(scenario, function):
+    """`**kwargs` items and a set's items, iterated by the function's Python: a call that gives
+    them in another order is another variant (its key says so), as eager's loop sees them."""
+    x = ndd.as_batch([np.ones((2,), np.float32)])
+    runs = assert_matches_eager(scenario, x, Step(function), modes=("step",))
+    assert runs["step"].steps[0].cache_info().traces >= 2

@@ -146,8 +146,9 @@ def freeze(value: Any, policy: KeyPolicy = STATIC, depth: int = 0) -> Any:
     if isinstance(value, dict):
         return ("dict", tuple((freeze(k, policy, depth + 1), freeze(v, policy, depth + 1))
                               for k, v in value.items()))
-    if isinstance(value, (set, frozenset)):
-        return ("set", frozenset(freeze(v, policy, depth + 1) for v in value))
+    if isinstance(value, (set, frozenset)):  # (in iteration order: a loop over it sees it)
+        return ("frozenset" if isinstance(value, frozenset) else "set",
+                tuple(freeze(v, policy, depth + 1) for v in value))
     slots = slot_names(kind) if policy.by_attributes else ()
     if policy.by_attributes and (dataclasses.is_dataclass(value) or hasattr(value, "__dict__")
                                  or slots):
@@ -282,8 +283,9 @@ def show(frozen: Any) -> str:
         return f"[{items}]" if kind == "list" else f"({items}{',' if len(frozen[1]) == 1 else ''})"
     if kind == "dict" and len(frozen) == 2:
         return "{" + ", ".join(f"{show(k)}: {show(v)}" for k, v in frozen[1]) + "}"
-    if kind == "set" and len(frozen) == 2:
-        return "{" + ", ".join(sorted(show(v) for v in frozen[1])) + "}"
+    if kind in ("set", "frozenset") and len(frozen) == 2 and isinstance(frozen[1], tuple):
+        items = "{" + ", ".join(show(v) for v in frozen[1]) + "}"
+        return items if kind == "set" else f"frozenset({items})"
     if kind in ("Batch", "Tensor") and len(frozen) == 5:
         _, device, dtype, ndim, layout = frozen
         return f"{kind}({device}, {dtype}, ndim={ndim}" + (f", {layout!r}" if layout else "") + ")"

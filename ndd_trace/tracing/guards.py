@@ -302,6 +302,9 @@ def build_key(args: tuple, kwargs: dict, plan: GuardPlan,
         key += items
         if may_reach_code(kwargs[name]):
             arguments.append((name, kwargs[name], tuple(items)))
+    spread = [name for name in kwargs if varkw and name not in keyword_only]
+    if len(spread) > 1:  # (`**kwargs` iterates in the call's order)
+        key.append((f"the order of {varkw}", tuple(spread)))
     for label, value, items in arguments:  # what functions reached through them read
         for prefix, helper_plan in plan.argument_plans(label, value, items):
             key += _reads_key(helper_plan, prefix)
