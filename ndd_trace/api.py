@@ -389,7 +389,8 @@ def _instead_of_a_failed_run(compiled: CompiledFunction, entry: Entry,
         return compiled._fallback
     if executable.builds == 0:  # the pipeline could not be built: this variant runs eagerly
         entry.verdict = Verdict.eager_variant(f"pipeline build failed: {error}",
-                                              getattr(error, "loc", None), Runs.EAGER)
+                                              getattr(error, "loc", None) or user_location(),
+                                              Runs.EAGER)
         compiled._ledger.record(
             entry.verdict, once=False, stacklevel=3,
             log=f"pipeline build failed, runs eagerly: {error}",

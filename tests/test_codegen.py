@@ -264,3 +264,17 @@ def test_code_generation_warns_nothing():
         text = source.unparse(tree)
     assert "1.5" in text
     assert [str(w.message) for w in caught] == []
+
+
+def _resize_with(x, interp):
+    return ndd.resize(x, size=[2, 2], interp_type=interp)
+
+
+@pytest.mark.parametrize("interp", [1, 999], ids=["linear", "unknown"])
+def test_an_int_for_an_enum_argument_held_in_a_parameter(interp):
+    """Found by the twenty-eighth session's sweep: `interp_type=it` with `it = 1` made an
+    enum-typed constant, which lowering read as a number and crashed (TypeError at the call);
+    it is fed instead, and an unknown value raises eager's error."""
+    x = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)], layout="HWC")
+    assert_matches_eager(_resize_with, x, interp, modes=("compiled", "transparent"),
+                         warn="ignore", raises=interp == 999)

@@ -1433,3 +1433,20 @@ def test_a_required_argument_given_none_raises_eagers_error_in_every_mode():
     ValueError ("doesn't have a default value")."""
     assert_matches_eager(_rotate_by_none, Step(_rotated_by), modes=("step", "transparent"),
                          warn="ignore")
+
+
+def _rotate_by(x, angle):
+    return ndd.rotate(x, angle=angle)
+
+
+def test_a_pipeline_that_cannot_be_built_warns_at_the_users_call():
+    """Found by the twenty-eighth session's sweep: `angle=None` for a required argument makes a
+    pipeline DALI cannot build; the call runs eagerly (eager's error), and the warning that
+    says so names the user's line, not ndd_trace's."""
+    x = ndd.as_batch([np.zeros((4, 4, 3), np.uint8)], layout="HWC")
+    assert_matches_eager(_rotate_by, x, None, modes=("compiled",), warn="ignore", raises=True)
+    compiled = ndd_trace.compile(_rotate_by)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="could not be built") as seen:
+        with pytest.raises(ValueError):
+            compiled(x, None)
+    assert [warning.filename for warning in seen] == [__file__]

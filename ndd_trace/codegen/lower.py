@@ -173,6 +173,10 @@ def _readable_names(graph: Graph) -> dict[int, str]:
     return {id(node): names[id(node)] for node in graph.nodes}
 
 
+# the dtypes a `fn.constant` holds exactly (its fdata or idata)
+_FLOATS = ("FLOAT16", "FLOAT", "FLOAT64")
+_INTEGERS = ("BOOL", "INT8", "INT16", "INT32", "UINT8", "UINT16", "UINT32", "INT64", "UINT64")
+
 class _Emitter:
     def __init__(self, graph: Graph, names: dict[int, str], random_states: str,
                  inline_limit: int | None, standalone: bool):
@@ -240,24 +244,23 @@ class _Emitter:
         if node.is_batch or node.feed_in_place:
             return None
         meta = node.meta[0]
+        if meta.dtype not in _FLOATS + _INTEGERS:  # (an enum's: `interp_type` given an int)
+            return None
         values = _dali.host_array(node.payload)
         if values.size == 0 or (self.inline_limit is not None and
                                 values.size > self.inline_limit):
             return None
         flat = values.reshape(-1)
-        if meta.dtype in ("FLOAT16", "FLOAT", "FLOAT64"):
+        if meta.dtype in _FLOATS:
             if not np.all(np.isfinite(flat)) or \
                     not np.array_equal(flat.astype(np.float32).astype(flat.dtype), flat):
                 return None
             data_key, data = "fdata", [float(v) for v in flat.astype(np.float32)]
-        elif meta.dtype in ("BOOL", "INT8", "INT16", "INT32", "UINT8", "UINT16", "UINT32",
-                            "INT64", "UINT64"):
+        else:
             as_int = [int(v) for v in flat]
             if any(v < -2**31 or v >= 2**31 for v in as_int):
                 return None
             data_key, data = "idata", as_int
-        else:
-            return None
         keywords: dict[str, ast.expr] = {
             data_key: ast.List(elts=[_float(v) if data_key == "fdata" else ast.Constant(v)
                                      for v in data], ctx=ast.Load()),
