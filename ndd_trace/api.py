@@ -265,12 +265,12 @@ class CompiledFunction(GeneratorEpochs, Generic[P, R]):
     # -- calling -------------------------------------------------------------------------------
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if not (plain := _dali.plain_call()) and _dali.tracing_active():
+        if _dali.tracing_active():
             # Called from inside another trace: inline, so its ops join the outer graph.
             return self._function(*args, **kwargs)
         if self._spelling.partial:  # (compiled from a functools.partial)
             args, kwargs = self._spelling.with_bound(args, kwargs)
-        if not plain:  # DALI's capture mode records the calls: they are its own
+        if _dali.capture_running():  # DALI's capture mode records the calls: they are its own
             self._notices.capture_mode_call()
             return self._function(*args, **kwargs)
         args, kwargs = self._spelling.normalize(args, kwargs)

@@ -59,7 +59,7 @@ from .interception import (interceptor, call_stacks_start_above, capture_running
                            eval_mode_is_sync, has_side_effects, hold_interception, intercept,
                            is_random, is_stateful,
                            op_functions, op_path, plumbing, process_params_replaced, schema_name,
-                           synchronous, synchronous_cpu, tracing_active, plain_call, unwatched)
+                           synchronous, synchronous_cpu, tracing_active, unwatched)
 from .data import (asks_as_python_data, broadcast_state, concatenated, eager_reads_as_is, host_array, init_proxy,
                    invocation_result_of, lazy_batch, op_function_of, owned_storage,
                    pending_run_of, proxy_device, required_keywords,
@@ -139,7 +139,7 @@ __all__ = [  # the adapter's names, as the rest of the package uses them
     "set_reader_shard_id", "shard_steps", "snapshot", "SPLIT_VALUES", "stand_in_batch",
     "STATE_WORDS", "storage_of",
     "synchronous", "synchronous_cpu", "Tensor", "tensor_argument", "tensor_argument_meta",
-    "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "plain_call", "transfer_reader",
+    "tensor_subscript", "to_batch", "to_tensor", "tracing_active", "transfer_reader",
     "trusted_cache_dir",
     "unwatched", "watch_reader_methods", "with_samples", "wrap_batch", "wrap_tensor",
     "wraps_user_data", "failed_argument", "zero_state", "interceptor",

@@ -364,15 +364,6 @@ def tracing_active() -> bool:
     return interceptor.handler() is not None
 
 
-def plain_call() -> bool:
-    """Whether a call on this thread is neither traced (`tracing_active`) nor recorded by
-    DALI's capture mode (`capture_running`): a compiled call's common case, in one check."""
-    if getattr(interceptor._local, "handler", None) is not None:
-        return False
-    context = getattr(_capture.CaptureContext._tls, "current", None)
-    return context is None or context.state is _capture.State.DISABLED
-
-
 def schema_name(op_class: type) -> str:
     return op_class._schema_name
 
