@@ -15,7 +15,7 @@ from ..core import process_state
 from .. import _dali
 from ..core.ir import NodeKind
 from ..execution.results import PendingRun
-from ..execution.runtime import Executable, Options
+from ..execution.runtime import Executable, Options, raise_if_an_argument_failed
 from .runahead import READ_AHEAD
 from .loop_epochs import in_compiled_loop, loop_stand_in
 from .speculator import Speculator
@@ -194,33 +194,39 @@ def run_call(executable: Executable, key: tuple, bound: dict,
     if speculator is None or not speculator.active or executable.pipeline is None or \
             batch_size > executable.max_batch_size or not executable.graph.outputs:
         return executable.run(bound, batch_size)
+    raise_if_an_argument_failed(bound)  # (before any draw, as executable.run checks)
+    states: dict[int, Any] = {}
+    drawn: dict[int, tuple] = {}
+    for slot, node in executable.draws:  # in eager call order, from the caller's generators
+        rng = executable.feed.rng_for(slot, bound)
+        position = _dali.rng_position(rng)
+        words = states[id(node)] = _dali.draw_state(rng)
+        drawn[id(node)] = ("state", words, rng, position)
+    items: list[tuple] | None = []
+    for node in executable.lowered.external_sources:
+        if node.kind is NodeKind.RANDOM_STATE:
+            item = drawn.get(id(node))
+            if item is None:  # not drawn per call: not predicted
+                items = None
+                break
+        elif node.kind is NodeKind.INPUT:
+            item = ("input", bound[node.payload])
+        else:
+            item = ("value", node.payload, node)
+        items.append(item)
+    observation = speculator.describe(items) if items is not None else None
     key = (id(executable), key)  # two functions' entries may have equal guard keys
-    observed: list = []
-
-    def ahead(states: dict, positions: dict) -> PendingRun | None:
-        items: list[tuple] | None = []
-        for node in executable.lowered.external_sources:
-            if node.kind is NodeKind.RANDOM_STATE:
-                if id(node) not in positions:  # not drawn per call: not predicted
-                    items = None
-                    break
-                item = ("state", states[id(node)], *positions[id(node)])
-            elif node.kind is NodeKind.INPUT:
-                item = ("input", bound[node.payload])
-            else:
-                item = ("value", node.payload, node)
-            items.append(item)
-        observation = speculator.describe(items) if items is not None else None
-        observed.append(observation)
-        run = speculator.take_run(key, observation, executable) if observation is not None \
-            else None
-        if run is not None:
-            executable.ahead += 1
-        return run
-
-    run = executable.run(bound, batch_size, ahead)
-    if observed and observed[0] is not None:
-        speculator.learn(key, executable, observed[0], batch_size)
+    run = (speculator.take_run(key, observation, executable) if observation is not None
+           else None)
+    if run is not None:
+        executable.ahead += 1
+    else:
+        run = executable.start(
+            batch_size, lambda: executable.feed.call_data(bound, states, batch_size))
+    run.leaves = lambda: executable.failures.leaves_of(bound, states)
+    run.replay = lambda: executable.failures.eager_error_of(bound, states, batch_size)
+    if observation is not None:
+        speculator.learn(key, executable, observation, batch_size)
     return run
 
 

@@ -4,7 +4,7 @@ of the graph on the same data), with its traceback at the user's line that made 
 and the errors eager raises at the call itself, not at the first use of a result.
 
     failures = Failures(graph, lowered, feed)
-    error = failures.pipeline_error(dali_error, "running", eager=failures.eager_error(...))
+    error = failures.pipeline_error(dali_error, "running", eager=failures.eager_error_of(...))
     raise interpreted_error(graph, leaves, error)   # an interpreted run's failure, the same way
 """
 
@@ -379,6 +379,11 @@ class Failures:
                   run: Any) -> PipelineError:
         """pipeline_error of a failed run (a results.PendingRun): its calls' and its stack's."""
         return self.pipeline_error(error, "running", eager, run.calls, run.call_stack)
+
+    def eager_error_of(self, bound: dict, states: dict, batch_size: int) -> BaseException | None:
+        """What eager ndd raises for a call with these arguments and random states (a failed
+        run's replay)."""
+        return self.eager_error(self.leaves_of(bound, states), batch_size)
 
     # -- errors at the call --------------------------------------------------------------------
     #

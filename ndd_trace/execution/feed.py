@@ -90,15 +90,11 @@ class Feed:
             return _DRAWN_PER_CALL, id(node), node
         return _OTHER, None, node
 
-    def draw_states(self, bound: dict, positions: dict | None = None) -> dict[int, Any]:
-        """Draw every random op's state, in eager call order, from the caller's generators
-        (`positions`: filled with each draw's generator and its position before the draw)."""
+    def draw_states(self, bound: dict) -> dict[int, Any]:
+        """Draw every random op's state, in eager call order, from the caller's generators."""
         states: dict[int, Any] = {}
         for slot, node in self.draws:
-            rng = self.rng_for(slot, bound)
-            if positions is not None:
-                positions[id(node)] = rng, _dali.rng_position(rng)
-            states[id(node)] = _dali.draw_state(rng)
+            states[id(node)] = _dali.draw_state(self.rng_for(slot, bound))
         return states
 
     def call_data(self, bound: dict, states: dict[int, Any], batch_size: int) -> list:

@@ -161,11 +161,8 @@ class Executable(SettingsSwap):
                 meta.device, self.options.device_id if meta.device == "gpu" else None)
         return device
 
-    def run(self, bound: dict, batch_size: int,
-            ahead: Callable[[dict, dict], PendingRun | None] | None = None) -> PendingRun | None:
-        """Draw, feed and schedule one iteration; outputs are fetched when first used.
-        `ahead(states, positions)`: a run launched ahead on exactly this call's data (its
-        random states, each generator's position before its draw), taken instead (or None)."""
+    def run(self, bound: dict, batch_size: int) -> PendingRun | None:
+        """Draw, feed and schedule one iteration; outputs are fetched when first used."""
         if not self.graph.outputs:
             with self._lock:
                 # nothing to run, but the generators advance as eagerly
@@ -176,17 +173,11 @@ class Executable(SettingsSwap):
         drawn: dict = {}
 
         def data() -> list:
-            if "states" not in drawn:  # drawn after the build: a failed one draws nothing
-                drawn["states"] = self.feed.draw_states(bound)
-            return self.feed.call_data(bound, drawn["states"], batch_size)
+            # drawn after the build: a failed one draws nothing
+            states = drawn["states"] = self.feed.draw_states(bound)
+            return self.feed.call_data(bound, states, batch_size)
 
-        run = None
-        if ahead is not None:  # (its pipeline is built: the draws come first)
-            positions: dict = {}
-            drawn["states"] = self.feed.draw_states(bound, positions)
-            run = ahead(drawn["states"], positions)
-        if run is None:
-            run = self.start(batch_size, data)
+        run = self.start(batch_size, data)
         leaves = run.leaves = lambda: self.failures.leaves_of(bound, drawn["states"])
         # (not `run.leaves`: a replay holding the run, its error and data, would be a cycle)
         run.replay = lambda: self.failures.eager_error(leaves(), batch_size)
@@ -199,8 +190,8 @@ class Executable(SettingsSwap):
         run = self.start(batch_size,
                           lambda: [self.feed.leaf_data(leaf, batch_size) for leaf in leaves])
         run.calls = calls
-        run.leaves = lambda: _values_of(self, leaves)
-        run.replay = lambda: self.failures.eager_error(_values_of(self, leaves), batch_size)
+        run.leaves = lambda: self._values_of(leaves)
+        run.replay = lambda: self.failures.eager_error(self._values_of(leaves), batch_size)
         return run
 
     def failed_again(self, failed: PendingRun, leaves: list[Node], batch_size: int,
@@ -210,11 +201,20 @@ class Executable(SettingsSwap):
         running the failing ops again (they log on stderr once, as eager's one call does)."""
         run = PendingRun(self, batch_size)
         run.calls = calls
-        run.leaves = lambda: _values_of(self, leaves)
-        eager = self.failures.eager_error(_values_of(self, leaves), batch_size)
+        run.leaves = lambda: self._values_of(leaves)
+        eager = self.failures.eager_error(self._values_of(leaves), batch_size)
         run.error = self.failures.pipeline_error(failed.dali_error, "running", eager, calls)
         run.dali_error, run.failed, run.as_is = failed.dali_error, failed.failed, failed.as_is
         return run
+
+    def _values_of(self, leaves: list[Node]) -> dict:
+        """The data of `leaves` (a structurally equal graph's, in lowering order) as
+        `interpret` takes this graph's."""
+        values = self.failures.leaves_of({}, {})
+        for node, leaf in zip(self.lowered.external_sources, leaves):
+            values[id(node)] = leaf.payload[1] if leaf.kind is NodeKind.RANDOM_STATE \
+                else leaf.payload
+        return values
 
     def start(self, batch_size: int, data: Any) -> PendingRun:
         """Build if needed, then feed `data()` and schedule one iteration."""
@@ -377,16 +377,6 @@ class Executable(SettingsSwap):
             self._prepared = None  # (its thread's build is discarded)
             self._pending.clear()
             self.pipeline = None
-
-
-def _values_of(executable: Executable, leaves: list[Node]) -> dict:
-    """The data of `leaves` (a structurally equal graph's, in lowering order) as `interpret`
-    takes `executable`'s graph's."""
-    values = executable.failures.leaves_of({}, {})
-    for node, leaf in zip(executable.lowered.external_sources, leaves):
-        values[id(node)] = leaf.payload[1] if leaf.kind is NodeKind.RANDOM_STATE \
-            else leaf.payload
-    return values
 
 
 def raise_if_an_argument_failed(bound: dict) -> None:
