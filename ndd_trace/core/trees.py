@@ -190,13 +190,10 @@ def flatten(value: Any, leaf: Callable[[Any], tuple | None]) -> Tree:
 def unflatten(tree: Tree, leaf: Callable[[tuple], Any]) -> Any:
     """The value of `tree`, each leaf node given by `leaf(node)` (once per node: a leaf that
     was one object is one object again); a `("copied", value)` node's value copied anew."""
-    nodes = tree.nodes
-    if len(nodes) == 1 and nodes[0][0] not in ("static", "copied") and tree.spec.is_leaf():
-        return leaf(nodes[0])  # (one output, the common case: no rebuild)
     made: dict[tuple, Any] = {}
     copies: dict[int, Any] = {}
     leaves = []
-    for node in nodes:
+    for node in tree.nodes:
         if node[0] == "static":
             leaves.append(node[1])
         elif node[0] == "copied":  # a value the function made: a new one at each call

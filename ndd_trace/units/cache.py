@@ -123,13 +123,9 @@ class LivePipelines:
         # id -> a weak reference: a unit whose owner is gone (a collected function) drops out
         self._units: OrderedDict[int, weakref.ref] = OrderedDict()
         self._lock = threading.Lock()
-        self._latest: weakref.ref | None = None  # the most recently run unit's reference
 
     def note_run(self, unit: Unit) -> None:
         """`unit` runs now: it is the most recently run."""
-        latest = self._latest
-        if latest is not None and latest() is unit:
-            return  # (a loop calling one function: nothing moves)
         with self._lock:
             units = self._units
             held = units.get(id(unit))
@@ -137,7 +133,6 @@ class LivePipelines:
                 units[id(unit)] = weakref.ref(unit)
             units.move_to_end(id(unit))
             oldest = self._take_oldest_unpinned() if len(units) > self.limit else None
-            self._latest = units.get(id(unit))
         if oldest is not None and oldest.release():  # (outside the lock: it waits for runs)
             with self._lock:
                 self.releases += 1
@@ -163,12 +158,10 @@ class LivePipelines:
     def forget(self, unit: Unit) -> None:
         with self._lock:
             self._units.pop(id(unit), None)
-            self._latest = None
 
     def clear(self) -> None:
         with self._lock:
             self._units.clear()
-            self._latest = None
             self.releases = 0
 
 
