@@ -351,13 +351,13 @@ def _compiling(options: dict, steps: list) -> Callable:
     return compiling
 
 
-def per_sample_loop(function: Callable, *args: Any) -> Any:
+def per_sample_loop(function: Callable, *args: Any, **kwargs: Any) -> Any:
     """The eager reference of a per-sample function (docs/per-sample.md): called on each sample,
     the results gathered in sample 0's structure (tuples, lists, dicts; a namedtuple stays one),
     each Tensor and Python number batched over the samples by `ndd.batch`, any other value
     sample 0's."""
-    results = [function(*[a.select(i) if isinstance(a, ndd.Batch) else a for a in args])
-               for i in range(args[0].batch_size)]
+    results = [function(*[a.select(i) if isinstance(a, ndd.Batch) else a for a in args],
+                        **kwargs) for i in range(args[0].batch_size)]
     return _gathered(results)
 
 

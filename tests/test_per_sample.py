@@ -118,7 +118,10 @@ def test_while_on_per_sample_value_raises(images):
         str(info.value)
 
 
-def test_side_effect_in_branch_raises(images):
+def test_side_effect_in_branch_runs_the_eager_loop(images):
+    """A change to a Python object in a per-sample branch (once refused): the pipeline's one
+    definition run would make it once; the eager per-sample loop makes it per sample taking
+    the branch, as eagerly, and says so at the line."""
     seen = []
 
     @ndd.compile(per_sample=True)
@@ -128,10 +131,10 @@ def test_side_effect_in_branch_raises(images):
             image = ndd.flip(image)
         return image
 
-    with pytest.raises(PerSampleError, match="Python object") as info:
-        effect(images)
-    line = effect.__wrapped__.__code__.co_firstlineno + 3  # (the decorator's line first)
-    assert f"at line {line}" in str(info.value)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="eager per-sample loop.*`seen.append`"):
+        result = effect(images)
+    assert len(seen) == sum(image.shape[0] > 45 for image in images)
+    assert_same(effect.eager(images), result)
 
 
 def test_python_arithmetic_on_per_sample_number_raises(images):
@@ -783,3 +786,68 @@ def test_a_chained_comparison_says_what_to_write_instead(images):
         middle(images)
     assert f"test_per_sample.py:{middle.__wrapped__.__code__.co_firstlineno + 2}" in \
         str(info.value)
+
+
+# Found by the twenty-eighth session's sweep of new-user programs (per-sample functions).
+
+_SEEN: list = []
+
+
+def _noting_each_sample(x):
+    _SEEN.append(1)
+    return x * 2
+
+
+def _jitter_from_its_own_generator(x):
+    rng = ndd.random.RNG(seed=3)
+    return x + ndd.random.uniform(range=[0.0, 1.0], rng=rng)
+
+
+def _reseeding(x):
+    ndd.random.set_seed(3)
+    return x + ndd.random.uniform(range=[0.0, 1.0])
+
+
+@pytest.mark.parametrize("function", [_noting_each_sample, _jitter_from_its_own_generator,
+                                      _reseeding], ids=["append", "RNG", "set_seed"])
+def test_python_that_eager_runs_per_sample_runs_as_the_eager_loop(function):
+    """A per-sample function's Python runs once per call when compiled: an effect (a global
+    list's append) or a generator made or reseeded in it would happen once, not once per
+    sample, silently. Such a function runs as the eager per-sample loop, said at its line."""
+    batch = ndd.as_batch([np.full((2,), i, np.float32) for i in range(3)])
+    _SEEN.clear()
+    runs = assert_matches_eager(function, batch, modes=("per_sample",), warn="ignore")
+    assert len(_SEEN) == (6 if function is _noting_each_sample else 0)
+    assert runs["per_sample"].function.builds == 0
+
+
+def _branch_on_the_whole_shape(x):
+    if x.shape == (5, 3):
+        y = x + 1
+    else:
+        y = x - 1
+    return y
+
+
+def test_a_whole_per_sample_shape_compared_is_refused():
+    """`x.shape == (5, 3)` compared the shape object by identity: always False, the other
+    branch for every sample, silently. It is refused at the line, saying how to write it."""
+    batch = ndd.as_batch([np.zeros((5, 3), np.int32), np.zeros((2, 3), np.int32)])
+    with pytest.raises(PerSampleError, match="compares a whole per-sample shape"):
+        ndd.compile(_branch_on_the_whole_shape, per_sample=True)(batch)
+
+
+def _above(x, threshold=4):
+    if x.shape[0] > threshold:
+        y = x * 2
+    else:
+        y = x // 2
+    return y
+
+
+def test_a_per_sample_function_takes_keyword_arguments():
+    """`f(batch, threshold=3)`: bound as the function binds it (the sweep found a TypeError)."""
+    batch = ndd.as_batch([np.ones((5, 2), np.int32), np.ones((2, 2), np.int32)])
+    assert_matches_eager(_above, batch, modes=("per_sample",), threshold=3)
+    compiled = ndd.compile(_above, per_sample=True)
+    assert_same(compiled.eager(batch, threshold=3), compiled(batch, 3))

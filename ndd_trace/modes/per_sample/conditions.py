@@ -139,6 +139,13 @@ class _Shape:
     def __len__(self) -> int:
         raise noted_error("takes len() of a per-sample shape (use x.ndim)", _loc(self._lineno))
 
+    def __eq__(self, other: object) -> bool:  # (Python's default, identity, is always False)
+        raise noted_error("compares a whole per-sample shape (compare its items: "
+                          "`x.shape[0] == 5 and x.shape[1] == 3`)", _loc(self._lineno))
+
+    __ne__ = __eq__
+    __hash__ = None  # type: ignore[assignment]
+
 
 def _ndd_condition(value: Any, lineno: int, side_effect: int | None = None) -> Any:
     """A truth test: Python values pass through; a per-sample number becomes the predicate of

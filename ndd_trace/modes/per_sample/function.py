@@ -8,6 +8,7 @@ values agree with the paths the samples take, or the eager per-sample loop where
 from __future__ import annotations
 
 import dataclasses
+import dis
 import functools
 import inspect
 import itertools
@@ -25,6 +26,7 @@ from ...execution.runtime import Options
 from ...units.build import compile_graph
 from ...units.cache import LIVE_PIPELINES, CacheInfo, Found, UnitCache
 from ...units.unit import Unit
+from ...tracing.effects import find_effect
 from .definition import Definition, EagerLoop
 from .gather import gather, rebuilt
 from .graph import trace
@@ -238,6 +240,7 @@ class PerSampleFunction:
     def _build(self, key: tuple, args: tuple, batch_size: int) -> _Variant:
         variant = _Variant(key=key)
         try:
+            _check_python_runs_once(self._function)
             graph, definition = self._traced(args, max(batch_size, 1))
         except EagerLoop as reason:
             variant.verdict = _eager_loop(reason.reason, reason.loc)
@@ -253,7 +256,8 @@ class PerSampleFunction:
         self.builds += 1
         return variant
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = self._by_position(args, kwargs)
         batch_size = self._batch_size(args)
         with self._lock:
             variant = self._variant(args, batch_size)
@@ -331,9 +335,10 @@ class PerSampleFunction:
         self._cache.store(key, variant)
         return variant
 
-    def eager(self, *args: Any) -> Any:
+    def eager(self, *args: Any, **kwargs: Any) -> Any:
         """The eager per-sample loop: the function on each sample, results gathered into
         Batches (what the compiled call gives, value for value)."""
+        args = self._by_position(args, kwargs)
         batch_size = self._batch_size(args)
         results = []
         for index in range(batch_size):
@@ -342,12 +347,53 @@ class PerSampleFunction:
             results.append(self._function(*sample_args))
         return gather(results, self.__qualname__)
 
+    def _by_position(self, args: tuple, kwargs: dict) -> tuple:
+        """The call's arguments by position (`f(batch, thr=3)`: `(batch, 3)`); Python's own
+        TypeError where they do not bind, or bind only by keyword."""
+        if not kwargs:
+            return args
+        bound = inspect.signature(self._function).bind(*args, **kwargs)
+        if bound.kwargs:
+            raise TypeError(f"per-sample function `{self.__qualname__}`: keyword-only or "
+                            f"**kwargs parameters are not supported ({', '.join(bound.kwargs)}); "
+                            "give them by position")
+        return bound.args
+
     def _warn_eager(self, variant: _Variant) -> None:
         loc = variant.eager_loc
         message = (f"ndd_trace: per-sample function `{self.__qualname__}` runs as the eager "
                    f"per-sample loop: it {variant.eager_reason}.")
         self.ledger.record(variant.verdict, warning=message, stacklevel=3,
                            key=(loc.filename, loc.lineno) if loc else ("no line",))
+
+
+# names whose use makes or reseeds a generator (`ndd.random.RNG(seed=3)`, `set_seed(3)`)
+_RESEEDS = frozenset({"RNG", "set_seed", "seed"})
+
+
+def _check_python_runs_once(function: Callable) -> None:
+    """EagerLoop where the function's Python does what eager does once per sample: an effect
+    (`print`, a global list's `append`, Python's `random`; effects.find_effect) or an RNG made
+    or reseeded, which the pipeline's one definition run would do once per call."""
+    found = find_effect(function)
+    if found is not None:
+        raise EagerLoop(f"{found.reason}: its Python runs once per call when compiled, eager's "
+                        "once per sample", found.loc)
+    code = getattr(function, "__code__", None)
+    names = _names_loaded(code) if code is not None else set()
+    if names & _RESEEDS:
+        raise EagerLoop(f"makes or reseeds a generator (`{sorted(names & _RESEEDS)[0]}`), once "
+                        "per call when compiled, eager's once per sample",
+                        SourceLoc(code.co_filename, code.co_firstlineno, function.__name__))
+
+
+def _names_loaded(code: Any) -> set[str]:
+    names = {i.argval for i in dis.get_instructions(code) if isinstance(i.argval, str)
+             and i.opname in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME")}
+    for constant in code.co_consts:
+        if inspect.iscode(constant):
+            names |= _names_loaded(constant)
+    return names
 
 
 def _reported(error: BaseException) -> BaseException:
