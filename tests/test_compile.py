@@ -290,10 +290,11 @@ def test_gpu_ops_and_transfers(batch):
     assert_compiles_exactly(mixed, batch, calls=2)
 
 
-def test_unused_call_is_pruned_but_still_draws(images):
-    """Found by the fuzzer: an unused failing call fails eager ndd only if a sync meets it (its
-    error is asynchronous), so compiled functions prune unused calls, as deferred mode does; a
-    pruned random call still advances the generator."""
+def test_unused_calls_on_given_data_raise_as_eagerly_and_unused_draws_still_draw(images):
+    """Found by the fuzzer, then by the twenty-eighth session's sweep: eager ndd runs a call
+    given data (an argument, user data) at once, so an unused failing call raises at the call;
+    such a call keeps the function from being compiled whole. An unused call on an op's result
+    is pruned, as deferred mode never runs it; a pruned random call still draws."""
     data = ndd.as_batch([np.ascontiguousarray(i[:6, :11]) for i in images], layout="HWC")
 
     def unused_calls(x):
@@ -301,12 +302,16 @@ def test_unused_call_is_pruned_but_still_draws(images):
         ndd.random.uniform(batch_size=x.batch_size)  # unused, but draws
         return ndd.flip(x)
 
-    def drawn(x):  # what eager ndd does of unused_calls, less the failing crop
-        ndd.random.uniform(batch_size=x.batch_size)
-        return ndd.flip(x)
+    assert_matches_eager(unused_calls, data, modes=("compiled", "transparent"), warn="ignore",
+                         raises=True)
 
-    compiled = ndd.compile(unused_calls)
-    assert_runs_match(run(drawn, data, seed=3), run(compiled, data, seed=3, warn=None))
+    def unused_on_a_result(x):
+        y = ndd.flip(x)
+        ndd.crop(y, crop=[2, 2])  # on an op's result: never run eagerly, pruned
+        ndd.random.uniform(batch_size=x.batch_size)  # unused, but draws
+        return y
+
+    compiled = assert_compiles_exactly(unused_on_a_result, data)
     assert "crop" not in compiled.entries[0].lowered.source
 
 
@@ -395,8 +400,8 @@ def test_explain_shows_the_graph_that_runs(batch):
     """The graph explain prints first is the one the pipeline was generated from (after the
     passes); the traced one follows where the passes changed it."""
     def duplicated(x):
-        unused = ndd.flip(x, horizontal=1)  # noqa: F841 (dead code: removed)
         a = ndd.resize(x, size=[8, 8])
+        unused = ndd.flip(a, horizontal=1)  # noqa: F841 (dead code: removed)
         b = ndd.resize(x, size=[8, 8])  # the same call: merged with `a`
         return a, b
 

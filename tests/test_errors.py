@@ -1450,3 +1450,21 @@ def test_a_pipeline_that_cannot_be_built_warns_at_the_users_call():
         with pytest.raises(ValueError):
             compiled(x, None)
     assert [warning.filename for warning in seen] == [__file__]
+
+
+def _slice_left_unused(x):
+    unused = ndd.slice(x, [0], [100], axes=[0], out_of_bounds_policy="error")  # noqa: F841
+    return x * 2
+
+
+def test_an_unused_op_on_user_data_raises_at_the_call_as_eagerly():
+    """Found by the twenty-eighth session's sweep: an op given user data runs at the call in
+    eager ndd, so its error raises there even if its result is never used; a pipeline drops
+    dead code, so the compiled call returned. Such a call keeps the function from being
+    compiled whole (transparent mode runs it at the call)."""
+    x = ndd.as_batch([np.arange(5, dtype=np.float32)])
+    assert_matches_eager(_slice_left_unused, x, modes=("compiled", "transparent"),
+                         warn="ignore", raises=True)
+    with pytest.warns(ndd_trace.NddTraceWarning, match="does not use its result"):
+        with pytest.raises(RuntimeError):
+            ndd_trace.compile(_slice_left_unused)(x)

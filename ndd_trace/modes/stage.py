@@ -300,6 +300,12 @@ class TraceStage:
             cache.specialize_on_batch_size()
             entry.key = cache.key(args, kwargs)
         entry.static_batch_size = next(iter(tracer.static_batch_sizes), None)
+        unused = _unused_at_call(tracer.graph)
+        if unused is not None:  # (dead code in a pipeline: it would never run, nor raise)
+            record = GraphBreakRecord(
+                f"calls `ndd.{unused.name}` on data given to it and does not use its result: "
+                "eager runs such a call at once (and raises its errors there)", unused.loc)
+            return self.break_entry(entry, record)
         return self._finish(entry, tracer)
 
     def _finish(self, entry: Entry, tracer: Tracer) -> Entry:
@@ -368,3 +374,14 @@ def _reachable_ids(function: Any, args: tuple, kwargs: dict) -> frozenset[int]:
         elif hasattr(root, "__dict__") and not isinstance(root, type):
             found.update(id(item) for item in vars(root).values())
     return frozenset(found)
+
+
+def _unused_at_call(graph: Any) -> Any:
+    """The first op no output needs whose input is an argument or a constant (user data:
+    eager runs it at the call), or None."""
+    live = passes.live_nodes(graph)
+    for node in graph.nodes_of(NodeKind.OP):
+        if id(node) not in live and any(
+                ref.node.kind in (NodeKind.INPUT, NodeKind.CONSTANT) for ref in node.inputs):
+            return node
+    return None

@@ -93,6 +93,7 @@ _FIXES = (
      "loop compiles as a generator over `reader.next_epoch(batch_size=...)`"),
     ("under a synchronous EvalMode", "call the compiled function outside the "
      "`with ndd.EvalMode...` block"),
+    ("does not use its result", "use its result, or remove the call"),
     ("is given an iterator as", "pass what it gives this call (`list(it)`, or `next(it)` "
      "before the call) instead of the iterator"),
     ("returns a traced value of another compiled call", "return the other call's result from "
