@@ -851,3 +851,14 @@ def test_a_per_sample_function_takes_keyword_arguments():
     assert_matches_eager(_above, batch, modes=("per_sample",), threshold=3)
     compiled = ndd.compile(_above, per_sample=True)
     assert_same(compiled.eager(batch, threshold=3), compiled(batch, 3))
+
+
+def _count(x):
+    return 1
+
+
+def test_a_per_sample_function_returning_python_values_runs_the_eager_loop():
+    """Found by the sweep: refused before, though the eager loop gathers such values (a
+    Tensor per sample, batched); there is no pipeline to run, so the loop runs, said once."""
+    batch = ndd.as_batch([np.zeros(3, np.uint8)] * 2)
+    assert_matches_eager(_count, batch, modes=("per_sample",), warn="ignore")

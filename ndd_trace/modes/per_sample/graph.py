@@ -20,7 +20,7 @@ from ...core import process_state, trees
 from ...core.ir import Graph, Ref, TensorMeta
 from ...core.passes import eliminate_dead_code
 from ...core.source import SourceLoc, is_internal_file
-from .conditions import Item, noted_error
+from .conditions import Item
 from .definition import (SAMPLE_INDEX, Definition, EagerLoop, call_location, handler,
                          logical_guess)
 from .gather import is_number
@@ -145,8 +145,9 @@ def trace(function: Callable, converted: Any, parameters: list[str], args: tuple
         flat: list = []
         definition.output_tree = _flatten(result, flat)
         definition.num_outputs = len(flat)
-        if not flat:
-            raise noted_error("the per-sample function returns no ndd value")
+        if not flat:  # (Python values alone: the eager loop gathers them, ndd.batch each)
+            raise EagerLoop("returns no ndd value, only Python values: there is no pipeline to "
+                            "run", call_location(definition))
         return (*flat, *definition.reach_nodes)
 
     _dali.do_not_convert(make_inputs)
