@@ -51,8 +51,8 @@
 #          directory: a run too short to search (tuning.SEARCH_AFTER_S) runs on the start's settings
 # abunsteady: bench_unsteady.py (programs whose steps do not repeat) in each tree of AB_TREES
 #          ("name=root ...", default "new=. old=$OLD"; ab and absmall too), UNSTEADY_STEPS steps
-# abtiny:  the tiny workload (compiled step, transparent mode, capture mode, the per-call pipeline)
-#          in each tree of AB_TREES, ROUNDS rounds
+# abtiny:  the tiny workload (ABTINY_MODES, default the compiled step, transparent mode, capture
+#          mode, the per-call pipeline) in each tree of AB_TREES, ROUNDS rounds
 # coalesce: probe_coalesce.py on the GPU (issue 34's coalescing ceiling on the tiny loop, and
 #          whether its exact ways are eager's bit for bit), COALESCE_KS (default 1 2 4 8 16); and
 #          the train workload's at batch 32, COALESCE_TRAIN_KS (default 1 2 4 8)
@@ -154,7 +154,7 @@ if has abtiny; then
             root=$PWD/${tree#*=}
             PYTHONPATH=$root:$PYTHONPATH bounded python3 "$root/benchmarks/bench_ops.py" --device gpu \
                 --workloads tiny --steps 600 --warmup 60 --threads 4 \
-                --modes ndd_trace,transparent,capture,pipeline_percall \
+                --modes "${ABTINY_MODES:-ndd_trace,transparent,capture,pipeline_percall}" \
                 --json "$OUT/abtiny_${tree%%=*}_r$round.json" \
                 2>&1 | tail -7 | tee "$OUT/abtiny_${tree%%=*}_r$round.log"
         done
