@@ -4,8 +4,9 @@
     graph = eliminate_dead_code(graph)
 
 Unused calls are pruned, as in ndd's deferred mode ("operations with unused results may be
-skipped"). Eager ndd runs them asynchronously and reports their failures only if a later sync
-happens to meet them, so no choice can match eager there; pruning is the deterministic one.
+skipped"): eager ndd never runs a call on another call's result that nothing uses. A call on
+user data it runs at once, and raises its errors there: an unused one of those keeps a function
+from being compiled whole (modes/stage.py), so that what is pruned is never run eagerly either.
 Random-state nodes are never merged, and their draws are kept even when the op's result is
 unused: an eager call draws from the generator either way, so the RNG must advance the same.
 """
@@ -28,6 +29,12 @@ def _replace_refs(graph: Graph, replacement: dict[int, Node]) -> None:
     graph.outputs = [fix(ref) for ref in graph.outputs]
 
 
+def call_key(node: Node) -> Any:
+    """What makes two operator calls one: the op, its arguments and what it reads."""
+    return op_key(node, tuple((id(r.node), r.index) for r in node.inputs),
+                  tuple(sorted((k, id(r.node), r.index) for k, r in node.arg_inputs.items())))
+
+
 def eliminate_common_subexpressions(graph: Graph) -> Graph:
     """Merge operator calls with the same inputs and arguments (tinygrad-style structural key)."""
     seen: dict[Any, Node] = {}
@@ -40,9 +47,7 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
                 k: Ref(replacement.get(id(r.node), r.node), r.index)
                 for k, r in node.arg_inputs.items()
             }
-            key = op_key(node, tuple((id(r.node), r.index) for r in node.inputs),
-                         tuple(sorted((k, id(r.node), r.index)
-                                      for k, r in node.arg_inputs.items())))
+            key = call_key(node)
             existing = seen.get(key)
             if existing is not None:
                 replacement[id(node)] = existing

@@ -378,10 +378,12 @@ def _reachable_ids(function: Any, args: tuple, kwargs: dict) -> frozenset[int]:
 
 def _unused_at_call(graph: Any) -> Any:
     """The first op no output needs whose input is an argument or a constant (user data:
-    eager runs it at the call), or None."""
+    eager runs it at the call), and that is no repeat of a needed call (which raises where it
+    raises), or None."""
     live = passes.live_nodes(graph)
-    for node in graph.nodes_of(NodeKind.OP):
-        if id(node) not in live and any(
-                ref.node.kind in (NodeKind.INPUT, NodeKind.CONSTANT) for ref in node.inputs):
-            return node
-    return None
+    dead = [node for node in graph.nodes_of(NodeKind.OP) if id(node) not in live and any(
+        ref.node.kind in (NodeKind.INPUT, NodeKind.CONSTANT) for ref in node.inputs)]
+    if not dead:
+        return None
+    needed = {passes.call_key(node) for node in graph.nodes_of(NodeKind.OP) if id(node) in live}
+    return next((node for node in dead if passes.call_key(node) not in needed), None)
