@@ -846,9 +846,11 @@ def _above(x, threshold=4):
 
 
 def test_a_per_sample_function_takes_keyword_arguments():
-    """`f(batch, threshold=3)`: bound as the function binds it (the sweep found a TypeError)."""
+    """`f(batch, threshold=3)`: bound as the function binds it (the sweep found a TypeError);
+    a keyword it has no parameter for raises eager's TypeError, at the call."""
     batch = ndd.as_batch([np.ones((5, 2), np.int32), np.ones((2, 2), np.int32)])
     assert_matches_eager(_above, batch, modes=("per_sample",), threshold=3)
+    assert_matches_eager(_above, batch, modes=("per_sample",), limit=3, raises=True)
     compiled = ndd.compile(_above, per_sample=True)
     assert_same(compiled.eager(batch, threshold=3), compiled(batch, 3))
 

@@ -177,6 +177,7 @@ def _readable_names(graph: Graph) -> dict[int, str]:
 _FLOATS = ("FLOAT16", "FLOAT", "FLOAT64")
 _INTEGERS = ("BOOL", "INT8", "INT16", "INT32", "UINT8", "UINT16", "UINT32", "INT64", "UINT64")
 
+
 class _Emitter:
     def __init__(self, graph: Graph, names: dict[int, str], random_states: str,
                  inline_limit: int | None, standalone: bool):

@@ -5,6 +5,7 @@ and the other bytecode readers it uses.
     bytecode_write(function.__code__, parameters, values)   # None, or (why, line)
     free_name_chains(code, imported)    # [("random", ["choice"], line), ...]
     class_read_line(code)               # the line of a `.__class__` read, or None
+    names_read(code)                    # {"ndd", "random", "RNG", ...}: globals and attributes
 
 An item or attribute written (`STATS["n"] += 1`, `obj.x = v`, `del log[:]`) into an object the
 code did not make, found by following the written object back on the stack to where it was
@@ -205,3 +206,16 @@ def class_read_line(code: types.CodeType) -> int | None:
                 code.co_firstlineno
     nested = (class_read_line(c) for c in code.co_consts if isinstance(c, types.CodeType))
     return next((line for line in nested if line is not None), None)
+
+
+_NAMES_READ = ATTRIBUTE_LOADS | {"LOAD_GLOBAL", "LOAD_NAME"}
+
+
+def names_read(code: types.CodeType) -> set[str]:
+    """The global names and attribute names the code (or code nested in it) reads."""
+    names = {instruction.argval for instruction in dis.get_instructions(code)
+             if instruction.opname in _NAMES_READ and isinstance(instruction.argval, str)}
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= names_read(constant)
+    return names

@@ -8,9 +8,7 @@ values agree with the paths the samples take, or the eager per-sample loop where
 from __future__ import annotations
 
 import dataclasses
-import dis
 import functools
-import inspect
 import itertools
 import threading
 from collections.abc import Callable
@@ -20,12 +18,14 @@ from ... import _dali
 from ...core import ledger, process_state
 from ...core.ledger import Runs, Verdict
 from ...core.source import SourceLoc, user_location
+from ...core.spelling import CallSpelling
 from ...codegen.lower import Lowered, lower
 from ...core.ir import Graph
 from ...execution.runtime import Options
 from ...units.build import compile_graph
 from ...units.cache import LIVE_PIPELINES, CacheInfo, Found, UnitCache
 from ...units.unit import Unit
+from ...tracing.code_writes import names_read
 from ...tracing.effects import find_effect
 from .definition import Definition, EagerLoop
 from .gather import gather, rebuilt
@@ -93,17 +93,14 @@ class PerSampleFunction:
         # every call run as the eager per-sample loop, counted, kept and warned (once a site)
         self.ledger = ledger.Ledger(self.__qualname__, warning)
         process_state.compiled_objects.add(self)  # (ndd_trace.reset clears its cache)
-        parameters = inspect.signature(function, follow_wrapped=False).parameters
-        self._parameters = list(parameters)
+        self._spelling = CallSpelling(function)  # (how its calls bind: keywords by position)
+        self._parameters = list(self._spelling.signature.parameters)
         # The variants are keyed as compiled functions' entries are (guard keys): the Batches'
         # descriptions, the other arguments' values (baked into the pipeline), and the globals
         # and closure variables the function and its helpers read
         self._cache = UnitCache(
             self.__qualname__, cache_limit, self.ledger, function=function, baked=True,
-            kind="variants",
-            positional_names=tuple(name for name, parameter in parameters.items()
-                                   if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
-                                                         inspect.Parameter.POSITIONAL_OR_KEYWORD)))
+            kind="variants", positional_names=self._spelling.positional_names)
 
     def __repr__(self) -> str:
         return f"<ndd_trace per-sample function {self.__qualname__}>"
@@ -348,16 +345,17 @@ class PerSampleFunction:
         return gather(results, self.__qualname__)
 
     def _by_position(self, args: tuple, kwargs: dict) -> tuple:
-        """The call's arguments by position (`f(batch, thr=3)`: `(batch, 3)`); Python's own
-        TypeError where they do not bind, or bind only by keyword."""
+        """The call's arguments by position (`f(batch, thr=3)`: `(batch, 3)`, defaults
+        applied); eager's TypeError where they do not bind, ours where they bind only by
+        keyword."""
         if not kwargs:
             return args
-        bound = inspect.signature(self._function).bind(*args, **kwargs)
-        if bound.kwargs:
+        args, kwargs = self._spelling.normalize(args, kwargs)
+        if kwargs:
             raise TypeError(f"per-sample function `{self.__qualname__}`: keyword-only or "
-                            f"**kwargs parameters are not supported ({', '.join(bound.kwargs)}); "
+                            f"**kwargs parameters are not supported ({', '.join(kwargs)}); "
                             "give them by position")
-        return bound.args
+        return args
 
     def _warn_eager(self, variant: _Variant) -> None:
         loc = variant.eager_loc
@@ -380,20 +378,11 @@ def _check_python_runs_once(function: Callable) -> None:
         raise EagerLoop(f"{found.reason}: its Python runs once per call when compiled, eager's "
                         "once per sample", found.loc)
     code = getattr(function, "__code__", None)
-    names = _names_loaded(code) if code is not None else set()
+    names = names_read(code) if code is not None else set()
     if names & _RESEEDS:
         raise EagerLoop(f"makes or reseeds a generator (`{sorted(names & _RESEEDS)[0]}`), once "
                         "per call when compiled, eager's once per sample",
                         SourceLoc(code.co_filename, code.co_firstlineno, function.__name__))
-
-
-def _names_loaded(code: Any) -> set[str]:
-    names = {i.argval for i in dis.get_instructions(code) if isinstance(i.argval, str)
-             and i.opname in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME")}
-    for constant in code.co_consts:
-        if inspect.iscode(constant):
-            names |= _names_loaded(constant)
-    return names
 
 
 def _reported(error: BaseException) -> BaseException:
